@@ -1,0 +1,1 @@
+# Placeholder: the fake runtime's and fakecuda-smi's rules.

@@ -1,0 +1,62 @@
+"""Shared fixtures for every pytest suite.
+
+Every test process starts from a scrubbed environment (`clean_env`): the outer
+environment's LD_PRELOAD, CUDA_VISIBLE_DEVICES, RANKGUARD_*, FAKECUDA_* and rank
+variables never leak in, and LD_LIBRARY_PATH points at the fake CUDA platform, so a
+test sees exactly the node it describes.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FAKE = ROOT / "c-tests" / "build" / "fakecuda"
+TESTS = ROOT / "c-tests" / "build" / "tests"
+GUARD = ROOT / "target" / "release" / "librankguard.so"
+CLI = ROOT / "target" / "release" / "rankguard"
+PYTHON = sys.executable
+
+# Variables of the outer world that would change what a test sees.
+_SCRUB_PREFIXES = ("RANKGUARD_", "FAKECUDA_", "CUDA_", "NCCL_", "SLURM_", "OMPI_", "PMI_",
+                   "TORCHELASTIC_")
+_SCRUB = {"LD_PRELOAD", "LD_LIBRARY_PATH", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+          "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}
+
+
+def clean_env(**overrides: str | None) -> dict[str, str]:
+    """A scrubbed copy of os.environ with the fake platform on LD_LIBRARY_PATH.
+
+    Keyword arguments set variables; a value of None removes one.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)}
+    env["LD_LIBRARY_PATH"] = str(FAKE)
+    env["PYTHONUNBUFFERED"] = "1"
+    for k, v in overrides.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def run(cmd, env=None, timeout=60, check=False, **kw) -> subprocess.CompletedProcess:
+    """Run a command with a scrubbed environment, capturing text output."""
+    if env is None:
+        env = clean_env()
+    p = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True,
+                       timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{cmd} exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                             f"stderr:\n{p.stderr}")
+    return p
+
+
+@pytest.fixture
+def env():
+    return clean_env()

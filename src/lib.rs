@@ -1,0 +1,1 @@
+//! librankguard.so placeholder
