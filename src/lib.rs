@@ -1,4 +1,14 @@
-//! librankguard.so: the preload library that enforces the one-rank-one-GPU contract.
+//! librankguard.so: preloaded into every process of a rank (`LD_PRELOAD`), it enforces the
+//! one-rank-one-GPU contract (DESIGN.md §1) on every path a program reaches CUDA by.
+//!
+//! Safe, pure modules hold the logic (`cvd`, `config`, `policy`); only `guard`, the
+//! interposition layer, contains `unsafe`. Nothing runs at load time: a process that never
+//! touches CUDA is never affected.
 #![deny(unsafe_code)]
 
+pub mod config;
 pub mod cvd;
+pub mod policy;
+
+#[allow(unsafe_code)]
+mod guard;

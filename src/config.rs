@@ -1,0 +1,288 @@
+//! The guard's configuration: every `RANKGUARD_*` variable and the rank identity, read once
+//! from the environment through a lookup function so the parsing is testable without it.
+//!
+//! Variables (the README's table is generated from the same list, keep them in step):
+//! - `RANKGUARD_MODE`        enforce (default) | warn | abort | off
+//! - `RANKGUARD_AUDIT`       path of the JSON-lines audit file (`%h` host, `%p` pid)
+//! - `RANKGUARD_DEBUG`       debug log level: WARN | INFO | DEBUG | TRACE (like NCCL_DEBUG)
+//! - `RANKGUARD_DEBUG_FILE`  debug log file instead of stderr (`%h`, `%p`)
+//! - `RANKGUARD_IPC`         default | strict (deny IPC imports of unknown provenance)
+//! - `RANKGUARD_JOB`         job id (set by `rankguard launch`/`run`)
+//! - `RANKGUARD_RANK_GPU`    the CUDA_VISIBLE_DEVICES entry the rank was given
+//! - `RANKGUARD_RANK_GPU_UUID` that entry's full GPU/MIG UUID, resolved by the launcher
+//! - `RANKGUARD_REGISTRY`    directory of the IPC provenance registry
+#![deny(unsafe_code)]
+
+use std::fmt;
+
+/// What the guard does with a violation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Deny the call with a CUDA error code; terminate a process whose visibility breaks R1.
+    Enforce,
+    /// Record and report, then let the call through.
+    Warn,
+    /// Terminate the process (SIGABRT, for a core dump) at the first violation.
+    Abort,
+    /// No checks at all.
+    Off,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Warn => "warn",
+            Mode::Abort => "abort",
+            Mode::Off => "off",
+        }
+    }
+}
+
+/// Debug log verbosity, named like NCCL_DEBUG's levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// How IPC imports of unknown provenance are treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpcPolicy {
+    Default,
+    Strict,
+}
+
+/// A configuration value that could not be understood: the variable, the value and the fix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={:?} is not valid: expected {}", self.var, self.value, self.expected)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub mode: Mode,
+    pub audit: Option<String>,
+    pub debug: Option<Level>,
+    pub debug_file: Option<String>,
+    pub ipc: IpcPolicy,
+    pub job: Option<String>,
+    /// Global rank, from the first of RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK.
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub rank_gpu: Option<String>,
+    pub rank_gpu_uuid: Option<String>,
+    pub registry: Option<String>,
+    /// Values that were invalid; the guard reports each once and uses the safe default
+    /// (an invalid mode means enforce: the guard fails closed).
+    pub errors: Vec<ConfigError>,
+}
+
+const RANK_VARS: [&str; 4] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"];
+const LOCAL_RANK_VARS: [&str; 4] =
+    ["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"];
+
+impl Config {
+    /// Build from a lookup (`std::env::var`-like; None = unset). Empty values count as
+    /// unset, as shells commonly export `VAR=` to clear.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Config {
+        let get = |k: &str| get(k).filter(|v| !v.is_empty());
+        let mut errors = Vec::new();
+        let mode = match get("RANKGUARD_MODE") {
+            None => Mode::Enforce,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "enforce" => Mode::Enforce,
+                "warn" => Mode::Warn,
+                "abort" => Mode::Abort,
+                "off" => Mode::Off,
+                _ => {
+                    errors.push(ConfigError {
+                        var: "RANKGUARD_MODE",
+                        value: v,
+                        expected: "enforce, warn, abort or off (using enforce)",
+                    });
+                    Mode::Enforce
+                }
+            },
+        };
+        let debug = match get("RANKGUARD_DEBUG") {
+            None => None,
+            Some(v) => match v.trim().to_ascii_uppercase().as_str() {
+                "WARN" => Some(Level::Warn),
+                "INFO" => Some(Level::Info),
+                "DEBUG" => Some(Level::Debug),
+                "TRACE" => Some(Level::Trace),
+                _ => {
+                    errors.push(ConfigError {
+                        var: "RANKGUARD_DEBUG",
+                        value: v,
+                        expected: "WARN, INFO, DEBUG or TRACE (debug log off)",
+                    });
+                    None
+                }
+            },
+        };
+        let ipc = match get("RANKGUARD_IPC") {
+            None => IpcPolicy::Default,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "default" => IpcPolicy::Default,
+                "strict" => IpcPolicy::Strict,
+                _ => {
+                    errors.push(ConfigError {
+                        var: "RANKGUARD_IPC",
+                        value: v,
+                        expected: "default or strict (using strict)",
+                    });
+                    IpcPolicy::Strict
+                }
+            },
+        };
+        let mut rank_of = |vars: &[&'static str]| -> Option<u32> {
+            for var in vars {
+                if let Some(v) = get(var) {
+                    match v.trim().parse::<u32>() {
+                        Ok(r) => return Some(r),
+                        Err(_) => errors.push(ConfigError {
+                            var,
+                            value: v,
+                            expected: "a non-negative integer rank",
+                        }),
+                    }
+                }
+            }
+            None
+        };
+        let rank = rank_of(&RANK_VARS);
+        let local_rank = rank_of(&LOCAL_RANK_VARS);
+        Config {
+            mode,
+            audit: get("RANKGUARD_AUDIT"),
+            debug,
+            debug_file: get("RANKGUARD_DEBUG_FILE"),
+            ipc,
+            job: job_id(&get),
+            rank,
+            local_rank,
+            rank_gpu: get("RANKGUARD_RANK_GPU").map(|s| s.trim().to_string()),
+            rank_gpu_uuid: get("RANKGUARD_RANK_GPU_UUID").map(|s| s.trim().to_string()),
+            registry: get("RANKGUARD_REGISTRY"),
+            errors,
+        }
+    }
+}
+
+/// The job a process belongs to: the launcher's id, else the engine's.
+fn job_id(get: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    if let Some(j) = get("RANKGUARD_JOB") {
+        return Some(j);
+    }
+    if let Some(j) = get("TORCHELASTIC_RUN_ID") {
+        return Some(format!("torchelastic:{j}"));
+    }
+    if let Some(j) = get("SLURM_JOB_ID") {
+        let step = get("SLURM_STEP_ID").unwrap_or_else(|| "-".into());
+        return Some(format!("slurm:{j}.{step}"));
+    }
+    if let Some(j) = get("OMPI_MCA_ess_base_jobid") {
+        return Some(format!("ompi:{j}"));
+    }
+    None
+}
+
+/// Expand `%h` (host name) and `%p` (pid) in a file name, like NCCL_DEBUG_FILE.
+pub fn expand_path(template: &str, host: &str, pid: u32) -> String {
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(host),
+            Some('p') => out.push_str(&pid.to_string()),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_fail_closed() {
+        let c = cfg(&[]);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.ipc, IpcPolicy::Default);
+        assert_eq!(c.rank, None);
+        assert!(c.errors.is_empty());
+    }
+
+    #[test]
+    fn invalid_values_are_reported_and_safe() {
+        let c = cfg(&[("RANKGUARD_MODE", "warning"), ("RANKGUARD_IPC", "loose")]);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.ipc, IpcPolicy::Strict);
+        assert_eq!(c.errors.len(), 2);
+        assert!(c.errors[0].to_string().contains("RANKGUARD_MODE=\"warning\""));
+    }
+
+    #[test]
+    fn modes_and_levels_parse() {
+        assert_eq!(cfg(&[("RANKGUARD_MODE", " Warn ")]).mode, Mode::Warn);
+        assert_eq!(cfg(&[("RANKGUARD_MODE", "abort")]).mode, Mode::Abort);
+        assert_eq!(cfg(&[("RANKGUARD_MODE", "off")]).mode, Mode::Off);
+        assert_eq!(cfg(&[("RANKGUARD_DEBUG", "info")]).debug, Some(Level::Info));
+        assert_eq!(cfg(&[("RANKGUARD_MODE", "")]).mode, Mode::Enforce);
+    }
+
+    #[test]
+    fn rank_comes_from_the_first_engine_variable() {
+        assert_eq!(cfg(&[("SLURM_PROCID", "5")]).rank, Some(5));
+        assert_eq!(cfg(&[("RANK", "2"), ("SLURM_PROCID", "5")]).rank, Some(2));
+        let bad = cfg(&[("RANK", "x"), ("PMI_RANK", "3")]);
+        assert_eq!(bad.rank, Some(3));
+        assert_eq!(bad.errors.len(), 1);
+    }
+
+    #[test]
+    fn job_ids_are_namespaced_by_engine() {
+        assert_eq!(cfg(&[("RANKGUARD_JOB", "j1")]).job.as_deref(), Some("j1"));
+        assert_eq!(
+            cfg(&[("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")]).job.as_deref(),
+            Some("slurm:77.0")
+        );
+        assert_eq!(cfg(&[("TORCHELASTIC_RUN_ID", "r")]).job.as_deref(), Some("torchelastic:r"));
+        assert_eq!(cfg(&[]).job, None);
+    }
+
+    #[test]
+    fn paths_expand_host_and_pid() {
+        assert_eq!(expand_path("/tmp/a.%h.%p.jsonl", "n1", 42), "/tmp/a.n1.42.jsonl");
+        assert_eq!(expand_path("100%%-%x%", "n", 1), "100%-%x%");
+    }
+}

@@ -1,0 +1,472 @@
+//! What happens after a policy verdict: per mode, deny with a code, record, or terminate;
+//! and the R1 check at CUDA initialisation. Everything here is on the cold path: an
+//! allowed call never gets here.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::fmt::{self, Write};
+use std::sync::atomic::Ordering;
+
+use once_cell::sync::OnceCell;
+
+use crate::config::Mode;
+use crate::cvd;
+use crate::guard::ffi::{CUdevice, CUuuid, CuResult, CudaError};
+use crate::guard::real;
+use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
+use crate::guard::state;
+use crate::guard::table::{Id, TABLE};
+use crate::policy::{self, DenyCode, InitFacts, Rule, Verdict, Violation};
+
+/// Exit status of a process terminated by R1 in enforce mode (sysexits' EX_CONFIG: the
+/// process was started with a configuration that breaks the contract).
+pub const EXIT_R1: i32 = 78;
+
+/// A CUDA result type the wrappers return.
+pub trait Code: Copy {
+    fn denied(code: DenyCode) -> Self;
+    /// The real function could not be found.
+    fn missing() -> Self;
+}
+
+impl Code for CuResult {
+    fn denied(code: DenyCode) -> Self {
+        match code {
+            DenyCode::InvalidDevice => CuResult::INVALID_DEVICE,
+            DenyCode::NotPermitted => CuResult::NOT_PERMITTED,
+        }
+    }
+    fn missing() -> Self {
+        CuResult::NOT_FOUND
+    }
+}
+
+impl Code for CudaError {
+    fn denied(code: DenyCode) -> Self {
+        match code {
+            DenyCode::InvalidDevice => CudaError::INVALID_DEVICE,
+            DenyCode::NotPermitted => CudaError::NOT_PERMITTED,
+        }
+    }
+    fn missing() -> Self {
+        CudaError::SYMBOL_NOT_FOUND
+    }
+}
+
+/// `host:pid:tid [rank N] RANKGUARD LEVEL ` — the NCCL line shape users grep.
+pub fn prefix<W: Write>(w: &mut W, level: &str) {
+    let mut host = [0u8; 64];
+    let host = report::hostname(&mut host);
+    let _ = write!(w, "{host}:{}:{} ", report::pid(), report::tid());
+    match state::try_get().and_then(|s| s.config.rank) {
+        Some(r) => {
+            let _ = write!(w, "[rank {r}] ");
+        }
+        None => {
+            let _ = w.write_str("[rank -] ");
+        }
+    }
+    let _ = write!(w, "RANKGUARD {level} ");
+}
+
+/// The real function of entry `id` is missing: say so once, return the defined error.
+#[cold]
+pub fn missing<R: Code>(id: usize) -> R {
+    let e = &TABLE[id];
+    if !e.said.swap(true, Ordering::Relaxed) {
+        let mut b = StackBuf::<512>::new();
+        prefix(&mut b, "WARN");
+        let lib = match e.lib {
+            crate::guard::table::Lib::Driver => "libcuda.so.1",
+            crate::guard::table::Lib::Runtime => "libcudart.so.12",
+        };
+        let _ = writeln!(
+            b,
+            "{}: the real function was not found in {lib}; returning error 500 (not found). Is the CUDA library installed and on the library path?",
+            e.abi()
+        );
+        report::write_all(2, b.as_bytes());
+    }
+    R::missing()
+}
+
+/// Act on a verdict that is not Allow. `Ok(())`: proceed to the real call. `Err(code)`:
+/// return `code` to the caller.
+#[cold]
+#[inline(never)]
+pub fn on_verdict<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>) -> Result<(), R> {
+    let mode = state::mode();
+    state::report_config_errors();
+    match verdict {
+        Verdict::Allow => Ok(()),
+        Verdict::Query(v) => {
+            if mode == Mode::Warn && first_query(id, v) {
+                emit(id, &v, "warn", mode, args, None);
+            }
+            Ok(())
+        }
+        Verdict::Violation(v) => match mode {
+            Mode::Off => Ok(()),
+            Mode::Warn => {
+                emit(id, &v, "warn", mode, args, None);
+                Ok(())
+            }
+            Mode::Enforce => {
+                emit(id, &v, "deny", mode, args, None);
+                Err(R::denied(v.code))
+            }
+            Mode::Abort => {
+                emit(id, &v, "deny", mode, args, None);
+                abort_now()
+            }
+        },
+    }
+}
+
+/// Queries are recorded once per (symbol, ordinal): the real runtime queries every
+/// attribute of every visible device at start-up, which would otherwise flood the audit.
+fn first_query(id: usize, v: Violation) -> bool {
+    match v.ordinal() {
+        Some(o) if (0..64).contains(&o) => {
+            let bit = 1u64 << o;
+            TABLE[id].queried.fetch_or(bit, Ordering::Relaxed) & bit == 0
+        }
+        _ => true,
+    }
+}
+
+fn abort_now() -> ! {
+    // SAFETY: abort has no preconditions; it raises SIGABRT for a core dump.
+    unsafe { libc::abort() }
+}
+
+/// Extra fields of a report beyond the common ones (R3 fills in the exporter).
+pub struct Extra<'a> {
+    /// JSON members, already rendered, starting with a comma.
+    pub json: &'a str,
+    /// Human text appended to the stderr line.
+    pub human: &'a str,
+}
+
+/// Write the stderr line (first occurrence per symbol; the rest at debug level) and the
+/// audit record for one decision.
+pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>) {
+    let e = &TABLE[id];
+    let st = state::get();
+    let cvd_now = report::getenv(c"CUDA_VISIBLE_DEVICES");
+    let gpu = state::owned_gpu();
+    let first = !e.said.swap(true, Ordering::Relaxed);
+    let verdict_word = match (verdict, mode) {
+        ("deny", Mode::Abort) => "aborting",
+        ("deny", _) => "denied",
+        _ => "allowed (warn mode)",
+    };
+
+    let mut line = StackBuf::<2048>::new();
+    prefix(&mut line, "WARN");
+    let _ = write!(
+        line,
+        "{}({args}) {verdict_word}: {} breaks {} ({}); CUDA_VISIBLE_DEVICES={} rank GPU {}{}. Fix: {}\n",
+        e.call,
+        v.detail,
+        v.rule.as_str(),
+        rule_name(v.rule),
+        cvd_now.map_or("<unset>", |s| if s.is_empty() { "<empty>" } else { s }),
+        gpu.unwrap_or("unknown"),
+        extra.as_ref().map_or("", |x| x.human),
+        v.rule.fix(),
+    );
+    if first || mode == Mode::Abort || v.rule == Rule::R1 {
+        report::write_all(2, line.as_bytes());
+    } else {
+        tracing::warn!("{}", String::from_utf8_lossy(line.as_bytes()).trim_end());
+    }
+
+    if st.audit_fd >= 0 {
+        let mut j = StackBuf::<4096>::new();
+        let _ = audit_record(&mut j, e.call, e.abi(), v, verdict, mode, args, cvd_now, gpu, &st.config, extra.as_ref().map(|x| x.json));
+        let _ = j.write_str("}\n");
+        report::write_all(st.audit_fd, j.as_bytes());
+    }
+}
+
+fn rule_name(r: Rule) -> &'static str {
+    match r {
+        Rule::R1 => "one GPU per rank",
+        Rule::R2 => "cuda:0 only",
+        Rule::R3 => "no cross-device IPC inside a rank",
+        Rule::R4 => "no peer access inside a rank",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn audit_record<W: Write>(
+    j: &mut W,
+    call: &str,
+    abi: &str,
+    v: &Violation,
+    verdict: &str,
+    mode: Mode,
+    args: fmt::Arguments<'_>,
+    cvd_now: Option<&str>,
+    gpu: Option<&str>,
+    cfg: &crate::config::Config,
+    extra_json: Option<&str>,
+) -> fmt::Result {
+    let mut host = [0u8; 64];
+    let host = report::hostname(&mut host);
+    write!(j, "{{\"ts\":{:.6},\"call\":", report::now())?;
+    json_str(j, call, 64)?;
+    j.write_str(",\"abi\":")?;
+    json_str(j, abi, 64)?;
+    write!(j, ",\"verdict\":\"{verdict}\",\"rule\":\"{}\",\"mode\":\"{}\"", v.rule.as_str(), mode.as_str())?;
+    write!(j, ",\"pid\":{},\"tid\":{},\"host\":", report::pid(), report::tid())?;
+    json_str(j, host, 64)?;
+    match cfg.rank {
+        Some(r) => write!(j, ",\"rank\":{r}")?,
+        None => j.write_str(",\"rank\":null")?,
+    }
+    match cfg.local_rank {
+        Some(r) => write!(j, ",\"local_rank\":{r}")?,
+        None => j.write_str(",\"local_rank\":null")?,
+    }
+    j.write_str(",\"job\":")?;
+    json_opt_str(j, cfg.job.as_deref(), 128)?;
+    if let Some(o) = v.ordinal() {
+        write!(j, ",\"ordinal\":{o}")?;
+    }
+    j.write_str(",\"cvd\":")?;
+    json_opt_str(j, cvd_now, 256)?;
+    j.write_str(",\"gpu\":")?;
+    json_opt_str(j, gpu, 64)?;
+    j.write_str(",\"rank_gpu\":")?;
+    json_opt_str(j, cfg.rank_gpu.as_deref(), 128)?;
+    let mut a = StackBuf::<512>::new();
+    let _ = a.write_fmt(args);
+    j.write_str(",\"args\":")?;
+    json_str(j, std::str::from_utf8(a.as_bytes()).unwrap_or(""), 400)?;
+    let mut d = StackBuf::<256>::new();
+    let _ = write!(d, "{}", v.detail);
+    j.write_str(",\"detail\":")?;
+    json_str(j, std::str::from_utf8(d.as_bytes()).unwrap_or(""), 250)?;
+    if let Some(x) = extra_json {
+        j.write_str(x)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// R1 at CUDA initialisation
+
+static INIT_CHECK: OnceCell<()> = OnceCell::new();
+
+/// Called by the `cuInit` wrapper after the real `cuInit` returned `rc`. The first call in
+/// the process runs the R1 check; concurrent first calls wait for it, so no thread uses
+/// CUDA before the verdict. A violation in enforce mode terminates the process here.
+pub fn after_init(rc: CuResult) {
+    if INIT_CHECK.get().is_some() {
+        return;
+    }
+    INIT_CHECK.get_or_init(|| check_init(rc));
+}
+
+fn check_init(rc: CuResult) {
+    let mode = state::mode();
+    state::report_config_errors();
+    if mode == Mode::Off {
+        return;
+    }
+    let cfg = &state::get().config;
+    let cvd_text = report::getenv(c"CUDA_VISIBLE_DEVICES");
+    let vis = cvd::parse(cvd_text);
+    let entries = vis.entries().map_or(0, <[cvd::Entry]>::len);
+
+    let mut devices = 0;
+    if rc == CuResult::SUCCESS {
+        if let Some(count) = driver_count() {
+            devices = count;
+        }
+    }
+    let mut uuid_text = StackBuf::<64>::new();
+    if devices >= 1 {
+        if let Some(u) = device0_uuid() {
+            let mig = cvd_text.is_some_and(|t| t.trim_start().starts_with("MIG-"));
+            format_uuid(&mut uuid_text, if mig { "MIG-" } else { "GPU-" }, &u.bytes);
+            state::set_owned_gpu(String::from_utf8_lossy(uuid_text.as_bytes()).into_owned());
+        }
+    }
+    let own_uuid = std::str::from_utf8(uuid_text.as_bytes()).unwrap_or("");
+    let is_rank_gpu = cfg.rank_gpu.as_deref().map(|rank_entry| {
+        if let Some(full) = cfg.rank_gpu_uuid.as_deref() {
+            !own_uuid.is_empty() && full.eq_ignore_ascii_case(own_uuid)
+        } else if policy::uuid_matches(rank_entry, own_uuid) {
+            true
+        } else {
+            // An index entry without the launcher's UUID: only the rank's own CVD text can
+            // be compared. Fail closed on anything else.
+            vis.entries()
+                .is_some_and(|e| e.len() == 1 && e[0].text() == cvd::parse(Some(rank_entry)).entries().and_then(|r| r.first()).map(|r| r.text()).unwrap_or_default())
+        }
+    });
+    let facts = InitFacts { cvd_set: cvd_text.is_some(), entries, devices, is_rank_gpu };
+    tracing::debug!(?facts, uuid = own_uuid, "R1 check at cuInit");
+    let Verdict::Violation(v) = policy::init(facts) else {
+        return;
+    };
+    let id = Id::cuInit as usize;
+    let mut human = StackBuf::<256>::new();
+    if v.detail == policy::Detail::NotRankGpu {
+        let _ = write!(
+            human,
+            "; this process sees {} but its rank owns {}",
+            if own_uuid.is_empty() { "no identifiable GPU" } else { own_uuid },
+            cfg.rank_gpu_uuid.as_deref().or(cfg.rank_gpu.as_deref()).unwrap_or("?")
+        );
+    }
+    let mut json = StackBuf::<256>::new();
+    let _ = write!(json, ",\"devices\":{devices},\"entries\":{entries},\"sees\":");
+    let _ = json_opt_str(&mut json, if own_uuid.is_empty() { None } else { Some(own_uuid) }, 64);
+    let extra = Extra {
+        json: std::str::from_utf8(json.as_bytes()).unwrap_or(""),
+        human: std::str::from_utf8(human.as_bytes()).unwrap_or(""),
+    };
+    match mode {
+        Mode::Warn => emit(id, &v, "warn", mode, format_args!("flags=0"), Some(extra)),
+        Mode::Abort => {
+            emit(id, &v, "deny", mode, format_args!("flags=0"), Some(extra));
+            abort_now()
+        }
+        Mode::Enforce | Mode::Off => {
+            emit(id, &v, "deny", mode, format_args!("flags=0"), Some(extra));
+            let mut b = StackBuf::<256>::new();
+            prefix(&mut b, "WARN");
+            let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
+            report::write_all(2, b.as_bytes());
+            // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
+            // we are inside a CUDA call on an arbitrary thread of someone else's process,
+            // where running their handlers could deadlock; our message is already written.
+            unsafe { libc::_exit(EXIT_R1) }
+        }
+    }
+}
+
+fn driver_count() -> Option<i32> {
+    let p = real::get(Id::cuDeviceGetCount as usize);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` is the driver's cuDeviceGetCount(int*).
+    let f: unsafe extern "C" fn(*mut i32) -> CuResult = unsafe { std::mem::transmute(p) };
+    let mut n = 0;
+    // SAFETY: `n` is a valid out-pointer.
+    (unsafe { f(&mut n) } == CuResult::SUCCESS).then_some(n)
+}
+
+fn device0_uuid() -> Option<CUuuid> {
+    let get = real::get(Id::cuDeviceGet as usize);
+    let uuid = real::get(Id::cuDeviceGetUuid_v2 as usize);
+    let uuid = if uuid.is_null() { real::get(Id::cuDeviceGetUuid as usize) } else { uuid };
+    if get.is_null() || uuid.is_null() {
+        return None;
+    }
+    // SAFETY: these are the driver's cuDeviceGet(CUdevice*, int) and
+    // cuDeviceGetUuid(_v2)(CUuuid*, CUdevice).
+    let (get, uuid): (
+        unsafe extern "C" fn(*mut CUdevice, i32) -> CuResult,
+        unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CuResult,
+    ) = unsafe { (std::mem::transmute(get), std::mem::transmute(uuid)) };
+    let mut dev: CUdevice = 0;
+    let mut u = CUuuid { bytes: [0; 16] };
+    // SAFETY: valid out-pointers.
+    unsafe {
+        if get(&mut dev, 0) != CuResult::SUCCESS || uuid(&mut u, dev) != CuResult::SUCCESS {
+            return None;
+        }
+    }
+    Some(u)
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid<W: Write>(w: &mut W, prefix: &str, b: &[u8; 16]) {
+    let _ = w.write_str(prefix);
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            let _ = w.write_char('-');
+        }
+        let _ = write!(w, "{byte:02x}");
+    }
+}
+
+/// The device of a context, asked from the real driver without disturbing the caller's
+/// current context (push, query, pop).
+pub fn context_device(ctx: *mut c_void) -> Option<i32> {
+    let push = real::get(Id::cuCtxPushCurrent_v2 as usize);
+    let pop = real::get(Id::cuCtxPopCurrent_v2 as usize);
+    let getdev = real::get(Id::cuCtxGetDevice as usize);
+    if push.is_null() || pop.is_null() || getdev.is_null() {
+        return None;
+    }
+    // SAFETY: the driver's cuCtxPushCurrent_v2(CUcontext), cuCtxPopCurrent_v2(CUcontext*),
+    // cuCtxGetDevice(CUdevice*).
+    let (push, pop, getdev): (
+        unsafe extern "C" fn(*mut c_void) -> CuResult,
+        unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
+        unsafe extern "C" fn(*mut CUdevice) -> CuResult,
+    ) = unsafe { (std::mem::transmute(push), std::mem::transmute(pop), std::mem::transmute(getdev)) };
+    if ctx.is_null() {
+        let mut d = 0;
+        // SAFETY: valid out-pointer; a NULL context means "the current one".
+        return (unsafe { getdev(&mut d) } == CuResult::SUCCESS).then_some(d);
+    }
+    // SAFETY: push/pop are balanced; the out-pointers are valid.
+    unsafe {
+        if push(ctx) != CuResult::SUCCESS {
+            return None;
+        }
+        let mut d = 0;
+        let ok = getdev(&mut d) == CuResult::SUCCESS;
+        let mut popped = std::ptr::null_mut();
+        let _ = pop(&mut popped);
+        ok.then_some(d)
+    }
+}
+
+/// A guarded API's entry point came back as a pointer matching none of its ABI variants
+/// we know: say so (once per process) and refuse it.
+#[cold]
+pub fn unknown_variant(symbol: *const std::ffi::c_char) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let name = if symbol.is_null() {
+        "?"
+    } else {
+        // SAFETY: a non-NULL symbol argument is a NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(symbol) }.to_str().unwrap_or("?")
+    };
+    let mut b = StackBuf::<512>::new();
+    prefix(&mut b, "WARN");
+    let _ = writeln!(
+        b,
+        "entry point for {name} is an ABI variant this guard does not know (newer driver?); refusing it (pointer NULL, status not found) rather than handing out an unguarded function. Upgrade rankguard."
+    );
+    report::write_all(2, b.as_bytes());
+}
+
+/// The runtime's current device, asked from the real runtime; 0 if it cannot tell.
+pub fn runtime_current_device() -> i32 {
+    let p = real::get(Id::cudaGetDevice as usize);
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: the runtime's cudaGetDevice(int*).
+    let f: unsafe extern "C" fn(*mut i32) -> CudaError = unsafe { std::mem::transmute(p) };
+    let mut d = 0;
+    // SAFETY: valid out-pointer.
+    if unsafe { f(&mut d) } == CudaError::SUCCESS {
+        d
+    } else {
+        0
+    }
+}

@@ -1,0 +1,97 @@
+//! C types and constants of the CUDA driver and runtime APIs that the guard reads or returns.
+//!
+//! Result codes are `#[repr(transparent)]` newtypes with associated constants, not Rust
+//! enums: a newer driver returns codes we have never heard of, and an unknown value in a
+//! Rust enum is undefined behaviour (rustix `src/io/errno.rs` does the same for errno).
+//! Enum-typed fields of C structs we read (`CUmemLocationType`, ...) are `u32` for the same
+//! reason. Layouts follow NVIDIA's `cuda.h` 12.9; `c-tests/tests/layout_check.c` checks the
+//! sizes and offsets we rely on against the real header.
+#![allow(non_camel_case_types, non_snake_case, dead_code)]
+
+use std::ffi::{c_int, c_uint, c_void};
+
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUmemGenericAllocationHandle = u64;
+pub type CUmemoryPool = *mut c_void;
+
+/// `CUresult`.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CuResult(pub c_uint);
+
+impl CuResult {
+    pub const SUCCESS: CuResult = CuResult(0);
+    pub const INVALID_VALUE: CuResult = CuResult(1);
+    pub const NOT_INITIALIZED: CuResult = CuResult(3);
+    pub const INVALID_DEVICE: CuResult = CuResult(101);
+    pub const INVALID_CONTEXT: CuResult = CuResult(201);
+    pub const NOT_FOUND: CuResult = CuResult(500);
+    pub const NOT_PERMITTED: CuResult = CuResult(800);
+}
+
+/// `cudaError_t`.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CudaError(pub c_uint);
+
+impl CudaError {
+    pub const SUCCESS: CudaError = CudaError(0);
+    pub const INVALID_DEVICE: CudaError = CudaError(101);
+    pub const SYMBOL_NOT_FOUND: CudaError = CudaError(500);
+    pub const NOT_PERMITTED: CudaError = CudaError(800);
+}
+
+/// `CUmemLocation`: `{ CUmemLocationType type; int id; }`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    pub type_: c_uint,
+    pub id: c_int,
+}
+
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+pub const CU_MEM_LOCATION_TYPE_HOST: c_uint = 2;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: c_uint = 3;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: c_uint = 4;
+
+/// The leading fields of `CUmemAllocationProp` (type, requestedHandleTypes, location):
+/// the guard reads only `location`, and only through a pointer the caller gave.
+#[repr(C)]
+pub struct CUmemAllocationPropHead {
+    pub type_: c_uint,
+    pub requestedHandleTypes: c_uint,
+    pub location: CUmemLocation,
+}
+
+/// The leading fields of `CUmemPoolProps` (allocType, handleTypes, location).
+#[repr(C)]
+pub struct CUmemPoolPropsHead {
+    pub allocType: c_uint,
+    pub handleTypes: c_uint,
+    pub location: CUmemLocation,
+}
+
+/// `CUmemAccessDesc`: `{ CUmemLocation location; CUmemAccess_flags flags; }`.
+#[repr(C)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_uint,
+}
+
+/// `CU_DEVICE_CPU`: the host, where a device argument may name it.
+pub const CU_DEVICE_CPU: CUdevice = -1;
+
+/// `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+/// `CUdriverProcAddressQueryResult` values.
+pub const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
+pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;

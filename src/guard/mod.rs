@@ -1,0 +1,23 @@
+//! The interposer: everything that runs inside other people's processes.
+//!
+//! Layers (DESIGN.md §2), all handing out the same wrappers from one table
+//! ([`table`]): exported symbols, the `dlsym` override ([`dlsym`]), `cuGetProcAddress`
+//! and `cuGetProcAddress_v2`, and `cudaGetDriverEntryPoint(ByVersion)` (routing in
+//! [`route`]).
+//!
+//! Life cycle: nothing runs at load time. The first guarded call reads the configuration
+//! ([`state`]); the first `cuInit` that reaches the guard checks R1. The hot path of an
+//! allowed call is one atomic load of the real function and the policy's integer compare.
+#![allow(unsafe_code)]
+
+// `table` first: its macros must be defined before `wrappers` uses them.
+#[macro_use]
+pub mod table;
+pub mod dlsym;
+pub mod engine;
+pub mod ffi;
+pub mod real;
+pub mod report;
+pub mod route;
+pub mod state;
+pub mod wrappers;

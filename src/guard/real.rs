@@ -1,0 +1,163 @@
+//! Finding the real functions behind the wrappers, all in one place.
+//!
+//! - The real `dlsym` comes from `dlvsym(RTLD_NEXT, "dlsym", <version>)`: our own `dlsym`
+//!   export would otherwise answer.
+//! - Driver functions come from `libcuda.so.1` opened by name (never linked), looked up
+//!   with the real `dlsym`, or are recorded when a program's own `dlsym` found them.
+//! - Runtime functions are the next definition after this library (`RTLD_NEXT`), else the
+//!   already-loaded `libcudart.so.12`.
+//!
+//! A pointer that is one of our own wrappers is never recorded as real (a driver that
+//! resolves itself through `dlsym` would get our wrapper back and loop forever). A real
+//! function that cannot be found leaves the slot empty; the wrapper then returns
+//! `CUDA_ERROR_NOT_FOUND`/`cudaErrorSymbolNotFound` (500) and says so.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_void, CStr};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use crate::guard::table::{Lib, TABLE};
+
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// The real `dlsym`, as an address (the naked trampoline jumps through it).
+pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+static DRIVER: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
+
+/// Versions of `dlsym` to ask `dlvsym` for: glibc 2.34 moved it into libc.so.6 under a
+/// new version; older glibc has only the base version of the architecture.
+#[cfg(target_arch = "x86_64")]
+const DLSYM_VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
+#[cfg(target_arch = "aarch64")]
+const DLSYM_VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.17"];
+
+/// The real `dlsym`, resolving it on first use.
+#[inline]
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = REAL_DLSYM.load(Ordering::Acquire);
+    if p == 0 {
+        p = init_real_dlsym();
+    }
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the address dlvsym returned for "dlsym", whose C signature is DlsymFn.
+    Some(unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
+}
+
+#[cold]
+pub fn init_real_dlsym() -> usize {
+    for v in DLSYM_VERSIONS {
+        // SAFETY: both strings are NUL-terminated; dlvsym is not interposed by us, so this
+        // cannot recurse into our `dlsym`.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p as usize, Ordering::Release);
+            return p as usize;
+        }
+    }
+    0
+}
+
+/// Look `name` up in `handle` with the real `dlsym` (caller context: this library).
+pub fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    match real_dlsym() {
+        // SAFETY: `name` is NUL-terminated; `handle` is a dlopen handle or a pseudo-handle.
+        Some(f) => unsafe { f(handle, name.as_ptr()) },
+        None => ptr::null_mut(),
+    }
+}
+
+/// The driver library's handle, opening `libcuda.so.1` by name on first use.
+pub fn driver_handle() -> *mut c_void {
+    let h = DRIVER.load(Ordering::Acquire);
+    if !h.is_null() {
+        return h;
+    }
+    // SAFETY: the name is NUL-terminated; RTLD_LAZY|RTLD_LOCAL adds no symbols to the global
+    // scope. The handle is kept for the life of the process (never dlclose'd).
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+    if !h.is_null() {
+        DRIVER.store(h, Ordering::Release);
+    }
+    h
+}
+
+/// True if `p` is one of this library's wrappers.
+pub fn is_own(p: *const c_void) -> bool {
+    TABLE.iter().any(|e| e.wrapper() == p)
+}
+
+/// The real function of table entry `id`, or null if it cannot be found.
+#[inline]
+pub fn get(id: usize) -> *mut c_void {
+    let p = TABLE[id].real.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    resolve(id)
+}
+
+#[cold]
+fn resolve(id: usize) -> *mut c_void {
+    let e = &TABLE[id];
+    let name = e.abi_cstr();
+    let mut p = match e.lib {
+        Lib::Driver => {
+            let h = driver_handle();
+            if h.is_null() {
+                ptr::null_mut()
+            } else {
+                lookup(h, name)
+            }
+        }
+        Lib::Runtime => {
+            let mut p = lookup(libc::RTLD_NEXT, name);
+            if p.is_null() || is_own(p) {
+                // SAFETY: NUL-terminated name; RTLD_NOLOAD only returns an already-loaded
+                // library (the one a program dlopen'ed privately), loading nothing.
+                let h = unsafe {
+                    libc::dlopen(c"libcudart.so.12".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+                };
+                p = if h.is_null() { ptr::null_mut() } else { lookup(h, name) };
+            }
+            p
+        }
+    };
+    if is_own(p) {
+        p = ptr::null_mut();
+    }
+    if p.is_null() {
+        return p;
+    }
+    record(id, p)
+}
+
+/// Record `p` as entry `id`'s real function unless one is recorded already; returns the
+/// recorded one.
+pub fn record(id: usize, p: *mut c_void) -> *mut c_void {
+    if p.is_null() || is_own(p) {
+        return TABLE[id].real.load(Ordering::Acquire);
+    }
+    match TABLE[id]
+        .real
+        .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => p,
+        Err(existing) => existing,
+    }
+}
+
+/// Resolve every driver entry (once, before routing by pointer).
+pub fn resolve_all_driver() {
+    for (id, e) in TABLE.iter().enumerate() {
+        if e.lib == Lib::Driver {
+            let _ = get(id);
+        }
+    }
+}
+
+
+

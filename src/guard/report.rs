@@ -1,0 +1,157 @@
+//! What the guard says: the human line on stderr and the JSON-lines audit record.
+//!
+//! Both are formatted into fixed-size stack buffers and written with one `write(2)` each:
+//! no allocation, no lock, and one `write` on an `O_APPEND` descriptor is one record, so
+//! many processes appending to one audit file never interleave a line. A value too long
+//! for its buffer is cut, never the record's syntax (JSON strings are length-capped).
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, CStr};
+use std::fmt::{self, Write};
+
+/// A truncating `fmt::Write` into a stack array.
+pub struct StackBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackBuf<N> {
+    pub fn new() -> Self {
+        StackBuf { buf: [0; N], len: 0 }
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+    pub fn remaining(&self) -> usize {
+        N - self.len
+    }
+    /// Append as much of `bytes` as fits.
+    pub fn push_bytes(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(self.remaining());
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+}
+
+impl<const N: usize> Write for StackBuf<N> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push_bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Write a JSON string literal of at most `cap` source bytes (cut on a char boundary).
+pub fn json_str<W: Write>(w: &mut W, s: &str, cap: usize) -> fmt::Result {
+    w.write_char('"')?;
+    let mut used = 0;
+    for c in s.chars() {
+        used += c.len_utf8();
+        if used > cap {
+            w.write_str("...")?;
+            break;
+        }
+        match c {
+            '"' => w.write_str("\\\"")?,
+            '\\' => w.write_str("\\\\")?,
+            '\n' => w.write_str("\\n")?,
+            '\r' => w.write_str("\\r")?,
+            '\t' => w.write_str("\\t")?,
+            c if (c as u32) < 0x20 => write!(w, "\\u{:04x}", c as u32)?,
+            c => w.write_char(c)?,
+        }
+    }
+    w.write_char('"')
+}
+
+/// `Some(s)` as a JSON string, `None` as null.
+pub fn json_opt_str<W: Write>(w: &mut W, s: Option<&str>, cap: usize) -> fmt::Result {
+    match s {
+        Some(s) => json_str(w, s, cap),
+        None => w.write_str("null"),
+    }
+}
+
+/// Write all of `bytes` to `fd`, retrying on EINTR and short writes.
+pub fn write_all(fd: i32, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes from it.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            // SAFETY: __errno_location always returns a valid thread-local pointer.
+            if unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        if n == 0 {
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
+
+/// The host name, into a stack buffer (as NCCL prints it: up to the first dot).
+pub fn hostname(out: &mut [u8; 64]) -> &str {
+    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
+    let rc = unsafe { libc::gethostname(out.as_mut_ptr().cast(), out.len() - 1) };
+    if rc != 0 {
+        return "?";
+    }
+    out[63] = 0;
+    let end = out.iter().position(|&b| b == 0 || b == b'.').unwrap_or(63);
+    std::str::from_utf8(&out[..end]).unwrap_or("?")
+}
+
+pub fn pid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+pub fn tid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// The current value of an environment variable, without allocating or taking std's
+/// environment lock (which a forked child may find held).
+pub fn getenv(name: &CStr) -> Option<&'static str> {
+    // SAFETY: `name` is NUL-terminated; getenv returns NULL or a pointer into the
+    // environment block, which lives until the variable is changed. We copy nothing and
+    // use it immediately, as every C caller of getenv does.
+    let p: *const c_char = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL getenv result is a NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }.to_str().ok()
+}
+
+/// Seconds since the epoch, with microseconds.
+pub fn now() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as f64 + (ts.tv_nsec / 1000) as f64 / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_buf_truncates() {
+        let mut b = StackBuf::<8>::new();
+        write!(b, "0123456789").unwrap();
+        assert_eq!(b.as_bytes(), b"01234567");
+    }
+
+    #[test]
+    fn json_strings_escape_and_cap() {
+        let mut b = StackBuf::<128>::new();
+        json_str(&mut b, "a\"b\\c\nd\u{1}", 64).unwrap();
+        assert_eq!(std::str::from_utf8(b.as_bytes()).unwrap(), r#""a\"b\\c\nd\u0001""#);
+        let mut b = StackBuf::<128>::new();
+        json_str(&mut b, "ééééé", 4).unwrap();
+        assert_eq!(std::str::from_utf8(b.as_bytes()).unwrap(), "\"éé...\"");
+    }
+}

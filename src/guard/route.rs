@@ -1,0 +1,93 @@
+//! Routing function pointers that CUDA hands out to our wrappers.
+//!
+//! `cuGetProcAddress(_v2)` and `cudaGetDriverEntryPoint(ByVersion)` take a base name and a
+//! version and return whichever ABI variant the driver picks (`cuCtxCreate` at 11040 is
+//! `cuCtxCreate_v3`). We never guess the variant from the name ("try _v3 then _v2" returns
+//! a function of the wrong signature, HAMi-core#233): we compare the pointer the real
+//! driver returned with the real address of every guarded ABI symbol, and hand out the
+//! wrapper of the one it is (coldzerofear/vgpu-manager `build_driver_routes` does the same).
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::Ordering;
+
+use once_cell::sync::OnceCell;
+
+use crate::guard::real;
+use crate::guard::table::{self, Lib, TABLE};
+
+/// The outcome of routing one pointer.
+pub enum Routed {
+    /// Not a guarded function (or already our wrapper): hand it out unchanged.
+    Keep,
+    /// A guarded function: hand out this wrapper instead.
+    Wrap(*mut c_void),
+    /// The name is a guarded API but the pointer matches none of the ABI variants we know
+    /// (a newer driver's `_v5`): refuse rather than hand out an unguarded function.
+    Unknown,
+}
+
+static DRIVER_ROUTES: OnceCell<()> = OnceCell::new();
+
+/// Route a driver function pointer returned for `symbol`.
+pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
+    if p.is_null() || real::is_own(p) {
+        return Routed::Keep;
+    }
+    DRIVER_ROUTES.get_or_init(real::resolve_all_driver);
+    for e in TABLE.iter() {
+        if e.lib == Lib::Driver && e.real.load(Ordering::Acquire) == p {
+            return Routed::Wrap(e.wrapper() as *mut c_void);
+        }
+    }
+    if symbol.is_null() {
+        return Routed::Keep;
+    }
+    // SAFETY: a non-NULL symbol argument of cuGetProcAddress is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if table::is_guarded_driver_call(name) {
+        Routed::Unknown
+    } else {
+        Routed::Keep
+    }
+}
+
+/// The decision behind our `dlsym`: the wrapper to return instead of the real symbol, or
+/// NULL to let the real `dlsym` answer (the trampoline then jumps to it with the caller's
+/// own return address, so `RTLD_NEXT` keeps its meaning).
+///
+/// Cheap for every name that is not ours: a two-byte prefix test, then a table scan only
+/// for `cu*` names. Never loads a library or takes a lock.
+pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    if symbol.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dlsym's symbol argument is a NUL-terminated string; we read at most up to
+    // its NUL.
+    let cname = unsafe { CStr::from_ptr(symbol) };
+    let name = cname.to_bytes();
+    if name.len() < 3 || &name[..2] != b"cu" {
+        return std::ptr::null_mut();
+    }
+    // RTLD_NEXT depends on the caller's position in the search order, which only the
+    // real dlsym, reached with the caller's return address, can know.
+    if handle == libc::RTLD_NEXT {
+        return std::ptr::null_mut();
+    }
+    let Some(id) = table::find_abi(name) else {
+        return std::ptr::null_mut();
+    };
+    if crate::guard::state::try_get().is_some_and(|s| s.inert) {
+        return std::ptr::null_mut();
+    }
+    let found = real::lookup(handle, cname);
+    if found.is_null() {
+        return std::ptr::null_mut();
+    }
+    if real::is_own(found) {
+        return found;
+    }
+    real::record(id, found);
+    tracing::trace!(symbol = %String::from_utf8_lossy(name), "dlsym: handing out the guard's wrapper");
+    TABLE[id].wrapper() as *mut c_void
+}

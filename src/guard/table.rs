@@ -1,0 +1,147 @@
+//! The one declarative table of guarded functions, and the macros that build it.
+//!
+//! `guarded!` (invoked once, in `wrappers.rs`) takes every guarded ABI symbol with its C
+//! signature and body and generates, from that single list:
+//! - the exported wrapper (`#[no_mangle]`, unversioned, so it also satisfies
+//!   `cudaSetDevice@libcudart.so.12` references);
+//! - its entry in [`TABLE`]: ABI name, the API name programs call it by, library, the
+//!   slot of the real function, the wrapper's address.
+//! Every interposition layer (exported symbols, `dlsym`, `cuGetProcAddress`,
+//! `cudaGetDriverEntryPoint`) derives from [`TABLE`]; nothing is listed twice.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64};
+
+/// Which library a guarded function belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lib {
+    Driver,
+    Runtime,
+}
+
+/// One guarded ABI symbol.
+pub struct Entry {
+    pub lib: Lib,
+    /// The API name programs write (`cuCtxCreate` for `cuCtxCreate_v2`): the name
+    /// `cuGetProcAddress` is asked for, and the `call` of reports.
+    pub call: &'static str,
+    /// The exported ABI symbol, NUL-terminated.
+    abi: &'static str,
+    pub real: AtomicPtr<c_void>,
+    wrapper: *const (),
+    /// Set once this symbol's first violation was said on stderr (later ones go to the
+    /// audit file and the debug log only, so a loop cannot flood the terminal).
+    pub said: AtomicBool,
+    /// Ordinals (0..63) whose queries were already recorded in warn mode.
+    pub queried: AtomicU64,
+}
+
+// SAFETY: `wrapper` is the address of a function (immutable code); every other field is
+// immutable or atomic.
+unsafe impl Sync for Entry {}
+
+impl Entry {
+    pub const fn new(lib: Lib, call: &'static str, abi: &'static str, wrapper: *const ()) -> Entry {
+        Entry {
+            lib,
+            call,
+            abi,
+            real: AtomicPtr::new(std::ptr::null_mut()),
+            wrapper,
+            said: AtomicBool::new(false),
+            queried: AtomicU64::new(0),
+        }
+    }
+
+    /// The ABI name without its NUL.
+    pub fn abi(&self) -> &'static str {
+        &self.abi[..self.abi.len() - 1]
+    }
+
+    pub fn abi_cstr(&self) -> &'static CStr {
+        // The macro appends exactly one NUL and Rust identifiers contain none.
+        match CStr::from_bytes_with_nul(self.abi.as_bytes()) {
+            Ok(c) => c,
+            Err(_) => c"",
+        }
+    }
+
+    pub fn wrapper(&self) -> *const c_void {
+        self.wrapper.cast()
+    }
+}
+
+/// The index of the entry whose ABI name is `name`.
+pub fn find_abi(name: &[u8]) -> Option<usize> {
+    TABLE.iter().position(|e| e.abi().as_bytes() == name)
+}
+
+/// Whether `name` is the API name of a guarded driver function.
+pub fn is_guarded_driver_call(name: &[u8]) -> bool {
+    TABLE
+        .iter()
+        .any(|e| e.lib == Lib::Driver && e.call.as_bytes() == name)
+}
+
+/// Generates the wrappers and [`TABLE`]. Each item:
+/// `Driver "cuCtxCreate" fn cuCtxCreate_v2(pctx: *mut CUcontext, ...) -> CuResult |real| { body }`
+/// In the body, `real` is the real function (already resolved: a missing one returns 500
+/// before the body runs) and `ID` is the entry's index.
+macro_rules! guarded {
+    ($( $lib:ident $call:literal fn $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty
+        | $real:ident | $body:block )*) => {
+        #[allow(non_camel_case_types, dead_code)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Id { $( $sym ),* }
+
+        pub const COUNT: usize = [$( stringify!($sym) ),*].len();
+
+        pub static TABLE: [$crate::guard::table::Entry; COUNT] = [
+            $( $crate::guard::table::Entry::new(
+                $crate::guard::table::Lib::$lib,
+                $call,
+                concat!(stringify!($sym), "\0"),
+                $sym as *const (),
+            ) ),*
+        ];
+
+        $(
+            #[cfg_attr(not(test), no_mangle)]
+            #[allow(non_snake_case, unused_variables, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $sym( $( $arg : $ty ),* ) -> $ret {
+                #[allow(dead_code)]
+                const ID: usize = Id::$sym as usize;
+                let p = $crate::guard::real::get(ID);
+                if p.is_null() {
+                    return $crate::guard::engine::missing::<$ret>(ID);
+                }
+                // SAFETY: `p` is the real function exported under this wrapper's own ABI
+                // name (or the pointer the driver returned for it), so it has exactly this
+                // C signature.
+                let $real = unsafe {
+                    ::std::mem::transmute::<*mut ::std::ffi::c_void,
+                        unsafe extern "C" fn($( $ty ),*) -> $ret>(p)
+                };
+                $body
+            }
+        )*
+    };
+}
+
+/// `gate!(verdict, "fmt", args...)`: if the verdict is not Allow, let the engine decide;
+/// return its error code from the enclosing wrapper when the call is denied. The format
+/// arguments describe the call's arguments and are only evaluated on that cold path.
+macro_rules! gate {
+    ($verdict:expr, $($fmt:tt)*) => {{
+        let verdict = $verdict;
+        if !verdict.is_allow() {
+            if let Err(code) = $crate::guard::engine::on_verdict(ID, verdict, format_args!($($fmt)*)) {
+                return code;
+            }
+        }
+    }};
+}
+
+pub use crate::guard::wrappers::{Id, TABLE};

@@ -1,0 +1,345 @@
+//! Every guarded CUDA function, once: ABI symbol, C signature (from NVIDIA's `cuda.h` /
+//! `cuda_runtime_api.h` 12.9), and what the guard does around the real call. The
+//! `guarded!` macro derives the exported wrappers and the routing table from this list.
+//!
+//! Error codes (README contract table): an ordinal other than 0 -> 101 (invalid device,
+//! what the driver itself answers under correct visibility); peer access across devices ->
+//! 800 (not permitted); a real function that cannot be found -> 500 (not found).
+#![allow(unsafe_code, clippy::too_many_arguments)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::guard::engine;
+use crate::guard::ffi::*;
+use crate::guard::route::{self, Routed};
+use crate::policy;
+
+/// Route `*pfn` after a successful entry-point query; refuse an unknown variant of a
+/// guarded function (fail closed: the pointer is cleared and the status says not found).
+///
+/// # Safety
+/// `pfn` is NULL or valid for reads and writes; `status` is NULL or valid for writes.
+unsafe fn route_out(pfn: *mut *mut c_void, symbol: *const c_char, status: *mut c_int) -> bool {
+    if pfn.is_null() {
+        return true;
+    }
+    // SAFETY: caller guarantees `pfn` is valid.
+    let p = unsafe { *pfn };
+    match route::route(p, symbol) {
+        Routed::Keep => true,
+        Routed::Wrap(w) => {
+            // SAFETY: as above.
+            unsafe { *pfn = w };
+            true
+        }
+        Routed::Unknown => {
+            engine::unknown_variant(symbol);
+            // SAFETY: as above; `status` may be NULL (optional out-parameter).
+            unsafe {
+                *pfn = std::ptr::null_mut();
+                if !status.is_null() {
+                    *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+                }
+            }
+            false
+        }
+    }
+}
+
+/// R2 on an optional `CUmemLocation` behind a caller's pointer.
+///
+/// # Safety
+/// `loc` is NULL or points to a readable `CUmemLocation`.
+unsafe fn location_at(loc: *const CUmemLocation) -> policy::Verdict {
+    if loc.is_null() {
+        // The driver rejects a NULL descriptor itself.
+        return policy::Verdict::Allow;
+    }
+    // SAFETY: caller guarantees readability.
+    let l = unsafe { *loc };
+    policy::location(l.type_, l.id)
+}
+
+/// R4 between the devices of two contexts (NULL = the current context).
+fn peer_contexts(a: CUcontext, b: CUcontext) -> policy::Verdict {
+    if a == b {
+        return policy::Verdict::Allow;
+    }
+    match (engine::context_device(a), engine::context_device(b)) {
+        (Some(x), Some(y)) => policy::peer(x, y),
+        _ => policy::peer_unknown(),
+    }
+}
+
+guarded! {
+    // ---- initialisation (R1) -------------------------------------------------------
+    Driver "cuInit" fn cuInit(flags: c_uint) -> CuResult |real| {
+        let rc = real(flags);
+        engine::after_init(rc);
+        rc
+    }
+
+    // ---- entry points: hand out wrappers -------------------------------------------
+    Driver "cuGetProcAddress" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CuResult |real| {
+        let rc = real(symbol, pfn, cuda_version, flags);
+        if rc == CuResult::SUCCESS && !route_out(pfn, symbol, std::ptr::null_mut()) {
+            return CuResult::NOT_FOUND;
+        }
+        rc
+    }
+    Driver "cuGetProcAddress" fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, status: *mut c_int) -> CuResult |real| {
+        let rc = real(symbol, pfn, cuda_version, flags, status);
+        if rc == CuResult::SUCCESS && !route_out(pfn, symbol, status) {
+            return CuResult::NOT_FOUND;
+        }
+        rc
+    }
+    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, pfn, flags, status);
+        if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, pfn, flags, status);
+        if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, pfn, cuda_version, flags, status);
+        if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, pfn, cuda_version, flags, status);
+        if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+
+    // ---- driver: devices by ordinal (R2) -------------------------------------------
+    Driver "cuDeviceGet" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
+        gate!(policy::ordinal(ordinal), "ordinal={ordinal}");
+        real(device, ordinal)
+    }
+    Driver "cuDeviceGetCount" fn cuDeviceGetCount(count: *mut c_int) -> CuResult |real| {
+        real(count)
+    }
+    Driver "cuCtxCreate" fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
+        real(pctx, flags, dev)
+    }
+    Driver "cuCtxCreate" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
+        real(pctx, flags, dev)
+    }
+    Driver "cuCtxCreate" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "numParams={num_params}, flags={flags:#x}, dev={dev}");
+        real(pctx, params, num_params, flags, dev)
+    }
+    Driver "cuCtxCreate" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
+        real(pctx, params, flags, dev)
+    }
+    Driver "cuDevicePrimaryCtxRetain" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        real(pctx, dev)
+    }
+    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        real(dev)
+    }
+    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        real(dev)
+    }
+    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        real(dev)
+    }
+    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        real(dev)
+    }
+    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
+        real(dev, flags)
+    }
+    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
+        real(dev, flags)
+    }
+    Driver "cuDevicePrimaryCtxGetState" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        real(dev, flags, active)
+    }
+
+    // ---- driver: memory locations (R2; host locations are not devices) ------------
+    Driver "cuMemCreate" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| {
+        let loc = if prop.is_null() { std::ptr::null() } else { &raw const (*prop).location };
+        gate!(location_at(loc), "size={size}, prop.location={:?}", loc.as_ref());
+        real(handle, size, prop, flags)
+    }
+    Driver "cuMemSetAccess" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
+        if !desc.is_null() {
+            for i in 0..count {
+                let loc = &raw const (*desc.add(i)).location;
+                gate!(location_at(loc), "ptr={ptr:#x}, size={size}, desc[{i}].location={:?}", *loc);
+            }
+        }
+        real(ptr, size, desc, count)
+    }
+    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, stream: CUstream) -> CuResult |real| {
+        gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:#x}, count={count}, dstDevice={dst_device}");
+        real(dev_ptr, count, dst_device, stream)
+    }
+    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_ptsz(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, stream: CUstream) -> CuResult |real| {
+        gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:#x}, count={count}, dstDevice={dst_device}");
+        real(dev_ptr, count, dst_device, stream)
+    }
+    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2(dev_ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CuResult |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={dev_ptr:#x}, count={count}, location={location:?}");
+        real(dev_ptr, count, location, flags, stream)
+    }
+    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2_ptsz(dev_ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CuResult |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={dev_ptr:#x}, count={count}, location={location:?}");
+        real(dev_ptr, count, location, flags, stream)
+    }
+    Driver "cuMemAdvise" fn cuMemAdvise(dev_ptr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal_or_host(device), "devPtr={dev_ptr:#x}, count={count}, advice={advice}, device={device}");
+        real(dev_ptr, count, advice, device)
+    }
+    Driver "cuMemAdvise" fn cuMemAdvise_v2(dev_ptr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={dev_ptr:#x}, count={count}, advice={advice}, location={location:?}");
+        real(dev_ptr, count, advice, location)
+    }
+    Driver "cuMemPoolCreate" fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolPropsHead) -> CuResult |real| {
+        let loc = if props.is_null() { std::ptr::null() } else { &raw const (*props).location };
+        gate!(location_at(loc), "poolProps.location={:?}", loc.as_ref());
+        real(pool, props)
+    }
+
+    // ---- driver: pure queries (recorded in warn mode, never denied) ---------------
+    Driver "cuDeviceGetAttribute" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "attrib={attrib}, dev={dev}");
+        real(pi, attrib, dev)
+    }
+    Driver "cuDeviceGetName" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "len={len}, dev={dev}");
+        real(name, len, dev)
+    }
+    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(uuid, dev)
+    }
+    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(uuid, dev)
+    }
+    Driver "cuDeviceGetPCIBusId" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "len={len}, dev={dev}");
+        real(bus_id, len, dev)
+    }
+    Driver "cuDeviceTotalMem" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(bytes, dev)
+    }
+    Driver "cuDeviceCanAccessPeer" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CuResult |real| {
+        gate!(policy::query(if dev != 0 { dev } else { peer }), "dev={dev}, peerDev={peer}");
+        real(can, dev, peer)
+    }
+
+    // ---- driver: peer access (R4) -----------------------------------------------------
+    Driver "cuCtxEnablePeerAccess" fn cuCtxEnablePeerAccess(peer_ctx: CUcontext, flags: c_uint) -> CuResult |real| {
+        gate!(peer_contexts(std::ptr::null_mut(), peer_ctx), "peerContext={peer_ctx:p}, flags={flags:#x}");
+        real(peer_ctx, flags)
+    }
+    Driver "cuMemcpyPeer" fn cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CuResult |real| {
+        gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
+        real(dst, dst_ctx, src, src_ctx, n)
+    }
+    Driver "cuMemcpyPeer" fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CuResult |real| {
+        gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
+        real(dst, dst_ctx, src, src_ctx, n)
+    }
+    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CuResult |real| {
+        gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
+        real(dst, dst_ctx, src, src_ctx, n, stream)
+    }
+    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CuResult |real| {
+        gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
+        real(dst, dst_ctx, src, src_ctx, n, stream)
+    }
+
+    // ---- driver functions the guard itself calls (pass through) --------------------
+    Driver "cuCtxPushCurrent" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CuResult |real| {
+        real(ctx)
+    }
+    Driver "cuCtxPopCurrent" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CuResult |real| {
+        real(pctx)
+    }
+    Driver "cuCtxGetDevice" fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult |real| {
+        real(device)
+    }
+
+    // ---- runtime: devices by ordinal (R2) ------------------------------------------
+    Runtime "cudaSetDevice" fn cudaSetDevice(device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(device)
+    }
+    Runtime "cudaInitDevice" fn cudaInitDevice(device: c_int, device_flags: c_uint, flags: c_uint) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, deviceFlags={device_flags:#x}, flags={flags:#x}");
+        real(device, device_flags, flags)
+    }
+    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync(dev_ptr: *const c_void, count: usize, dst_device: c_int, stream: *mut c_void) -> CudaError |real| {
+        gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:p}, count={count}, dstDevice={dst_device}");
+        real(dev_ptr, count, dst_device, stream)
+    }
+    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_ptsz(dev_ptr: *const c_void, count: usize, dst_device: c_int, stream: *mut c_void) -> CudaError |real| {
+        gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:p}, count={count}, dstDevice={dst_device}");
+        real(dev_ptr, count, dst_device, stream)
+    }
+
+    // ---- runtime: pure queries --------------------------------------------------------
+    Runtime "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "attr={attr}, device={device}");
+        real(value, attr, device)
+    }
+    Runtime "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "len={len}, device={device}");
+        real(bus_id, len, device)
+    }
+    Runtime "cudaGetDeviceProperties" fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}");
+        real(prop, device)
+    }
+    Runtime "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer(can: *mut c_int, device: c_int, peer: c_int) -> CudaError |real| {
+        gate!(policy::query(if device != 0 { device } else { peer }), "device={device}, peerDevice={peer}");
+        real(can, device, peer)
+    }
+
+    // ---- runtime: peer access (R4) ----------------------------------------------------
+    Runtime "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint) -> CudaError |real| {
+        gate!(policy::peer(engine::runtime_current_device(), peer), "peerDevice={peer}, flags={flags:#x}");
+        real(peer, flags)
+    }
+    Runtime "cudaMemcpyPeer" fn cudaMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize) -> CudaError |real| {
+        gate!(policy::peer(dst_device, src_device), "dst={dst:p}, dstDevice={dst_device}, src={src:p}, srcDevice={src_device}, count={count}");
+        real(dst, dst_device, src, src_device, count)
+    }
+    Runtime "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize, stream: *mut c_void) -> CudaError |real| {
+        gate!(policy::peer(dst_device, src_device), "dst={dst:p}, dstDevice={dst_device}, src={src:p}, srcDevice={src_device}, count={count}");
+        real(dst, dst_device, src, src_device, count, stream)
+    }
+
+    // ---- runtime functions the guard itself calls (pass through) -------------------
+    Runtime "cudaGetDevice" fn cudaGetDevice(device: *mut c_int) -> CudaError |real| {
+        real(device)
+    }
+}

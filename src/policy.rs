@@ -1,0 +1,335 @@
+//! The contract as decisions: a guarded call's arguments in, a [`Verdict`] out.
+//!
+//! Pure and allocation-free: the interposer calls these on every guarded call, so a
+//! verdict is plain data, and what a violation says is rendered only when one is reported.
+//! Each check names the rule it enforces (DESIGN.md §1) and the CUDA error code a denial
+//! returns: an ordinal other than 0 gets the code the driver itself gives for an invisible
+//! device (`CUDA_ERROR_INVALID_DEVICE`/`cudaErrorInvalidDevice`, 101); every other denial
+//! gets `CUDA_ERROR_NOT_PERMITTED`/`cudaErrorNotPermitted` (800).
+#![deny(unsafe_code)]
+
+use std::fmt;
+
+/// A rule of the contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// One GPU per rank process, and the rank's GPU.
+    R1,
+    /// Device-taking calls name ordinal 0.
+    R2,
+    /// No cross-device IPC inside a rank.
+    R3,
+    /// No peer access inside a rank.
+    R4,
+}
+
+impl Rule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::R1 => "R1",
+            Rule::R2 => "R2",
+            Rule::R3 => "R3",
+            Rule::R4 => "R4",
+        }
+    }
+
+    /// What the user should do, in one sentence.
+    pub fn fix(self) -> &'static str {
+        match self {
+            Rule::R1 => "give each rank exactly one GPU: CUDA_VISIBLE_DEVICES=<one index or GPU-uuid>, e.g. `rankguard launch` or `rankguard run --narrow-by LOCAL_RANK`, and do not rewrite CUDA_VISIBLE_DEVICES inside the rank",
+            Rule::R2 => "use device 0 (cuda:0): the rank sees exactly one GPU; choose GPUs with CUDA_VISIBLE_DEVICES before the process starts, never with device ordinals inside it",
+            Rule::R3 => "keep every process of a rank on the rank's GPU; exchange tensors between GPUs through the inter-rank collectives (NCCL), not CUDA IPC inside one rank",
+            Rule::R4 => "peer access crosses GPUs inside one rank; move data between GPUs through the inter-rank collectives (NCCL) instead",
+        }
+    }
+}
+
+/// Which error a denial returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenyCode {
+    /// 101: the call named a device this rank must not use.
+    InvalidDevice,
+    /// 800: the operation is not permitted inside a rank.
+    NotPermitted,
+}
+
+/// What a violating call did, as data (rendered only when reported).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// A device ordinal (or `CUdevice`) other than 0.
+    Ordinal { ordinal: i32 },
+    /// A memory location of device type whose id is not 0.
+    Location { id: i32 },
+    /// Peer access or a peer copy between two devices.
+    Peer { device: i32, peer: i32 },
+    /// Peer access or a peer copy whose contexts' devices could not be determined.
+    PeerUnknown,
+    /// The process sees a number of devices other than one (R1).
+    Visible { entries: usize, devices: i32 },
+    /// The process sees one GPU but not the rank's (R1, descendants).
+    NotRankGpu,
+}
+
+impl fmt::Display for Detail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Detail::Ordinal { ordinal } => write!(f, "device ordinal {ordinal} is not 0"),
+            Detail::Location { id } => write!(f, "memory location is device {id}, not 0"),
+            Detail::Peer { device, peer } => {
+                write!(f, "peer access between device {device} and device {peer}")
+            }
+            Detail::PeerUnknown => f.write_str("peer access between contexts whose devices could not be determined"),
+            Detail::Visible { entries, devices } => write!(
+                f,
+                "the process sees {devices} device(s) from {entries} CUDA_VISIBLE_DEVICES entr{}",
+                if entries == 1 { "y" } else { "ies" }
+            ),
+            Detail::NotRankGpu => f.write_str("the process sees one GPU, but not the rank's GPU"),
+        }
+    }
+}
+
+/// A broken rule: which, why, and what a denial returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub rule: Rule,
+    pub code: DenyCode,
+    pub detail: Detail,
+}
+
+impl Violation {
+    /// The ordinal the call named, for the audit record's `ordinal` field.
+    pub fn ordinal(&self) -> Option<i32> {
+        match self.detail {
+            Detail::Ordinal { ordinal } => Some(ordinal),
+            Detail::Location { id } => Some(id),
+            Detail::Peer { peer, .. } => Some(peer),
+            _ => None,
+        }
+    }
+}
+
+/// The decision on one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Within the contract.
+    Allow,
+    /// A pure query about another device: never denied (the driver refuses it under
+    /// correct visibility), recorded in warn mode.
+    Query(Violation),
+    /// Breaks the contract.
+    Violation(Violation),
+}
+
+impl Verdict {
+    #[inline]
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Verdict::Allow)
+    }
+}
+
+/// R2: a call that uses a device by ordinal or `CUdevice`.
+#[inline]
+pub fn ordinal(ordinal: i32) -> Verdict {
+    if ordinal == 0 {
+        Verdict::Allow
+    } else {
+        Verdict::Violation(Violation {
+            rule: Rule::R2,
+            code: DenyCode::InvalidDevice,
+            detail: Detail::Ordinal { ordinal },
+        })
+    }
+}
+
+/// R2: a device argument that may also name the host (`CU_DEVICE_CPU`, -1).
+#[inline]
+pub fn ordinal_or_host(device: i32) -> Verdict {
+    if device == -1 {
+        Verdict::Allow
+    } else {
+        ordinal(device)
+    }
+}
+
+/// A pure query about a device: recorded in warn mode when it is not device 0.
+#[inline]
+pub fn query(device: i32) -> Verdict {
+    match ordinal(device) {
+        Verdict::Violation(v) => Verdict::Query(v),
+        other => other,
+    }
+}
+
+/// `CUmemLocationType` values (cuda.h).
+pub mod location {
+    pub const DEVICE: u32 = 1;
+    pub const HOST: u32 = 2;
+    pub const HOST_NUMA: u32 = 3;
+    pub const HOST_NUMA_CURRENT: u32 = 4;
+}
+
+/// R2 on a `CUmemLocation`: only a location of device type names a device; host, host-NUMA
+/// and others are not devices, whatever their id (HAMi#1764 misread them).
+#[inline]
+pub fn location(type_: u32, id: i32) -> Verdict {
+    if type_ != location::DEVICE || id == 0 {
+        Verdict::Allow
+    } else {
+        Verdict::Violation(Violation {
+            rule: Rule::R2,
+            code: DenyCode::InvalidDevice,
+            detail: Detail::Location { id },
+        })
+    }
+}
+
+/// R4: peer access or a peer copy between two devices known by ordinal. The same device on
+/// both sides is not a peer operation (the driver answers it itself); two different
+/// devices are a violation whatever their ordinals.
+#[inline]
+pub fn peer(device: i32, peer: i32) -> Verdict {
+    if device == peer {
+        ordinal(device)
+    } else {
+        Verdict::Violation(Violation {
+            rule: Rule::R4,
+            code: DenyCode::NotPermitted,
+            detail: Detail::Peer { device, peer },
+        })
+    }
+}
+
+/// R4 when the devices behind two contexts could not be determined: fail closed.
+pub fn peer_unknown() -> Verdict {
+    Verdict::Violation(Violation {
+        rule: Rule::R4,
+        code: DenyCode::NotPermitted,
+        detail: Detail::PeerUnknown,
+    })
+}
+
+/// What the R1 check at CUDA initialisation needs to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitFacts {
+    /// `CUDA_VISIBLE_DEVICES` was set.
+    pub cvd_set: bool,
+    /// Entries left after CUDA's syntactic rules (`cvd::parse`).
+    pub entries: usize,
+    /// Devices the driver enumerates (0 when cuInit failed).
+    pub devices: i32,
+    /// Whether the device this process sees is the rank's GPU: `None` when the launcher
+    /// named no rank GPU (plain `LD_PRELOAD`), or the identity could not be compared.
+    pub is_rank_gpu: Option<bool>,
+}
+
+/// R1 at CUDA initialisation.
+///
+/// - A process deliberately given no GPU (CVD empty, `-1`, nothing valid) is not a rank
+///   process: it gets the driver's own "no device" answer.
+/// - Otherwise CVD must hold exactly one entry and the driver must enumerate exactly one
+///   device; an entry naming a GPU the driver does not have (one entry, zero devices)
+///   breaks R1 too, since a silent CPU fallback is what the contract exists to prevent.
+/// - With a rank GPU named by the launcher, the one device must be that GPU.
+pub fn init(f: InitFacts) -> Verdict {
+    if f.cvd_set && f.entries == 0 {
+        return Verdict::Allow;
+    }
+    if !f.cvd_set || f.entries != 1 || f.devices != 1 {
+        return Verdict::Violation(Violation {
+            rule: Rule::R1,
+            code: DenyCode::NotPermitted,
+            detail: Detail::Visible { entries: if f.cvd_set { f.entries } else { 0 }, devices: f.devices },
+        });
+    }
+    if f.is_rank_gpu == Some(false) {
+        return Verdict::Violation(Violation {
+            rule: Rule::R1,
+            code: DenyCode::NotPermitted,
+            detail: Detail::NotRankGpu,
+        });
+    }
+    Verdict::Allow
+}
+
+/// Whether a UUID (`GPU-...`/`MIG-...`, full) is the GPU a rank entry names: a full UUID
+/// or a unique prefix of it (the driver already checked uniqueness when the rank resolved
+/// it). Index entries cannot be compared here: the launcher resolves them to a UUID.
+pub fn uuid_matches(entry: &str, uuid: &str) -> bool {
+    let e = entry.trim();
+    (e.starts_with("GPU-") || e.starts_with("MIG-")) && uuid.starts_with(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinal_zero_is_the_only_device() {
+        assert!(ordinal(0).is_allow());
+        for o in [1, 7, -1, i32::MAX, i32::MIN] {
+            match ordinal(o) {
+                Verdict::Violation(v) => {
+                    assert_eq!(v.rule, Rule::R2);
+                    assert_eq!(v.code, DenyCode::InvalidDevice);
+                    assert_eq!(v.ordinal(), Some(o));
+                }
+                other => panic!("{o}: {other:?}"),
+            }
+        }
+        assert!(ordinal_or_host(-1).is_allow());
+        assert!(!ordinal_or_host(-2).is_allow());
+    }
+
+    #[test]
+    fn queries_are_never_violations() {
+        assert!(query(0).is_allow());
+        assert!(matches!(query(3), Verdict::Query(v) if v.rule == Rule::R2));
+    }
+
+    #[test]
+    fn host_locations_are_not_devices() {
+        assert!(location(location::HOST, 5).is_allow());
+        assert!(location(location::HOST_NUMA, 1).is_allow());
+        assert!(location(location::HOST_NUMA_CURRENT, 1).is_allow());
+        assert!(location(location::DEVICE, 0).is_allow());
+        assert!(!location(location::DEVICE, 1).is_allow());
+    }
+
+    #[test]
+    fn peer_operations() {
+        assert!(peer(0, 0).is_allow());
+        assert!(matches!(peer(0, 1), Verdict::Violation(v) if v.rule == Rule::R4 && v.code == DenyCode::NotPermitted));
+        assert!(matches!(peer(1, 1), Verdict::Violation(v) if v.rule == Rule::R2));
+        assert!(!peer_unknown().is_allow());
+    }
+
+    fn facts(cvd_set: bool, entries: usize, devices: i32) -> InitFacts {
+        InitFacts { cvd_set, entries, devices, is_rank_gpu: None }
+    }
+
+    #[test]
+    fn r1_at_init() {
+        // unset on an 8-GPU node, `0,1`, one entry, empty/-1, an entry naming nothing
+        assert!(!init(facts(false, 0, 8)).is_allow());
+        assert!(!init(facts(false, 0, 1)).is_allow());
+        assert!(!init(facts(true, 2, 2)).is_allow());
+        assert!(init(facts(true, 1, 1)).is_allow());
+        assert!(init(facts(true, 0, 0)).is_allow());
+        assert!(!init(facts(true, 1, 0)).is_allow());
+        let mut f = facts(true, 1, 1);
+        f.is_rank_gpu = Some(false);
+        assert!(matches!(init(f), Verdict::Violation(v) if v.detail == Detail::NotRankGpu));
+        f.is_rank_gpu = Some(true);
+        assert!(init(f).is_allow());
+    }
+
+    #[test]
+    fn rank_gpu_identity() {
+        let u = "GPU-12c0ffee-0000-4000-8000-000000000002";
+        assert!(uuid_matches(u, u));
+        assert!(uuid_matches("GPU-12", u));
+        assert!(!uuid_matches("GPU-15", u));
+        assert!(!uuid_matches("2", u));
+    }
+}
