@@ -1,0 +1,619 @@
+/* cudart_api.c: the CUDA runtime API calls the fake libcudart.so.12 implements.
+ *
+ * Why it exists: rankguard guards runtime calls (cudaSetDevice, IPC, peer access, entry
+ * points) of unmodified programs; its tests need a runtime with the real semantics and
+ * error codes (cuda_runtime_api.h documentation of CUDA 12.9) on top of the fake driver.
+ * Each call maps onto the driver the way the runtime documents ("\sa ::cu..." lines).
+ * Every error return goes through rt_ret() so cudaGetLastError sees it.
+ */
+#include <string.h>
+
+#include "cudart_internal.h"
+
+/* The per-thread-default-stream exports. cuda_runtime_api.h maps these names onto the
+ * plain ones only under CUDA_API_PER_THREAD_DEFAULT_STREAM (the __CUDART_API_PTDS/PTSZ
+ * macros), so it declares none of them here; the real libcudart.so.12 exports them all.
+ * cudaMemcpyPeer/cudaMemcpyPeerAsync have no `_ptds`/`_ptsz` export in the real library
+ * and no mapping in the header, so neither does this one. */
+RT_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count,
+                                      enum cudaMemcpyKind kind);
+RT_EXPORT cudaError_t cudaMemset_ptds(void *devPtr, int value, size_t count);
+RT_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
+RT_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream);
+RT_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
+        unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus);
+RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol,
+        void **funcPtr, unsigned int cudaVersion, unsigned long long flags,
+        enum cudaDriverEntryPointQueryResult *driverStatus);
+
+#define TRY(expr) do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) return rt_ret(e_); } while (0)
+/* An entry point the driver did not provide: the call cannot be made on this driver. */
+#define NEED(fn) do { if (!(fn)) return rt_ret(cudaErrorCallRequiresNewerDriver); } while (0)
+#define DRIVER(call) return rt_ret(rt_map(call))
+
+/* ---- versions, devices ------------------------------------------------------------ */
+
+RT_EXPORT cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
+{
+    if (!runtimeVersion)
+        return rt_ret(cudaErrorInvalidValue);
+    *runtimeVersion = CUDART_VERSION; /* 12090: the pinned headers' version */
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return rt_ret(cudaErrorInvalidValue);
+    /* "If no driver is installed, then 0 is returned as the driver version." */
+    if (rt_load() != cudaSuccess) {
+        *driverVersion = 0;
+        return cudaSuccess;
+    }
+    DRIVER(rt_drv.driverGetVersion(driverVersion));
+}
+
+RT_EXPORT cudaError_t cudaGetDeviceCount(int *count)
+{
+    if (!count)
+        return rt_ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess) {
+        *count = 0; /* the real runtime reports 0 devices with cudaErrorNoDevice & co. */
+        return rt_ret(e);
+    }
+    *count = rt_device_count();
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaSetDevice(int device)
+{
+    TRY(rt_check_device(device));
+    rt_set_current_device(device);
+    /* CUDA 12: "This function will also immediately initialize the runtime state on the
+     * primary context, and the context will be current on device immediately." */
+    TRY(rt_bind());
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaGetDevice(int *device)
+{
+    if (!device)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_init());
+    *device = rt_current_device();
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags)
+{
+    TRY(rt_check_device(device));
+    if (flags & ~(unsigned int)cudaInitDeviceFlagsAreValid)
+        return rt_ret(cudaErrorInvalidValue);
+    if (flags & cudaInitDeviceFlagsAreValid) {
+        /* deviceFlags "match those of the flags parameters in cudaSetDeviceFlags"; the
+         * cudaDevice* values equal the driver's CU_CTX_* ones. */
+        if (deviceFlags & ~(unsigned int)cudaDeviceMask)
+            return rt_ret(cudaErrorInvalidValue);
+        NEED(rt_drv.primaryCtxSetFlags);
+        CUdevice cu;
+        TRY(rt_cu_device(device, &cu));
+        TRY(rt_map(rt_drv.primaryCtxSetFlags(cu, deviceFlags)));
+    }
+    /* "initialize the CUDA Runtime structures and primary context on device ..., but the
+     * context will not be made current". */
+    CUcontext ctx;
+    TRY(rt_primary_ctx(device, &ctx));
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaDeviceSynchronize(void)
+{
+    TRY(rt_bind());
+    NEED(rt_drv.ctxSynchronize);
+    DRIVER(rt_drv.ctxSynchronize());
+}
+
+RT_EXPORT cudaError_t cudaDeviceReset(void)
+{
+    TRY(rt_init());
+    TRY(rt_reset_device(rt_current_device()));
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    if (!value)
+        return rt_ret(cudaErrorInvalidValue);
+    CUdevice cu;
+    TRY(rt_cu_device(device, &cu));
+    NEED(rt_drv.deviceGetAttribute);
+    /* cudaDeviceAttr values are defined equal to CUdevice_attribute values. */
+    DRIVER(rt_drv.deviceGetAttribute(value, (CUdevice_attribute)attr, cu));
+}
+
+RT_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
+{
+    if (!pciBusId || len <= 0)
+        return rt_ret(cudaErrorInvalidValue);
+    CUdevice cu;
+    TRY(rt_cu_device(device, &cu));
+    NEED(rt_drv.deviceGetPCIBusId);
+    DRIVER(rt_drv.deviceGetPCIBusId(pciBusId, len, cu));
+}
+
+/* ---- memory --------------------------------------------------------------------- */
+
+RT_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    if (!devPtr)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    /* Decision (docs silent; the real runtime does this): a 0-byte request succeeds with a
+     * NULL pointer instead of reaching cuMemAlloc, which rejects size 0. */
+    if (size == 0) {
+        *devPtr = NULL;
+        return cudaSuccess;
+    }
+    NEED(rt_drv.memAlloc);
+    CUdeviceptr p = 0;
+    CUresult r = rt_drv.memAlloc(&p, size);
+    if (r != CUDA_SUCCESS)
+        return rt_ret(rt_map(r));
+    *devPtr = (void *)(uintptr_t)p;
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaFree(void *devPtr)
+{
+    /* cudaFree(0) is the classic "initialize the context" idiom: bind first. */
+    TRY(rt_bind());
+    if (!devPtr)
+        return cudaSuccess;
+    NEED(rt_drv.memFree);
+    DRIVER(rt_drv.memFree((CUdeviceptr)(uintptr_t)devPtr));
+}
+
+static cudaError_t memcpy_with(const struct rt_stream_fns *s, void *dst, const void *src,
+                               size_t count, enum cudaMemcpyKind kind)
+{
+    if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
+        return rt_ret(cudaErrorInvalidMemcpyDirection);
+    TRY(rt_bind());
+    if (count == 0)
+        return cudaSuccess;
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, sp = (CUdeviceptr)(uintptr_t)src;
+    switch (kind) {
+    case cudaMemcpyHostToHost:
+        /* Host to host: synchronous with the device like every cudaMemcpy; the bytes never
+         * touch the driver. */
+        NEED(rt_drv.ctxSynchronize);
+        TRY(rt_map(rt_drv.ctxSynchronize()));
+        memmove(dst, src, count);
+        return cudaSuccess;
+    case cudaMemcpyHostToDevice:
+        NEED(s->memcpyHtoD);
+        DRIVER(s->memcpyHtoD(d, src, count));
+    case cudaMemcpyDeviceToHost:
+        NEED(s->memcpyDtoH);
+        DRIVER(s->memcpyDtoH(dst, sp, count));
+    case cudaMemcpyDeviceToDevice:
+        NEED(s->memcpyDtoD);
+        DRIVER(s->memcpyDtoD(d, sp, count));
+    case cudaMemcpyDefault:
+        /* cudaMemcpyDefault: "the type of transfer is inferred from the pointer values"
+         * (unified addressing): exactly what cuMemcpy does. */
+        NEED(s->memcpy);
+        DRIVER(s->memcpy(d, sp, count));
+    }
+    return rt_ret(cudaErrorInvalidMemcpyDirection);
+}
+
+RT_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
+                                 enum cudaMemcpyKind kind)
+{
+    return memcpy_with(&rt_legacy, dst, src, count, kind);
+}
+
+RT_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count,
+                                      enum cudaMemcpyKind kind)
+{
+    return memcpy_with(&rt_per_thread, dst, src, count, kind);
+}
+
+static cudaError_t memset_with(const struct rt_stream_fns *s, void *devPtr, int value,
+                               size_t count)
+{
+    TRY(rt_bind());
+    if (count == 0)
+        return cudaSuccess;
+    NEED(s->memsetD8);
+    DRIVER(s->memsetD8((CUdeviceptr)(uintptr_t)devPtr, (unsigned char)value, count));
+}
+
+RT_EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count)
+{
+    return memset_with(&rt_legacy, devPtr, value, count);
+}
+
+RT_EXPORT cudaError_t cudaMemset_ptds(void *devPtr, int value, size_t count)
+{
+    return memset_with(&rt_per_thread, devPtr, value, count);
+}
+
+RT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
+                                               const void *ptr)
+{
+    if (!attributes)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.pointerGetAttribute);
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    unsigned int mem_type = 0;
+    CUresult r = rt_drv.pointerGetAttribute(&mem_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+    if (r == CUDA_ERROR_INVALID_VALUE) {
+        /* "In CUDA 11.0 forward passing host pointer will return cudaMemoryTypeUnregistered
+         * ... and call will return cudaSuccess." Decision (docs silent on the other
+         * fields): device -2 as the real runtime reports, both aliases NULL. */
+        attributes->type = cudaMemoryTypeUnregistered;
+        attributes->device = -2;
+        attributes->devicePointer = NULL;
+        attributes->hostPointer = NULL;
+        return cudaSuccess;
+    }
+    if (r != CUDA_SUCCESS)
+        return rt_ret(rt_map(r));
+
+    int managed = 0, ordinal = -1;
+    (void)rt_drv.pointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p);
+    TRY(rt_map(rt_drv.pointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p)));
+    void *dptr = NULL, *hptr = NULL;
+    /* An alias that does not exist ("cannot be accessed directly") is reported as NULL. */
+    if (rt_drv.pointerGetAttribute(&dptr, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p) != CUDA_SUCCESS)
+        dptr = NULL;
+    if (rt_drv.pointerGetAttribute(&hptr, CU_POINTER_ATTRIBUTE_HOST_POINTER, p) != CUDA_SUCCESS)
+        hptr = NULL;
+
+    if (managed)
+        attributes->type = cudaMemoryTypeManaged;
+    else if (mem_type == CU_MEMORYTYPE_HOST)
+        attributes->type = cudaMemoryTypeHost;
+    else
+        attributes->type = cudaMemoryTypeDevice;
+    attributes->device = ordinal; /* runtime ordinals are driver ordinals */
+    attributes->devicePointer = dptr;
+    attributes->hostPointer = hptr;
+    return cudaSuccess;
+}
+
+/* ---- IPC ------------------------------------------------------------------------ */
+
+RT_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
+{
+    if (!handle)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.ipcGetMemHandle);
+    CUipcMemHandle h;
+    CUresult r = rt_drv.ipcGetMemHandle(&h, (CUdeviceptr)(uintptr_t)devPtr);
+    if (r != CUDA_SUCCESS)
+        return rt_ret(rt_map(r));
+    _Static_assert(sizeof h == sizeof *handle, "cudaIpcMemHandle_t is CUipcMemHandle");
+    memcpy(handle, &h, sizeof h);
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
+                                           unsigned int flags)
+{
+    if (!devPtr)
+        return rt_ret(cudaErrorInvalidValue);
+    /* "flags - Flags for this operation. Must be specified as
+     * cudaIpcMemLazyEnablePeerAccess". */
+    if (flags != cudaIpcMemLazyEnablePeerAccess)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.ipcOpenMemHandle);
+    CUipcMemHandle h;
+    memcpy(&h, &handle, sizeof h);
+    CUdeviceptr p = 0;
+    CUresult r = rt_drv.ipcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (r != CUDA_SUCCESS)
+        return rt_ret(rt_map(r));
+    *devPtr = (void *)(uintptr_t)p;
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaIpcCloseMemHandle(void *devPtr)
+{
+    TRY(rt_bind());
+    NEED(rt_drv.ipcCloseMemHandle);
+    DRIVER(rt_drv.ipcCloseMemHandle((CUdeviceptr)(uintptr_t)devPtr));
+}
+
+RT_EXPORT cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event)
+{
+    if (!handle)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.ipcGetEventHandle);
+    CUipcEventHandle h;
+    CUresult r = rt_drv.ipcGetEventHandle(&h, event);
+    if (r != CUDA_SUCCESS)
+        return rt_ret(rt_map(r));
+    _Static_assert(sizeof h == sizeof *handle, "cudaIpcEventHandle_t is CUipcEventHandle");
+    memcpy(handle, &h, sizeof h);
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle)
+{
+    if (!event)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.ipcOpenEventHandle);
+    CUipcEventHandle h;
+    memcpy(&h, &handle, sizeof h);
+    DRIVER(rt_drv.ipcOpenEventHandle(event, h));
+}
+
+/* ---- events, streams ------------------------------------------------------------ */
+
+RT_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    if (!event)
+        return rt_ret(cudaErrorInvalidValue);
+    const unsigned int known = cudaEventBlockingSync | cudaEventDisableTiming |
+                               cudaEventInterprocess;
+    if (flags & ~known)
+        return rt_ret(cudaErrorInvalidValue);
+    /* driver_types.h: "cudaEventInterprocess: cudaEventDisableTiming must be set". */
+    if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.eventCreate);
+    /* cudaEvent* flag values equal CU_EVENT_* ones. */
+    DRIVER(rt_drv.eventCreate(event, flags));
+}
+
+RT_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *event)
+{
+    return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+static cudaError_t event_record_with(const struct rt_stream_fns *s, cudaEvent_t event,
+                                     cudaStream_t stream)
+{
+    TRY(rt_bind());
+    NEED(s->eventRecord);
+    /* cudaStream_t is CUstream; 0 means the legacy stream through the legacy entry point
+     * and the per-thread stream through the `_ptsz` one, as in the driver. */
+    DRIVER(s->eventRecord(event, stream));
+}
+
+RT_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    return event_record_with(&rt_legacy, event, stream);
+}
+
+RT_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream)
+{
+    return event_record_with(&rt_per_thread, event, stream);
+}
+
+RT_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    TRY(rt_init());
+    NEED(rt_drv.eventSynchronize);
+    DRIVER(rt_drv.eventSynchronize(event));
+}
+
+RT_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    TRY(rt_init());
+    NEED(rt_drv.eventQuery);
+    DRIVER(rt_drv.eventQuery(event));
+}
+
+RT_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    TRY(rt_init());
+    NEED(rt_drv.eventDestroy);
+    DRIVER(rt_drv.eventDestroy(event));
+}
+
+RT_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *pStream)
+{
+    if (!pStream)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.streamCreate);
+    DRIVER(rt_drv.streamCreate(pStream, CU_STREAM_DEFAULT));
+}
+
+static cudaError_t stream_sync_with(const struct rt_stream_fns *s, cudaStream_t stream)
+{
+    TRY(rt_bind());
+    NEED(s->streamSynchronize);
+    DRIVER(s->streamSynchronize(stream));
+}
+
+RT_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    return stream_sync_with(&rt_legacy, stream);
+}
+
+RT_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
+{
+    return stream_sync_with(&rt_per_thread, stream);
+}
+
+RT_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    TRY(rt_init());
+    NEED(rt_drv.streamDestroy);
+    DRIVER(rt_drv.streamDestroy(stream));
+}
+
+/* ---- peer access ---------------------------------------------------------------- */
+
+RT_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice)
+{
+    if (!canAccessPeer)
+        return rt_ret(cudaErrorInvalidValue);
+    CUdevice cu, peer;
+    TRY(rt_cu_device(device, &cu));
+    TRY(rt_cu_device(peerDevice, &peer));
+    NEED(rt_drv.deviceCanAccessPeer);
+    DRIVER(rt_drv.deviceCanAccessPeer(canAccessPeer, cu, peer));
+}
+
+RT_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
+{
+    TRY(rt_check_device(peerDevice));
+    if (flags != 0)
+        return rt_ret(cudaErrorInvalidValue);
+    int self = rt_current_device();
+    /* "Returns cudaErrorInvalidDevice if cudaDeviceCanAccessPeer() indicates that the
+     * current device cannot directly access memory from peerDevice"; a device is never
+     * its own peer. */
+    if (peerDevice == self)
+        return rt_ret(cudaErrorInvalidDevice);
+    CUdevice cu, peer;
+    TRY(rt_cu_device(self, &cu));
+    TRY(rt_cu_device(peerDevice, &peer));
+    NEED(rt_drv.deviceCanAccessPeer);
+    NEED(rt_drv.ctxEnablePeerAccess);
+    int can = 0;
+    TRY(rt_map(rt_drv.deviceCanAccessPeer(&can, cu, peer)));
+    if (!can)
+        return rt_ret(cudaErrorInvalidDevice);
+    CUcontext peer_ctx;
+    TRY(rt_bind());
+    TRY(rt_primary_ctx(peerDevice, &peer_ctx));
+    DRIVER(rt_drv.ctxEnablePeerAccess(peer_ctx, 0));
+}
+
+RT_EXPORT cudaError_t cudaDeviceDisablePeerAccess(int peerDevice)
+{
+    TRY(rt_check_device(peerDevice));
+    NEED(rt_drv.ctxDisablePeerAccess);
+    CUcontext peer_ctx;
+    TRY(rt_bind());
+    TRY(rt_primary_ctx(peerDevice, &peer_ctx));
+    DRIVER(rt_drv.ctxDisablePeerAccess(peer_ctx));
+}
+
+RT_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
+                                     size_t count)
+{
+    TRY(rt_check_device(dstDevice));
+    TRY(rt_check_device(srcDevice));
+    CUcontext dctx, sctx;
+    TRY(rt_bind());
+    TRY(rt_primary_ctx(dstDevice, &dctx));
+    TRY(rt_primary_ctx(srcDevice, &sctx));
+    if (count == 0)
+        return cudaSuccess;
+    NEED(rt_legacy.memcpyPeer);
+    DRIVER(rt_legacy.memcpyPeer((CUdeviceptr)(uintptr_t)dst, dctx,
+                                (CUdeviceptr)(uintptr_t)src, sctx, count));
+}
+
+RT_EXPORT cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
+                                          int srcDevice, size_t count, cudaStream_t stream)
+{
+    TRY(rt_check_device(dstDevice));
+    TRY(rt_check_device(srcDevice));
+    CUcontext dctx, sctx;
+    TRY(rt_bind());
+    TRY(rt_primary_ctx(dstDevice, &dctx));
+    TRY(rt_primary_ctx(srcDevice, &sctx));
+    if (count == 0)
+        return cudaSuccess;
+    NEED(rt_legacy.memcpyPeerAsync);
+    DRIVER(rt_legacy.memcpyPeerAsync((CUdeviceptr)(uintptr_t)dst, dctx,
+                                     (CUdeviceptr)(uintptr_t)src, sctx, count, stream));
+}
+
+/* ---- driver entry points -------------------------------------------------------- */
+
+/* cudaGetDriverEntryPoint(ByVersion): forwarded to the driver's cuGetProcAddress_v2
+ * through the pointer the runtime got from its one dlsym, so whatever stands behind that
+ * pointer (a guard's wrapper) sees these requests too. cudaEnableDefault means "per-thread
+ * if the caller was compiled for it": the `_ptsz` export is what such a caller links to. */
+static cudaError_t entry_point(const char *symbol, void **funcPtr, int cudaVersion,
+                               unsigned long long flags,
+                               enum cudaDriverEntryPointQueryResult *driverStatus,
+                               int per_thread_caller)
+{
+    if (!symbol || !funcPtr)
+        return rt_ret(cudaErrorInvalidValue);
+    cuuint64_t cu_flags;
+    switch (flags) {
+    case cudaEnableDefault:
+        cu_flags = per_thread_caller ? RT_FLAGS_PER_THREAD : RT_FLAGS_LEGACY;
+        break;
+    case cudaEnableLegacyStream:
+        cu_flags = RT_FLAGS_LEGACY;
+        break;
+    case cudaEnablePerThreadDefaultStream:
+        cu_flags = RT_FLAGS_PER_THREAD;
+        break;
+    default:
+        return rt_ret(cudaErrorInvalidValue);
+    }
+    /* Decision: only the driver library must be loaded (phase 1), not cuInit'ed: looking a
+     * symbol up needs no device. */
+    TRY(rt_load());
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    *funcPtr = NULL;
+    CUresult r = rt_get_proc_address(symbol, funcPtr, cudaVersion, cu_flags, &status);
+    if (r != CUDA_SUCCESS) {
+        *funcPtr = NULL;
+        return rt_ret(rt_map(r));
+    }
+    if (status != CU_GET_PROC_ADDRESS_SUCCESS)
+        *funcPtr = NULL;
+    if (driverStatus) {
+        switch (status) {
+        case CU_GET_PROC_ADDRESS_SUCCESS:
+            *driverStatus = cudaDriverEntryPointSuccess;
+            break;
+        case CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT:
+            *driverStatus = cudaDriverEntryPointVersionNotSufficent;
+            break;
+        default:
+            *driverStatus = cudaDriverEntryPointSymbolNotFound;
+            break;
+        }
+    }
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr,
+        unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    /* "the API will use the CUDA runtime version" (CUDART_VERSION). */
+    return entry_point(symbol, funcPtr, CUDART_VERSION, flags, driverStatus, 0);
+}
+
+RT_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
+        unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, CUDART_VERSION, flags, driverStatus, 1);
+}
+
+RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+        unsigned int cudaVersion, unsigned long long flags,
+        enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, (int)cudaVersion, flags, driverStatus, 0);
+}
+
+RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol,
+        void **funcPtr, unsigned int cudaVersion, unsigned long long flags,
+        enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, (int)cudaVersion, flags, driverStatus, 1);
+}
