@@ -68,6 +68,12 @@ pub enum Detail {
     Visible { entries: usize, devices: i32 },
     /// The process sees one GPU but not the rank's (R1, descendants).
     NotRankGpu,
+    /// An IPC import of memory or an event exported on another GPU by the same rank (R3).
+    CrossDeviceIpc,
+    /// An IPC import whose exporter is unknown, under `RANKGUARD_IPC=strict` (R3).
+    UnknownExporter,
+    /// An imported mapping that the driver reports on another device than the rank's (R3).
+    ImportedOnOtherDevice { device: i32 },
 }
 
 impl fmt::Display for Detail {
@@ -85,6 +91,15 @@ impl fmt::Display for Detail {
                 if entries == 1 { "y" } else { "ies" }
             ),
             Detail::NotRankGpu => f.write_str("the process sees one GPU, but not the rank's GPU"),
+            Detail::CrossDeviceIpc => {
+                f.write_str("IPC import of memory exported on another GPU by the same rank")
+            }
+            Detail::UnknownExporter => {
+                f.write_str("IPC import of unknown provenance (RANKGUARD_IPC=strict)")
+            }
+            Detail::ImportedOnOtherDevice { device } => {
+                write!(f, "the imported mapping is on device {device}, not the rank's device 0")
+            }
         }
     }
 }

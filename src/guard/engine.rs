@@ -95,28 +95,40 @@ pub fn missing<R: Code>(id: usize) -> R {
 #[cold]
 #[inline(never)]
 pub fn on_verdict<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>) -> Result<(), R> {
+    on_verdict_with(id, verdict, args, None)
+}
+
+/// [`on_verdict`] with extra report fields (R3 names the exporter).
+#[cold]
+#[inline(never)]
+pub fn on_verdict_with<R: Code>(
+    id: usize,
+    verdict: Verdict,
+    args: fmt::Arguments<'_>,
+    extra: Option<Extra<'_>>,
+) -> Result<(), R> {
     let mode = state::mode();
     state::report_config_errors();
     match verdict {
         Verdict::Allow => Ok(()),
         Verdict::Query(v) => {
             if mode == Mode::Warn && first_query(id, v) {
-                emit(id, &v, "warn", mode, args, None);
+                emit(id, &v, "warn", mode, args, extra);
             }
             Ok(())
         }
         Verdict::Violation(v) => match mode {
             Mode::Off => Ok(()),
             Mode::Warn => {
-                emit(id, &v, "warn", mode, args, None);
+                emit(id, &v, "warn", mode, args, extra);
                 Ok(())
             }
             Mode::Enforce => {
-                emit(id, &v, "deny", mode, args, None);
+                emit(id, &v, "deny", mode, args, extra);
                 Err(R::denied(v.code))
             }
             Mode::Abort => {
-                emit(id, &v, "deny", mode, args, None);
+                emit(id, &v, "deny", mode, args, extra);
                 abort_now()
             }
         },
