@@ -1,0 +1,290 @@
+//! `rankguard check`: what this environment means for the contract, and whether a rank
+//! started in it would violate it (exit 1) or not (exit 0).
+//!
+//! Problems (exit 1) break R1 for a rank process: `CUDA_VISIBLE_DEVICES` unset, empty,
+//! malformed or with several entries; the driver not enumerating exactly one device or not
+//! answering; a GPU other than the rank's own (`RANKGUARD_RANK_GPU`, compared by identity).
+//! Warnings do not change the status: the guard missing from `LD_PRELOAD` (the contract is
+//! then not enforced, though not violated either), a mode other than enforce.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::args::{Lexer, Token};
+use super::json::Value;
+use super::launch::SYSROOT_VAR;
+use super::{env, gpus, lib_path, sys, Error, Result, EXIT_VIOLATION};
+use crate::cvd::{self, Entry, Visibility};
+use crate::plan::DriverGpu;
+use crate::topology::Topology;
+
+const HELP: &str = "\
+Usage: rankguard check [--json] [--sysroot DIR]
+
+Explain this environment: CUDA_VISIBLE_DEVICES, the GPU the driver enumerates (UUID, bus
+id, NUMA node), the guard in LD_PRELOAD and its mode, the rank's GPU, the CPU affinity.
+Exit 0: a rank started here keeps the contract; 1: it would violate it; 2: usage error.
+";
+
+pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
+    let mut lx = Lexer::new("check", args);
+    let mut json = false;
+    let mut sysroot: Option<String> = None;
+    while let Some(t) = lx.next()? {
+        match t {
+            Token::Flag(f) => match f.as_str() {
+                "-h" | "--help" => {
+                    print!("{HELP}");
+                    return Ok(ExitCode::SUCCESS);
+                }
+                "--json" => json = true,
+                "--sysroot" => sysroot = Some(lx.value(&f)?),
+                _ => return Err(lx.unknown(&f)),
+            },
+            Token::Word(w) => {
+                return Err(Error::usage(format!("rankguard check takes no command (got '{}')", w.to_string_lossy())))
+            }
+            Token::End => {}
+        }
+    }
+    let sysroot = sysroot
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os(SYSROOT_VAR).filter(|v| !v.is_empty()).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let report = gather(&sysroot);
+    if json {
+        print!("{}", report.json().pretty());
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(if report.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_VIOLATION) })
+}
+
+struct DeviceReport {
+    gpu: DriverGpu,
+    numa_node: Option<u32>,
+    local_cpus: Option<String>,
+}
+
+struct Report {
+    cvd: Option<String>,
+    mode: &'static str,
+    entries: Vec<String>,
+    driver: std::result::Result<Vec<DeviceReport>, String>,
+    guard_preloaded: Option<String>,
+    guard_lib: Option<String>,
+    guard_mode: String,
+    rank_gpu: Option<String>,
+    rank_gpu_matches: Option<bool>,
+    job: Option<String>,
+    affinity: Option<String>,
+    omp_num_threads: Option<String>,
+    problems: Vec<String>,
+    warnings: Vec<String>,
+}
+
+fn gather(sysroot: &std::path::Path) -> Report {
+    let var = cvd::VAR;
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    let raw_os = std::env::var_os(var);
+    let raw: Option<String> = raw_os.as_ref().map(|v| v.to_string_lossy().into_owned());
+    let vis = match &raw_os {
+        None => Visibility::Unset,
+        Some(v) => match v.to_str() {
+            Some(s) => cvd::parse(Some(s)),
+            None => Visibility::Entries(vec![]),
+        },
+    };
+    let entries: Vec<Entry> = vis.entries().map(|e| e.to_vec()).unwrap_or_default();
+    let mode = match (&vis, entries.first()) {
+        (Visibility::Unset, _) => "unset",
+        (_, None) => "none",
+        (_, Some(Entry::Index(_))) => "index",
+        (_, Some(Entry::Uuid(_))) => "uuid",
+        (_, Some(Entry::Mig(_))) => "mig",
+    };
+    let fix = "start the rank with `rankguard launch`, or through `rankguard run --narrow-by LOCAL_RANK`";
+    match &raw {
+        None => problems.push(format!("{var} is unset: every GPU of the node is visible, a rank must see exactly one; {fix}")),
+        Some(v) => {
+            let items = v.split(',').count();
+            if entries.is_empty() {
+                problems.push(format!(
+                    "{var}='{v}' makes no GPU visible: right for a helper that must not use CUDA, not for a rank; {fix}"));
+            } else if entries.len() != items {
+                problems.push(format!(
+                    "{var}='{v}' is malformed: CUDA reads only its first {} of {items} entries; fix the variable",
+                    entries.len()));
+            } else if entries.len() > 1 {
+                problems.push(format!("{var}='{v}' makes {} GPUs visible, a rank must see exactly one; {fix}",
+                                      entries.len()));
+            }
+        }
+    }
+
+    let topo = Topology::read(sysroot).ok();
+    let driver = gpus::query(None).map(|list| {
+        list.into_iter()
+            .map(|g| {
+                let info = topo.as_ref().and_then(|t| t.by_bus_id(&g.bus_id).or_else(|| t.by_uuid(&g.uuid)));
+                let numa_node = info.and_then(|i| i.numa_node);
+                let local_cpus = info.and_then(|i| topo.as_ref().and_then(|t| t.local_cpus(i))).map(|c| c.to_string());
+                DeviceReport { gpu: g, numa_node, local_cpus }
+            })
+            .collect::<Vec<_>>()
+    });
+    match &driver {
+        Ok(d) if d.len() == 1 => {}
+        Ok(d) => problems.push(format!(
+            "the driver enumerates {} devices under this environment; a rank must see exactly one", d.len())),
+        Err(e) => problems.push(format!("cannot ask the driver which GPU is visible: {e}")),
+    }
+
+    let rank_gpu = std::env::var(env::RANK_GPU).ok().filter(|v| !v.is_empty());
+    let mut rank_gpu_matches = None;
+    if let (Some(rg), Ok(d)) = (&rank_gpu, &driver) {
+        if d.len() == 1 {
+            let same_text = entries.len() == 1 && entries[0].text() == *rg;
+            let same = same_text || match gpus::query(Some(Some(rg))) {
+                Ok(owner) if owner.len() == 1 => owner[0].uuid.eq_ignore_ascii_case(&d[0].gpu.uuid),
+                Ok(owner) => {
+                    problems.push(format!("{}='{rg}' names {} devices, not one", env::RANK_GPU, owner.len()));
+                    false
+                }
+                Err(e) => {
+                    problems.push(format!("cannot resolve {}='{rg}': {e}", env::RANK_GPU));
+                    false
+                }
+            };
+            if !same {
+                problems.push(format!(
+                    "this process sees {} ({var}='{}') but its rank owns {}='{rg}': every process of a rank must \
+                     see the rank's GPU; stop re-pointing {var} in this process tree",
+                    d[0].gpu.uuid, raw.as_deref().unwrap_or(""), env::RANK_GPU));
+            }
+            rank_gpu_matches = Some(same);
+        }
+    }
+
+    let guard_preloaded = env::preloaded_guard(std::env::var_os("LD_PRELOAD").as_deref());
+    let guard_lib = lib_path::find().ok().map(|p| p.display().to_string());
+    if guard_preloaded.is_none() {
+        warnings.push("the guard is not in LD_PRELOAD: the contract is not enforced \
+                       (LD_PRELOAD=$(rankguard lib), or start through rankguard launch/run)".to_string());
+    }
+    let guard_mode = match std::env::var("RANKGUARD_MODE").ok().map(|m| m.trim().to_ascii_lowercase()) {
+        None => "enforce".to_string(),
+        Some(m) if m.is_empty() => "enforce".to_string(),
+        Some(m) if ["enforce", "warn", "abort", "off"].contains(&m.as_str()) => m,
+        Some(m) => {
+            warnings.push(format!("RANKGUARD_MODE='{m}' is not enforce, warn, abort or off; the guard uses enforce"));
+            "enforce".to_string()
+        }
+    };
+    if guard_mode == "warn" || guard_mode == "off" {
+        warnings.push(format!("RANKGUARD_MODE={guard_mode}: violations are not stopped"));
+    }
+    Report {
+        cvd: raw,
+        mode,
+        entries: entries.iter().map(|e| e.text()).collect(),
+        driver,
+        guard_preloaded,
+        guard_lib,
+        guard_mode,
+        rank_gpu,
+        rank_gpu_matches,
+        job: std::env::var(env::JOB).ok(),
+        affinity: sys::affinity().ok().map(|a| a.to_string()),
+        omp_num_threads: std::env::var("OMP_NUM_THREADS").ok(),
+        problems,
+        warnings,
+    }
+}
+
+impl Report {
+    /// The stable `check --json` form (docs/cli.md, "check --json").
+    fn json(&self) -> Value {
+        let (driver_ok, devices, error) = match &self.driver {
+            Ok(d) => (true, d.iter().enumerate().map(|(i, d)| Value::Obj(vec![
+                ("ordinal", Value::Num(i as i64)),
+                ("uuid", Value::str(d.gpu.uuid.clone())),
+                ("bus_id", Value::str(d.gpu.bus_id.clone())),
+                ("numa_node", Value::opt_num(d.numa_node)),
+                ("local_cpus", Value::opt_str(d.local_cpus.clone())),
+            ])).collect(), Value::Null),
+            Err(e) => (false, vec![], Value::str(e.clone())),
+        };
+        Value::Obj(vec![
+            ("format", Value::str("rankguard-check")),
+            ("version", Value::Num(1)),
+            ("ok", Value::Bool(self.problems.is_empty())),
+            ("cuda_visible_devices", Value::opt_str(self.cvd.clone())),
+            ("mode", Value::str(self.mode)),
+            ("entries", Value::Arr(self.entries.iter().map(|e| Value::str(e.clone())).collect())),
+            ("driver", Value::Obj(vec![
+                ("ok", Value::Bool(driver_ok)),
+                ("count", if driver_ok { Value::Num(devices.len() as i64) } else { Value::Null }),
+                ("devices", Value::Arr(devices)),
+                ("error", error),
+            ])),
+            ("guard", Value::Obj(vec![
+                ("preloaded", Value::Bool(self.guard_preloaded.is_some())),
+                ("preload_entry", Value::opt_str(self.guard_preloaded.clone())),
+                ("library", Value::opt_str(self.guard_lib.clone())),
+                ("mode", Value::str(self.guard_mode.clone())),
+            ])),
+            ("rank_gpu", Value::opt_str(self.rank_gpu.clone())),
+            ("rank_gpu_matches", self.rank_gpu_matches.map_or(Value::Null, Value::Bool)),
+            ("job", Value::opt_str(self.job.clone())),
+            ("affinity", Value::opt_str(self.affinity.clone())),
+            ("omp_num_threads", Value::opt_str(self.omp_num_threads.clone())),
+            ("problems", Value::Arr(self.problems.iter().map(|p| Value::str(p.clone())).collect())),
+            ("warnings", Value::Arr(self.warnings.iter().map(|p| Value::str(p.clone())).collect())),
+        ])
+    }
+
+    fn text(&self) -> String {
+        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
+        let mut s = String::new();
+        let cvd_line = match &self.cvd {
+            None => "(unset)".to_string(),
+            Some(v) => format!("'{v}' -> {} entr{} [{}], mode {}", self.entries.len(),
+                               if self.entries.len() == 1 { "y" } else { "ies" }, self.entries.join(","), self.mode),
+        };
+        s.push_str(&format!("{:<22}{cvd_line}\n", cvd::VAR));
+        match &self.driver {
+            Ok(d) => {
+                s.push_str(&format!("{:<22}{} device{} visible\n", "driver", d.len(), if d.len() == 1 { "" } else { "s" }));
+                for (i, d) in d.iter().enumerate() {
+                    s.push_str(&format!("{:<22}{} bus {} NUMA node {} (CPUs {})\n", format!("  cuda:{i}"), d.gpu.uuid,
+                                        d.gpu.bus_id, d.numa_node.map_or("-".to_string(), |n| n.to_string()),
+                                        dash(&d.local_cpus)));
+                }
+            }
+            Err(e) => s.push_str(&format!("{:<22}not available: {e}\n", "driver")),
+        }
+        s.push_str(&format!("{:<22}{} (RANKGUARD_MODE={}; library {})\n", "guard",
+                            self.guard_preloaded.as_ref().map_or("not in LD_PRELOAD".to_string(), |p| format!("in LD_PRELOAD ({p})")),
+                            self.guard_mode, dash(&self.guard_lib)));
+        let matches = match self.rank_gpu_matches {
+            Some(true) => " (this process sees it)",
+            Some(false) => " (this process sees ANOTHER GPU)",
+            None => "",
+        };
+        s.push_str(&format!("{:<22}{}{matches}\n", env::RANK_GPU, dash(&self.rank_gpu)));
+        s.push_str(&format!("{:<22}{}\n", env::JOB, dash(&self.job)));
+        s.push_str(&format!("{:<22}{} (OMP_NUM_THREADS={})\n", "CPU affinity", dash(&self.affinity), dash(&self.omp_num_threads)));
+        for w in &self.warnings {
+            s.push_str(&format!("warning: {w}\n"));
+        }
+        for p in &self.problems {
+            s.push_str(&format!("problem: {p}\n"));
+        }
+        s.push_str(if self.problems.is_empty() { "ok: a rank started here keeps the contract\n" }
+                   else { "violation: a rank started here would break the contract\n" });
+        s
+    }
+}

@@ -1,0 +1,92 @@
+//! Asking the driver which GPUs this environment makes visible.
+//!
+//! The query runs in a helper process (`rankguard __driver-query`) rather than in the CLI:
+//!   - the guard may be in the CLI's own `LD_PRELOAD` (`rankguard check` inside a rank, a
+//!     launcher started under the guard); a process that initialises CUDA with several GPUs
+//!     visible is what the guard terminates, so the helper runs with the guard removed from
+//!     `LD_PRELOAD` and `RANKGUARD_MODE=off`;
+//!   - `check` compares identities by running the helper under a different
+//!     `CUDA_VISIBLE_DEVICES`, which a process cannot change for itself after cuInit;
+//!   - the launcher never initialises CUDA before forking its ranks.
+//! The driver is found as `libcuda.so.1` on the normal search path, exactly as the CUDA
+//! runtime finds it, so the fake platform on `LD_LIBRARY_PATH` is honoured in tests.
+
+use std::ffi::OsString;
+use std::process::{Command, ExitCode};
+
+use super::{env, sys, Error, Result};
+use crate::cvd::{self, Entry, Visibility};
+use crate::plan::DriverGpu;
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, nvidia-smi's spelling of a CUuuid.
+fn format_uuid(prefix: &str, b: &[u8; 16]) -> String {
+    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{prefix}-{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(),
+            h[10..16].concat())
+}
+
+/// The hidden `__driver-query` subcommand: one `gpu<TAB>uuid<TAB>bus id` line per device.
+pub fn helper_main(_args: Vec<OsString>) -> Result<ExitCode> {
+    match sys::driver_gpus() {
+        Ok(gpus) => {
+            for g in gpus {
+                println!("gpu\t{}\t{}", format_uuid("GPU", &g.uuid), g.bus_id.trim());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(Error { msg: e, code: 1 }),
+    }
+}
+
+/// What the driver enumerates, in ordinal order. `cvd`: None = this process's own
+/// `CUDA_VISIBLE_DEVICES`; Some(None) = unset; Some(Some(v)) = as if it were `v`.
+pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<DriverGpu>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the rankguard executable: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(super::DRIVER_QUERY);
+    match env::preload_without_guard(std::env::var_os("LD_PRELOAD").as_deref()) {
+        Some(p) => cmd.env("LD_PRELOAD", p),
+        None => cmd.env_remove("LD_PRELOAD"),
+    };
+    cmd.env("RANKGUARD_MODE", "off");
+    let effective: Option<String> = match cvd_override {
+        None => std::env::var(cvd::VAR).ok(),
+        Some(v) => {
+            match v {
+                Some(v) => cmd.env(cvd::VAR, v),
+                None => cmd.env_remove(cvd::VAR),
+            };
+            v.map(str::to_string)
+        }
+    };
+    let out = cmd.output().map_err(|e| format!("cannot run the driver query helper: {e}"))?;
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        let msg = msg.trim().trim_start_matches("rankguard: error: ");
+        return Err(if msg.is_empty() { format!("the driver query helper failed ({})", out.status) } else { msg.to_string() });
+    }
+    // Under a MIG-mode CVD the driver enumerates MIG instances and cuDeviceGetUuid_v2 gives
+    // their UUIDs, which nvidia-smi spells `MIG-...`.
+    let mig = matches!(cvd::parse(effective.as_deref()), Visibility::Entries(e) if matches!(e.first(), Some(Entry::Mig(_))));
+    let mut gpus = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() == 3 && f[0] == "gpu" {
+            let uuid = if mig { f[1].replacen("GPU-", "MIG-", 1) } else { f[1].to_string() };
+            let bus = crate::topology::normalize_bus_id(f[2]).unwrap_or_else(|| f[2].to_string());
+            gpus.push(DriverGpu { uuid, bus_id: bus });
+        }
+    }
+    Ok(gpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_spelled_like_nvidia_smi() {
+        let b = [0x12, 0xc0, 0xff, 0xee, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 2];
+        assert_eq!(format_uuid("GPU", &b), "GPU-12c0ffee-0000-4000-8000-000000000002");
+    }
+}

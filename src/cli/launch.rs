@@ -1,0 +1,502 @@
+//! `rankguard launch` and `rankguard plan`: one child per rank, each with exactly one GPU
+//! entry in `CUDA_VISIBLE_DEVICES`, the guard in `LD_PRELOAD` and its CPU block; and the same
+//! planning printed instead of executed.
+//!
+//! The decisions live in `crate::plan` (pure); this file gathers its inputs (environment,
+//! driver, affinity, topology), prints plans, and supervises the children: output prefixes,
+//! signal forwarding, first-failure shutdown with a grace period, `PR_SET_PDEATHSIG`.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::args::{number, Lexer, Token};
+use super::json::Value;
+use super::{env, gpus, lib_path, sys, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use crate::cvd;
+use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
+use crate::topology::Topology;
+
+/// The test-topology prefix (`fakecuda-smi --sysroot DIR`); `--sysroot` wins over it.
+pub const SYSROOT_VAR: &str = "RANKGUARD_SYSROOT";
+const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+const HELP: &str = "\
+Usage: rankguard launch [OPTIONS] [--] CMD [ARGS...]
+       rankguard plan   [OPTIONS] [--json]
+
+Start one child per rank; each sees exactly one GPU (as cuda:0), runs under the guard and,
+with --cpu-ids, inside its own CPU block. `plan` prints the mapping and starts nothing.
+
+Options:
+  --nproc-per-node N|gpu   ranks on this node ('gpu': one per selected GPU)
+  --devices LIST           positions in the visible device list (CUDA_VISIBLE_DEVICES, or
+                           the driver's GPUs when it is unset), e.g. 0,2 or 0-3
+  --cpu-ids BLOCKS|auto    one CPU block per rank (0-7,8-15 or 0-3,8-11/4-7,12-15), or
+                           'auto' (NUMA-local blocks of the launcher's affinity)
+  --nnodes M --node-rank K --master-addr A --master-port P   multi-node jobs
+  --sysroot DIR            read GPU topology under DIR (default $RANKGUARD_SYSROOT or /)
+  --prefix-output          prefix every output line with [rank R]
+  --grace-period SECS      time ranks get to exit after the first failure (default 10)
+  --json                   (plan) print the stable JSON form (docs/cli.md)
+";
+
+/// Validated options of `launch`/`plan`.
+struct Options {
+    req: Request,
+    master_addr: Option<String>,
+    master_port: Option<u16>,
+    sysroot: PathBuf,
+    prefix: bool,
+    grace: Duration,
+    json: bool,
+    cmd: Vec<OsString>,
+}
+
+/// Stage 1 (raw flags) then stage 2 (typed, validated). None: help was printed.
+fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
+    let mut lx = Lexer::new(name, args);
+    let (mut nproc, mut devices, mut cpu_ids, mut nnodes, mut node_rank) = (None, None, None, None, None);
+    let (mut addr, mut port, mut sysroot, mut grace) = (None, None, None, None);
+    let (mut prefix, mut json) = (false, false);
+    let mut cmd = Vec::new();
+    while let Some(t) = lx.next()? {
+        match t {
+            Token::Flag(f) => match f.as_str() {
+                "-h" | "--help" => {
+                    print!("{HELP}");
+                    return Ok(None);
+                }
+                "--nproc-per-node" | "--nproc_per_node" => nproc = Some(lx.value(&f)?),
+                "--devices" => devices = Some(lx.value(&f)?),
+                "--cpu-ids" => cpu_ids = Some(lx.value(&f)?),
+                "--nnodes" => nnodes = Some(lx.value(&f)?),
+                "--node-rank" | "--node_rank" => node_rank = Some(lx.value(&f)?),
+                "--master-addr" | "--master_addr" => addr = Some(lx.value(&f)?),
+                "--master-port" | "--master_port" => port = Some(lx.value(&f)?),
+                "--sysroot" => sysroot = Some(lx.value(&f)?),
+                "--grace-period" => grace = Some(lx.value(&f)?),
+                "--prefix-output" => prefix = true,
+                "--json" => json = true,
+                _ => return Err(lx.unknown(&f)),
+            },
+            Token::Word(w) => {
+                cmd.push(w);
+                cmd.extend(lx.rest());
+            }
+            Token::End => cmd.extend(lx.rest()),
+        }
+    }
+
+    let nproc = match nproc.as_deref() {
+        None => Nproc::Unspecified,
+        Some("gpu") => Nproc::PerDevice,
+        Some(t) => Nproc::Count(number(name, "--nproc-per-node", t, "a number of ranks or 'gpu'")?),
+    };
+    let devices = match devices {
+        None => None,
+        Some(t) => Some((t.clone(), plan::parse_devices(&t)?)),
+    };
+    let cpus = match cpu_ids {
+        None => CpuRequest::Inherit,
+        Some(t) => plan::parse_cpu_ids(&t)?,
+    };
+    let nnodes: u32 = match nnodes {
+        None => 1,
+        Some(t) => number(name, "--nnodes", &t, "a number of nodes")?,
+    };
+    let node_rank: u32 = match node_rank {
+        None => 0,
+        Some(t) => number(name, "--node-rank", &t, "a node index")?,
+    };
+    let master_port: Option<u16> = match port {
+        None => None,
+        Some(t) => match number::<u16>(name, "--master-port", &t, "a TCP port (1-65535)")? {
+            0 => return Err(Error::usage(format!("rankguard {name}: --master-port 0 is not a usable port"))),
+            p => Some(p),
+        },
+    };
+    if nnodes > 1 && (addr.is_none() || master_port.is_none()) {
+        return Err(Error::usage(format!(
+            "rankguard {name}: --nnodes {nnodes} needs --master-addr and --master-port (every node must agree on \
+             the rendezvous; a free port can only be picked for a single-node job)")));
+    }
+    let grace = match grace {
+        None => DEFAULT_GRACE,
+        Some(t) => {
+            let s: f64 = number(name, "--grace-period", &t, "a number of seconds")?;
+            if !(0.0..=86400.0).contains(&s) {
+                return Err(Error::usage(format!("rankguard {name}: --grace-period {t} is outside 0-86400 seconds")));
+            }
+            Duration::from_secs_f64(s)
+        }
+    };
+    let sysroot = match sysroot {
+        Some(s) => {
+            let p = PathBuf::from(&s);
+            if !p.is_dir() {
+                return Err(Error::usage(format!("rankguard {name}: --sysroot {s} is not a directory")));
+            }
+            p
+        }
+        None => match std::env::var_os(SYSROOT_VAR).filter(|v| !v.is_empty()) {
+            Some(v) => {
+                let p = PathBuf::from(v);
+                if !p.is_dir() {
+                    return Err(Error::usage(format!(
+                        "{SYSROOT_VAR}={} is not a directory; fix or unset it", p.display())));
+                }
+                p
+            }
+            None => PathBuf::from("/"),
+        },
+    };
+    if name == "launch" {
+        if json {
+            return Err(Error::usage("rankguard launch: --json belongs to `rankguard plan`"));
+        }
+        if cmd.is_empty() {
+            return Err(Error::usage("rankguard launch: no command given; add `-- CMD ARGS...` (rankguard launch --help)"));
+        }
+    }
+    Ok(Some(Options {
+        req: Request { nproc, devices, cpus, nnodes, node_rank },
+        master_addr: addr,
+        master_port,
+        sysroot,
+        prefix,
+        grace,
+        json,
+        cmd,
+    }))
+}
+
+/// Gather the inputs and plan.
+fn make_plan(o: &Options) -> Result<Plan> {
+    let raw = match std::env::var_os(cvd::VAR) {
+        None => None,
+        Some(v) => Some(v.into_string().map_err(|v| {
+            Error::usage(format!("{}='{}' is not valid UTF-8; fix the variable", cvd::VAR, v.to_string_lossy()))
+        })?),
+    };
+    let driver = gpus::query(None);
+    let host = plan::host_view(raw.as_deref(), driver.as_deref().map_err(|e| e.as_str()))?;
+    let affinity = sys::affinity()
+        .map_err(|e| Error::usage(format!("cannot read the launcher's CPU affinity (sched_getaffinity): {e}")))?;
+    let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
+    Ok(plan::plan(&o.req, &host, &affinity, topo.as_ref().map_err(|e| e.as_str()))?)
+}
+
+pub fn plan_main(args: Vec<OsString>) -> Result<ExitCode> {
+    let Some(o) = parse("plan", args)? else { return Ok(ExitCode::SUCCESS) };
+    let p = make_plan(&o)?;
+    if o.json {
+        print!("{}", plan_json(&p, &o).pretty());
+    } else {
+        print!("{}", plan_table(&p, &o));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn source_name(p: &Plan, o: &Options) -> &'static str {
+    match (&p.host.source, o.req.devices.is_some()) {
+        (_, true) => "--devices",
+        (plan::Source::ParentCvd(_), false) => "CUDA_VISIBLE_DEVICES",
+        (plan::Source::Driver, false) => "driver",
+    }
+}
+
+/// The stable `plan --json` form (docs/cli.md, "plan --json").
+fn plan_json(p: &Plan, o: &Options) -> Value {
+    let ranks = p
+        .ranks
+        .iter()
+        .map(|r| {
+            Value::Obj(vec![
+                ("rank", Value::Num(r.rank.into())),
+                ("local_rank", Value::Num(r.local_rank.into())),
+                ("position", Value::Num(r.position.into())),
+                ("cuda_visible_devices", Value::str(r.device.entry.text())),
+                ("uuid", Value::opt_str(r.device.uuid.clone())),
+                ("bus_id", Value::opt_str(r.device.bus_id.clone())),
+                ("numa_node", Value::opt_num(r.numa_node)),
+                ("cpus", Value::opt_str(r.cpus.as_ref().map(|c| c.to_string()))),
+                ("omp_num_threads", Value::opt_num(r.cpus.as_ref().map(|c| c.len() as i64))),
+            ])
+        })
+        .collect();
+    let parent = match &p.host.source {
+        plan::Source::ParentCvd(v) => Value::str(v.clone()),
+        plan::Source::Driver => Value::Null,
+    };
+    Value::Obj(vec![
+        ("format", Value::str("rankguard-plan")),
+        ("version", Value::Num(1)),
+        ("nnodes", Value::Num(p.nnodes.into())),
+        ("node_rank", Value::Num(p.node_rank.into())),
+        ("nproc_per_node", Value::Num(p.nproc.into())),
+        ("world_size", Value::Num(p.world_size.into())),
+        ("master_addr", Value::opt_str(o.master_addr.clone())),
+        ("master_port", Value::opt_num(o.master_port)),
+        ("device_source", Value::str(source_name(p, o))),
+        ("parent_cuda_visible_devices", parent),
+        ("visible_devices", Value::Num(p.host.devices.len() as i64)),
+        ("launcher_affinity", Value::str(p.affinity.to_string())),
+        ("cpu_policy", Value::str(p.cpu_policy.name())),
+        ("cpu_note", Value::str(p.cpu_note.clone())),
+        ("ranks", Value::Arr(ranks)),
+    ])
+}
+
+fn plan_table(p: &Plan, o: &Options) -> String {
+    let mut s = format!(
+        "{} rank{} on node {} of {} (world size {}); devices: {}{}\ncpu: {}\n",
+        p.nproc, if p.nproc == 1 { "" } else { "s" }, p.node_rank, p.nnodes, p.world_size, p.host.describe(),
+        o.req.devices.as_ref().map(|(t, _)| format!(", selected by --devices {t}")).unwrap_or_default(),
+        p.cpu_note);
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+    let mut rows = vec![["RANK", "LOCAL_RANK", "POSITION", "CUDA_VISIBLE_DEVICES", "UUID", "BUS_ID", "NUMA", "CPUS"]
+        .map(String::from)
+        .to_vec()];
+    for r in &p.ranks {
+        rows.push(vec![
+            r.rank.to_string(),
+            r.local_rank.to_string(),
+            r.position.to_string(),
+            r.device.entry.text(),
+            dash(r.device.uuid.clone()),
+            dash(r.device.bus_id.clone()),
+            dash(r.numa_node.map(|n| n.to_string())),
+            dash(r.cpus.as_ref().map(|c| c.to_string())),
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect();
+        s.push_str(line.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
+    let Some(o) = parse("launch", args)? else { return Ok(ExitCode::SUCCESS) };
+    let p = make_plan(&o)?;
+    let guard = lib_path::find()?;
+    let job = env::job_for_launch();
+    let port = match o.master_port {
+        Some(p) => p,
+        None => free_port()?,
+    };
+    let addr = o.master_addr.clone().unwrap_or_else(|| "127.0.0.1".to_string());
+    if matches!(p.cpu_policy, plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous) {
+        eprintln!("rankguard launch: cpu: {}", p.cpu_note);
+    }
+    // Block the signals we wait for before any thread exists, so every thread inherits it.
+    let signals = sys::Signals::block().map_err(|e| Error::usage(format!("cannot block signals: {e}")))?;
+    let user_omp = std::env::var_os("OMP_NUM_THREADS").is_some();
+    let preload = env::preload_with_guard(&guard, std::env::var_os("LD_PRELOAD").as_deref());
+
+    let mut ranks: Vec<Rank> = Vec::new();
+    let mut readers: Vec<JoinHandle<()>> = Vec::new();
+    for r in &p.ranks {
+        let mut cmd = Command::new(&o.cmd[0]);
+        cmd.args(&o.cmd[1..]);
+        let entry = r.device.entry.text();
+        cmd.env(cvd::VAR, &entry)
+            .env(env::RANK_GPU, &entry)
+            .env(env::JOB, &job)
+            .env("LD_PRELOAD", &preload)
+            .env("RANK", r.rank.to_string())
+            .env("LOCAL_RANK", r.local_rank.to_string())
+            .env("WORLD_SIZE", p.world_size.to_string())
+            .env("LOCAL_WORLD_SIZE", p.nproc.to_string())
+            .env("GROUP_RANK", p.node_rank.to_string())
+            .env("MASTER_ADDR", &addr)
+            .env("MASTER_PORT", port.to_string());
+        if let (Some(c), false) = (&r.cpus, user_omp) {
+            cmd.env("OMP_NUM_THREADS", c.len().to_string());
+        }
+        // Children lead their own process groups; reading a terminal from a background group
+        // stops the process, so ranks get no stdin.
+        cmd.stdin(Stdio::null());
+        if o.prefix {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        sys::prepare_rank_child(&mut cmd, r.cpus.as_ref());
+        match cmd.spawn() {
+            Ok(mut child) => {
+                if o.prefix {
+                    let tag = format!("[rank {}] ", r.rank);
+                    if let Some(out) = child.stdout.take() {
+                        readers.push(relay(out, tag.clone(), false));
+                    }
+                    if let Some(err) = child.stderr.take() {
+                        readers.push(relay(err, tag, true));
+                    }
+                }
+                ranks.push(Rank { rank: r.rank, pid: child.id(), child, status: None });
+            }
+            Err(e) => {
+                stop_all(&mut ranks, sys::SIGKILL);
+                for rk in &mut ranks {
+                    let _ = rk.child.wait();
+                }
+                let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXECUTE };
+                return Err(Error {
+                    msg: format!("rankguard launch: cannot start rank {} ('{}'): {e}; no rank was left running",
+                                 r.rank, o.cmd[0].to_string_lossy()),
+                    code,
+                });
+            }
+        }
+    }
+    let code = supervise(&mut ranks, &signals, o.grace);
+    for h in readers {
+        let _ = h.join();
+    }
+    Ok(ExitCode::from(code))
+}
+
+struct Rank {
+    rank: u32,
+    pid: u32,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+fn free_port() -> Result<u16> {
+    // Bound on every interface, then released: the same race as torchrun's
+    // `_get_free_port`, acceptable for a single-node rendezvous.
+    TcpListener::bind(("0.0.0.0", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Error::usage(format!("cannot find a free port for MASTER_PORT: {e}; pass --master-port")))
+}
+
+/// Copy a child's stream to ours, line by line, each line led by `tag`.
+fn relay<R: Read + Send + 'static>(stream: R, tag: String, to_stderr: bool) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut rd = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match rd.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if line.last() != Some(&b'\n') {
+                        line.push(b'\n');
+                    }
+                    let mut buf = tag.as_bytes().to_vec();
+                    buf.extend_from_slice(&line);
+                    let _ = if to_stderr {
+                        std::io::stderr().lock().write_all(&buf)
+                    } else {
+                        std::io::stdout().lock().write_all(&buf)
+                    };
+                }
+            }
+        }
+    })
+}
+
+fn stop_all(ranks: &mut [Rank], sig: i32) {
+    for r in ranks.iter() {
+        if r.status.is_none() {
+            let _ = sys::signal_group(r.pid, sig);
+        }
+    }
+}
+
+/// The shell's encoding of a status: the exit code, or 128 + the signal number.
+fn status_code(st: &ExitStatus) -> u8 {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => c.clamp(0, 255) as u8,
+        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
+        _ => 1,
+    }
+}
+
+fn describe(st: &ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        _ => "ended".to_string(),
+    }
+}
+
+/// Wait for every rank. The first failing rank stops the others (SIGTERM to their process
+/// groups, SIGKILL after `grace`); SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to
+/// every rank. Returns the launcher's exit status.
+fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 {
+    let mut first_failure: Option<(u32, ExitStatus)> = None;
+    let mut interrupted: Option<i32> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut newly_failed = false;
+    loop {
+        for r in ranks.iter_mut() {
+            if r.status.is_some() {
+                continue;
+            }
+            if let Ok(Some(st)) = r.child.try_wait() {
+                r.status = Some(st);
+                if !st.success() && first_failure.is_none() && interrupted.is_none() {
+                    first_failure = Some((r.rank, st));
+                    eprintln!("rankguard launch: rank {} (pid {}) {}; stopping the other ranks (SIGTERM, SIGKILL \
+                               after {:.1}s)", r.rank, r.pid, describe(&st), grace.as_secs_f64());
+                    kill_at = Some(Instant::now() + grace);
+                    newly_failed = true;
+                }
+            }
+        }
+        if newly_failed {
+            stop_all(ranks, sys::SIGTERM);
+            newly_failed = false;
+        }
+        if ranks.iter().all(|r| r.status.is_some()) {
+            break;
+        }
+        let now = Instant::now();
+        if let Some(t) = kill_at {
+            if now >= t && !killed {
+                eprintln!("rankguard launch: grace period over; killing the remaining ranks");
+                stop_all(ranks, sys::SIGKILL);
+                killed = true;
+            }
+        }
+        let wait = kill_at.map(|t| t.saturating_duration_since(now)).unwrap_or(Duration::from_millis(200));
+        match signals.wait(wait.clamp(Duration::from_millis(1), Duration::from_millis(200))) {
+            None | Some(sys::SIGCHLD) => {}
+            Some(sig) => {
+                if interrupted.is_some() {
+                    eprintln!("rankguard launch: second signal {sig}; killing every rank");
+                    stop_all(ranks, sys::SIGKILL);
+                    killed = true;
+                } else {
+                    interrupted = Some(sig);
+                    stop_all(ranks, sig);
+                    if kill_at.is_none() {
+                        kill_at = Some(Instant::now() + grace);
+                    }
+                }
+            }
+        }
+    }
+    // Descendants left in a rank's process group after a stop go too.
+    if first_failure.is_some() || interrupted.is_some() {
+        for r in ranks.iter() {
+            let _ = sys::signal_group(r.pid, sys::SIGKILL);
+        }
+    }
+    match (first_failure, interrupted) {
+        (Some((_, st)), _) => status_code(&st),
+        (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+        (None, None) => 0,
+    }
+}

@@ -1,0 +1,128 @@
+//! Subcommand dispatch, the error type and the exit statuses of `rankguard`.
+//!
+//! Every subcommand is one row of [`COMMANDS`] and one module with a
+//! `fn main(args) -> Result<ExitCode>`; adding one (e.g. `report`) is a row and a file.
+//! `main() -> ExitCode` calls `run() -> Result<ExitCode>`; errors print as one line led by
+//! `rankguard: error:` (or the subcommand) and exit with [`EXIT_USAGE`] unless they carry
+//! another status. Exit statuses are documented in docs/cli.md.
+
+pub mod args;
+mod check;
+mod env;
+mod gpus;
+mod json;
+mod launch;
+mod lib_path;
+mod run;
+#[allow(unsafe_code)]
+mod sys;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::process::ExitCode;
+
+/// `check`: the contract would be violated.
+pub const EXIT_VIOLATION: u8 = 1;
+/// Bad arguments, a precedence conflict, or an environment rankguard refuses: nothing ran.
+pub const EXIT_USAGE: u8 = 2;
+/// The command could not be executed (permission, not an executable), as in POSIX shells.
+pub const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// The command was not found, as in POSIX shells.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// A user-facing error: a message that leads with context and says what to do.
+#[derive(Debug)]
+pub struct Error {
+    pub msg: String,
+    pub code: u8,
+}
+
+impl Error {
+    pub fn usage(msg: impl Into<String>) -> Error {
+        Error { msg: msg.into(), code: EXIT_USAGE }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl From<crate::plan::PlanError> for Error {
+    fn from(e: crate::plan::PlanError) -> Error {
+        Error::usage(e.0)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+struct Command {
+    name: &'static str,
+    summary: &'static str,
+    main: fn(Vec<OsString>) -> Result<ExitCode>,
+}
+
+const COMMANDS: &[Command] = &[
+    Command { name: "launch", summary: "start one child per rank, each with exactly one GPU, the guard and its CPU block",
+              main: launch::launch_main },
+    Command { name: "run", summary: "make this process one rank (narrow CUDA_VISIBLE_DEVICES, inject the guard) and exec",
+              main: run::main },
+    Command { name: "check", summary: "explain this environment and exit non-zero when the contract would be violated",
+              main: check::main },
+    Command { name: "plan", summary: "print the rank -> GPU entry -> CPU block mapping of a launch, start nothing",
+              main: launch::plan_main },
+    Command { name: "lib", summary: "print the absolute path of librankguard.so (LD_PRELOAD=$(rankguard lib) ...)",
+              main: lib_path::main },
+];
+
+/// The hidden subcommand the CLI runs itself as to ask the driver (see `gpus.rs`).
+pub const DRIVER_QUERY: &str = "__driver-query";
+
+fn usage() -> String {
+    let mut s = String::from(
+        "rankguard: one rank owns exactly one GPU, seen as cuda:0\n\nUsage: rankguard <COMMAND> [OPTIONS]\n\nCommands:\n");
+    for c in COMMANDS {
+        s.push_str(&format!("  {:<8}{}\n", c.name, c.summary));
+    }
+    s.push_str("\n`rankguard <COMMAND> --help` describes a command. Reference: docs/cli.md\n");
+    s
+}
+
+pub fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rankguard: error: {}", e.msg);
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+fn run() -> Result<ExitCode> {
+    let mut argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if argv.is_empty() {
+        eprint!("{}", usage());
+        return Err(Error::usage("no command given; pick one of the commands above"));
+    }
+    let first = argv.remove(0);
+    let name = first.to_string_lossy();
+    match name.as_ref() {
+        "-h" | "--help" | "help" => {
+            print!("{}", usage());
+            return Ok(ExitCode::SUCCESS);
+        }
+        "-V" | "--version" => {
+            println!("rankguard {}", env!("CARGO_PKG_VERSION"));
+            return Ok(ExitCode::SUCCESS);
+        }
+        DRIVER_QUERY => return gpus::helper_main(argv),
+        _ => {}
+    }
+    match COMMANDS.iter().find(|c| c.name == name) {
+        Some(c) => (c.main)(argv),
+        None => Err(Error::usage(format!(
+            "unknown command '{name}'; commands are {} (rankguard --help)",
+            COMMANDS.iter().map(|c| c.name).collect::<Vec<_>>().join(", ")))),
+    }
+}

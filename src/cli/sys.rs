@@ -1,0 +1,263 @@
+//! The CLI's only FFI: CPU affinity, the child set-up between fork and exec (affinity,
+//! `PR_SET_PDEATHSIG`, its own process group, a clean signal mask), signals to process
+//! groups, synchronous signal waiting, and the driver query through `libloading`.
+//!
+//! `unsafe` is allowed in this module only (main.rs denies it); each block states the
+//! invariant that makes it sound. Everything exported here is a safe function.
+
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::cpuset::{CpuSet, MAX_CPU};
+
+/// A kernel CPU mask big enough for every id we accept (MAX_CPU), passed where libc expects
+/// a `cpu_set_t` (the kernel takes any size that covers `nr_cpu_ids`).
+#[derive(Clone)]
+struct Mask([u64; (MAX_CPU as usize + 1) / 64]);
+
+impl Mask {
+    fn from_set(set: &CpuSet) -> Mask {
+        let mut m = Mask([0; (MAX_CPU as usize + 1) / 64]);
+        for c in set.iter() {
+            m.0[(c / 64) as usize] |= 1u64 << (c % 64);
+        }
+        m
+    }
+    fn to_set(&self) -> CpuSet {
+        let mut s = CpuSet::new();
+        for (w, bits) in self.0.iter().enumerate() {
+            for b in 0..64 {
+                if bits & (1u64 << b) != 0 {
+                    s.insert((w * 64 + b) as u32);
+                }
+            }
+        }
+        s
+    }
+}
+
+/// This process's CPU affinity (`sched_getaffinity(0)`).
+pub fn affinity() -> io::Result<CpuSet> {
+    let mut m = Mask([0; (MAX_CPU as usize + 1) / 64]);
+    // SAFETY: the pointer and size describe `m`, a live, writable buffer of exactly that size;
+    // the kernel writes at most `size` bytes into it.
+    let rc = unsafe {
+        libc::sched_getaffinity(0, std::mem::size_of::<Mask>(), (&mut m as *mut Mask).cast::<libc::cpu_set_t>())
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(m.to_set())
+}
+
+/// Arrange for `cmd`'s child, between fork and exec, to: run on `cpus` (inherited by its
+/// threads and descendants), die with SIGKILL when the launcher dies (`PR_SET_PDEATHSIG`),
+/// lead its own process group (so signals reach the rank's whole tree), and start with an
+/// empty signal mask (the launcher blocks the signals it waits for).
+pub fn prepare_rank_child(cmd: &mut Command, cpus: Option<&CpuSet>) {
+    let mask = cpus.map(Mask::from_set);
+    // SAFETY: getpid is always safe to call.
+    let launcher = unsafe { libc::getpid() };
+    let hook = move || -> io::Result<()> {
+        // Only async-signal-safe calls below: the child of a multi-threaded parent may not
+        // allocate or take locks before exec. `mask` was built before fork.
+        // SAFETY: an empty, initialised sigset_t is passed by pointer to pthread_sigmask.
+        unsafe {
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        }
+        if let Some(m) = &mask {
+            // SAFETY: the pointer and size describe `m`, a live mask owned by this closure.
+            let rc = unsafe {
+                libc::sched_setaffinity(0, std::mem::size_of::<Mask>(), (m as *const Mask).cast::<libc::cpu_set_t>())
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // SAFETY: prctl(PR_SET_PDEATHSIG, sig) takes an integer signal number; no pointers.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The launcher may have died before the prctl: then nothing would ever kill us.
+        // SAFETY: getppid has no preconditions.
+        if unsafe { libc::getppid() } != launcher {
+            return Err(io::Error::other("the launcher exited while the rank was starting"));
+        }
+        // SAFETY: setpgid(0, 0) makes this process a group leader; no pointers.
+        if unsafe { libc::setpgid(0, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and only makes
+    // async-signal-safe calls (sigemptyset, pthread_sigmask, sched_setaffinity, prctl,
+    // getppid, setpgid) on data captured before the fork; it allocates only on its error
+    // path (io::Error::other), after which std reports the error and the child exits.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// Send `sig` to the process group `pgid` (a rank child and its descendants).
+pub fn signal_group(pgid: u32, sig: i32) -> io::Result<()> {
+    let pgid = libc::pid_t::try_from(pgid).map_err(|_| io::Error::other("pid out of range"))?;
+    // SAFETY: kill takes integers only; a negative pid addresses a process group.
+    if unsafe { libc::kill(-pgid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The signals the launcher handles synchronously; blocked in every thread it creates after
+/// [`Signals::block`], so they queue up for [`Signals::wait`] instead of killing it.
+pub struct Signals {
+    set: libc::sigset_t,
+}
+
+pub const SIGTERM: i32 = libc::SIGTERM;
+pub const SIGKILL: i32 = libc::SIGKILL;
+pub const SIGCHLD: i32 = libc::SIGCHLD;
+
+impl Signals {
+    /// Block SIGINT, SIGTERM, SIGHUP and SIGCHLD in the calling thread (call it before any
+    /// thread is spawned) and reset SIGCHLD to its default disposition, so children are not
+    /// auto-reaped behind our back if the parent left it ignored.
+    pub fn block() -> io::Result<Signals> {
+        // SAFETY: sigset_t is plain data; zeroed then initialised by sigemptyset.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t; the signal numbers are valid; SIG_DFL is a
+        // valid disposition for SIGCHLD.
+        unsafe {
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD] {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc));
+            }
+        }
+        Ok(Signals { set })
+    }
+
+    /// Wait up to `timeout` for one of the blocked signals; its number, or None.
+    pub fn wait(&self, timeout: Duration) -> Option<i32> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `self.set` is an initialised sigset_t, `ts` a valid timespec, and a null
+        // siginfo pointer is allowed.
+        let rc = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &ts) };
+        if rc > 0 { Some(rc) } else { None }
+    }
+}
+
+/// One GPU as the driver enumerates it under this process's environment.
+pub struct RawGpu {
+    pub uuid: [u8; 16],
+    pub bus_id: String,
+}
+
+type CuResult = c_int;
+type CuDevice = c_int;
+
+/// `CUuuid` (cuda.h: `typedef struct CUuuid_st { char bytes[16]; } CUuuid;`).
+#[repr(C)]
+struct CuUuid {
+    bytes: [u8; 16],
+}
+
+type FnInit = unsafe extern "C" fn(c_uint) -> CuResult;
+type FnGetCount = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type FnDeviceGet = unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult;
+type FnGetUuid = unsafe extern "C" fn(*mut CuUuid, CuDevice) -> CuResult;
+type FnGetBusId = unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult;
+type FnErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+
+/// `CUDA_ERROR_NO_DEVICE` (cuda.h): what cuInit returns when nothing is visible.
+const CUDA_ERROR_NO_DEVICE: CuResult = 100;
+
+/// Ask the driver (`libcuda.so.1`, found like the CUDA runtime finds it, so
+/// `LD_LIBRARY_PATH` selects the fake platform in tests) which GPUs this process sees.
+/// Every failure is an `Err` naming the call and the driver's error name; nothing panics.
+pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
+    // SAFETY: loading libcuda.so.1 runs its initialisers; the driver library is designed to
+    // be dlopen()ed this way by every CUDA runtime and binding.
+    let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+        .map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
+    // SAFETY (all `get`s below): each symbol is declared in cuda.h with exactly the
+    // signature of the function-pointer type it is read as; `lib` outlives every use.
+    let init: libloading::Symbol<FnInit> = unsafe { lib.get(b"cuInit\0") }.map_err(|e| e.to_string())?;
+    let count_fn: libloading::Symbol<FnGetCount> =
+        unsafe { lib.get(b"cuDeviceGetCount\0") }.map_err(|e| e.to_string())?;
+    let get: libloading::Symbol<FnDeviceGet> = unsafe { lib.get(b"cuDeviceGet\0") }.map_err(|e| e.to_string())?;
+    let uuid_fn: libloading::Symbol<FnGetUuid> = unsafe { lib.get(b"cuDeviceGetUuid_v2\0") }
+        .or_else(|_| unsafe { lib.get(b"cuDeviceGetUuid\0") })
+        .map_err(|e| e.to_string())?;
+    let bus_fn: libloading::Symbol<FnGetBusId> =
+        unsafe { lib.get(b"cuDeviceGetPCIBusId\0") }.map_err(|e| e.to_string())?;
+    let name_fn: Option<libloading::Symbol<FnErrorName>> = unsafe { lib.get(b"cuGetErrorName\0") }.ok();
+    let describe = |rc: CuResult| -> String {
+        let mut p: *const c_char = std::ptr::null();
+        if let Some(f) = &name_fn {
+            // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string (or
+            // leaves it untouched on an unknown code); we read it only when non-null.
+            if unsafe { f(rc, &mut p) } == 0 && !p.is_null() {
+                // SAFETY: non-null and NUL-terminated per cuda.h; static lifetime.
+                let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+                return format!("{s} ({rc})");
+            }
+        }
+        format!("CUresult {rc}")
+    };
+
+    // SAFETY: cuInit(0) is the documented first call; flags must be 0.
+    let rc = unsafe { init(0) };
+    if rc == CUDA_ERROR_NO_DEVICE {
+        return Ok(vec![]);
+    }
+    if rc != 0 {
+        return Err(format!("cuInit failed: {}", describe(rc)));
+    }
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer.
+    let rc = unsafe { count_fn(&mut n) };
+    if rc != 0 {
+        return Err(format!("cuDeviceGetCount failed: {}", describe(rc)));
+    }
+    let mut out = Vec::new();
+    for ordinal in 0..n {
+        let mut dev: CuDevice = 0;
+        // SAFETY: `dev` is a valid out-pointer; the ordinal is below the reported count.
+        let rc = unsafe { get(&mut dev, ordinal) };
+        if rc != 0 {
+            return Err(format!("cuDeviceGet({ordinal}) failed: {}", describe(rc)));
+        }
+        let mut u = CuUuid { bytes: [0; 16] };
+        // SAFETY: `u` is a valid, writable CUuuid.
+        let rc = unsafe { uuid_fn(&mut u, dev) };
+        if rc != 0 {
+            return Err(format!("cuDeviceGetUuid({ordinal}) failed: {}", describe(rc)));
+        }
+        // cuda.h: "len: Maximum length of string to store in name", 13 chars + NUL for the
+        // documented `domain:bus:device.function` form; 64 leaves room for any spelling.
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: `buf` is writable for its full length, which is what we pass.
+        let rc = unsafe { bus_fn(buf.as_mut_ptr(), buf.len() as c_int, dev) };
+        if rc != 0 {
+            return Err(format!("cuDeviceGetPCIBusId({ordinal}) failed: {}", describe(rc)));
+        }
+        buf[buf.len() - 1] = 0;
+        // SAFETY: `buf` is NUL-terminated (last byte forced to 0 above).
+        let bus_id = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        out.push(RawGpu { uuid: u.bytes, bus_id });
+    }
+    Ok(out)
+}
