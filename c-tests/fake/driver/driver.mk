@@ -1,2 +1,42 @@
-# Placeholder: the fake driver's rules (target $(FAKE)/libcuda.so.1).
-fake:
+# The fake NVIDIA driver: $(FAKE)/libcuda.so.1 (+ the libcuda.so link-time symlink).
+# Included by c-tests/Makefile, which defines HERE, FAKE, GEN, CUDA_INC, CC and CFLAGS.
+#
+# Build order: compile the driver's sources, list the symbols they define (nm), generate
+# the cuGetProcAddress routing table from cudaTypedefs.h with gen_routes.py (pointing at
+# those symbols, stubs for the rest), then link with -Bsymbolic so every address the table
+# holds is the library's own function even when a preload exports the same names.
+DRV_DIR   := $(HERE)fake/driver
+DRV_OBJ   := $(GEN)/driver
+DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c
+DRV_OBJS  := $(patsubst $(DRV_DIR)/%.c,$(DRV_OBJ)/%.o,$(DRV_SRCS))
+DRV_HDRS  := $(DRV_DIR)/fake.h $(DRV_DIR)/fakecuda_routes.h
+# __CUDA_API_VERSION_INTERNAL: cuda.h then declares every ABI variant under its exported
+# name (cuCtxCreate, cuCtxCreate_v2, cuMemcpyHtoD_v2_ptds, ...) instead of remapping.
+DRV_CFLAGS := $(CFLAGS) -D_GNU_SOURCE -D__CUDA_API_VERSION_INTERNAL -fvisibility=hidden -I$(DRV_DIR)
+DRV_PYTHON ?= $(firstword $(wildcard $(HERE)../.venv/bin/python3) python3)
+
+.PHONY: fake
+fake: $(FAKE)/libcuda.so.1 $(FAKE)/libcuda.so
+
+$(DRV_OBJ)/%.o: $(DRV_DIR)/%.c $(DRV_HDRS) | check-headers
+	@mkdir -p $(DRV_OBJ)
+	$(CC) $(DRV_CFLAGS) -c -o $@ $<
+
+$(GEN)/fakecuda_implemented.txt: $(DRV_OBJS)
+	@mkdir -p $(GEN)
+	nm -g --defined-only $(DRV_OBJS) | awk 'NF == 3 && $$2 == "T" { print $$3 }' | sort -u > $@
+
+$(GEN)/fakecuda_routes.c: $(DRV_DIR)/gen_routes.py $(GEN)/fakecuda_implemented.txt | check-headers
+	$(DRV_PYTHON) $(DRV_DIR)/gen_routes.py --typedefs $(CUDA_INC)/cudaTypedefs.h \
+	  --cuda-h $(CUDA_INC)/cuda.h --implemented $(GEN)/fakecuda_implemented.txt -o $@
+
+$(DRV_OBJ)/fakecuda_routes.o: $(GEN)/fakecuda_routes.c $(DRV_DIR)/fakecuda_routes.h
+	@mkdir -p $(DRV_OBJ)
+	$(CC) $(DRV_CFLAGS) -c -o $@ $<
+
+$(FAKE)/libcuda.so.1: $(DRV_OBJS) $(DRV_OBJ)/fakecuda_routes.o
+	@mkdir -p $(FAKE)
+	$(CC) -shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -Wl,-z,defs -o $@ $^ -pthread
+
+$(FAKE)/libcuda.so: $(FAKE)/libcuda.so.1
+	ln -sf libcuda.so.1 $@

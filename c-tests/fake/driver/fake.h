@@ -1,0 +1,74 @@
+/* Internal state shared by the fake driver's translation units: the node model (node.c),
+ * the visible device list (cvd.c), contexts and the driver lock (driver.c) and memory
+ * (memory.c). Compiled with __CUDA_API_VERSION_INTERNAL so cuda.h declares every ABI
+ * variant under its real exported name (cuCtxCreate, cuCtxCreate_v2, ..._ptds). */
+#ifndef FAKECUDA_FAKE_H
+#define FAKECUDA_FAKE_H
+
+#include <cuda.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define FAKE_API __attribute__((visibility("default")))
+#define FAKE_MAX_GPUS 64
+#define FAKE_MAX_MIG 7
+#define FAKE_DRIVER_VERSION 12090
+
+/* One physical GPU of the node (PCI bus order: index i has bus 0x18 + 0x10*i). */
+struct fake_gpu {
+    int index;
+    char name[96];
+    int sm_count;
+    int clock_khz;
+    int cc_major, cc_minor;
+    size_t total_mem;
+    int numa_node;
+    int mig_count;           /* 0: not in MIG mode */
+};
+
+/* One enumerated CUDA device: a whole GPU, or one MIG instance of it. */
+struct fake_dev {
+    int gpu;                 /* physical index */
+    int mig;                 /* -1 for a whole GPU, else the instance number */
+};
+
+struct fake_node {
+    int n_gpus;
+    int numa_nodes;
+    struct fake_gpu gpu[FAKE_MAX_GPUS];
+};
+
+/* Set once by cuInit (under fake_lock), read-only afterwards. */
+extern struct fake_node fake_node;
+extern struct fake_dev fake_visible[FAKE_MAX_GPUS];
+extern int fake_visible_count;
+
+/* node.c */
+int fake_node_load(struct fake_node *node);          /* 0 ok, -1 error (printed) */
+void fake_gpu_uuid(int gpu, unsigned char out[16]);
+void fake_mig_uuid(int gpu, int mig, unsigned char out[16]);
+void fake_uuid_string(const char *prefix, const unsigned char u[16], char *out, size_t len);
+void fake_dev_uuid(const struct fake_dev *d, unsigned char out[16]);
+int fake_gpu_pci_bus(int gpu);
+
+/* cvd.c: fills out[] (capacity FAKE_MAX_GPUS) from CUDA_VISIBLE_DEVICES and
+ * CUDA_DEVICE_ORDER; returns the count (0 = nothing visible). */
+int fake_resolve_visible(const struct fake_node *node, const char *cvd, const char *order,
+                         struct fake_dev *out);
+
+/* driver.c */
+extern pthread_mutex_t fake_lock;
+CUresult fake_check_init(void);
+int fake_ordinal_of_gpu(int gpu, int mig);           /* -1 when not visible */
+struct fake_ctx;
+CUresult fake_current_ctx(struct fake_ctx **out);
+int fake_ctx_valid(struct fake_ctx *c);
+int fake_ctx_device(struct fake_ctx *c);             /* ordinal */
+CUresult fake_stream_check(CUstream s);
+
+/* memory.c */
+void fake_memory_atfork_child(void);
+
+#endif

@@ -1,0 +1,1187 @@
+/* Fake device memory: every allocation is a memfd mapped MAP_SHARED, so a device pointer
+ * is a host address the fake can memcpy, and another process reaches the same bytes
+ * (legacy IPC through /proc/<pid>/fd/<n> while the exporter lives; VMM through the fd
+ * itself, which carries a header page describing the allocation).
+ * Covers cuMemAlloc/Free, copies and memset (+_ptds/_ptsz), cuPointerGetAttribute(s),
+ * legacy IPC memory handles, VMM (cuMemCreate ... cuMemImportFromShareableHandle),
+ * managed memory, prefetch and advise. Decisions the docs leave open are marked D-xxx and
+ * listed in c-tests/README.md. */
+#include "fake.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PAGE 4096ul
+#define GRANULARITY (2ul << 20)        /* VMM minimum and recommended granularity: 2 MiB */
+
+#define CHECK_INIT()                         \
+    do {                                     \
+        CUresult r_ = fake_check_init();     \
+        if (r_ != CUDA_SUCCESS)              \
+            return r_;                       \
+    } while (0)
+
+enum kind { K_DEVICE, K_MANAGED, K_IPC, K_VMM };
+
+/* One address range the fake knows: a cuMemAlloc(Managed) allocation, an opened IPC
+ * handle, or a cuMemMap'ed VMM range. */
+struct alloc {
+    struct alloc *next;
+    enum kind kind;
+    uintptr_t base;
+    size_t size;
+    int fd;                           /* memfd (K_DEVICE/K_MANAGED), -1 otherwise */
+    struct fake_ctx *ctx;             /* context allocated in / mapped into */
+    int gpu, mig;                     /* physical owner; gpu -1 for host memory */
+    unsigned long long id;
+    int ipc_refs;                     /* K_IPC: opens not yet closed */
+    int ipc_pid, ipc_fd;              /* K_IPC: where it came from */
+    unsigned long long ino;
+    struct vmm_handle *vmm;           /* K_VMM */
+    unsigned long long access[FAKE_MAX_GPUS]; /* K_VMM: CUmemAccess_flags per ordinal */
+};
+
+static struct alloc *allocs;
+static unsigned long long next_id = 1;
+
+static struct alloc *find(uintptr_t p, size_t n)
+{
+    for (struct alloc *a = allocs; a; a = a->next)
+        if (p >= a->base && p - a->base < a->size && n <= a->size - (p - a->base))
+            return a;
+    return NULL;
+}
+
+static void unlink_alloc(struct alloc *x)
+{
+    for (struct alloc **pp = &allocs; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            return;
+        }
+}
+
+void fake_memory_atfork_child(void)
+{
+    /* Mappings are MAP_SHARED and inherited: the child keeps reaching the same bytes. */
+}
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* ---------------------------------------------------------------- cuMemAlloc */
+
+static CUresult alloc_memfd(size_t size, int *pfd, void **pmem)
+{
+    int fd = memfd_create("fakecuda-mem", MFD_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t len = round_up(size, PAGE);
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0)
+        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pfd = fd;
+    *pmem = m;
+    return CUDA_SUCCESS;
+}
+
+static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytesize, enum kind kind)
+{
+    CHECK_INIT();
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_ctx *c;
+    CUresult r = fake_current_ctx(&c);
+    int dev = r == CUDA_SUCCESS ? fake_ctx_device(c) : 0;
+    if (r == CUDA_SUCCESS && bytesize > 80ull * 1024 * 1024 * 1024)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    int fd;
+    void *m;
+    if (r == CUDA_SUCCESS)
+        r = alloc_memfd(bytesize, &fd, &m);
+    if (r == CUDA_SUCCESS) {
+        struct alloc *a = calloc(1, sizeof *a);
+        a->kind = kind;
+        a->base = (uintptr_t)m;
+        a->size = bytesize;
+        a->fd = fd;
+        a->ctx = c;
+        a->gpu = fake_visible[dev].gpu;
+        a->mig = fake_visible[dev].mig;
+        a->id = next_id++;
+        a->next = allocs;
+        allocs = a;
+        *dptr = (CUdeviceptr)a->base;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return mem_alloc(dptr, bytesize, K_DEVICE);
+}
+
+FAKE_API CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    return mem_alloc(dptr, bytesize, K_MANAGED);
+}
+
+FAKE_API CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    if (!dptr)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)dptr, 1);
+    CUresult r = CUDA_SUCCESS;
+    if (!a || a->base != (uintptr_t)dptr || (a->kind != K_DEVICE && a->kind != K_MANAGED)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        unlink_alloc(a);
+        munmap((void *)a->base, round_up(a->size, PAGE));
+        close(a->fd);
+        free(a);
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_, size_t *total)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    struct fake_ctx *c;
+    CUresult r = fake_current_ctx(&c);
+    if (r == CUDA_SUCCESS) {
+        size_t t = 0;
+        cuDeviceTotalMem_v2(&t, fake_ctx_device(c));
+        size_t used = 0;
+        for (struct alloc *a = allocs; a; a = a->next)
+            if (a->kind == K_DEVICE && a->gpu == fake_visible[fake_ctx_device(c)].gpu)
+                used += a->size;
+        if (free_)
+            *free_ = t - t / 100 - used;  /* 1% reserved, as a real context takes some */
+        if (total)
+            *total = t;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)dptr, 1);
+    if (a) {
+        if (pbase)
+            *pbase = (CUdeviceptr)a->base;
+        if (psize)
+            *psize = a->size;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* ---------------------------------------------------------------- copies */
+
+/* Device ranges must lie inside one known range; host pointers are not checked. */
+static CUresult dev_range(CUdeviceptr p, size_t n)
+{
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)p, n ? n : 1);
+    pthread_mutex_unlock(&fake_lock);
+    return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult need_ctx(void)
+{
+    pthread_mutex_lock(&fake_lock);
+    struct fake_ctx *c;
+    CUresult r = fake_current_ctx(&c);
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+static CUresult copy(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev, size_t n,
+                     CUstream s, int async)
+{
+    CHECK_INIT();
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (async) {
+        pthread_mutex_lock(&fake_lock);
+        r = fake_stream_check(s);
+        pthread_mutex_unlock(&fake_lock);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((dst_dev && dev_range(dst, n)) || (src_dev && dev_range(src, n)))
+        return CUDA_ERROR_INVALID_VALUE;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+#define H2D(d, s, n) copy((d), 1, (CUdeviceptr)(uintptr_t)(s), 0, (n), NULL, 0)
+#define D2H(d, s, n) copy((CUdeviceptr)(uintptr_t)(d), 0, (s), 1, (n), NULL, 0)
+
+FAKE_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) { return H2D(dstDevice, srcHost, ByteCount); }
+FAKE_API CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) { return H2D(dstDevice, srcHost, ByteCount); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) { return D2H(dstHost, srcDevice, ByteCount); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) { return D2H(dstHost, srcDevice, ByteCount); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) { return copy(dstDevice, 1, srcDevice, 1, ByteCount, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) { return copy(dstDevice, 1, srcDevice, 1, ByteCount, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream) { return copy(dstDevice, 1, (CUdeviceptr)(uintptr_t)srcHost, 0, ByteCount, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream) { return copy(dstDevice, 1, (CUdeviceptr)(uintptr_t)srcHost, 0, ByteCount, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) { return copy((CUdeviceptr)(uintptr_t)dstHost, 0, srcDevice, 1, ByteCount, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) { return copy((CUdeviceptr)(uintptr_t)dstHost, 0, srcDevice, 1, ByteCount, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) { return copy(dstDevice, 1, srcDevice, 1, ByteCount, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) { return copy(dstDevice, 1, srcDevice, 1, ByteCount, hStream, 1); }
+/* Unified addressing: cuMemcpy infers the direction; any mapped address is accepted. */
+FAKE_API CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) { return copy(dst, 0, src, 0, ByteCount, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) { return copy(dst, 0, src, 0, ByteCount, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) { return copy(dst, 0, src, 0, ByteCount, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) { return copy(dst, 0, src, 0, ByteCount, hStream, 1); }
+
+/* cuMemcpyPeer needs valid contexts on both sides, not enabled peer access (cuda.h). */
+static CUresult peer_copy(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
+                          size_t n, CUstream s, int async)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    int ok = fake_ctx_valid((struct fake_ctx *)dctx) && fake_ctx_valid((struct fake_ctx *)sctx);
+    pthread_mutex_unlock(&fake_lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return copy(dst, 1, src, 1, n, s, async);
+}
+
+FAKE_API CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount) { return peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount) { return peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream) { return peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream) { return peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, 1); }
+
+static CUresult memset8(CUdeviceptr dst, unsigned char v, size_t n, CUstream s, int async)
+{
+    CHECK_INIT();
+    CUresult r = need_ctx();
+    if (r == CUDA_SUCCESS && async) {
+        pthread_mutex_lock(&fake_lock);
+        r = fake_stream_check(s);
+        pthread_mutex_unlock(&fake_lock);
+    }
+    if (r == CUDA_SUCCESS && n)
+        r = dev_range(dst, n);
+    if (r == CUDA_SUCCESS && n)
+        memset((void *)(uintptr_t)dst, v, n);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) { return memset8(dstDevice, uc, N, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) { return memset8(dstDevice, uc, N, NULL, 0); }
+FAKE_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) { return memset8(dstDevice, uc, N, hStream, 1); }
+FAKE_API CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) { return memset8(dstDevice, uc, N, hStream, 1); }
+
+/* ---------------------------------------------------------------- pointer attributes */
+
+static int ordinal_for(const struct alloc *a)
+{
+    /* D-ordinal: the ordinal, in THIS process's enumeration, of the device the memory
+     * lives on; for memory of a device this process cannot see (an IPC import), the
+     * ordinal of the context it was mapped into. The real driver documents neither; the
+     * guard must keep its own provenance rather than trust this. */
+    int o = fake_ordinal_of_gpu(a->gpu, a->mig);
+    if (o < 0 && a->ctx)
+        o = fake_ctx_device(a->ctx);
+    return o;
+}
+
+/* Caller holds fake_lock. a == NULL: the pointer is unknown to the fake. */
+static CUresult get_attr(CUpointer_attribute attr, void *data, struct alloc *a, uintptr_t p)
+{
+    int is_host = a && a->gpu < 0;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(CUcontext *)data = a->kind == K_VMM ? NULL : (CUcontext)a->ctx;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(CUmemorytype *)data = is_host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(CUdeviceptr *)data = (CUdeviceptr)p;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (!a || (!is_host && a->kind != K_MANAGED))
+            return CUDA_ERROR_INVALID_VALUE;     /* device memory has no host address */
+        *(void **)data = (void *)p;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)data = 1;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(unsigned long long *)data = a->id;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)data = a->kind == K_MANAGED;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)data = is_host ? -1 : ordinal_for(a);
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)data = a->kind == K_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(CUdeviceptr *)data = (CUdeviceptr)a->base;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(size_t *)data = a->size;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(int *)data = a != NULL;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(unsigned long long *)data = 0;
+        if (a->kind == K_VMM)
+            *(unsigned long long *)data = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)data = 0;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)data = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(CUmemoryPool *)data = NULL;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(size_t *)data = a->size;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(void **)data = (void *)a->base;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+        if (!a)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(unsigned long long *)data = a->id;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+FAKE_API CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    CHECK_INIT();
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)ptr, 1);
+    CUresult r = get_attr(attribute, data, a, (uintptr_t)ptr);
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* cuda.h: for memory the driver does not know, cuPointerGetAttributes succeeds with
+ * MEMORY_TYPE 0, CONTEXT NULL, DEVICE_ORDINAL -1 and the other values zeroed. */
+FAKE_API CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
+                                                 void **data, CUdeviceptr ptr)
+{
+    CHECK_INIT();
+    if (!attributes || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)ptr, 1);
+    CUresult r = CUDA_SUCCESS;
+    for (unsigned i = 0; i < numAttributes && r == CUDA_SUCCESS; i++) {
+        if (!data[i])
+            continue;
+        if (attributes[i] < CU_POINTER_ATTRIBUTE_CONTEXT ||
+            attributes[i] > CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID) {
+            r = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        if (a) {
+            if (get_attr(attributes[i], data[i], a, (uintptr_t)ptr) != CUDA_SUCCESS) {
+                /* e.g. HOST_POINTER of device memory: reported as NULL, not an error */
+                *(void **)data[i] = NULL;
+            }
+            continue;
+        }
+        switch (attributes[i]) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+            *(void **)data[i] = NULL;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *(int *)data[i] = -1;
+            break;
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+        case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+            *(unsigned long long *)data[i] = 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+            *(size_t *)data[i] = 0;
+            break;
+        default:
+            *(int *)data[i] = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* ---------------------------------------------------------------- legacy IPC memory */
+
+#define IPC_MEM_MAGIC 0x46434d48u     /* "FCMH" */
+
+/* Opaque to clients: where the exporter's memfd is and how big the allocation is. */
+struct ipc_mem_handle {
+    unsigned magic;
+    int pid;
+    int fd;
+    int gpu;
+    int mig;
+    int pad0;
+    unsigned long long size;
+    unsigned long long ino;
+    unsigned long long id;
+    char pad[64 - 48];
+};
+_Static_assert(sizeof(struct ipc_mem_handle) == CU_IPC_HANDLE_SIZE, "handle size");
+
+/* A pointer inside an allocation yields the base's handle (ucx#11724). */
+FAKE_API CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    if (!pHandle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)dptr, 1);
+    CUresult r = CUDA_SUCCESS;
+    if (!a || a->kind != K_DEVICE) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        struct stat st;
+        fstat(a->fd, &st);
+        struct ipc_mem_handle h = {IPC_MEM_MAGIC, getpid(), a->fd, a->gpu, a->mig, 0,
+                                   a->size, (unsigned long long)st.st_ino, a->id, {0}};
+        memset(pHandle, 0, sizeof *pHandle);
+        memcpy(pHandle, &h, sizeof h);
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* The runtime docs: "can open handles to devices that may not be visible in the process
+ * calling the API"; the fake therefore opens any valid handle (the guard decides). */
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    CHECK_INIT();
+    if (!pdptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)   /* cuda.h: must be specified as */
+        return CUDA_ERROR_INVALID_VALUE;
+    struct ipc_mem_handle h;
+    memcpy(&h, &handle, sizeof h);
+    if (h.magic != IPC_MEM_MAGIC || h.size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (h.pid == getpid())                     /* D-ipcself */
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_ctx *c;
+    CUresult r = fake_current_ctx(&c);
+    if (r != CUDA_SUCCESS)
+        goto out;
+    for (struct alloc *a = allocs; a; a = a->next) {
+        /* D-ipctwice: a second open of the same handle returns the same pointer and needs
+         * its own cuIpcCloseMemHandle. */
+        if (a->kind == K_IPC && a->ipc_pid == h.pid && a->ipc_fd == h.fd && a->ino == h.ino) {
+            a->ipc_refs++;
+            *pdptr = (CUdeviceptr)a->base;
+            goto out;
+        }
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || (unsigned long long)st.st_ino != h.ino ||
+        (unsigned long long)st.st_size < h.size) {
+        if (fd >= 0)
+            close(fd);
+        r = CUDA_ERROR_INVALID_VALUE;          /* D-ipcstale */
+        goto out;
+    }
+    void *m = mmap(NULL, round_up(h.size, PAGE), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    struct alloc *a = calloc(1, sizeof *a);
+    a->kind = K_IPC;
+    a->base = (uintptr_t)m;
+    a->size = h.size;
+    a->fd = -1;
+    a->ctx = c;
+    a->gpu = h.gpu;
+    a->mig = h.mig;
+    a->id = next_id++;
+    a->ipc_refs = 1;
+    a->ipc_pid = h.pid;
+    a->ipc_fd = h.fd;
+    a->ino = h.ino;
+    a->next = allocs;
+    allocs = a;
+    *pdptr = (CUdeviceptr)a->base;
+out:
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    return ipc_open(pdptr, handle, Flags);
+}
+
+FAKE_API CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    return ipc_open(pdptr, handle, Flags);
+}
+
+FAKE_API CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)dptr, 1);
+    CUresult r = CUDA_SUCCESS;
+    if (!a || a->kind != K_IPC || a->base != (uintptr_t)dptr) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (--a->ipc_refs == 0) {
+        unlink_alloc(a);
+        munmap((void *)a->base, round_up(a->size, PAGE));
+        free(a);
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* Test hook (not a CUDA API): the physical GPU index an IPC-opened or allocated pointer
+ * lives on, -1 if unknown. Lets the conformance tests check provenance without relying on
+ * a documented attribute. */
+FAKE_API int fakecuda_pointer_physical_gpu(CUdeviceptr p)
+{
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)p, 1);
+    int g = a ? a->gpu : -1;
+    pthread_mutex_unlock(&fake_lock);
+    return g;
+}
+
+/* ---------------------------------------------------------------- VMM */
+
+#define VMM_MAGIC 0x46435646u         /* "FCVF": header page of every VMM memfd */
+
+/* Page 0 of the memfd; data starts at PAGE. It is what an importer learns from the fd. */
+struct vmm_header {
+    unsigned magic;
+    int loc_type;                     /* CUmemLocationType */
+    int gpu, mig;                     /* physical owner for DEVICE, -1 otherwise */
+    int loc_id;                       /* the id the exporter passed (its own ordinal/node) */
+    int handle_types;
+    int exporter_pid;
+    int pad;
+    unsigned long long size;
+};
+
+struct vmm_handle {
+    struct vmm_handle *next;
+    int fd;
+    size_t size;
+    CUmemAllocationProp prop;         /* as this process reports it */
+    int gpu, mig;
+    int refs;                         /* 1 for the handle + 1 per mapping/retain */
+};
+
+static struct vmm_handle *vmm_handles;
+
+struct reservation {
+    struct reservation *next;
+    uintptr_t base;
+    size_t size;
+};
+static struct reservation *reservations;
+
+static struct vmm_handle *vmm_lookup(CUmemGenericAllocationHandle h)
+{
+    for (struct vmm_handle *v = vmm_handles; v; v = v->next)
+        if ((CUmemGenericAllocationHandle)(uintptr_t)v == h)
+            return v;
+    return NULL;
+}
+
+static void vmm_unref(struct vmm_handle *v)
+{
+    if (--v->refs > 0)
+        return;
+    for (struct vmm_handle **pp = &vmm_handles; *pp; pp = &(*pp)->next)
+        if (*pp == v) {
+            *pp = v->next;
+            break;
+        }
+    close(v->fd);
+    free(v);
+}
+
+/* Validates a location for cuMemCreate / granularity / prefetch. */
+static CUresult check_location(const CUmemLocation *loc, int allow_host)
+{
+    switch (loc->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        return loc->id >= 0 && loc->id < fake_visible_count ? CUDA_SUCCESS
+                                                            : CUDA_ERROR_INVALID_DEVICE;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return allow_host ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        if (!allow_host)
+            return CUDA_ERROR_INVALID_VALUE;
+        return loc->id >= 0 && loc->id < fake_node.numa_nodes ? CUDA_SUCCESS
+                                                              : CUDA_ERROR_INVALID_VALUE;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static CUresult check_prop(const CUmemAllocationProp *prop)
+{
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->requestedHandleTypes & ~(unsigned)(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
+                                                 CU_MEM_HANDLE_TYPE_WIN32 |
+                                                 CU_MEM_HANDLE_TYPE_WIN32_KMT |
+                                                 CU_MEM_HANDLE_TYPE_FABRIC))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* No Windows handles on Linux, and the fake node has no NVLink fabric (D-fabric). */
+    if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return check_location(&prop->location, 1);
+}
+
+FAKE_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                        CUmemAllocationGranularity_flags option)
+{
+    CHECK_INIT();
+    if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                         option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_prop(prop);
+    if (r == CUDA_SUCCESS)
+        *granularity = GRANULARITY;
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                      const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!handle || flags != 0 || size == 0 || size % GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_prop(prop);
+    if (r != CUDA_SUCCESS)
+        return r;
+    int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)(PAGE + size))) {
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct vmm_header hd = {0};
+    hd.magic = VMM_MAGIC;
+    hd.loc_type = prop->location.type;
+    hd.gpu = hd.mig = -1;
+    hd.loc_id = prop->location.id;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        hd.gpu = fake_visible[prop->location.id].gpu;
+        hd.mig = fake_visible[prop->location.id].mig;
+    } else if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        hd.loc_id = 0;          /* D-numacur: the fake's calling thread is on node 0 */
+    }
+    hd.handle_types = prop->requestedHandleTypes;
+    hd.exporter_pid = getpid();
+    hd.size = size;
+    if (pwrite(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct vmm_handle *v = calloc(1, sizeof *v);
+    v->fd = fd;
+    v->size = size;
+    v->prop = *prop;
+    v->gpu = hd.gpu;
+    v->mig = hd.mig;
+    v->refs = 1;
+    pthread_mutex_lock(&fake_lock);
+    v->next = vmm_handles;
+    vmm_handles = v;
+    pthread_mutex_unlock(&fake_lock);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    struct vmm_handle *v = vmm_lookup(handle);
+    if (v)
+        vmm_unref(v);              /* mappings keep the memory until cuMemUnmap */
+    pthread_mutex_unlock(&fake_lock);
+    return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FAKE_API CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                              CUdeviceptr addr, unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!ptr || size == 0 || size % GRANULARITY || (alignment & (alignment - 1)) ||
+        flags != 0)                       /* cuda.h: "flags - Currently unused, must be zero" */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (alignment < GRANULARITY)
+        alignment = GRANULARITY;
+    /* addr is a hint; the fake always picks its own range (allowed by cuda.h). */
+    (void)addr;
+    size_t span = size + alignment;
+    void *m = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t base = round_up((uintptr_t)m, alignment);
+    if (base > (uintptr_t)m)
+        munmap(m, base - (uintptr_t)m);
+    size_t tail = (uintptr_t)m + span - (base + size);
+    if (tail)
+        munmap((void *)(base + size), tail);
+    struct reservation *res = calloc(1, sizeof *res);
+    res->base = base;
+    res->size = size;
+    pthread_mutex_lock(&fake_lock);
+    res->next = reservations;
+    reservations = res;
+    pthread_mutex_unlock(&fake_lock);
+    *ptr = (CUdeviceptr)base;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (struct reservation **pp = &reservations; *pp; pp = &(*pp)->next) {
+        struct reservation *res = *pp;
+        if (res->base == (uintptr_t)ptr && res->size == size) {
+            for (struct alloc *a = allocs; a; a = a->next)
+                if (a->kind == K_VMM && a->base >= res->base && a->base < res->base + size)
+                    goto out;              /* still mapped: unmap first */
+            *pp = res->next;
+            munmap((void *)res->base, res->size);
+            free(res);
+            r = CUDA_SUCCESS;
+            break;
+        }
+    }
+out:
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+static struct reservation *reservation_of(uintptr_t p, size_t n)
+{
+    for (struct reservation *res = reservations; res; res = res->next)
+        if (p >= res->base && p - res->base < res->size && n <= res->size - (p - res->base))
+            return res;
+    return NULL;
+}
+
+FAKE_API CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                   CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    CHECK_INIT();
+    if (flags != 0 || size == 0 || size % GRANULARITY || offset % GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct vmm_handle *v = vmm_lookup(handle);
+    CUresult r = CUDA_SUCCESS;
+    if (!v || offset + size > v->size || !reservation_of((uintptr_t)ptr, size))
+        r = CUDA_ERROR_INVALID_VALUE;
+    for (struct alloc *a = allocs; a && r == CUDA_SUCCESS; a = a->next)
+        if ((uintptr_t)ptr < a->base + a->size && a->base < (uintptr_t)ptr + size)
+            r = CUDA_ERROR_ALREADY_MAPPED;
+    if (r == CUDA_SUCCESS) {
+        /* No access until cuMemSetAccess, as on the real driver. */
+        void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd,
+                       (off_t)(PAGE + offset));
+        if (m == MAP_FAILED) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            struct alloc *a = calloc(1, sizeof *a);
+            a->kind = K_VMM;
+            a->base = (uintptr_t)ptr;
+            a->size = size;
+            a->fd = -1;
+            a->gpu = v->gpu;
+            a->mig = v->mig;
+            a->id = next_id++;
+            a->vmm = v;
+            v->refs++;
+            a->next = allocs;
+            allocs = a;
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    struct alloc *a = find((uintptr_t)ptr, size);
+    if (a && a->kind == K_VMM && a->base == (uintptr_t)ptr && a->size == size) {
+        mmap((void *)a->base, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+             MAP_NORESERVE, -1, 0);
+        unlink_alloc(a);
+        vmm_unref(a->vmm);
+        free(a);
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* Access is granted per device ordinal; the host mapping is readable/writable as soon as
+ * any device has read-write access (the fake's "device" is the host). */
+FAKE_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    CHECK_INIT();
+    if (!desc || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE &&
+            desc[i].location.type != CU_MEM_LOCATION_TYPE_HOST &&
+            desc[i].location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+            return CUDA_ERROR_INVALID_VALUE;
+        CUresult r = check_location(&desc[i].location, 1);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&fake_lock);
+    CUresult r = CUDA_SUCCESS;
+    /* every byte of [ptr, ptr+size) must be mapped */
+    for (uintptr_t p = (uintptr_t)ptr; p < (uintptr_t)ptr + size && r == CUDA_SUCCESS;) {
+        struct alloc *a = find(p, 1);
+        if (!a || a->kind != K_VMM) {
+            r = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        p = a->base + a->size;
+    }
+    for (uintptr_t p = (uintptr_t)ptr; r == CUDA_SUCCESS && p < (uintptr_t)ptr + size;) {
+        struct alloc *a = find(p, 1);
+        int prot = PROT_NONE;
+        for (size_t i = 0; i < count; i++) {
+            int slot = desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE ? desc[i].location.id
+                                                                           : FAKE_MAX_GPUS - 1;
+            a->access[slot] = desc[i].flags;
+        }
+        for (int k = 0; k < FAKE_MAX_GPUS; k++) {
+            if (a->access[k] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+                prot = PROT_READ | PROT_WRITE;
+            else if (a->access[k] == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE)
+                prot = PROT_READ;
+        }
+        mprotect((void *)a->base, a->size, prot);
+        p = a->base + a->size;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
+{
+    CHECK_INIT();
+    if (!flags || !location)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_location(location, 1);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)ptr, 1);
+    if (!a || a->kind != K_VMM) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int slot = location->type == CU_MEM_LOCATION_TYPE_DEVICE ? location->id : FAKE_MAX_GPUS - 1;
+        *flags = a->access[slot];
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* The exported fd is a dup of the allocation's memfd: same inode everywhere it travels
+ * (the guard keys VMM provenance by (st_dev, st_ino)); it carries the header page. */
+FAKE_API CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                                       CUmemAllocationHandleType handleType,
+                                                       unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!shareableHandle || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&fake_lock);
+    struct vmm_handle *v = vmm_lookup(handle);
+    CUresult r = CUDA_SUCCESS;
+    if (!v || !(v->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        r = CUDA_ERROR_INVALID_VALUE;    /* not requested at cuMemCreate */
+    } else {
+        int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)shareableHandle = fd;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* D-importprop: the importer's allocation properties say DEVICE with id = the device's
+ * ordinal in the importer when it can see that GPU; otherwise the id the exporter passed
+ * to cuMemCreate (an ordinal of the exporter's numbering), which may name a different,
+ * visible device here. A driver copying the creation properties behaves exactly so; the
+ * guard must not take location.id of an import as provenance. */
+FAKE_API CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                         CUmemAllocationHandleType shHandleType)
+{
+    CHECK_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int src = (int)(intptr_t)osHandle;
+    struct vmm_header hd;
+    struct stat st;
+    if (src < 0 || fstat(src, &st) || pread(src, &hd, sizeof hd, 0) != (ssize_t)sizeof hd ||
+        hd.magic != VMM_MAGIC || (unsigned long long)st.st_size < PAGE + hd.size)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct vmm_handle *v = calloc(1, sizeof *v);
+    v->fd = fd;
+    v->size = hd.size;
+    v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    v->prop.requestedHandleTypes = hd.handle_types;
+    v->prop.location.type = hd.loc_type;
+    v->prop.location.id = hd.loc_id;
+    v->gpu = hd.gpu;
+    v->mig = hd.mig;
+    v->refs = 1;
+    pthread_mutex_lock(&fake_lock);
+    if (hd.loc_type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        int o = fake_ordinal_of_gpu(hd.gpu, hd.mig);
+        if (o >= 0)
+            v->prop.location.id = o;
+    }
+    v->next = vmm_handles;
+    vmm_handles = v;
+    pthread_mutex_unlock(&fake_lock);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                                 CUmemGenericAllocationHandle handle)
+{
+    CHECK_INIT();
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct vmm_handle *v = vmm_lookup(handle);
+    if (v)
+        *prop = v->prop;
+    pthread_mutex_unlock(&fake_lock);
+    return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FAKE_API CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CHECK_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)addr, 1);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (a && a->kind == K_VMM) {
+        a->vmm->refs++;            /* released with cuMemRelease, like a created handle */
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)a->vmm;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* ---------------------------------------------------------------- managed: prefetch/advise */
+
+static CUresult managed_range(CUdeviceptr p, size_t n)
+{
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)p, n ? n : 1);
+    CUresult r = a && a->kind == K_MANAGED ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+static CUresult check_device_or_cpu(CUdevice d)
+{
+    if (d == CU_DEVICE_CPU)
+        return CUDA_SUCCESS;
+    return d >= 0 && d < fake_visible_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+static CUresult prefetch(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned flags, CUstream s)
+{
+    CHECK_INIT();
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_location(&loc, 1);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&fake_lock);
+    r = fake_stream_check(s);
+    pthread_mutex_unlock(&fake_lock);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return managed_range(p, n);
+}
+
+static CUmemLocation loc_of_device(CUdevice d)
+{
+    CUmemLocation l;
+    l.type = d == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+    l.id = d == CU_DEVICE_CPU ? 0 : d;
+    return l;
+}
+
+FAKE_API CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{
+    CHECK_INIT();
+    CUresult r = check_device_or_cpu(dstDevice);
+    return r != CUDA_SUCCESS ? r : prefetch(devPtr, count, loc_of_device(dstDevice), 0, hStream);
+}
+FAKE_API CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{
+    return cuMemPrefetchAsync(devPtr, count, dstDevice, hStream);
+}
+FAKE_API CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                                unsigned int flags, CUstream hStream)
+{
+    return prefetch(devPtr, count, location, flags, hStream);
+}
+FAKE_API CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                                     unsigned int flags, CUstream hStream)
+{
+    return prefetch(devPtr, count, location, flags, hStream);
+}
+
+static CUresult advise(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc)
+{
+    CHECK_INIT();
+    if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* READ_MOSTLY ignores the location (cuda.h); the others name a device or the host. */
+    if (advice != CU_MEM_ADVISE_SET_READ_MOSTLY && advice != CU_MEM_ADVISE_UNSET_READ_MOSTLY) {
+        CUresult r = check_location(&loc, 1);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return managed_range(p, n);
+}
+
+FAKE_API CUresult CUDAAPI cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device)
+{
+    CHECK_INIT();
+    if (advice != CU_MEM_ADVISE_SET_READ_MOSTLY && advice != CU_MEM_ADVISE_UNSET_READ_MOSTLY) {
+        CUresult r = check_device_or_cpu(device);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return advise(devPtr, count, advice, loc_of_device(device == CU_DEVICE_CPU ? CU_DEVICE_CPU
+                                                       : (device < 0 ? 0 : device)));
+}
+
+FAKE_API CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location)
+{
+    return advise(devPtr, count, advice, location);
+}
