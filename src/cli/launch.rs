@@ -302,6 +302,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let user_omp = std::env::var_os("OMP_NUM_THREADS").is_some();
     let preload = env::preload_with_guard(&guard, std::env::var_os("LD_PRELOAD").as_deref());
 
+    let mut reaper = Reaper::start();
     let mut ranks: Vec<Rank> = Vec::new();
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
     for r in &p.ranks {
@@ -340,6 +341,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                         readers.push(relay(err, tag, true));
                     }
                 }
+                reaper.watch(child.id());
                 ranks.push(Rank { rank: r.rank, pid: child.id(), child, status: None });
             }
             Err(e) => {
@@ -347,6 +349,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                 for rk in &mut ranks {
                     let _ = rk.child.wait();
                 }
+                reaper.done();
                 let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXECUTE };
                 return Err(Error {
                     msg: format!("rankguard launch: cannot start rank {} ('{}'): {e}; no rank was left running",
@@ -357,10 +360,75 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
         }
     }
     let code = supervise(&mut ranks, &signals, o.grace);
+    reaper.done();
     for h in readers {
         let _ = h.join();
     }
     Ok(ExitCode::from(code))
+}
+
+/// `PR_SET_PDEATHSIG` kills a rank's first process when the launcher dies, but not what
+/// that process started. The reaper, a helper in its own process group that outlives the
+/// launcher, is told every rank's process group through a pipe; when the pipe closes
+/// without `done` (the launcher died, even by SIGKILL), it kills those groups.
+struct Reaper(Option<(Child, std::process::ChildStdin)>);
+
+impl Reaper {
+    fn start() -> Reaper {
+        let spawned = std::env::current_exe().and_then(|exe| {
+            use std::os::unix::process::CommandExt;
+            Command::new(exe)
+                .arg(super::REAPER)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+        });
+        match spawned {
+            Ok(mut c) => {
+                let pipe = c.stdin.take();
+                Reaper(pipe.map(|p| (c, p)))
+            }
+            Err(e) => {
+                eprintln!("rankguard launch: warning: no reaper ({e}); if the launcher is killed, processes \
+                           started by the ranks may outlive it");
+                Reaper(None)
+            }
+        }
+    }
+
+    fn watch(&mut self, pgid: u32) {
+        if let Some((_, pipe)) = &mut self.0 {
+            let _ = writeln!(pipe, "{pgid}");
+        }
+    }
+
+    fn done(&mut self) {
+        if let Some((mut child, mut pipe)) = self.0.take() {
+            let _ = writeln!(pipe, "done");
+            drop(pipe);
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The hidden `__reaper` subcommand (see [`Reaper`]).
+pub fn reaper_main(_args: Vec<OsString>) -> Result<ExitCode> {
+    let mut groups: Vec<u32> = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line == "done" {
+            return Ok(ExitCode::SUCCESS);
+        }
+        if let Ok(g) = line.trim().parse() {
+            groups.push(g);
+        }
+    }
+    for g in groups {
+        let _ = sys::signal_group(g, sys::SIGKILL);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 struct Rank {

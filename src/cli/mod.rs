@@ -78,6 +78,8 @@ const COMMANDS: &[Command] = &[
 
 /// The hidden subcommand the CLI runs itself as to ask the driver (see `gpus.rs`).
 pub const DRIVER_QUERY: &str = "__driver-query";
+/// The hidden subcommand that kills a launch's ranks if the launcher dies (see `launch.rs`).
+pub const REAPER: &str = "__reaper";
 
 fn usage() -> String {
     let mut s = String::from(
@@ -117,6 +119,7 @@ fn run() -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         DRIVER_QUERY => return gpus::helper_main(argv),
+        REAPER => return launch::reaper_main(argv),
         _ => {}
     }
     match COMMANDS.iter().find(|c| c.name == name) {
