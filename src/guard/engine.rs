@@ -73,7 +73,7 @@ pub fn prefix<W: Write>(w: &mut W, level: &str) {
 #[cold]
 pub fn missing<R: Code>(id: usize) -> R {
     let e = &TABLE[id];
-    if !e.said.swap(true, Ordering::Relaxed) {
+    if e.first_said(report::pid()) {
         let mut b = StackBuf::<512>::new();
         prefix(&mut b, "WARN");
         let lib = match e.lib {
@@ -167,7 +167,7 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
     let st = state::get();
     let cvd_now = report::getenv(c"CUDA_VISIBLE_DEVICES");
     let gpu = state::owned_gpu();
-    let first = !e.said.swap(true, Ordering::Relaxed);
+    let first = e.first_said(report::pid());
     let verdict_word = match (verdict, mode) {
         ("deny", Mode::Abort) => "aborting",
         ("deny", _) => "denied",
@@ -178,11 +178,11 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
     prefix(&mut line, "WARN");
     let _ = write!(
         line,
-        "{}({args}) {verdict_word}: {} breaks {} ({}); CUDA_VISIBLE_DEVICES={} rank GPU {}{}. Fix: {}\n",
+        "{}({args}) {verdict_word} [{} {}]: {}; CUDA_VISIBLE_DEVICES={}, rank GPU {}{}; fix: {}\n",
         e.call,
-        v.detail,
         v.rule.as_str(),
         rule_name(v.rule),
+        v.detail,
         cvd_now.map_or("<unset>", |s| if s.is_empty() { "<empty>" } else { s }),
         gpu.unwrap_or("unknown"),
         extra.as_ref().map_or("", |x| x.human),
@@ -300,7 +300,7 @@ fn check_init(rc: CuResult) {
         }
     }
     let mut uuid_text = StackBuf::<64>::new();
-    if devices >= 1 {
+    if devices == 1 {
         if let Some(u) = device0_uuid() {
             let mig = cvd_text.is_some_and(|t| t.trim_start().starts_with("MIG-"));
             format_uuid(&mut uuid_text, if mig { "MIG-" } else { "GPU-" }, &u.bytes);

@@ -11,7 +11,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
 
 /// Which library a guarded function belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,9 +30,10 @@ pub struct Entry {
     abi: &'static str,
     pub real: AtomicPtr<c_void>,
     wrapper: *const (),
-    /// Set once this symbol's first violation was said on stderr (later ones go to the
-    /// audit file and the debug log only, so a loop cannot flood the terminal).
-    pub said: AtomicBool,
+    /// The pid that last said this symbol's first violation on stderr: later ones in the
+    /// same process go to the audit file and the debug log only, so a loop cannot flood the
+    /// terminal; a forked child says its own first one.
+    pub said: AtomicU32,
     /// Ordinals (0..63) whose queries were already recorded in warn mode.
     pub queried: AtomicU64,
 }
@@ -49,7 +50,7 @@ impl Entry {
             abi,
             real: AtomicPtr::new(std::ptr::null_mut()),
             wrapper,
-            said: AtomicBool::new(false),
+            said: AtomicU32::new(0),
             queried: AtomicU64::new(0),
         }
     }
@@ -65,6 +66,11 @@ impl Entry {
             Ok(c) => c,
             Err(_) => c"",
         }
+    }
+
+    /// True the first time this process says something about this symbol.
+    pub fn first_said(&self, pid: u32) -> bool {
+        self.said.swap(pid, std::sync::atomic::Ordering::Relaxed) != pid
     }
 
     pub fn wrapper(&self) -> *const c_void {

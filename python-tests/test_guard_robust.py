@@ -1,0 +1,58 @@
+"""The guard inside other people's processes: RTLD_NEXT, threads, fork (issue 3)."""
+from __future__ import annotations
+
+import re
+
+from _guard import guarded, prog
+
+
+def test_rtld_next_keeps_its_meaning(tmp_path):
+    """Library A asking dlsym(RTLD_NEXT, "probe") gets library B's probe, not its own."""
+    plain = guarded([prog("guard_rtld_next")], tmp_path, cvd="0", preload=False)
+    r = guarded([prog("guard_rtld_next")], tmp_path, cvd="0")
+    assert plain.out.strip() == "next=B"
+    assert r.out.strip() == "next=B", r.err
+
+
+def test_64_threads_race_the_first_guarded_call(tmp_path):
+    for _ in range(5):
+        r = guarded([prog("guard_race"), "64"], tmp_path, cvd="3")
+        assert r.rc == 0, r.out + r.err
+        assert r.out.strip() == "ok 64 cuDeviceGet(1)=101"
+        assert len([x for x in r.audit if x["call"] == "cuDeviceGet"]) == 64
+
+
+def test_64_threads_race_r1(tmp_path):
+    """A violating process is stopped once, cleanly, however many threads race cuInit."""
+    r = guarded([prog("guard_race"), "64"], tmp_path, cvd="0,1")
+    assert r.rc == 78, r.out + r.err
+    assert len([x for x in r.audit if x["rule"] == "R1"]) == 1
+
+
+def test_forked_child_initialises_cuda_itself(tmp_path):
+    r = guarded([prog("guard_fork")], tmp_path, cvd="3", timeout=20)
+    assert r.rc == 0, r.out + r.err
+    parent = int(re.search(r"parent pid=(\d+)", r.out).group(1))
+    child = int(re.search(r"child pid=(\d+)", r.out).group(1))
+    assert "cuDeviceGet(1)=101 cuDeviceGet(0)=0" in r.out
+    assert "child status=0" in r.out
+    pids = [x["pid"] for x in r.audit if x["call"] == "cuDeviceGet"]
+    assert pids == [parent, child]
+    # each process says its own first violation on stderr, with its own pid
+    assert f":{parent}:" in r.err and f":{child}:" in r.err
+
+
+def test_audit_appends_from_many_processes_never_interleave(tmp_path):
+    import subprocess, json
+    from conftest import GUARD, clean_env
+    audit = tmp_path / "shared.jsonl"
+    env = clean_env(CUDA_VISIBLE_DEVICES="3", RANKGUARD_AUDIT=str(audit), LD_PRELOAD=str(GUARD))
+    procs = [subprocess.Popen([str(prog("guard_race")), "32"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(8)]
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    lines = audit.read_text().splitlines()
+    assert len(lines) == 8 * 32
+    for line in lines:
+        rec = json.loads(line)
+        assert rec["call"] == "cuDeviceGet" and rec["verdict"] == "deny"
