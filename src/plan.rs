@@ -150,7 +150,8 @@ pub fn host_view(cvd_raw: Option<&str>, driver: Result<&[DriverGpu], &str>) -> R
 /// `--nproc-per-node`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Nproc {
-    /// Not given: one rank per `--devices` entry, else an error.
+    /// Not given: one rank per `--devices` entry, one rank under an external single-entry
+    /// CVD, else an error.
     Unspecified,
     /// `gpu`: one rank per selected (or visible) device.
     PerDevice,
@@ -323,6 +324,7 @@ pub fn plan(req: &Request, host: &HostView, affinity: &CpuSet, topology: Result<
         Nproc::PerDevice => pool.len() as u32,
         Nproc::Unspecified => match &req.devices {
             Some((_, p)) => p.len() as u32,
+            None if single_external => 1,
             None => return err(format!(
                 "give --nproc-per-node N (or 'gpu' for one rank per visible GPU); {hdesc}")),
         },
@@ -590,6 +592,8 @@ mod tests {
         assert!(e.contains("--devices '1'") && e.contains("CUDA_VISIBLE_DEVICES='GPU-13'"), "{e}");
         let e = plan_err(&req(Nproc::Count(2), None, CpuRequest::Inherit), &h);
         assert!(e.contains("--nproc-per-node 2") && e.contains("CUDA_VISIBLE_DEVICES='GPU-13'"), "{e}");
+        let p = plan(&req(Nproc::Unspecified, None, CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
+        assert_eq!(entries(&p), ["GPU-13"]);
         // Position 0 of a single entry is the entry itself: no conflict.
         let p = plan(&req(Nproc::Count(1), Some("0"), CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
         assert_eq!(entries(&p), ["GPU-13"]);

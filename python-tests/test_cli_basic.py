@@ -1,0 +1,84 @@
+"""rankguard CLI: `lib`, help, version and argument errors (docs/cli.md)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from _cli import CLI, clean_env, cli
+from conftest import GUARD, run
+
+
+def test_lib_prints_the_guard_next_to_the_executable():
+    p = cli("lib", check=True)
+    assert p.stdout.strip() == str(GUARD.resolve())
+    assert os.path.isabs(p.stdout.strip())
+
+
+def test_lib_honours_rankguard_lib(tmp_path):
+    fake = tmp_path / "librankguard.so"
+    fake.write_bytes(b"")
+    p = cli("lib", env=clean_env(RANKGUARD_LIB=str(fake)), check=True)
+    assert p.stdout.strip() == str(fake)
+
+
+def test_lib_refuses_a_wrong_rankguard_lib(tmp_path):
+    p = cli("lib", env=clean_env(RANKGUARD_LIB=str(tmp_path / "nope.so")))
+    assert p.returncode == 2
+    assert "RANKGUARD_LIB" in p.stderr and "nope.so" in p.stderr
+
+
+def test_lib_says_where_it_looked(tmp_path):
+    # A copy of the CLI with no library beside it and none in ../lib.
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / "rankguard"
+    shutil.copy(CLI, exe)
+    p = run([exe, "lib"])
+    assert p.returncode == 2
+    assert str(tmp_path / "bin" / "librankguard.so") in p.stderr
+    assert "lib/librankguard.so" in p.stderr and "RANKGUARD_LIB" in p.stderr
+    # The prefix layout: <exe>/../lib/librankguard.so.
+    (tmp_path / "lib").mkdir()
+    shutil.copy(GUARD, tmp_path / "lib" / "librankguard.so")
+    p = run([exe, "lib"], check=True)
+    assert p.stdout.strip() == str(tmp_path / "lib" / "librankguard.so")
+
+
+def test_help_lists_every_command():
+    p = cli("--help", check=True)
+    for c in ("launch", "run", "check", "plan", "lib"):
+        assert f"  {c}" in p.stdout
+    for c in ("launch", "run", "check", "plan", "lib"):
+        q = cli(c, "--help", check=True)
+        assert "Usage: rankguard" in q.stdout
+    assert cli("--version", check=True).stdout.startswith("rankguard ")
+
+
+def test_usage_errors_name_the_input():
+    cases = [
+        (["bogus"], "unknown command 'bogus'"),
+        ([], "no command given"),
+        (["launch", "--nproc-per-node", "2"], "no command given"),
+        (["launch", "--nproc-per-node", "two", "--", "true"], "--nproc-per-node 'two'"),
+        (["plan", "--frobnicate"], "unknown option '--frobnicate'"),
+        (["plan", "--devices"], "--devices needs a value"),
+        (["plan", "--devices", "GPU-12"], "--devices 'GPU-12'"),
+        (["plan", "--cpu-ids", "0-x"], "--cpu-ids '0-x'"),
+        (["plan", "--nproc-per-node", "1", "--nnodes", "2"], "--master-addr and --master-port"),
+        (["plan", "--nproc-per-node", "1", "--master-port", "0"], "--master-port 0"),
+        (["plan", "--nproc-per-node", "1", "--sysroot", "/does/not/exist"], "--sysroot /does/not/exist"),
+        (["run"], "no command given"),
+        (["run", "--narrow-by", "A B", "--", "true"], "--narrow-by 'A B'"),
+        (["lib", "extra"], "takes no arguments"),
+        (["check", "--json=yes"], "does not take a value"),
+    ]
+    for args, msg in cases:
+        p = cli(*args, env=clean_env(FAKECUDA_GPUS="2"))
+        assert p.returncode == 2, (args, p.stderr)
+        assert msg in p.stderr, (args, p.stderr)
+        assert p.stderr.strip().splitlines()[-1].startswith("rankguard: error: "), p.stderr
+
+
+def test_launch_reports_a_missing_command():
+    p = cli("launch", "--nproc-per-node", "1", "--", "/no/such/program", env=clean_env(FAKECUDA_GPUS="2"))
+    assert p.returncode == 127
+    assert "/no/such/program" in p.stderr

@@ -1,0 +1,233 @@
+"""rankguard launch on the 8-GPU fake node: each child, asking the fake driver itself
+through NVIDIA's cuda.bindings, sees exactly one GPU as cuda:0 and it is the planned one;
+the rank environment; CPU blocks read back from /proc/self/status; supervision (first
+failure, SIGTERM forwarding, SIGKILL of the launcher)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from _cli import CLI, alive, bus, child_cmd, children, clean_env, cli, sysroot, uuid, wait_for
+from conftest import GUARD
+
+
+def launch(*args, env=None, **kw):
+    return cli("launch", *args, env=env if env is not None else clean_env(FAKECUDA_GPUS="8"), **kw)
+
+
+def sees_one(c: dict, i: int):
+    """Child c sees exactly physical GPU i, as ordinal 0."""
+    cuda = c["cuda"]
+    assert cuda["init"] == 0 and cuda["count"] == 1, c
+    assert cuda["devices"][0]["ordinal"] == 0
+    assert cuda["devices"][0]["uuid"] == uuid(i), c
+    assert cuda["devices"][0]["bus_id"] == bus(i), c
+
+
+def test_four_ranks_each_see_their_planned_gpu():
+    env = clean_env(FAKECUDA_GPUS="8")
+    plan = json.loads(cli("plan", "--json", "--nproc-per-node", "4", env=env, check=True).stdout)
+    p = launch("--nproc-per-node", "4", "--", *child_cmd(), env=env)
+    assert p.returncode == 0, p.stderr
+    kids = children(p.stdout)
+    assert len(kids) == 4
+    jobs = {c["env"]["RANKGUARD_JOB"] for c in kids}
+    ports = {c["env"]["MASTER_PORT"] for c in kids}
+    assert len(jobs) == 1 and None not in jobs
+    assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+    for i, (c, r) in enumerate(zip(kids, plan["ranks"])):
+        e = c["env"]
+        assert e["CUDA_VISIBLE_DEVICES"] == r["cuda_visible_devices"] == str(i)
+        sees_one(c, i)
+        assert c["cuda"]["devices"][0]["uuid"] == r["uuid"]
+        assert (e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == (str(i), str(i), "4", "4")
+        assert e["MASTER_ADDR"] == "127.0.0.1"
+        assert e["RANKGUARD_RANK_GPU"] == str(i)
+        assert e["LD_PRELOAD"] == str(GUARD.resolve())
+        assert e["OMP_NUM_THREADS"] is None
+
+
+def test_uuid_entries_survive_verbatim():
+    cvd = f"{uuid(6)},GPU-13,{uuid(1)}"
+    env = clean_env(FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES=cvd, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    p = launch("--nproc-per-node", "3", "--", *child_cmd(), env=env)
+    assert p.returncode == 0, p.stderr
+    kids = children(p.stdout)
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in kids] == [uuid(6), "GPU-13", uuid(1)]
+    assert [c["env"]["RANKGUARD_RANK_GPU"] for c in kids] == [uuid(6), "GPU-13", uuid(1)]
+    assert {c["env"]["CUDA_DEVICE_ORDER"] for c in kids} == {"PCI_BUS_ID"}
+    for c, i in zip(kids, (6, 3, 1)):
+        sees_one(c, i)
+
+
+def test_devices_select_positions_of_the_parent_list():
+    env = clean_env(FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="4,5,6,7")
+    p = launch("--devices", "1,3", "--", *child_cmd(), env=env)
+    assert p.returncode == 0, p.stderr
+    kids = children(p.stdout)
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in kids] == ["5", "7"]
+    sees_one(kids[0], 5)
+    sees_one(kids[1], 7)
+    # Without a parent list, positions are the driver's GPUs.
+    p = launch("--nproc-per-node", "2", "--devices", "6,2", "--", *child_cmd())
+    assert p.returncode == 0, p.stderr
+    kids = children(p.stdout)
+    sees_one(kids[0], 6)
+    sees_one(kids[1], 2)
+
+
+def test_ld_preload_keeps_what_was_there_and_job_is_kept(tmp_path):
+    other = tmp_path / "libother.so"
+    other.write_bytes(b"")
+    env = clean_env(FAKECUDA_GPUS="8", LD_PRELOAD=f"{GUARD}:{other}", RANKGUARD_JOB="job-42")
+    # The launcher itself runs under the guard here, with 8 GPUs visible: its driver query
+    # must not be the guard's business (it runs in a helper without the guard).
+    p = launch("--nproc-per-node", "1", "--", *child_cmd("--no-cuda"), env=env)
+    assert p.returncode == 0, p.stderr
+    (c,) = children(p.stdout)
+    assert c["env"]["LD_PRELOAD"] == f"{GUARD.resolve()}:{other}"
+    assert c["env"]["RANKGUARD_JOB"] == "job-42"
+
+
+def test_job_is_unique_per_launch():
+    jobs = set()
+    for _ in range(2):
+        p = launch("--nproc-per-node", "1", "--", *child_cmd("--no-cuda"))
+        (c,) = children(p.stdout)
+        jobs.add(c["env"]["RANKGUARD_JOB"])
+    assert len(jobs) == 2
+
+
+@pytest.mark.parametrize("env,args", [
+    ({"CUDA_VISIBLE_DEVICES": "3"}, ["--nproc-per-node", "2"]),
+    ({"CUDA_VISIBLE_DEVICES": "3"}, ["--devices", "1"]),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, ["--devices", "2"]),
+    ({}, ["--devices", "1,1"]),
+    ({}, ["--nproc-per-node", "3", "--devices", "0,1"]),
+    ({}, ["--nproc-per-node", "9"]),
+])
+def test_conflicts_fail_before_any_child_starts(tmp_path, env, args):
+    p = launch(*args, "--", *child_cmd("--pid-dir", str(tmp_path)), env=clean_env(FAKECUDA_GPUS="8", **env))
+    assert p.returncode == 2
+    assert "rankguard: error:" in p.stderr
+    assert ("CUDA_VISIBLE_DEVICES=" in p.stderr) or ("the driver (8 GPUs" in p.stderr), p.stderr
+    assert list(tmp_path.iterdir()) == [], "a child started"
+    assert children(p.stdout) == []
+
+
+def _two_cpus():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs a launcher affinity of at least 2 CPUs")
+    return cpus[:2]
+
+
+def test_auto_cpu_blocks_are_local_disjoint_and_inherited(tmp_path):
+    a, b = _two_cpus()
+    root = sysroot(tmp_path, FAKECUDA_GPUS="8", FAKECUDA_CPUS=f"{a},{b}", FAKECUDA_NUMA_NODES="2")
+    env = clean_env(FAKECUDA_GPUS="8", FAKECUDA_NUMA_NODES="2")
+    p = launch("--devices", "0,4", "--cpu-ids", "auto", "--sysroot", str(root), "--", *child_cmd(), env=env)
+    assert p.returncode == 0, p.stderr
+    assert "NUMA-local" in p.stderr
+    kids = children(p.stdout)
+    assert [c["cpus_allowed_list"] for c in kids] == [str(a), str(b)]
+    assert [c["threads_affinity"] for c in kids] == [[a], [b]]
+    assert [c["env"]["OMP_NUM_THREADS"] for c in kids] == ["1", "1"]
+    # A user's OMP_NUM_THREADS is kept.
+    env = clean_env(FAKECUDA_GPUS="8", OMP_NUM_THREADS="7")
+    p = launch("--devices", "0,4", "--cpu-ids", "auto", "--sysroot", str(root), "--", *child_cmd("--no-cuda"), env=env)
+    assert [c["env"]["OMP_NUM_THREADS"] for c in children(p.stdout)] == ["7", "7"]
+
+
+def test_auto_blocks_stay_inside_the_launchers_affinity(tmp_path):
+    a, b = _two_cpus()
+    root = sysroot(tmp_path, FAKECUDA_GPUS="8", FAKECUDA_CPUS=f"{a},{b}", FAKECUDA_NUMA_NODES="2")
+    only_a = lambda: os.sched_setaffinity(0, {a})  # noqa: E731
+    cmd = [str(CLI), "launch", "--devices", "0", "--cpu-ids", "auto", "--sysroot", str(root), "--", *child_cmd("--no-cuda")]
+    p = subprocess.run(cmd, env=clean_env(FAKECUDA_GPUS="8"), capture_output=True, text=True, timeout=60,
+                       preexec_fn=only_a)
+    assert p.returncode == 0, p.stderr
+    (c,) = children(p.stdout)
+    assert c["cpus_allowed_list"] == str(a)
+    # Explicit blocks outside the launcher's affinity are refused before any child starts.
+    cmd = [str(CLI), "launch", "--devices", "0,4", "--cpu-ids", f"{a},{b}", "--", *child_cmd("--pid-dir", str(tmp_path))]
+    p = subprocess.run(cmd, env=clean_env(FAKECUDA_GPUS="8"), capture_output=True, text=True, timeout=60,
+                       preexec_fn=only_a)
+    assert p.returncode == 2
+    assert f"block 1 ({b}) is outside the launcher's own CPU affinity ({a})" in p.stderr
+    assert not list(tmp_path.glob("*.pid"))
+
+
+def _pids(d, pattern="*.pid"):
+    return [int(f.read_text()) for f in sorted(d.glob(pattern))]
+
+
+def test_first_failing_rank_stops_the_others_and_sets_the_status(tmp_path):
+    t0 = time.monotonic()
+    p = launch("--nproc-per-node", "3", "--grace-period", "3", "--",
+               *child_cmd("--no-cuda", "--pid-dir", str(tmp_path), "--sleep", "600", "--exit", "3", "--exit-if-rank", "1"),
+               timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert time.monotonic() - t0 < 30
+    assert "rank 1" in p.stderr and "exited with status 3" in p.stderr
+    pids = _pids(tmp_path)
+    assert len(pids) == 3
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_a_rank_killed_by_a_signal_reports_128_plus_it(tmp_path):
+    p = launch("--nproc-per-node", "2", "--grace-period", "1", "--",
+               "sh", "-c", 'if [ "$RANK" = 0 ]; then kill -KILL $$; else sleep 600; fi', timeout=60)
+    assert p.returncode == 128 + 9, p.stderr
+    assert "killed by signal 9" in p.stderr
+
+
+def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
+    t0 = time.monotonic()
+    p = launch("--nproc-per-node", "2", "--grace-period", "1", "--",
+               "sh", "-c", 'if [ "$RANK" = 0 ]; then sleep 1; exit 5; else trap "" TERM; while :; do sleep 1; done; fi',
+               timeout=60)
+    assert p.returncode == 5, p.stderr
+    assert "grace period over" in p.stderr
+    assert time.monotonic() - t0 < 20
+
+
+def _start(tmp_path, *extra):
+    proc = subprocess.Popen([str(CLI), "launch", "--nproc-per-node", "2", "--grace-period", "5", "--",
+                             *child_cmd("--no-cuda", "--pid-dir", str(tmp_path), "--spawn", "--sleep", "600", *extra)],
+                            env=clean_env(FAKECUDA_GPUS="8"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    assert wait_for(lambda: len(list(tmp_path.glob("*.grand"))) == 2), "ranks did not start"
+    return proc, _pids(tmp_path), _pids(tmp_path, "*.grand")
+
+
+def test_sigterm_to_the_launcher_ends_every_child(tmp_path):
+    proc, pids, grands = _start(tmp_path)
+    assert all(alive(p) for p in pids + grands)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=30)
+    assert rc == 128 + signal.SIGTERM
+    assert wait_for(lambda: not any(alive(p) for p in pids + grands), timeout=10)
+
+
+def test_sigkill_of_the_launcher_leaves_no_child_running(tmp_path):
+    proc, pids, grands = _start(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    # PR_SET_PDEATHSIG takes the ranks, the reaper their process groups.
+    assert wait_for(lambda: not any(alive(p) for p in pids), timeout=10), "a rank outlived the launcher"
+    assert wait_for(lambda: not any(alive(p) for p in grands), timeout=10), "a rank's child outlived the launcher"
+
+
+def test_prefix_output_tags_each_line_with_the_rank():
+    p = launch("--nproc-per-node", "2", "--prefix-output", "--",
+               "sh", "-c", 'echo "out $RANK"; echo "err $RANK" >&2; printf "tail $RANK"')
+    assert p.returncode == 0, p.stderr
+    out = sorted(p.stdout.splitlines())
+    assert out == ["[rank 0] out 0", "[rank 0] tail 0", "[rank 1] out 1", "[rank 1] tail 1"]
+    assert "[rank 0] err 0" in p.stderr.splitlines() and "[rank 1] err 1" in p.stderr.splitlines()
