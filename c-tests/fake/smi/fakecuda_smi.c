@@ -10,15 +10,13 @@
  * physical GPUs in PCI bus order: it unsets CUDA_VISIBLE_DEVICES and sets
  * CUDA_DEVICE_ORDER=PCI_BUS_ID before cuInit. Decisions where nothing real applies:
  *   S-mig    a GPU in MIG mode enumerates through CUDA as its MIG instance 0 (driver
- *            decision D-migenum), so the driver cannot show the GPU's own identity while
- *            FAKECUDA_MIG is set; fakecuda-smi reads FAKECUDA_MIG (the node's MIG layout,
- *            same syntax and rules as the driver) and unsets it before cuInit, so CUDA shows
- *            the whole GPUs. MIG UUIDs follow the node's documented identity rule
- *            (c-tests/cvd-vectors.tsv header); python-tests/test_fake_smi.py checks that the
- *            driver accepts each listed UUID in CUDA_VISIBLE_DEVICES and reports it back.
- *   S-prof   the MIG profile shown is "<g>g.<m>gb": g = 7 / instances (compute slices),
- *            m = total memory / 8 x the memory slices of that profile (1g:1, 2g:2, 3g:4,
- *            4g:4, 7g:8; NVIDIA MIG User Guide, supported profiles of 80GB parts).
+ *            decision D-migenum), and CUDA shows at most one MIG device per process, so
+ *            fakecuda-smi reads FAKECUDA_MIG (the node's MIG layout; same syntax and rules
+ *            as the driver) and unsets it before cuInit to see the whole GPUs; then it asks
+ *            the driver about each MIG device in a child process of its own
+ *            (`--probe-mig-device`, CUDA_VISIBLE_DEVICES=MIG-GPU-<gpu uuid>/<j>/0): the
+ *            UUID is the driver's cuDeviceGetUuid_v2, the profile the part of the device
+ *            name after " MIG " (the driver names MIG devices "<GPU name> MIG <profile>").
  *   S-numa   a GPU's NUMA node is the driver's CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID; CPUs of
  *            the node (FAKECUDA_CPUS, default this machine's online CPUs) are split into
  *            FAKECUDA_NUMA_NODES contiguous blocks, equal as possible, earlier blocks one
@@ -39,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_GPUS 64
@@ -90,6 +89,11 @@ static struct {
     CUresult (*getErrorName)(CUresult, const char **);
 } drv;
 
+struct mig {
+    char profile[64];
+    char uuid[64];
+};
+
 struct gpu {
     char name[256];
     char uuid[64];
@@ -97,6 +101,7 @@ struct gpu {
     size_t total_mem;
     int numa;
     int mig_count;
+    struct mig mig[MAX_MIG];
 };
 
 static struct gpu gpus[MAX_GPUS];
@@ -173,21 +178,9 @@ static int numa_nodes_from_env(int *out)
     return 0;
 }
 
-/* Load the driver and read every GPU. Returns 0, or an exit status. */
-static int read_node(int numa_nodes)
+/* dlopen the driver and find the functions fakecuda-smi uses. 0, or an exit status. */
+static int load_driver(void)
 {
-    const char *mig_env = getenv("FAKECUDA_MIG");
-    char mig_spec[512] = "";
-    if (mig_env) {
-        if (strlen(mig_env) >= sizeof mig_spec)
-            return fail(2, "FAKECUDA_MIG is too long (%zu bytes)", strlen(mig_env));
-        strcpy(mig_spec, mig_env);
-    }
-    /* nvidia-smi ignores CUDA_VISIBLE_DEVICES and lists GPUs in PCI bus order; S-mig. */
-    unsetenv("CUDA_VISIBLE_DEVICES");
-    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
-    unsetenv("FAKECUDA_MIG");
-
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h)
         return fail(1, "cannot load the CUDA driver libcuda.so.1: %s; build the fake platform "
@@ -205,6 +198,102 @@ static int read_node(int numa_nodes)
     load_sym(h, &drv.getErrorName, "cuGetErrorName");
     if (!ok)
         return fail(1, "libcuda.so.1 lacks a function fakecuda-smi needs: %s", dlerror());
+    return 0;
+
+}
+
+/* S-mig: `fakecuda-smi --probe-mig-device` runs in a child whose CUDA_VISIBLE_DEVICES names
+ * one MIG device; it prints "<uuid>\t<name>" of the one device the driver enumerates. */
+static int probe_mig_device(void)
+{
+    int rc = load_driver();
+    if (rc)
+        return rc;
+    CUresult r = drv.init(0);
+    int count = 0;
+    if (r == CUDA_SUCCESS)
+        r = drv.deviceGetCount(&count);
+    if (r != CUDA_SUCCESS || count != 1)
+        return fail(1, "MIG probe: the driver enumerates %d devices for CUDA_VISIBLE_DEVICES=%s "
+                    "(%s), want 1", count, getenv("CUDA_VISIBLE_DEVICES"), cu_name(r));
+    CUdevice d;
+    CUuuid u;
+    char name[256], uuid[64];
+    if ((r = drv.deviceGet(&d, 0)) != CUDA_SUCCESS ||
+        (r = drv.deviceGetName(name, sizeof name, d)) != CUDA_SUCCESS ||
+        (r = drv.deviceGetUuid(&u, d)) != CUDA_SUCCESS)
+        return fail(1, "MIG probe: querying the device failed: %s (%d)", cu_name(r), (int)r);
+    format_uuid("MIG-", (const unsigned char *)u.bytes, uuid, sizeof uuid);
+    printf("%s\t%s\n", uuid, name);
+    return 0;
+}
+
+/* Ask a child (probe_mig_device) about MIG device j of GPU g. 0, or an exit status. */
+static int query_mig(int g, int j, const char *mig_spec)
+{
+    struct gpu *gpu = &gpus[g];
+    char cvd[128];
+    snprintf(cvd, sizeof cvd, "MIG-GPU-%s/%d/0", gpu->uuid + 4, j);
+    int fds[2];
+    if (pipe(fds))
+        return fail(1, "pipe: %s", strerror(errno));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        return fail(1, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        setenv("CUDA_VISIBLE_DEVICES", cvd, 1);
+        setenv("FAKECUDA_MIG", mig_spec, 1);
+        execl("/proc/self/exe", prog, "--probe-mig-device", (char *)NULL);
+        fprintf(stderr, "%s: cannot re-run itself: %s\n", prog, strerror(errno));
+        _exit(1);
+    }
+    close(fds[1]);
+    char out[512];
+    size_t used = 0;
+    ssize_t k;
+    while (used < sizeof out - 1 && (k = read(fds[0], out + used, sizeof out - 1 - used)) > 0)
+        used += (size_t)k;
+    out[used] = 0;
+    close(fds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return fail(1, "could not query MIG device %d of GPU %d (CUDA_VISIBLE_DEVICES=%s)",
+                    j, g, cvd);
+    char *tab = strchr(out, '\t'), *nl = strchr(out, '\n');
+    const char *marker = tab ? strstr(tab, " MIG ") : NULL;
+    if (!tab || !nl || !marker || nl < tab)
+        return fail(1, "unexpected MIG probe answer for %s: \"%s\"", cvd, out);
+    *tab = 0;
+    *nl = 0;
+    snprintf(gpu->mig[j].uuid, sizeof gpu->mig[j].uuid, "%.63s", out);
+    snprintf(gpu->mig[j].profile, sizeof gpu->mig[j].profile, "%.63s", marker + 5);
+    return 0;
+}
+
+/* Load the driver and read every GPU. Returns 0, or an exit status. */
+static int read_node(int numa_nodes)
+{
+    const char *mig_env = getenv("FAKECUDA_MIG");
+    char mig_spec[512] = "";
+    if (mig_env) {
+        if (strlen(mig_env) >= sizeof mig_spec)
+            return fail(2, "FAKECUDA_MIG is too long (%zu bytes)", strlen(mig_env));
+        strcpy(mig_spec, mig_env);
+    }
+    /* nvidia-smi ignores CUDA_VISIBLE_DEVICES and lists GPUs in PCI bus order; S-mig. */
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
+    unsetenv("FAKECUDA_MIG");
+
+    int rc = load_driver();
+    if (rc)
+        return rc;
 
     CUresult r = drv.init(0);
     if (r == CUDA_ERROR_NO_DEVICE) {
@@ -250,26 +339,11 @@ static int read_node(int numa_nodes)
     }
     if (mig_env && parse_mig(mig_spec))
         return 2;
+    for (int g = 0; g < n_gpus; g++)
+        for (int j = 0; j < gpus[g].mig_count; j++)
+            if ((rc = query_mig(g, j, mig_spec)))
+                return rc;
     return 0;
-}
-
-static void mig_uuid(int gpu, int mig, char *out, size_t len)
-{
-    unsigned char b[16] = {0, 0, 0xa1, 0x1c, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0};
-    unsigned long long tail = (unsigned long long)gpu * 256 + (unsigned long long)mig;
-    b[0] = (unsigned char)(0x10 + gpu);
-    b[1] = (unsigned char)mig;
-    for (int k = 15; k >= 10; k--, tail >>= 8)
-        b[k] = (unsigned char)(tail & 0xff);
-    format_uuid("MIG-", b, out, len);
-}
-
-static void mig_profile(const struct gpu *g, char *out, size_t len)
-{
-    static const int mem_slices[8] = {0, 1, 2, 4, 4, 4, 4, 8};   /* by compute slices */
-    int slices = 7 / g->mig_count;
-    unsigned long long gib = (unsigned long long)(g->total_mem >> 30);
-    snprintf(out, len, "%dg.%llugb", slices, gib / 8 * (unsigned long long)mem_slices[slices]);
 }
 
 /* ---- -L and --json ------------------------------------------------------------- */
@@ -279,12 +353,8 @@ static int list_gpus(void)
     for (int i = 0; i < n_gpus; i++) {
         const struct gpu *g = &gpus[i];
         printf("GPU %d: %s (UUID: %s)\n", i, g->name, g->uuid);
-        for (int j = 0; j < g->mig_count; j++) {
-            char prof[32], uuid[64];
-            mig_profile(g, prof, sizeof prof);
-            mig_uuid(i, j, uuid, sizeof uuid);
-            printf("  MIG %-11s Device %2d: (UUID: %s)\n", prof, j, uuid);
-        }
+        for (int j = 0; j < g->mig_count; j++)
+            printf("  MIG %-11s Device %2d: (UUID: %s)\n", g->mig[j].profile, j, g->mig[j].uuid);
     }
     if (n_gpus == 0)
         printf("No devices found.\n");
@@ -316,11 +386,9 @@ static int print_json(void)
         printf(", \"uuid\": \"%s\", \"pci_bus_id\": \"%s\", \"numa_node\": %d, "
                "\"memory_bytes\": %zu, \"mig\": [", g->uuid, g->bus, g->numa, g->total_mem);
         for (int j = 0; j < g->mig_count; j++) {
-            char prof[32], uuid[64];
-            mig_profile(g, prof, sizeof prof);
-            mig_uuid(i, j, uuid, sizeof uuid);
-            printf("%s{\"index\": %d, \"profile\": \"%s\", \"uuid\": \"%s\"}",
-                   j ? ", " : "", j, prof, uuid);
+            printf("%s{\"index\": %d, \"profile\": ", j ? ", " : "", j);
+            json_string(g->mig[j].profile);
+            printf(", \"uuid\": \"%s\"}", g->mig[j].uuid);
         }
         printf("]}");
     }
@@ -536,7 +604,9 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int next = NONE;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (!strcmp(a, "--probe-mig-device") && argc == 2) {
+            return probe_mig_device();   /* internal: S-mig */
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "-L") || !strcmp(a, "--list-gpus")) {
