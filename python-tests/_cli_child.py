@@ -19,7 +19,7 @@ import time
 
 VARS = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
         "MASTER_ADDR", "MASTER_PORT", "RANKGUARD_JOB", "RANKGUARD_RANK_GPU", "LD_PRELOAD", "OMP_NUM_THREADS",
-        "GROUP_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]
+        "GROUP_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]
 
 
 def opt(name, default=None):
@@ -66,6 +66,7 @@ def main():
         "env": {k: os.environ.get(k) for k in VARS},
         "cpus_allowed_list": status.get("Cpus_allowed_list"),
         "threads_affinity": sorted(os.sched_getaffinity(0)),
+        "guard_loaded": "librankguard.so" in open("/proc/self/maps").read(),
     }
     if "--no-cuda" not in sys.argv:
         report["cuda"] = cuda_view()
