@@ -1,0 +1,1264 @@
+//! The IPC provenance registry behind rule R3 (no cross-device IPC inside a rank).
+//!
+//! A CUDA IPC handle does not say which GPU it came from, and the runtime opens handles of
+//! devices the importer does not even see, so the guard remembers who exported what: when
+//! a guarded process exports, it writes one small record (job, rank, pid, the GPU, the
+//! memory's location type) into a per-user directory; when a guarded process imports, it
+//! looks the handle up there and [`decide`]s.
+//!
+//! Safe code only: the FFI glue (`guard/ipc.rs`) passes in the facts it asked the driver
+//! and the kernel for (handle bytes, file identity, euid) and gets decisions back.
+//!
+//! Trust. The directory is trusted only when it is a real directory (not a symlink) owned
+//! by the effective user with no group/other permission bits; anything else is ignored
+//! ([`DirProblem`]). Inside it, a record is trusted only when it is a regular file (opened
+//! with `O_NOFOLLOW`), owned by the user, not group/other-writable, at most
+//! [`MAX_RECORD_BYTES`], parses completely (a closing `end` line), names the key its file
+//! name says, and its exporter is alive: the pid exists, belongs to the same user, and
+//! started at the recorded time (pid reuse and forged pids fail that). Anything else is
+//! skipped ([`Skip`]) and removed, never trusted. Pids are compared in the registry's pid
+//! namespace: processes sharing a registry must share a pid namespace (one node or one
+//! container); across namespaces records look forged and provenance is unknown.
+//!
+//! Writes are atomic: a record is written to a fresh `O_EXCL` temporary file and renamed
+//! over its final name, so a reader sees a whole record or none, and concurrent writers of
+//! different keys never interfere. The directory is bounded ([`MAX_RECORDS`]): a full
+//! registry is swept of dead exporters' records first, and refuses the write if still full.
+//!
+//! Keys (one file per exported handle, named `<tag>-<hex>`):
+//! - legacy memory and event handles, FABRIC handles and pool pointer export data: their 64
+//!   bytes, which the driver hands out by value and which are equal for the same allocation
+//!   (ucx#11724: a handle for base+offset equals the base's); never parsed;
+//! - VMM/pool POSIX file descriptors: the open file's identity `(st_dev, st_ino)`, which the
+//!   fd passed over a unix socket (SCM_RIGHTS) keeps. Only a regular file's identity is
+//!   unique (a memfd/tmpfs inode names one file while it exists); an `anon_inode` fd (one
+//!   inode shared by every such file) or a device node is not, and has no key
+//!   ([`Key::from_file`]): its provenance is unknown.
+#![deny(unsafe_code)]
+
+use std::fmt::{self, Write as _};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::IpcPolicy;
+use crate::policy::{self, Detail, DenyCode, Rule, Verdict, Violation};
+
+/// Largest record file accepted (a real one is ~300 bytes).
+pub const MAX_RECORD_BYTES: u64 = 1024;
+/// Most entries in the registry directory.
+pub const MAX_RECORDS: usize = 4096;
+/// A temporary file older than this is a writer's leftover (it died between create and
+/// rename) and is removed by a sweep.
+pub const STALE_TMP_SECS: u64 = 60;
+/// The longest job id stored verbatim; longer ones are stored as a prefix and a hash.
+const MAX_JOB: usize = 128;
+/// `PID_MAX_LIMIT` on 64-bit Linux (2^22).
+const PID_MAX: u32 = 1 << 22;
+const MAGIC: &str = "rankguard-ipc-record 1";
+/// `ANON_INODE_FS_MAGIC` (linux/magic.h): every anon_inode file shares one inode.
+pub const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
+
+// ---------------------------------------------------------------------------------------
+// Keys
+
+/// What kind of handle a record is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `cuIpcGetMemHandle` / `cudaIpcGetMemHandle` (64 bytes).
+    Mem,
+    /// `cuIpcGetEventHandle` / `cudaIpcGetEventHandle` (64 bytes).
+    Event,
+    /// `cuMemExportToShareableHandle` POSIX fd (file identity).
+    VmmFd,
+    /// `cuMemExportToShareableHandle` FABRIC handle (64 bytes).
+    Fabric,
+    /// `cuMemPoolExportToShareableHandle` POSIX fd (file identity).
+    PoolFd,
+    /// `cuMemPoolExportToShareableHandle` FABRIC handle (64 bytes).
+    PoolFabric,
+    /// `cuMemPoolExportPointer` export data (64 bytes).
+    PoolPtr,
+}
+
+impl Kind {
+    const ALL: [Kind; 7] =
+        [Kind::Mem, Kind::Event, Kind::VmmFd, Kind::Fabric, Kind::PoolFd, Kind::PoolFabric, Kind::PoolPtr];
+
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Mem => "mem",
+            Kind::Event => "event",
+            Kind::VmmFd => "vmmfd",
+            Kind::Fabric => "fabric",
+            Kind::PoolFd => "poolfd",
+            Kind::PoolFabric => "poolfabric",
+            Kind::PoolPtr => "poolptr",
+        }
+    }
+
+    /// The handle type, as reports name it.
+    pub fn as_str(self) -> &'static str {
+        self.tag()
+    }
+}
+
+/// The identity of an open file, as `fstat`/`fstatfs` report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdent {
+    pub dev: u64,
+    pub ino: u64,
+    /// `S_ISREG(st_mode)`.
+    pub regular: bool,
+    /// `fstatfs().f_type`.
+    pub fs_magic: i64,
+}
+
+/// A registry key: a kind and a hex identity; also the record's file name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Key {
+    kind: Kind,
+    ident: String,
+}
+
+/// Why a file descriptor has no key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoKey {
+    /// An anon_inode or device fd: its inode is shared by other files.
+    NotUnique,
+}
+
+impl Key {
+    /// A handle passed by value: its bytes, never parsed.
+    pub fn from_bytes(kind: Kind, bytes: &[u8]) -> Key {
+        let mut ident = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            let _ = write!(ident, "{b:02x}");
+        }
+        Key { kind, ident }
+    }
+
+    /// A file descriptor: its `(st_dev, st_ino)` where that is unique.
+    pub fn from_file(kind: Kind, f: FileIdent) -> Result<Key, NoKey> {
+        if !f.regular || f.fs_magic == ANON_INODE_FS_MAGIC {
+            return Err(NoKey::NotUnique);
+        }
+        Ok(Key { kind, ident: format!("{:x}.{:x}", f.dev, f.ino) })
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The record's file name: `<tag>-<ident>` (at most 11 + 128 bytes).
+    pub fn file_name(&self) -> String {
+        format!("{}-{}", self.kind.tag(), self.ident)
+    }
+
+    /// A short form for reports: the kind and the identity's first 16 hex digits.
+    pub fn short(&self) -> String {
+        let n = self.ident.len().min(16);
+        format!("{}:{}", self.kind.tag(), &self.ident[..n])
+    }
+
+    /// The key a record file name stands for, if it is one.
+    pub fn parse_file_name(name: &str) -> Option<Key> {
+        let (tag, ident) = name.split_once('-')?;
+        let kind = Kind::ALL.into_iter().find(|k| k.tag() == tag)?;
+        let ok = !ident.is_empty()
+            && ident.len() <= 128
+            && ident.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase() || b == b'.');
+        ok.then(|| Key { kind, ident: ident.to_string() })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Records
+
+/// Where the exported memory lives (`CUmemLocationType`, cuda.h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    Device,
+    Host,
+    HostNuma,
+    HostNumaCurrent,
+    /// The driver could not tell.
+    Unknown,
+}
+
+impl Location {
+    /// From a `CUmemLocationType` value.
+    pub fn from_cu(type_: u32) -> Location {
+        match type_ {
+            policy::location::DEVICE => Location::Device,
+            policy::location::HOST => Location::Host,
+            policy::location::HOST_NUMA => Location::HostNuma,
+            policy::location::HOST_NUMA_CURRENT => Location::HostNumaCurrent,
+            _ => Location::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Location::Device => "device",
+            Location::Host => "host",
+            Location::HostNuma => "host_numa",
+            Location::HostNumaCurrent => "host_numa_current",
+            Location::Unknown => "unknown",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Location> {
+        [Location::Device, Location::Host, Location::HostNuma, Location::HostNumaCurrent, Location::Unknown]
+            .into_iter()
+            .find(|l| l.as_str() == s)
+    }
+
+    /// Host memory (NCCL's SHM transport): R3 never applies.
+    pub fn is_host(self) -> bool {
+        matches!(self, Location::Host | Location::HostNuma | Location::HostNumaCurrent)
+    }
+}
+
+/// Who exported a handle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: Key,
+    /// The job token ([`job_token`]), None when the exporter knew no job.
+    pub job: Option<String>,
+    pub rank: Option<u32>,
+    pub pid: u32,
+    /// The exporter's start time (`/proc/<pid>/stat` field 22, clock ticks since boot).
+    pub start: u64,
+    /// The GPU the memory is on (`GPU-...`/`MIG-...`), None for host memory or unknown.
+    pub gpu: Option<String>,
+    pub location: Location,
+    /// Seconds since the epoch when it was written (for people reading the directory).
+    pub time: u64,
+}
+
+/// Why a record's text was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Corrupt(pub &'static str);
+
+impl fmt::Display for Corrupt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// The job id as stored and compared: printable ASCII kept, other bytes and `%`
+/// percent-encoded, and an id longer than [`MAX_JOB`] cut to a prefix plus an FNV-1a hash of
+/// the whole (so two long ids that differ only at the end stay different).
+pub fn job_token(job: &str) -> String {
+    let mut out = String::new();
+    for b in job.bytes() {
+        if (0x21..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    if out.len() > MAX_JOB {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in job.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        let mut cut = MAX_JOB - 17;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        let _ = write!(out, "~{h:016x}");
+    }
+    out
+}
+
+fn valid_token(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_JOB && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+fn valid_gpu(s: &str) -> bool {
+    (s.starts_with("GPU-") || s.starts_with("MIG-"))
+        && s.len() <= 96
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
+}
+
+impl Record {
+    /// The record's file content.
+    pub fn render(&self) -> String {
+        let mut s = String::with_capacity(320);
+        let _ = writeln!(s, "{MAGIC}");
+        let _ = writeln!(s, "key {}", self.key.file_name());
+        let _ = writeln!(s, "job {}", self.job.as_deref().unwrap_or("-"));
+        match self.rank {
+            Some(r) => {
+                let _ = writeln!(s, "rank {r}");
+            }
+            None => s.push_str("rank -\n"),
+        }
+        let _ = writeln!(s, "pid {}", self.pid);
+        let _ = writeln!(s, "start {}", self.start);
+        let _ = writeln!(s, "gpu {}", self.gpu.as_deref().unwrap_or("-"));
+        let _ = writeln!(s, "location {}", self.location.as_str());
+        let _ = writeln!(s, "time {}", self.time);
+        s.push_str("end\n");
+        s
+    }
+
+    /// Parse a record's text; every field must be present once and well-formed, the key
+    /// must be `expect` (a record renamed to another key is not trusted), and the text must
+    /// end with the `end` line (a truncated record is rejected).
+    pub fn parse(text: &str, expect: &Key) -> Result<Record, Corrupt> {
+        let mut lines = text.split('\n');
+        if lines.next() != Some(MAGIC) {
+            return Err(Corrupt("not a rankguard IPC record (bad first line)"));
+        }
+        let mut key = None;
+        let mut job = None;
+        let mut rank = None;
+        let mut pid = None;
+        let mut start = None;
+        let mut gpu = None;
+        let mut location = None;
+        let mut time = None;
+        let mut ended = false;
+        for line in lines.by_ref() {
+            if line == "end" {
+                ended = true;
+                break;
+            }
+            let (name, value) = line.split_once(' ').ok_or(Corrupt("a line without a value"))?;
+            fn once<T>(slot: &mut Option<T>, v: T) -> Result<(), Corrupt> {
+                if slot.replace(v).is_some() {
+                    return Err(Corrupt("a field appears twice"));
+                }
+                Ok(())
+            }
+            match name {
+                "key" => once(&mut key, Key::parse_file_name(value).ok_or(Corrupt("bad key"))?)?,
+                "job" => {
+                    let v = match value {
+                        "-" => None,
+                        t if valid_token(t) => Some(t.to_string()),
+                        _ => return Err(Corrupt("bad job")),
+                    };
+                    once(&mut job, v)?
+                }
+                "rank" => {
+                    let v = match value {
+                        "-" => None,
+                        t => Some(parse_dec(t).and_then(|r| u32::try_from(r).ok()).ok_or(Corrupt("bad rank"))?),
+                    };
+                    once(&mut rank, v)?
+                }
+                "pid" => {
+                    let p = parse_dec(value)
+                        .and_then(|p| u32::try_from(p).ok())
+                        .filter(|p| (1..=PID_MAX).contains(p))
+                        .ok_or(Corrupt("bad pid"))?;
+                    once(&mut pid, p)?
+                }
+                "start" => once(&mut start, parse_dec(value).ok_or(Corrupt("bad start time"))?)?,
+                "gpu" => {
+                    let v = match value {
+                        "-" => None,
+                        g if valid_gpu(g) => Some(g.to_string()),
+                        _ => return Err(Corrupt("bad gpu")),
+                    };
+                    once(&mut gpu, v)?
+                }
+                "location" => once(&mut location, Location::parse(value).ok_or(Corrupt("bad location"))?)?,
+                "time" => once(&mut time, parse_dec(value).ok_or(Corrupt("bad time"))?)?,
+                _ => return Err(Corrupt("unknown field")),
+            }
+        }
+        if !ended {
+            return Err(Corrupt("truncated (no end line)"));
+        }
+        if lines.any(|l| !l.is_empty()) {
+            return Err(Corrupt("text after the end line"));
+        }
+        let key = key.ok_or(Corrupt("no key"))?;
+        if &key != expect {
+            return Err(Corrupt("the record names another key than its file name"));
+        }
+        Ok(Record {
+            key,
+            job: job.ok_or(Corrupt("no job"))?,
+            rank: rank.ok_or(Corrupt("no rank"))?,
+            pid: pid.ok_or(Corrupt("no pid"))?,
+            start: start.ok_or(Corrupt("no start time"))?,
+            gpu: gpu.ok_or(Corrupt("no gpu"))?,
+            location: location.ok_or(Corrupt("no location"))?,
+            time: time.ok_or(Corrupt("no time"))?,
+        })
+    }
+}
+
+/// A plain decimal u64 (no sign, no spaces, at most 20 digits).
+fn parse_dec(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes
+
+/// A live process as the registry checks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcInfo {
+    /// `/proc/<pid>/stat` field 22.
+    pub start: u64,
+    /// Owner of `/proc/<pid>` (the process's effective uid).
+    pub uid: u32,
+}
+
+/// How the registry learns about processes (injectable for tests).
+pub trait Procs {
+    /// None when no process `pid` exists.
+    fn info(&self, pid: u32) -> Option<ProcInfo>;
+}
+
+/// The real `/proc`.
+pub struct ProcFs;
+
+impl Procs for ProcFs {
+    fn info(&self, pid: u32) -> Option<ProcInfo> {
+        let dir = format!("/proc/{pid}");
+        let uid = fs::metadata(&dir).ok()?.uid();
+        let stat = fs::read_to_string(format!("{dir}/stat")).ok()?;
+        Some(ProcInfo { start: stat_start_time(&stat)?, uid })
+    }
+}
+
+/// Field 22 (starttime) of a `/proc/<pid>/stat` line. The command name (field 2) is in
+/// parentheses and may contain spaces and parentheses itself, so fields are counted after
+/// the last `)`.
+pub fn stat_start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ")" come field 3 (state) onwards: starttime is the 20th of those.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// This process's start time, to write into its records.
+pub fn own_start_time() -> Option<u64> {
+    stat_start_time(&fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+// ---------------------------------------------------------------------------------------
+// The directory
+
+/// Why the registry directory is not used.
+#[derive(Debug)]
+pub enum DirProblem {
+    /// `RANKGUARD_REGISTRY` is not an absolute path.
+    NotAbsolute,
+    /// It is a symbolic link (even to a good directory: the link could be re-pointed).
+    Symlink,
+    NotDirectory,
+    /// Owned by another user.
+    Owner { uid: u32 },
+    /// Group or others have permissions on it.
+    Mode { mode: u32 },
+    /// It could not be examined or created.
+    Io(io::Error),
+}
+
+impl fmt::Display for DirProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirProblem::NotAbsolute => f.write_str("is not an absolute path"),
+            DirProblem::Symlink => f.write_str("is a symbolic link"),
+            DirProblem::NotDirectory => f.write_str("is not a directory"),
+            DirProblem::Owner { uid } => write!(f, "is owned by uid {uid}, not by this user"),
+            DirProblem::Mode { mode } => {
+                write!(f, "has mode {:04o}; group and others must have no access (0700)", mode & 0o7777)
+            }
+            DirProblem::Io(e) => write!(f, "cannot be used: {e}"),
+        }
+    }
+}
+
+/// Why a write did not happen.
+#[derive(Debug)]
+pub enum WriteProblem {
+    Dir(DirProblem),
+    /// [`MAX_RECORDS`] live records already.
+    Full,
+    /// The record would exceed [`MAX_RECORD_BYTES`].
+    TooLarge,
+    /// Creating, writing or renaming failed (full disk, read-only directory, ...).
+    Io(io::Error),
+}
+
+impl fmt::Display for WriteProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WriteProblem::Dir(d) => d.fmt(f),
+            WriteProblem::Full => write!(f, "is full ({MAX_RECORDS} records of live exporters)"),
+            WriteProblem::TooLarge => write!(f, "record would exceed {MAX_RECORD_BYTES} bytes"),
+            WriteProblem::Io(e) => write!(f, "cannot be written: {e}"),
+        }
+    }
+}
+
+/// Why a record file was not trusted.
+#[derive(Debug)]
+pub enum Skip {
+    /// A symbolic link where a record should be.
+    Symlink,
+    /// Not a regular file.
+    NotRegular,
+    /// Owned by another user, or writable by group/others.
+    Permissions,
+    TooLarge,
+    Corrupt(Corrupt),
+    /// Its exporter has exited (normal: the record is stale).
+    Dead { pid: u32 },
+    /// Its pid is alive but is not the exporter: a different start time or owner
+    /// (pid reused, or a forged record).
+    Forged { pid: u32 },
+    Io(io::Error),
+}
+
+impl Skip {
+    /// Whether this is worth telling the user (a dead exporter is routine).
+    pub fn is_suspicious(&self) -> bool {
+        !matches!(self, Skip::Dead { .. })
+    }
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Skip::Symlink => f.write_str("is a symbolic link"),
+            Skip::NotRegular => f.write_str("is not a regular file"),
+            Skip::Permissions => f.write_str("is owned by another user or writable by others"),
+            Skip::TooLarge => write!(f, "is larger than {MAX_RECORD_BYTES} bytes"),
+            Skip::Corrupt(c) => write!(f, "is corrupt: {c}"),
+            Skip::Dead { pid } => write!(f, "names exporter pid {pid}, which has exited"),
+            Skip::Forged { pid } => write!(
+                f,
+                "names exporter pid {pid}, but that process is not the exporter (different start time or owner): forged or stale"
+            ),
+            Skip::Io(e) => write!(f, "cannot be read: {e}"),
+        }
+    }
+}
+
+/// The outcome of a lookup.
+#[derive(Debug)]
+pub enum Lookup {
+    Found(Record),
+    /// No record for this key.
+    Missing,
+    /// A record was there but is not trusted (and was removed when possible).
+    Skipped(Skip),
+}
+
+/// What a sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub kept: usize,
+    pub removed: usize,
+}
+
+/// A verified registry directory.
+pub struct Registry {
+    dir: PathBuf,
+    uid: u32,
+}
+
+/// Where the registry lives when `RANKGUARD_REGISTRY` is unset: `/dev/shm` is a tmpfs every
+/// process of the node shares (NCCL's SHM transport lives there too); `/tmp` otherwise.
+pub fn default_dir(uid: u32) -> PathBuf {
+    if Path::new("/dev/shm").is_dir() {
+        PathBuf::from(format!("/dev/shm/rankguard-{uid}"))
+    } else {
+        PathBuf::from(format!("/tmp/rankguard-{uid}"))
+    }
+}
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Registry {
+    /// Verify `dir` (creating it with mode 0700 when `create` and it does not exist) for
+    /// the user `uid`.
+    pub fn open(dir: &Path, uid: u32, create: bool) -> Result<Registry, DirProblem> {
+        if !dir.is_absolute() {
+            return Err(DirProblem::NotAbsolute);
+        }
+        let md = match fs::symlink_metadata(dir) {
+            Ok(md) => md,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                match fs::DirBuilder::new().mode(0o700).create(dir) {
+                    Ok(()) => {}
+                    // Another process created it first: verify theirs.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(DirProblem::Io(e)),
+                }
+                fs::symlink_metadata(dir).map_err(DirProblem::Io)?
+            }
+            Err(e) => return Err(DirProblem::Io(e)),
+        };
+        let ft = md.file_type();
+        if ft.is_symlink() {
+            return Err(DirProblem::Symlink);
+        }
+        if !ft.is_dir() {
+            return Err(DirProblem::NotDirectory);
+        }
+        if md.uid() != uid {
+            return Err(DirProblem::Owner { uid: md.uid() });
+        }
+        if md.mode() & 0o077 != 0 {
+            return Err(DirProblem::Mode { mode: md.mode() });
+        }
+        Ok(Registry { dir: dir.to_path_buf(), uid })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Write (or replace) the record of `rec.key`. A full registry is swept first.
+    pub fn write(&self, rec: &Record, procs: &dyn Procs) -> Result<(), WriteProblem> {
+        let text = rec.render();
+        if text.len() as u64 > MAX_RECORD_BYTES {
+            return Err(WriteProblem::TooLarge);
+        }
+        let name = rec.key.file_name();
+        let target = self.dir.join(&name);
+        // Replacing an existing record does not grow the directory.
+        if fs::symlink_metadata(&target).is_err() && self.count()? >= MAX_RECORDS {
+            self.sweep(procs);
+            if self.count()? >= MAX_RECORDS {
+                return Err(WriteProblem::Full);
+            }
+        }
+        let tmp = self.dir.join(format!(
+            ".tmp.{}.{}.{}",
+            std::process::id(),
+            TMP_SEQ.fetch_add(1, Ordering::Relaxed),
+            now_secs()
+        ));
+        let result = (|| -> io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            drop(f);
+            fs::rename(&tmp, &target)
+        })();
+        if let Err(e) = result {
+            let _ = fs::remove_file(&tmp);
+            return Err(WriteProblem::Io(e));
+        }
+        Ok(())
+    }
+
+    fn count(&self) -> Result<usize, WriteProblem> {
+        let rd = fs::read_dir(&self.dir).map_err(WriteProblem::Io)?;
+        Ok(rd.take(MAX_RECORDS + 1).count())
+    }
+
+    /// Look up the record of `key`. An untrusted record is removed (its exporter is dead,
+    /// or it cannot be trusted in a directory only this user writes).
+    pub fn lookup(&self, key: &Key, procs: &dyn Procs) -> Lookup {
+        let path = self.dir.join(key.file_name());
+        let (rec, ident) = match self.read(&path, key) {
+            Ok(Some(x)) => x,
+            Ok(None) => return Lookup::Missing,
+            Err((skip, ident)) => {
+                if let Some(ident) = ident {
+                    self.remove_if(&path, ident);
+                }
+                return Lookup::Skipped(skip);
+            }
+        };
+        match self.alive(&rec, procs) {
+            Ok(()) => Lookup::Found(rec),
+            Err(skip) => {
+                self.remove_if(&path, ident);
+                Lookup::Skipped(skip)
+            }
+        }
+    }
+
+    /// Whether the record's exporter is the live process it names.
+    fn alive(&self, rec: &Record, procs: &dyn Procs) -> Result<(), Skip> {
+        match procs.info(rec.pid) {
+            None => Err(Skip::Dead { pid: rec.pid }),
+            Some(p) if p.start != rec.start || p.uid != self.uid => Err(Skip::Forged { pid: rec.pid }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Read and parse one record file. `Ok(None)`: no such file. On a bad file, the
+    /// `(st_dev, st_ino)` of what was examined, so only that file is removed.
+    #[allow(clippy::type_complexity)]
+    fn read(&self, path: &Path, key: &Key) -> Result<Option<(Record, (u64, u64))>, (Skip, Option<(u64, u64)>)> {
+        let lmd = match fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err((Skip::Io(e), None)),
+        };
+        let lident = Some((lmd.dev(), lmd.ino()));
+        if lmd.file_type().is_symlink() {
+            return Err((Skip::Symlink, lident));
+        }
+        // O_NOFOLLOW: a symlink swapped in after the check fails with ELOOP; O_NONBLOCK: a
+        // FIFO swapped in cannot block the open.
+        let mut f = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err((Skip::Symlink, None)),
+            Err(e) => return Err((Skip::Io(e), None)),
+        };
+        let md = match f.metadata() {
+            Ok(m) => m,
+            Err(e) => return Err((Skip::Io(e), None)),
+        };
+        let ident = Some((md.dev(), md.ino()));
+        if !md.file_type().is_file() {
+            return Err((Skip::NotRegular, ident));
+        }
+        if md.uid() != self.uid || md.permissions().mode() & 0o022 != 0 {
+            return Err((Skip::Permissions, ident));
+        }
+        if md.len() > MAX_RECORD_BYTES {
+            return Err((Skip::TooLarge, ident));
+        }
+        let mut buf = Vec::with_capacity(512);
+        if let Err(e) = (&mut f as &mut File).take(MAX_RECORD_BYTES + 1).read_to_end(&mut buf) {
+            return Err((Skip::Io(e), None));
+        }
+        if buf.len() as u64 > MAX_RECORD_BYTES {
+            return Err((Skip::TooLarge, ident));
+        }
+        let text = std::str::from_utf8(&buf).map_err(|_| (Skip::Corrupt(Corrupt("not UTF-8")), ident))?;
+        let rec = Record::parse(text, key).map_err(|c| (Skip::Corrupt(c), ident))?;
+        Ok(Some((rec, (md.dev(), md.ino()))))
+    }
+
+    /// Remove `path` if it is still the file examined (a writer may have renamed a fresh
+    /// record over it meanwhile: that one stays).
+    fn remove_if(&self, path: &Path, ident: (u64, u64)) {
+        if let Ok(md) = fs::symlink_metadata(path) {
+            if (md.dev(), md.ino()) == ident {
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Remove the records of dead exporters, untrusted records, foreign files and stale
+    /// temporaries. Returns what it kept and removed.
+    pub fn sweep(&self, procs: &dyn Procs) -> Swept {
+        let mut out = Swept::default();
+        let Ok(rd) = fs::read_dir(&self.dir) else { return out };
+        let now = now_secs();
+        for entry in rd.flatten().take(4 * MAX_RECORDS) {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let path = entry.path();
+            if let Some(rest) = name.strip_prefix(".tmp.") {
+                // .tmp.<pid>.<seq>.<secs>: a writer between create and rename, unless old.
+                let old = rest.rsplit('.').next().and_then(parse_dec).is_some_and(|t| now.saturating_sub(t) > STALE_TMP_SECS);
+                let pid = rest.split('.').next().and_then(parse_dec).and_then(|p| u32::try_from(p).ok());
+                if old || pid.is_some_and(|p| procs.info(p).is_none()) {
+                    let _ = fs::remove_file(&path);
+                    out.removed += 1;
+                } else {
+                    out.kept += 1;
+                }
+                continue;
+            }
+            let Some(key) = Key::parse_file_name(name) else {
+                // Not ours: leave it (a user's file is not ours to delete).
+                out.kept += 1;
+                continue;
+            };
+            match self.lookup(&key, procs) {
+                Lookup::Found(_) => out.kept += 1,
+                Lookup::Missing => {}
+                Lookup::Skipped(_) => out.removed += 1,
+            }
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The R3 import decision
+
+/// The importing process, as R3 compares it.
+#[derive(Clone, Copy, Debug)]
+pub struct Importer<'a> {
+    /// Job token ([`job_token`]).
+    pub job: Option<&'a str>,
+    pub rank: Option<u32>,
+    /// The rank's GPU (`GPU-...`/`MIG-...`), None if unknown.
+    pub gpu: Option<&'a str>,
+}
+
+/// What R3 decided about one import, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Same job and rank, same GPU.
+    SameGpu,
+    /// Another rank of the same job: inter-rank traffic (NCCL P2P).
+    OtherRank,
+    /// Another job (or one side knows no job): not this rank's business.
+    OtherJob,
+    /// Host memory (NCCL SHM): R3 never applies.
+    HostMemory,
+    /// No trusted record, or not enough identity to compare: allowed by default.
+    Unknown,
+    /// The same: under `RANKGUARD_IPC=strict`, denied.
+    UnknownStrict,
+    /// Same job and rank, another GPU: the violation R3 exists for.
+    CrossDevice,
+}
+
+impl Decision {
+    /// The policy verdict (R3, `CUDA_ERROR_NOT_PERMITTED` on denial).
+    pub fn verdict(self) -> Verdict {
+        let detail = match self {
+            Decision::CrossDevice => Detail::CrossDeviceIpc,
+            Decision::UnknownStrict => Detail::UnknownExporter,
+            _ => return Verdict::Allow,
+        };
+        Verdict::Violation(Violation { rule: Rule::R3, code: DenyCode::NotPermitted, detail })
+    }
+
+    /// Whether the mapping should still be verified after the import (where the driver can
+    /// tell its device): the import is allowed but could be this rank's cross-device one.
+    pub fn verify_after(self) -> bool {
+        matches!(self, Decision::SameGpu | Decision::Unknown)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::SameGpu => "same rank, same GPU",
+            Decision::OtherRank => "exporter is another rank (inter-rank traffic)",
+            Decision::OtherJob => "exporter is another job",
+            Decision::HostMemory => "host memory",
+            Decision::Unknown => "unknown exporter (allowed; RANKGUARD_IPC=strict denies)",
+            Decision::UnknownStrict => "unknown exporter (RANKGUARD_IPC=strict)",
+            Decision::CrossDevice => "same rank, another GPU",
+        }
+    }
+}
+
+/// Whether two GPU identities name the same GPU: the UUID text after the `GPU-`/`MIG-`
+/// prefix, case-insensitively (the two sides may print the prefix differently).
+pub fn same_gpu(a: &str, b: &str) -> bool {
+    fn body(s: &str) -> &str {
+        match s.get(..4) {
+            Some(p) if p.eq_ignore_ascii_case("GPU-") || p.eq_ignore_ascii_case("MIG-") => &s[4..],
+            _ => s,
+        }
+    }
+    let (a, b) = (body(a.trim()), body(b.trim()));
+    !a.is_empty() && a.eq_ignore_ascii_case(b)
+}
+
+/// R3 on one import.
+///
+/// `exporter` is the trusted record (None: missing or skipped); `location` is what the
+/// driver says about the imported memory after the fact, where it can (VMM allocation
+/// properties), else None.
+///
+/// Decided here (the docs are silent; DESIGN.md §1 R3 only fixes the cases):
+/// - host memory, by the record or by the driver, is always allowed;
+/// - the job is compared first: different jobs (or a job on one side only) are not the
+///   same rank; no job on both sides counts as the same job (one user's node);
+/// - a rank missing on either side means "same rank" cannot be established: unknown;
+/// - a GPU missing on either side: unknown.
+pub fn decide(me: &Importer<'_>, exporter: Option<&Record>, location: Option<Location>, ipc: IpcPolicy) -> Decision {
+    if location.is_some_and(Location::is_host) || exporter.is_some_and(|r| r.location.is_host()) {
+        return Decision::HostMemory;
+    }
+    let unknown = match ipc {
+        IpcPolicy::Default => Decision::Unknown,
+        IpcPolicy::Strict => Decision::UnknownStrict,
+    };
+    let Some(r) = exporter else { return unknown };
+    if r.job.as_deref() != me.job {
+        return Decision::OtherJob;
+    }
+    match (r.rank, me.rank) {
+        (Some(a), Some(b)) if a != b => return Decision::OtherRank,
+        (Some(_), Some(_)) => {}
+        _ => return unknown,
+    }
+    match (r.gpu.as_deref(), me.gpu) {
+        (Some(a), Some(b)) if same_gpu(a, b) => Decision::SameGpu,
+        (Some(_), Some(_)) => Decision::CrossDevice,
+        _ => unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    const G0: &str = "GPU-10c0ffee-0000-4000-8000-000000000000";
+    const G1: &str = "GPU-11c0ffee-0000-4000-8000-000000000001";
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            let p = std::env::temp_dir().join(format!(
+                "rankguard-registry-test-{tag}-{}-{}",
+                std::process::id(),
+                TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&p);
+            fs::DirBuilder::new().mode(0o700).create(&p).unwrap();
+            TempDir(p)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o700));
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[derive(Default)]
+    struct FakeProcs(RefCell<HashMap<u32, ProcInfo>>);
+    impl FakeProcs {
+        fn with(pid: u32, start: u64, uid: u32) -> FakeProcs {
+            let p = FakeProcs::default();
+            p.0.borrow_mut().insert(pid, ProcInfo { start, uid });
+            p
+        }
+    }
+    impl Procs for FakeProcs {
+        fn info(&self, pid: u32) -> Option<ProcInfo> {
+            self.0.borrow().get(&pid).copied()
+        }
+    }
+
+    fn uid() -> u32 {
+        fs::metadata("/proc/self").unwrap().uid()
+    }
+
+    fn rec(key: Key, rank: Option<u32>, gpu: Option<&str>) -> Record {
+        Record {
+            key,
+            job: Some(job_token("job-1")),
+            rank,
+            pid: 4242,
+            start: 777,
+            gpu: gpu.map(str::to_string),
+            location: Location::Device,
+            time: 1,
+        }
+    }
+
+    fn mem_key(b: u8) -> Key {
+        Key::from_bytes(Kind::Mem, &[b; 64])
+    }
+
+    #[test]
+    fn keys_name_files_and_round_trip() {
+        let k = mem_key(0xab);
+        assert_eq!(k.file_name().len(), 4 + 128);
+        assert_eq!(Key::parse_file_name(&k.file_name()), Some(k.clone()));
+        let f = Key::from_file(Kind::VmmFd, FileIdent { dev: 0x2a, ino: 99, regular: true, fs_magic: 0x0102_1994 }).unwrap();
+        assert_eq!(f.file_name(), "vmmfd-2a.63");
+        assert_eq!(Key::parse_file_name("vmmfd-2a.63"), Some(f));
+        for bad in ["", "mem", "mem-", "mem-XYZ", "nope-00", "mem-../x", "mem-AB"] {
+            assert_eq!(Key::parse_file_name(bad), None, "{bad}");
+        }
+        assert_eq!(Key::parse_file_name(&format!("mem-{}", "0".repeat(129))), None);
+    }
+
+    #[test]
+    fn only_unique_file_identities_are_keys() {
+        let anon = FileIdent { dev: 14, ino: 1, regular: true, fs_magic: ANON_INODE_FS_MAGIC };
+        assert_eq!(Key::from_file(Kind::VmmFd, anon), Err(NoKey::NotUnique));
+        let chr = FileIdent { dev: 5, ino: 7, regular: false, fs_magic: 0x1021994 };
+        assert_eq!(Key::from_file(Kind::VmmFd, chr), Err(NoKey::NotUnique));
+    }
+
+    #[test]
+    fn records_round_trip_and_reject_damage() {
+        let k = mem_key(1);
+        let r = rec(k.clone(), Some(3), Some(G0));
+        let text = r.render();
+        assert!(text.len() < 400);
+        assert_eq!(Record::parse(&text, &k), Ok(r.clone()));
+        // every truncation is rejected, never half-trusted
+        for cut in 0..text.len() - 1 {
+            assert!(Record::parse(&text[..cut], &k).is_err(), "cut at {cut}");
+        }
+        // another key
+        assert!(Record::parse(&text, &mem_key(2)).is_err());
+        // hostile values
+        for (from, to) in [
+            ("pid 4242", "pid 0"),
+            ("pid 4242", "pid -1"),
+            ("pid 4242", "pid 99999999999"),
+            ("rank 3", "rank 3.5"),
+            ("rank 3", "rank 4294967296"),
+            ("gpu GPU-", "gpu ../"),
+            ("location device", "location moon"),
+            ("job job-1", "job a b"),
+            ("time 1", "time 1\ntime 2"),
+            ("end\n", "end\ntrailing\n"),
+            ("start 777", "start 777\nextra 1"),
+        ] {
+            let bad = text.replacen(from, to, 1);
+            assert!(Record::parse(&bad, &k).is_err(), "{from} -> {to}");
+        }
+        let none = Record { job: None, rank: None, gpu: None, location: Location::Host, ..r };
+        assert_eq!(Record::parse(&none.render(), &k), Ok(none));
+    }
+
+    #[test]
+    fn job_tokens_are_printable_and_bounded() {
+        assert_eq!(job_token("slurm:77.0"), "slurm:77.0");
+        assert_eq!(job_token("a b%\n"), "a%20b%25%0A");
+        let long_a = "x".repeat(300) + "a";
+        let long_b = "x".repeat(300) + "b";
+        assert!(job_token(&long_a).len() <= MAX_JOB);
+        assert_ne!(job_token(&long_a), job_token(&long_b));
+        assert!(valid_token(&job_token(&long_a)));
+        assert!(valid_token(&job_token("é ü")));
+    }
+
+    #[test]
+    fn stat_start_time_survives_odd_command_names() {
+        let stat = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(stat_start_time(stat), Some(98765));
+        assert_eq!(stat_start_time("garbage"), None);
+        assert!(own_start_time().is_some());
+        let me = ProcFs.info(std::process::id()).unwrap();
+        assert_eq!(Some(me.start), own_start_time());
+    }
+
+    #[test]
+    fn directory_checks() {
+        let t = TempDir::new("dir");
+        let u = uid();
+        assert!(Registry::open(&t.0, u, false).is_ok());
+        assert!(matches!(Registry::open(Path::new("rel/dir"), u, true), Err(DirProblem::NotAbsolute)));
+        assert!(matches!(Registry::open(&t.0, u + 1, false), Err(DirProblem::Owner { .. })));
+        fs::set_permissions(&t.0, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(Registry::open(&t.0, u, false), Err(DirProblem::Mode { .. })));
+        fs::set_permissions(&t.0, fs::Permissions::from_mode(0o700)).unwrap();
+        let link = t.0.with_extension("link");
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&t.0, &link).unwrap();
+        assert!(matches!(Registry::open(&link, u, true), Err(DirProblem::Symlink)));
+        let _ = fs::remove_file(&link);
+        let file = t.0.join("f");
+        fs::write(&file, "x").unwrap();
+        assert!(matches!(Registry::open(&file, u, true), Err(DirProblem::NotDirectory)));
+        // creation: mode 0700
+        let sub = t.0.join("new");
+        let r = Registry::open(&sub, u, true).unwrap();
+        assert_eq!(fs::metadata(r.dir()).unwrap().mode() & 0o777, 0o700);
+        assert!(matches!(Registry::open(&t.0.join("missing"), u, false), Err(DirProblem::Io(_))));
+    }
+
+    #[test]
+    fn write_lookup_and_liveness() {
+        let t = TempDir::new("rw");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        let procs = FakeProcs::with(4242, 777, u);
+        let k = mem_key(7);
+        let r = rec(k.clone(), Some(0), Some(G0));
+        reg.write(&r, &procs).unwrap();
+        assert_eq!(fs::metadata(t.0.join(k.file_name())).unwrap().mode() & 0o777, 0o600);
+        match reg.lookup(&k, &procs) {
+            Lookup::Found(got) => assert_eq!(got, r),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(reg.lookup(&mem_key(8), &procs), Lookup::Missing));
+        // no temporaries left behind
+        assert_eq!(fs::read_dir(&t.0).unwrap().count(), 1);
+
+        // a pid reused by another process (other start time), or of another user: forged
+        let reused = FakeProcs::with(4242, 778, u);
+        assert!(matches!(reg.lookup(&k, &reused), Lookup::Skipped(Skip::Forged { pid: 4242 })));
+        assert!(matches!(reg.lookup(&k, &procs), Lookup::Missing), "the forged record was removed");
+        reg.write(&r, &procs).unwrap();
+        let other_user = FakeProcs::with(4242, 777, u + 1);
+        assert!(matches!(reg.lookup(&k, &other_user), Lookup::Skipped(Skip::Forged { .. })));
+        // a dead exporter: skipped quietly and removed
+        reg.write(&r, &procs).unwrap();
+        let s = reg.lookup(&k, &FakeProcs::default());
+        assert!(matches!(&s, Lookup::Skipped(sk @ Skip::Dead { .. }) if !sk.is_suspicious()));
+        assert_eq!(fs::read_dir(&t.0).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn hostile_records_are_skipped() {
+        let t = TempDir::new("hostile");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        let procs = FakeProcs::with(4242, 777, u);
+        let k = mem_key(9);
+        let path = t.0.join(k.file_name());
+        // garbage
+        fs::write(&path, b"\x00\xff garbage").unwrap();
+        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Corrupt(_))));
+        // truncated
+        let text = rec(k.clone(), Some(0), Some(G0)).render();
+        fs::write(&path, &text[..text.len() / 2]).unwrap();
+        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Corrupt(_))));
+        // too large
+        fs::write(&path, "x".repeat(MAX_RECORD_BYTES as usize + 1)).unwrap();
+        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::TooLarge)));
+        // writable by others
+        fs::write(&path, &text).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Permissions)));
+        // a symlink to a good record elsewhere
+        let elsewhere = t.0.with_extension("target");
+        fs::write(&elsewhere, &text).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Symlink)));
+        assert!(elsewhere.exists(), "the link's target is never touched");
+        let _ = fs::remove_file(&elsewhere);
+        // a directory
+        let _ = fs::remove_file(&path);
+        fs::create_dir(&path).unwrap();
+        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::NotRegular)));
+    }
+
+    #[test]
+    fn sweep_removes_dead_and_stale() {
+        let t = TempDir::new("sweep");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        let procs = FakeProcs::with(4242, 777, u);
+        for b in 0..5 {
+            let mut r = rec(mem_key(b), Some(0), Some(G0));
+            if b % 2 == 1 {
+                r.pid = 5000 + u32::from(b);
+            }
+            reg.write(&r, &procs).unwrap();
+        }
+        fs::write(t.0.join(".tmp.5999.0.1"), "half").unwrap();
+        fs::write(t.0.join("README"), "a user's file").unwrap();
+        let s = reg.sweep(&procs);
+        assert_eq!(s, Swept { kept: 4, removed: 3 });
+        assert!(t.0.join("README").exists());
+    }
+
+    #[test]
+    fn a_full_registry_sweeps_then_refuses() {
+        let t = TempDir::new("full");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        let procs = FakeProcs::with(4242, 777, u);
+        for i in 0..MAX_RECORDS {
+            fs::write(t.0.join(format!("filler{i}")), "").unwrap();
+        }
+        let r = rec(mem_key(1), Some(0), Some(G0));
+        assert!(matches!(reg.write(&r, &procs), Err(WriteProblem::Full)));
+        for i in 0..10 {
+            fs::remove_file(t.0.join(format!("filler{i}"))).unwrap();
+        }
+        reg.write(&r, &procs).unwrap();
+    }
+
+    #[test]
+    fn concurrent_writers_never_tear_a_record() {
+        let t = TempDir::new("conc");
+        let u = uid();
+        let k = mem_key(3);
+        std::thread::scope(|s| {
+            for w in 0..8u32 {
+                let dir = t.0.clone();
+                let k = k.clone();
+                s.spawn(move || {
+                    let reg = Registry::open(&dir, u, false).unwrap();
+                    let p = FakeProcs::default();
+                    for i in 0..200 {
+                        let mut r = rec(k.clone(), Some(w), Some(G0));
+                        r.time = i;
+                        reg.write(&r, &p).unwrap();
+                    }
+                });
+            }
+            let dir = t.0.clone();
+            let k = k.clone();
+            s.spawn(move || {
+                let reg = Registry::open(&dir, u, false).unwrap();
+                for _ in 0..2000 {
+                    match reg.read(&dir.join(k.file_name()), &k) {
+                        Ok(_) => {}
+                        Err((skip, _)) => panic!("torn or bad record: {skip}"),
+                    }
+                }
+            });
+        });
+    }
+
+    fn me<'a>(rank: Option<u32>, gpu: Option<&'a str>, job: Option<&'a str>) -> Importer<'a> {
+        Importer { job, rank, gpu }
+    }
+
+    #[test]
+    fn r3_decisions() {
+        use Decision::*;
+        let job = job_token("job-1");
+        let j = Some(job.as_str());
+        let d = IpcPolicy::Default;
+        let s = IpcPolicy::Strict;
+        let r0g0 = rec(mem_key(1), Some(0), Some(G0));
+        // same rank: the GPU decides
+        assert_eq!(decide(&me(Some(0), Some(G1), j), Some(&r0g0), None, d), CrossDevice);
+        assert_eq!(decide(&me(Some(0), Some(G0), j), Some(&r0g0), None, d), SameGpu);
+        assert_eq!(decide(&me(Some(0), Some("gpu-10C0FFEE-0000-4000-8000-000000000000"), j), Some(&r0g0), None, s), SameGpu);
+        // another rank, another job
+        assert_eq!(decide(&me(Some(1), Some(G1), j), Some(&r0g0), None, s), OtherRank);
+        assert_eq!(decide(&me(Some(0), Some(G1), Some("other")), Some(&r0g0), None, s), OtherJob);
+        assert_eq!(decide(&me(Some(0), Some(G1), None), Some(&r0g0), None, s), OtherJob);
+        // host memory, by record or by the driver
+        let host = Record { location: Location::Host, gpu: None, ..r0g0.clone() };
+        assert_eq!(decide(&me(Some(0), Some(G1), j), Some(&host), None, s), HostMemory);
+        assert_eq!(decide(&me(Some(0), Some(G1), j), None, Some(Location::HostNuma), s), HostMemory);
+        // unknown: no record, no rank, no GPU
+        assert_eq!(decide(&me(Some(0), Some(G1), j), None, None, d), Unknown);
+        assert_eq!(decide(&me(Some(0), Some(G1), j), None, Some(Location::Device), s), UnknownStrict);
+        assert_eq!(decide(&me(None, Some(G1), j), Some(&r0g0), None, d), Unknown);
+        assert_eq!(decide(&me(Some(0), None, j), Some(&r0g0), None, s), UnknownStrict);
+        // verdicts
+        assert!(matches!(CrossDevice.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::CrossDeviceIpc && v.code == DenyCode::NotPermitted));
+        assert!(matches!(UnknownStrict.verdict(), Verdict::Violation(v) if v.detail == Detail::UnknownExporter));
+        for a in [SameGpu, OtherRank, OtherJob, HostMemory, Unknown] {
+            assert!(a.verdict().is_allow());
+        }
+        assert!(SameGpu.verify_after() && Unknown.verify_after() && !OtherRank.verify_after());
+    }
+}
