@@ -95,3 +95,25 @@ pub struct CUuuid {
 /// `CUdriverProcAddressQueryResult` values.
 pub const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
 pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
+
+#[cfg(test)]
+mod layout {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The same numbers c-tests/tests/layout_check.c asserts against NVIDIA's cuda.h.
+    #[test]
+    fn layouts_match_cuda_h() {
+        assert_eq!(size_of::<CUmemLocation>(), 8);
+        assert_eq!(offset_of!(CUmemLocation, id), 4);
+        assert_eq!(offset_of!(CUmemAllocationPropHead, location), 8);
+        assert_eq!(offset_of!(CUmemPoolPropsHead, location), 8);
+        assert_eq!(size_of::<CUmemAccessDesc>(), 12);
+        assert_eq!(offset_of!(CUmemAccessDesc, flags), 8);
+        assert_eq!(size_of::<CUuuid>(), 16);
+        assert_eq!(size_of::<CUdevice>(), 4);
+        assert_eq!(size_of::<CuResult>(), 4);
+        assert_eq!(CU_MEM_LOCATION_TYPE_DEVICE, crate::policy::location::DEVICE);
+        assert_eq!(CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, crate::policy::location::HOST_NUMA_CURRENT);
+    }
+}

@@ -1,0 +1,36 @@
+/* layout_check: the sizes and offsets of the CUDA structs that librankguard.so declares by
+ * hand (src/guard/ffi.rs), checked against NVIDIA's real cuda.h at compile time. The same
+ * numbers are asserted on the Rust side (ffi.rs `layout` test), so a wrong declaration on
+ * either side fails the build or the tests. */
+#include <cuda.h>
+#include <stddef.h>
+#include <stdio.h>
+
+_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation size");
+_Static_assert(offsetof(CUmemLocation, type) == 0, "CUmemLocation.type");
+_Static_assert(offsetof(CUmemLocation, id) == 4, "CUmemLocation.id");
+_Static_assert(offsetof(CUmemAllocationProp, type) == 0, "CUmemAllocationProp.type");
+_Static_assert(offsetof(CUmemAllocationProp, requestedHandleTypes) == 4, "requestedHandleTypes");
+_Static_assert(offsetof(CUmemAllocationProp, location) == 8, "CUmemAllocationProp.location");
+_Static_assert(offsetof(CUmemPoolProps, allocType) == 0, "CUmemPoolProps.allocType");
+_Static_assert(offsetof(CUmemPoolProps, handleTypes) == 4, "CUmemPoolProps.handleTypes");
+_Static_assert(offsetof(CUmemPoolProps, location) == 8, "CUmemPoolProps.location");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc size");
+_Static_assert(offsetof(CUmemAccessDesc, location) == 0, "CUmemAccessDesc.location");
+_Static_assert(offsetof(CUmemAccessDesc, flags) == 8, "CUmemAccessDesc.flags");
+_Static_assert(sizeof(CUuuid) == 16, "CUuuid size");
+_Static_assert(sizeof(CUdevice) == 4, "CUdevice is an int");
+_Static_assert(sizeof(CUdeviceptr) == 8, "CUdeviceptr is 64-bit");
+_Static_assert(sizeof(CUresult) == 4, "CUresult is a 32-bit enum");
+_Static_assert(CU_MEM_LOCATION_TYPE_DEVICE == 1 && CU_MEM_LOCATION_TYPE_HOST == 2 &&
+               CU_MEM_LOCATION_TYPE_HOST_NUMA == 3 && CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT == 4,
+               "CUmemLocationType values");
+_Static_assert(CU_DEVICE_CPU == -1, "CU_DEVICE_CPU");
+_Static_assert(CUDA_ERROR_INVALID_DEVICE == 101 && CUDA_ERROR_NOT_PERMITTED == 800 &&
+               CUDA_ERROR_NOT_FOUND == 500, "CUresult codes the guard returns");
+_Static_assert(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND == 1, "CUdriverProcAddressQueryResult");
+
+int main(void) {
+    puts("layouts ok");
+    return 0;
+}
