@@ -308,18 +308,10 @@ fn check_init(rc: CuResult) {
         }
     }
     let own_uuid = std::str::from_utf8(uuid_text.as_bytes()).unwrap_or("");
-    let is_rank_gpu = cfg.rank_gpu.as_deref().map(|rank_entry| {
-        if let Some(full) = cfg.rank_gpu_uuid.as_deref() {
-            !own_uuid.is_empty() && full.eq_ignore_ascii_case(own_uuid)
-        } else if policy::uuid_matches(rank_entry, own_uuid) {
-            true
-        } else {
-            // An index entry without the launcher's UUID: only the rank's own CVD text can
-            // be compared. Fail closed on anything else.
-            vis.entries()
-                .is_some_and(|e| e.len() == 1 && e[0].text() == cvd::parse(Some(rank_entry)).entries().and_then(|r| r.first()).map(|r| r.text()).unwrap_or_default())
-        }
-    });
+    let is_rank_gpu = cfg
+        .rank_gpu
+        .as_deref()
+        .map(|rank_entry| is_rank_gpu(rank_entry, cfg.rank_gpu_uuid.as_deref(), own_uuid, &vis));
     let facts = InitFacts { cvd_set: cvd_text.is_some(), entries, devices, is_rank_gpu };
     tracing::debug!(?facts, uuid = own_uuid, "R1 check at cuInit");
     let Verdict::Violation(v) = policy::init(facts) else {
@@ -360,6 +352,21 @@ fn check_init(rc: CuResult) {
             unsafe { libc::_exit(EXIT_R1) }
         }
     }
+}
+
+/// Whether the one GPU this process sees is the rank's, by identity (issue 8): the
+/// launcher's resolved UUID when it gave one; else a UUID or prefix entry matched against
+/// the driver's UUID of device 0; else (an index entry, nothing to resolve it with) only the
+/// same entry text counts, failing closed on anything else.
+fn is_rank_gpu(rank_entry: &str, rank_uuid: Option<&str>, own_uuid: &str, vis: &cvd::Visibility) -> bool {
+    if let Some(full) = rank_uuid {
+        return !own_uuid.is_empty() && full.eq_ignore_ascii_case(own_uuid);
+    }
+    if policy::uuid_matches(rank_entry, own_uuid) {
+        return true;
+    }
+    let rank = cvd::parse(Some(rank_entry));
+    matches!((vis.entries(), rank.entries()), (Some([mine]), Some([theirs])) if mine == theirs)
 }
 
 fn driver_count() -> Option<i32> {
