@@ -123,6 +123,33 @@ int main(int argc, char **argv)
     EXPECT_RT(cudaDeviceGetPCIBusId(small, sizeof small, count), cudaErrorInvalidDevice);
     EXPECT_RT(cudaDeviceGetPCIBusId(NULL, 64, 0), cudaErrorInvalidValue);
 
+    /* cudaGetDeviceProperties (cuda_runtime_api.h maps it to cudaGetDeviceProperties_v2). */
+    for (int i = 0; i < count; i++) {
+        struct cudaDeviceProp prop;
+        memset(&prop, 0xff, sizeof prop);
+        EXPECT_RT(cudaGetDeviceProperties(&prop, i), cudaSuccess);
+        CUdevice cd;
+        cuDeviceGet(&cd, i);
+        char name[256] = "";
+        CUuuid u;
+        size_t mem = 0;
+        int sms = 0, major = 0;
+        cuDeviceGetName(name, sizeof name, cd);
+        cuDeviceGetUuid_v2(&u, cd);
+        cuDeviceTotalMem(&mem, cd);
+        cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cd);
+        cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, cd);
+        CHECK(!strcmp(prop.name, name) && !memcmp(&prop.uuid, &u, sizeof u) &&
+              prop.totalGlobalMem == mem && prop.multiProcessorCount == sms &&
+              prop.major == major && prop.pciBusID == 0x18 + 0x10 * i && prop.pciDomainID == 0,
+              "device %d properties: %s, %zu bytes, %d SMs, cc %d.%d, bus 0x%x", i, prop.name,
+              prop.totalGlobalMem, prop.multiProcessorCount, prop.major, prop.minor, prop.pciBusID);
+    }
+    struct cudaDeviceProp prop;
+    EXPECT_RT(cudaGetDeviceProperties(&prop, count), cudaErrorInvalidDevice);
+    EXPECT_RT(cudaGetDeviceProperties(NULL, 0), cudaErrorInvalidValue);
+    cudaGetLastError();
+
     /* Error names and strings. */
     CHECK(!strcmp(cudaGetErrorName(cudaErrorInvalidDevice), "cudaErrorInvalidDevice"), "name 101");
     CHECK(!strcmp(cudaGetErrorString(cudaErrorInvalidDevice), "invalid device ordinal"), "string 101");

@@ -89,6 +89,25 @@ int main(void)
     EXPECT_RT(cudaPointerGetAttributes(NULL, a), cudaErrorInvalidValue);
     cudaGetLastError();
 
+    /* Managed memory and prefetch (to a device, and to the host: cudaCpuDeviceId). */
+    void *m = NULL;
+    EXPECT_RT(cudaMallocManaged(&m, N, cudaMemAttachGlobal), cudaSuccess);
+    EXPECT_RT(cudaMallocManaged(&z, 0, cudaMemAttachGlobal), cudaErrorInvalidValue);
+    EXPECT_RT(cudaMallocManaged(&z, N, 4), cudaErrorInvalidValue);
+    EXPECT_RT(cudaMemcpy(m, host, N, cudaMemcpyDefault), cudaSuccess);
+    EXPECT_RT(cudaMemPrefetchAsync(m, N, 1, 0), cudaSuccess);
+    EXPECT_RT(cudaMemPrefetchAsync(m, N, cudaCpuDeviceId, 0), cudaSuccess);
+    EXPECT_RT(cudaMemPrefetchAsync(m, N, 99, 0), cudaErrorInvalidDevice);
+    EXPECT_RT(cudaDeviceSynchronize(), cudaSuccess);
+    memset(back, 0, N);
+    EXPECT_RT(cudaMemcpy(back, m, N, cudaMemcpyDefault), cudaSuccess);
+    CHECK(!memcmp(back, host, N), "managed memory keeps its bytes across prefetches");
+    memset(&at, 0, sizeof at);
+    EXPECT_RT(cudaPointerGetAttributes(&at, m), cudaSuccess);
+    CHECK(at.type == cudaMemoryTypeManaged, "managed pointer type %d", (int)at.type);
+    EXPECT_RT(cudaFree(m), cudaSuccess);
+    cudaGetLastError();
+
     /* Free. */
     EXPECT_RT(cudaFree(NULL), cudaSuccess);
     EXPECT_RT(cudaFree(a), cudaSuccess);

@@ -32,6 +32,12 @@ int main(void)
         ok &= back[i] == 0x3c;
     CHECK(ok, "per-thread cudaMemset");
 
+    void *m = NULL;
+    MUST_RT(cudaMallocManaged(&m, N, cudaMemAttachGlobal));
+    EXPECT_RT(cudaMemPrefetchAsync(m, N, 0, 0), cudaSuccess);                 /* _ptsz */
+    EXPECT_RT(cudaStreamSynchronize(0), cudaSuccess);
+    MUST_RT(cudaFree(m));
+
     cudaEvent_t ev;
     MUST_RT(cudaEventCreate(&ev));
     EXPECT_RT(cudaEventRecord(ev, 0), cudaSuccess);                           /* _ptsz */

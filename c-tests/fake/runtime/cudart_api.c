@@ -6,6 +6,7 @@
  * Each call maps onto the driver the way the runtime documents ("\sa ::cu..." lines).
  * Every error return goes through rt_ret() so cudaGetLastError sees it.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "cudart_internal.h"
@@ -20,6 +21,8 @@ RT_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count,
 RT_EXPORT cudaError_t cudaMemset_ptds(void *devPtr, int value, size_t count);
 RT_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
 RT_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream);
+RT_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count, int dstDevice,
+                                                cudaStream_t stream);
 RT_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
         unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus);
 RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol,
@@ -142,6 +145,81 @@ RT_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
     DRIVER(rt_drv.deviceGetPCIBusId(pciBusId, len, cu));
 }
 
+/* cudaDeviceProp fields that are one driver attribute each (the attribute names in
+ * cuda.h's CUdevice_attribute say which field they back). */
+struct prop_attr {
+    size_t offset;
+    CUdevice_attribute attr;
+};
+#define PA(field, attr) { offsetof(struct cudaDeviceProp, field), CU_DEVICE_ATTRIBUTE_##attr }
+static const struct prop_attr prop_attrs[] = {
+    PA(major, COMPUTE_CAPABILITY_MAJOR),
+    PA(minor, COMPUTE_CAPABILITY_MINOR),
+    PA(multiProcessorCount, MULTIPROCESSOR_COUNT),
+    PA(clockRate, CLOCK_RATE),
+    PA(warpSize, WARP_SIZE),
+    PA(maxThreadsPerBlock, MAX_THREADS_PER_BLOCK),
+    PA(maxThreadsDim[0], MAX_BLOCK_DIM_X),
+    PA(maxThreadsDim[1], MAX_BLOCK_DIM_Y),
+    PA(maxThreadsDim[2], MAX_BLOCK_DIM_Z),
+    PA(maxGridSize[0], MAX_GRID_DIM_X),
+    PA(maxGridSize[1], MAX_GRID_DIM_Y),
+    PA(maxGridSize[2], MAX_GRID_DIM_Z),
+    PA(regsPerBlock, MAX_REGISTERS_PER_BLOCK),
+    PA(integrated, INTEGRATED),
+    PA(canMapHostMemory, CAN_MAP_HOST_MEMORY),
+    PA(computeMode, COMPUTE_MODE),
+    PA(concurrentKernels, CONCURRENT_KERNELS),
+    PA(ECCEnabled, ECC_ENABLED),
+    PA(pciBusID, PCI_BUS_ID),
+    PA(pciDeviceID, PCI_DEVICE_ID),
+    PA(pciDomainID, PCI_DOMAIN_ID),
+    PA(asyncEngineCount, ASYNC_ENGINE_COUNT),
+    PA(unifiedAddressing, UNIFIED_ADDRESSING),
+    PA(memoryClockRate, MEMORY_CLOCK_RATE),
+    PA(memoryBusWidth, GLOBAL_MEMORY_BUS_WIDTH),
+    PA(l2CacheSize, L2_CACHE_SIZE),
+    PA(maxThreadsPerMultiProcessor, MAX_THREADS_PER_MULTIPROCESSOR),
+    PA(managedMemory, MANAGED_MEMORY),
+    PA(isMultiGpuBoard, MULTI_GPU_BOARD),
+    PA(multiGpuBoardGroupID, MULTI_GPU_BOARD_GROUP_ID),
+    PA(concurrentManagedAccess, CONCURRENT_MANAGED_ACCESS),
+    PA(pageableMemoryAccess, PAGEABLE_MEMORY_ACCESS),
+    PA(cooperativeLaunch, COOPERATIVE_LAUNCH),
+    PA(maxBlocksPerMultiProcessor, MAX_BLOCKS_PER_MULTIPROCESSOR),
+    PA(memoryPoolsSupported, MEMORY_POOLS_SUPPORTED),
+    PA(ipcEventSupported, IPC_EVENT_SUPPORTED),
+};
+#undef PA
+
+RT_EXPORT cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device)
+{
+    if (!prop)
+        return rt_ret(cudaErrorInvalidValue);
+    CUdevice cu;
+    TRY(rt_cu_device(device, &cu));
+    NEED(rt_drv.deviceGetName);
+    NEED(rt_drv.deviceGetUuid);
+    NEED(rt_drv.deviceTotalMem);
+    NEED(rt_drv.deviceGetAttribute);
+    /* Decision: the fields the driver can answer come from it (name, UUID, memory, the
+     * attributes above); an attribute it refuses, and every other field, reads 0. */
+    memset(prop, 0, sizeof *prop);
+    TRY(rt_map(rt_drv.deviceGetName(prop->name, sizeof prop->name, cu)));
+    CUuuid u;
+    TRY(rt_map(rt_drv.deviceGetUuid(&u, cu)));
+    _Static_assert(sizeof u == sizeof prop->uuid, "cudaUUID_t is CUuuid");
+    memcpy(&prop->uuid, &u, sizeof u);
+    TRY(rt_map(rt_drv.deviceTotalMem(&prop->totalGlobalMem, cu)));
+    for (size_t i = 0; i < sizeof prop_attrs / sizeof prop_attrs[0]; i++) {
+        int v = 0;
+        if (rt_drv.deviceGetAttribute(&v, prop_attrs[i].attr, cu) != CUDA_SUCCESS)
+            v = 0;
+        memcpy((char *)prop + prop_attrs[i].offset, &v, sizeof v);
+    }
+    return cudaSuccess;
+}
+
 /* ---- memory --------------------------------------------------------------------- */
 
 RT_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
@@ -172,6 +250,50 @@ RT_EXPORT cudaError_t cudaFree(void *devPtr)
         return cudaSuccess;
     NEED(rt_drv.memFree);
     DRIVER(rt_drv.memFree((CUdeviceptr)(uintptr_t)devPtr));
+}
+
+RT_EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
+{
+    if (!devPtr)
+        return rt_ret(cudaErrorInvalidValue);
+    /* "flags: Must be either cudaMemAttachGlobal or cudaMemAttachHost"; the values equal
+     * CU_MEM_ATTACH_GLOBAL/HOST. */
+    if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    if (size == 0) /* "If size is 0, cudaMallocManaged returns cudaErrorInvalidValue." */
+        return rt_ret(cudaErrorInvalidValue);
+    NEED(rt_drv.memAllocManaged);
+    CUdeviceptr p = 0;
+    CUresult r = rt_drv.memAllocManaged(&p, size, flags);
+    if (r != CUDA_SUCCESS)
+        return rt_ret(rt_map(r));
+    *devPtr = (void *)(uintptr_t)p;
+    return cudaSuccess;
+}
+
+static cudaError_t prefetch_with(const struct rt_stream_fns *s, const void *devPtr,
+                                 size_t count, int dstDevice, cudaStream_t stream)
+{
+    /* dstDevice: a device ordinal, or cudaCpuDeviceId (-1) = CU_DEVICE_CPU for the host. */
+    CUdevice dst = CU_DEVICE_CPU;
+    if (dstDevice != cudaCpuDeviceId)
+        TRY(rt_cu_device(dstDevice, &dst));
+    TRY(rt_bind());
+    NEED(s->memPrefetchAsync);
+    DRIVER(s->memPrefetchAsync((CUdeviceptr)(uintptr_t)devPtr, count, dst, stream));
+}
+
+RT_EXPORT cudaError_t cudaMemPrefetchAsync(const void *devPtr, size_t count, int dstDevice,
+                                           cudaStream_t stream)
+{
+    return prefetch_with(&rt_legacy, devPtr, count, dstDevice, stream);
+}
+
+RT_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count, int dstDevice,
+                                                cudaStream_t stream)
+{
+    return prefetch_with(&rt_per_thread, devPtr, count, dstDevice, stream);
 }
 
 static cudaError_t memcpy_with(const struct rt_stream_fns *s, void *dst, const void *src,

@@ -35,6 +35,9 @@ static const struct rt_entry driver_entries[] = {
     DRV(deviceGetCount,      "cuDeviceGetCount",           2000),
     DRV(deviceGet,           "cuDeviceGet",                2000),
     DRV(deviceGetAttribute,  "cuDeviceGetAttribute",       2000),
+    DRV(deviceGetName,       "cuDeviceGetName",            2000),
+    DRV(deviceGetUuid,       "cuDeviceGetUuid",            11040),
+    DRV(deviceTotalMem,      "cuDeviceTotalMem",           3020),
     DRV(deviceGetPCIBusId,   "cuDeviceGetPCIBusId",        4010),
     DRV(deviceCanAccessPeer, "cuDeviceCanAccessPeer",      4000),
     DRV(primaryCtxRetain,    "cuDevicePrimaryCtxRetain",   7000),
@@ -48,6 +51,7 @@ static const struct rt_entry driver_entries[] = {
     DRV(ctxDisablePeerAccess,"cuCtxDisablePeerAccess",     4000),
     DRV(memAlloc,            "cuMemAlloc",                 3020),
     DRV(memFree,             "cuMemFree",                  3020),
+    DRV(memAllocManaged,     "cuMemAllocManaged",          6000),
     DRV(pointerGetAttribute, "cuPointerGetAttribute",      4000),
     DRV(ipcGetMemHandle,     "cuIpcGetMemHandle",          4010),
     DRV(ipcOpenMemHandle,    "cuIpcOpenMemHandle",         11000),
@@ -64,7 +68,8 @@ static const struct rt_entry driver_entries[] = {
 #undef DRV
 
 /* Stream-ordered entry points: {legacy version, per-thread version}. The per-thread
- * variants (`_ptds`/`_ptsz`) appeared in CUDA 7.0 (cudaTypedefs.h: PFN_*_v7000_ptds). */
+ * variants (`_ptds`/`_ptsz`) appeared in CUDA 7.0 (cudaTypedefs.h: PFN_*_v7000_ptds),
+ * cuMemPrefetchAsync's with the function itself in 8.0 (PFN_cuMemPrefetchAsync_v8000_ptsz). */
 struct rt_stream_entry {
     size_t offset;
     const char *name;
@@ -82,6 +87,7 @@ static const struct rt_stream_entry stream_entries[] = {
     STR(memcpyPeerAsync,   "cuMemcpyPeerAsync",   4000, 7000),
     STR(eventRecord,       "cuEventRecord",       2000, 7000),
     STR(streamSynchronize, "cuStreamSynchronize", 2000, 7000),
+    STR(memPrefetchAsync,  "cuMemPrefetchAsync",  8000, 8000),
 };
 #undef STR
 

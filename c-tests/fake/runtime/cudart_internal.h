@@ -29,6 +29,9 @@ struct rt_driver {
     PFN_cuDeviceGetCount_v2000          deviceGetCount;
     PFN_cuDeviceGet_v2000               deviceGet;
     PFN_cuDeviceGetAttribute_v2000      deviceGetAttribute;
+    PFN_cuDeviceGetName_v2000           deviceGetName;
+    PFN_cuDeviceGetUuid_v11040          deviceGetUuid;
+    PFN_cuDeviceTotalMem_v3020          deviceTotalMem;
     PFN_cuDeviceGetPCIBusId_v4010       deviceGetPCIBusId;
     PFN_cuDeviceCanAccessPeer_v4000     deviceCanAccessPeer;
     PFN_cuDevicePrimaryCtxRetain_v7000  primaryCtxRetain;
@@ -42,6 +45,7 @@ struct rt_driver {
     PFN_cuCtxDisablePeerAccess_v4000    ctxDisablePeerAccess;
     PFN_cuMemAlloc_v3020                memAlloc;
     PFN_cuMemFree_v3020                 memFree;
+    PFN_cuMemAllocManaged_v6000         memAllocManaged;
     PFN_cuPointerGetAttribute_v4000     pointerGetAttribute;
     PFN_cuIpcGetMemHandle_v4010         ipcGetMemHandle;
     PFN_cuIpcOpenMemHandle_v11000       ipcOpenMemHandle;
@@ -69,6 +73,7 @@ struct rt_stream_fns {
     PFN_cuMemcpyPeerAsync_v4000         memcpyPeerAsync;
     PFN_cuEventRecord_v2000             eventRecord;
     PFN_cuStreamSynchronize_v2000       streamSynchronize;
+    PFN_cuMemPrefetchAsync_v8000        memPrefetchAsync;
 };
 
 RT_HIDDEN extern struct rt_driver rt_drv;
