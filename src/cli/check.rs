@@ -35,7 +35,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    print!("{HELP}");
+                    super::emit(HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--json" => json = true,
@@ -54,9 +54,9 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("/"));
     let report = gather(&sysroot);
     if json {
-        print!("{}", report.json().pretty());
+        super::emit(&report.json().pretty());
     } else {
-        print!("{}", report.text());
+        super::emit(&report.text());
     }
     Ok(if report.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_VIOLATION) })
 }

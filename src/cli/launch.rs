@@ -69,7 +69,7 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    print!("{HELP}");
+                    super::emit(HELP);
                     return Ok(None);
                 }
                 "--nproc-per-node" | "--nproc_per_node" => nproc = Some(lx.value(&f)?),
@@ -196,9 +196,9 @@ pub fn plan_main(args: Vec<OsString>) -> Result<ExitCode> {
     let Some(o) = parse("plan", args)? else { return Ok(ExitCode::SUCCESS) };
     let p = make_plan(&o)?;
     if o.json {
-        print!("{}", plan_json(&p, &o).pretty());
+        super::emit(&plan_json(&p, &o).pretty());
     } else {
-        print!("{}", plan_table(&p, &o));
+        super::emit(&plan_table(&p, &o));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -361,8 +361,11 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     }
     let code = supervise(&mut ranks, &signals, o.grace);
     reaper.done();
-    for h in readers {
-        let _ = h.join();
+    // The relays end at EOF, which a descendant still holding a rank's pipe can delay
+    // forever; give them a moment to flush, then exit regardless.
+    let until = Instant::now() + Duration::from_secs(2);
+    while readers.iter().any(|h| !h.is_finished()) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(ExitCode::from(code))
 }

@@ -47,9 +47,9 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     while let Some(t) = lx.next()? {
         match t {
             Token::Flag(f) if f == "-h" || f == "--help" => {
-                print!("Usage: rankguard lib\n\nPrints the absolute path of {GUARD_FILE}:\n  \
+                super::emit(&format!("Usage: rankguard lib\n\nPrints the absolute path of {GUARD_FILE}:\n  \
                         LD_PRELOAD=$(rankguard lib) python train.py\nSearch order: ${LIB_VAR}, the directory \
-                        of the rankguard executable, <that directory>/../lib/.\n");
+                        of the rankguard executable, <that directory>/../lib/.\n"));
                 return Ok(ExitCode::SUCCESS);
             }
             Token::Flag(f) => return Err(lx.unknown(&f)),
@@ -59,6 +59,6 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             Token::End => {}
         }
     }
-    println!("{}", find()?.display());
+    super::emit(&format!("{}\n", find()?.display()));
     Ok(ExitCode::SUCCESS)
 }

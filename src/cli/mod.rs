@@ -57,6 +57,14 @@ impl From<crate::plan::PlanError> for Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Write user output to stdout. A closed pipe (`rankguard plan | head -1`) is not an error
+/// worth a panic, which is what `print!` would do (Rust ignores SIGPIPE).
+pub fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+}
+
 struct Command {
     name: &'static str,
     summary: &'static str,
@@ -111,11 +119,11 @@ fn run() -> Result<ExitCode> {
     let name = first.to_string_lossy();
     match name.as_ref() {
         "-h" | "--help" | "help" => {
-            print!("{}", usage());
+            emit(&usage());
             return Ok(ExitCode::SUCCESS);
         }
         "-V" | "--version" => {
-            println!("rankguard {}", env!("CARGO_PKG_VERSION"));
+            emit(&format!("rankguard {}\n", env!("CARGO_PKG_VERSION")));
             return Ok(ExitCode::SUCCESS);
         }
         DRIVER_QUERY => return gpus::helper_main(argv),

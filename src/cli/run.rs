@@ -129,7 +129,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    print!("{HELP}");
+                    super::emit(HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--narrow-by" => narrow = Some(lx.value(&f)?),
