@@ -9,6 +9,7 @@ and check what only the outside can see (symbols, the dlsym/cuGetProcAddress log
 """
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import subprocess
@@ -114,6 +115,34 @@ def test_exports_match_nvidias_names():
     assert not sorted(set(ours) - set(real)), sorted(set(ours) - set(real))
     assert all(real[n] == "@@libcudart.so.12" for n in ours)
     assert "cudaMemcpyPeerAsync_ptsz" not in real and "cudaMemcpyPeerAsync_ptsz" not in ours
+
+
+ERROR_TABLE = textwrap.dedent("""
+    import ctypes, json, sys
+    rt = ctypes.CDLL(sys.argv[1])
+    rt.cudaGetErrorName.restype = ctypes.c_char_p
+    rt.cudaGetErrorString.restype = ctypes.c_char_p
+    codes = list(range(0, 1100)) + [10000, 123456]
+    print(json.dumps({c: [rt.cudaGetErrorName(c).decode(), rt.cudaGetErrorString(c).decode()]
+                      for c in codes}))
+""")
+
+
+def test_error_names_and_strings_are_nvidias():
+    """cudaGetErrorName agrees with NVIDIA's libcudart.so.12 on every code; every string
+    cudaGetErrorString returns is NVIDIA's, except the documented fallback (the name) for
+    codes this platform never produces."""
+    assert REAL_RUNTIME is not None, "NVIDIA's libcudart.so.12 missing from .venv: run scripts/setup"
+    tables = []
+    for lib in (RUNTIME, REAL_RUNTIME):
+        p = run([PYTHON, "-c", ERROR_TABLE, lib], env=clean_env(LD_LIBRARY_PATH=None))
+        assert p.returncode == 0, p.stderr
+        tables.append(json.loads(p.stdout))
+    ours, real = tables
+    assert {c: v[0] for c, v in ours.items()} == {c: v[0] for c, v in real.items()}
+    own_strings = {c: v[1] for c, v in ours.items() if v[1] != v[0]}
+    assert len(own_strings) >= 30
+    assert own_strings == {c: real[c][1] for c in own_strings}
 
 
 def test_soname_and_no_driver_link():
@@ -238,7 +267,9 @@ CTYPES_PROBE = textwrap.dedent("""
     bus = ctypes.create_string_buffer(32)
     b = rt.cudaDeviceGetPCIBusId(bus, 32, 0)
     rt.cudaGetErrorName.restype = ctypes.c_char_p
-    print(e, n.value, d, v.value, b, bus.value.decode().lower() or "-", rt.cudaGetErrorName(e).decode())
+    s0, s1 = rt.cudaSetDevice(0), rt.cudaSetDevice(1)
+    print(e, n.value, d, v.value, b, bus.value.decode().lower() or "-", rt.cudaGetErrorName(e).decode(),
+          s0, s1)
 """)
 
 
@@ -249,13 +280,15 @@ def ctypes_probe(env):
 
 
 def test_visible_devices_follow_the_driver():
-    e, n, d, v, b, bus, _ = ctypes_probe(clean_env(CUDA_VISIBLE_DEVICES="3"))
-    assert (e, n, b, bus) == ("0", "1", "0", "0000:48:00.0")
+    """Under CUDA_VISIBLE_DEVICES=3 the runtime has one device, ordinal 0 = GPU 3; ordinal
+    1 is cudaErrorInvalidDevice (101), the code rankguard mirrors."""
+    e, n, d, v, b, bus, _, s0, s1 = ctypes_probe(clean_env(CUDA_VISIBLE_DEVICES="3"))
+    assert (e, n, b, bus, s0, s1) == ("0", "1", "0", "0000:48:00.0", "0", "101")
 
 
 def test_no_visible_device_is_cuda_error_no_device():
-    e, n, d, v, b, bus, name = ctypes_probe(clean_env(CUDA_VISIBLE_DEVICES=""))
-    assert (e, n, name) == ("100", "0", "cudaErrorNoDevice")
+    e, n, d, v, b, bus, name, s0, s1 = ctypes_probe(clean_env(CUDA_VISIBLE_DEVICES=""))
+    assert (e, n, name, s0, s1) == ("100", "0", "cudaErrorNoDevice", "100", "100")
     assert b == "100"
     assert d == "0" and int(v) >= 12000  # the driver version needs no device
 
@@ -268,8 +301,8 @@ def test_without_a_driver(tmp_path):
     env = clean_env(LD_LIBRARY_PATH=str(tmp_path))
     p = run([PYTHON, "-c", CTYPES_PROBE, lonely], env=env)
     assert p.returncode == 0, p.stderr
-    e, n, d, v, b, bus, name = p.stdout.split()
-    assert (e, n, d, v, name) == ("35", "0", "0", "0", "cudaErrorInsufficientDriver")
+    e, n, d, v, b, bus, name, s0, s1 = p.stdout.split()
+    assert (e, n, d, v, name, s0) == ("35", "0", "0", "0", "cudaErrorInsufficientDriver", "35")
 
 
 # ---- cross-process IPC ---------------------------------------------------------------
