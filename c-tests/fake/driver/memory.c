@@ -44,6 +44,7 @@ struct alloc {
     int ipc_pid, ipc_fd;              /* K_IPC: where it came from */
     unsigned long long ino;
     struct vmm_handle *vmm;           /* K_VMM */
+    int vmm_loc_id;                   /* K_VMM: the allocation's reported location.id */
     unsigned long long access[FAKE_MAX_GPUS]; /* K_VMM: CUmemAccess_flags per ordinal */
 };
 
@@ -307,7 +308,10 @@ static int ordinal_for(const struct alloc *a)
     /* D-ordinal: the ordinal, in THIS process's enumeration, of the device the memory
      * lives on; for memory of a device this process cannot see (an IPC import), the
      * ordinal of the context it was mapped into. The real driver documents neither; the
-     * guard must keep its own provenance rather than trust this. */
+     * guard must keep its own provenance rather than trust this. VMM mappings have no
+     * context: they report their allocation's location.id (D-importprop). */
+    if (a->kind == K_VMM)              /* VMM: what the allocation records, D-importprop */
+        return a->vmm_loc_id;
     int o = fake_ordinal_of_gpu(a->gpu, a->mig);
     if (o < 0 && a->ctx)
         o = fake_ctx_device(a->ctx);
@@ -890,6 +894,7 @@ FAKE_API CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
             a->mig = v->mig;
             a->id = next_id++;
             a->vmm = v;
+            a->vmm_loc_id = v->prop.location.id;
             v->refs++;
             a->next = allocs;
             allocs = a;

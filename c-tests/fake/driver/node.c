@@ -70,8 +70,8 @@ static int parse_topology(struct fake_node *node, const char *path)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        fprintf(stderr, "fakecuda: FAKECUDA_TOPOLOGY=\"%s\" cannot be read: %s; point it at a "
-                "topology file (c-tests/README.md) or unset it\n", path, strerror(errno));
+        fprintf(stderr, "fakecuda: FAKECUDA_TOPOLOGY=\"%s\" cannot be read: %s; expected a "
+                "readable topology file (c-tests/README.md), or unset the variable\n", path, strerror(errno));
         return -1;
     }
     char line[1024];
