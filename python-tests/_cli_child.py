@@ -41,8 +41,11 @@ def cuda_view():
         b = bytes(u.bytes)
         h = b.hex()
         uuid = f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+        err, u2 = driver.cuDeviceGetUuid_v2(dev)  # a MIG device's own UUID (cuda.h)
+        h2 = bytes(u2.bytes).hex()
         err, busid = driver.cuDeviceGetPCIBusId(32, dev)
-        devices.append({"ordinal": i, "uuid": uuid, "bus_id": busid.split(b"\0")[0].decode().lower()})
+        devices.append({"ordinal": i, "uuid": uuid, "uuid_v2": f"{h2[0:8]}-{h2[8:12]}-{h2[12:16]}-{h2[16:20]}-{h2[20:32]}",
+                        "bus_id": busid.split(b"\0")[0].decode().lower()})
     return {"init": 0, "count": n, "devices": devices}
 
 

@@ -81,6 +81,26 @@ def test_devices_select_positions_of_the_parent_list():
     sees_one(kids[1], 2)
 
 
+def test_mig_entries_one_per_rank():
+    # CUDA enumerates at most one MIG instance per process, so the launcher asks the driver
+    # about each entry on its own; each rank gets its entry verbatim.
+    mig0 = "MIG-1200a11c-0000-4000-8000-000000000200"
+    env = clean_env(FAKECUDA_GPUS="8", FAKECUDA_MIG="2:2", CUDA_VISIBLE_DEVICES=f"{mig0},MIG-1201a11c")
+    plan = json.loads(cli("plan", "--json", "--nproc-per-node", "gpu", env=env, check=True).stdout)
+    assert [r["uuid"] for r in plan["ranks"]] == [mig0, "MIG-1201a11c-0000-4000-8000-000000000201"]
+    assert {r["bus_id"] for r in plan["ranks"]} == {bus(2)}
+    p = launch("--nproc-per-node", "gpu", "--", *child_cmd(), env=env)
+    assert p.returncode == 0, p.stderr
+    kids = children(p.stdout)
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in kids] == [mig0, "MIG-1201a11c"]
+    for c, r in zip(kids, plan["ranks"]):
+        assert c["cuda"]["count"] == 1
+        assert "MIG-" + c["cuda"]["devices"][0]["uuid_v2"] == r["uuid"]
+    env["CUDA_VISIBLE_DEVICES"] = f"{mig0},MIG-1299"
+    p = cli("plan", "--nproc-per-node", "gpu", env=env)
+    assert p.returncode == 2 and "entry 'MIG-1299' is not a device of this node" in p.stderr
+
+
 def test_ld_preload_keeps_what_was_there_and_job_is_kept(tmp_path):
     other = tmp_path / "libother.so"
     other.write_bytes(b"")

@@ -76,7 +76,7 @@ CONFLICTS = [
     ({}, ["--nproc-per-node", "9"], ["--nproc-per-node 9", "more ranks than devices", "the driver (8 GPUs"]),
     ({"CUDA_VISIBLE_DEVICES": "0,1"}, ["--nproc-per-node", "3"], ["--nproc-per-node 3", "CUDA_VISIBLE_DEVICES='0,1'"]),
     ({"CUDA_VISIBLE_DEVICES": "0,1,9"}, ["--nproc-per-node", "1"],
-     ["CUDA_VISIBLE_DEVICES='0,1,9'", "driver enumerates only 2", "entry '9'"]),
+     ["CUDA_VISIBLE_DEVICES='0,1,9'", "driver enumerates only 2", "entry '9' is not a device"]),
     ({"CUDA_VISIBLE_DEVICES": "0,2,-1,1"}, ["--nproc-per-node", "1"], ["CUDA_VISIBLE_DEVICES='0,2,-1,1'", "malformed"]),
     ({"CUDA_VISIBLE_DEVICES": ""}, ["--nproc-per-node", "1"], ["CUDA_VISIBLE_DEVICES=''", "no GPU visible"]),
     ({"CUDA_VISIBLE_DEVICES": "-1"}, ["--nproc-per-node", "1"], ["CUDA_VISIBLE_DEVICES='-1'", "no GPU visible"]),

@@ -135,8 +135,8 @@ pub fn host_view(cvd_raw: Option<&str>, driver: Result<&[DriverGpu], &str>) -> R
         if gpus.len() < devices.len() {
             let bad = &devices[gpus.len()].entry;
             return err(format!(
-                "{var}='{raw}' lists {} GPUs but the driver enumerates only {}: entry '{bad}' is not a GPU of this \
-                 node (an ordinal beyond the device count, or an unknown or ambiguous UUID prefix); fix {var}",
+                "{var}='{raw}' lists {} devices but the driver enumerates only {}: entry '{bad}' is not a device of \
+                 this node (an ordinal beyond the device count, or an unknown or ambiguous UUID prefix); fix {var}",
                 devices.len(), gpus.len()));
         }
         for (d, g) in devices.iter_mut().zip(gpus) {
@@ -627,7 +627,7 @@ mod tests {
         }
         let d = driver(2);
         let e = host_view(Some("0,1,5"), Ok(&d)).unwrap_err().0;
-        assert!(e.contains("entry '5' is not a GPU of this node"), "{e}");
+        assert!(e.contains("entry '5' is not a device of this node"), "{e}");
         let e = host_view(None, Err("libcuda.so.1: cannot open")).unwrap_err().0;
         assert!(e.contains("libcuda.so.1"), "{e}");
         let e = host_view(None, Ok(&[])).unwrap_err().0;

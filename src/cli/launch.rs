@@ -184,12 +184,31 @@ fn make_plan(o: &Options) -> Result<Plan> {
             Error::usage(format!("{}='{}' is not valid UTF-8; fix the variable", cvd::VAR, v.to_string_lossy()))
         })?),
     };
-    let driver = gpus::query(None);
+    let driver = match cvd::parse(raw.as_deref()) {
+        // CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
+        // Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
+        // about one entry at a time.
+        cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::Entry::Mig(_)) => mig_driver_list(&e),
+        _ => gpus::query(None),
+    };
     let host = plan::host_view(raw.as_deref(), driver.as_deref().map_err(|e| e.as_str()))?;
     let affinity = sys::affinity()
         .map_err(|e| Error::usage(format!("cannot read the launcher's CPU affinity (sched_getaffinity): {e}")))?;
     let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
     Ok(plan::plan(&o.req, &host, &affinity, topo.as_ref().map_err(|e| e.as_str()))?)
+}
+
+/// The driver's answer for each MIG entry, in order; stops at the first entry the driver
+/// does not enumerate, so `plan::host_view` names it.
+fn mig_driver_list(entries: &[cvd::Entry]) -> std::result::Result<Vec<plan::DriverGpu>, String> {
+    let mut out = Vec::new();
+    for e in entries {
+        match gpus::query(Some(Some(&e.text())))?.into_iter().next() {
+            Some(g) => out.push(g),
+            None => break,
+        }
+    }
+    Ok(out)
 }
 
 pub fn plan_main(args: Vec<OsString>) -> Result<ExitCode> {
