@@ -27,10 +27,10 @@ REAL_RUNTIME = next(iter(sorted(
 
 # Entry points the runtime fetches with flags 2 (behind its `_ptds`/`_ptsz` exports), at
 # the version their per-thread variant appeared in (cudaTypedefs.h PFN_*_v<version>_pt*).
-PER_THREAD = {"cuMemcpy": 7000, "cuMemcpyHtoD": 7000, "cuMemcpyDtoH": 7000,
-              "cuMemcpyDtoD": 7000, "cuMemsetD8": 7000, "cuMemcpyPeer": 7000,
-              "cuMemcpyPeerAsync": 7000, "cuEventRecord": 7000, "cuStreamSynchronize": 7000,
-              "cuMemPrefetchAsync": 8000}
+PER_THREAD = {("cuMemcpy", 7000), ("cuMemcpyHtoD", 7000), ("cuMemcpyDtoH", 7000),
+              ("cuMemcpyDtoD", 7000), ("cuMemsetD8", 7000), ("cuMemcpyPeer", 7000),
+              ("cuMemcpyPeerAsync", 7000), ("cuEventRecord", 7000), ("cuStreamSynchronize", 7000),
+              ("cuMemPrefetchAsync", 8000), ("cuMemPrefetchAsync", 12020)}
 
 
 def program(name: str) -> pathlib.Path:
@@ -96,7 +96,8 @@ def test_exports_carry_the_libcudart_version_node():
         cudaGetDriverEntryPointByVersion cudaGetDriverEntryPointByVersion_ptsz
         cudaMemcpy_ptds cudaMemset_ptds cudaEventRecord_ptsz cudaStreamSynchronize_ptsz
         cudaGetDeviceProperties_v2 cudaMallocManaged cudaMemPrefetchAsync
-        cudaMemPrefetchAsync_ptsz""".split()
+        cudaMemPrefetchAsync_ptsz cudaMemPrefetchAsync_v2 cudaMemPrefetchAsync_v2_ptsz
+        cudaMemGetInfo""".split()
     missing = [n for n in required if n not in cuda]
     assert not missing, f"libcudart.so.12 lacks {missing}"
     unversioned = [n for n, v in cuda.items() if v != "@@libcudart.so.12"]
@@ -165,16 +166,17 @@ def test_one_dlsym_then_cugetprocaddress_with_explicit_versions(tmp_path):
     assert len(gpa) >= 30, gpa
     assert all(v >= 2000 for _, v, _ in gpa), [g for g in gpa if g[1] < 2000]
     assert all(f in (1, 2) for _, _, f in gpa), [g for g in gpa if g[2] not in (1, 2)]
-    per_thread = {n: v for n, v, f in gpa if f == 2}
+    per_thread = {(n, v) for n, v, f in gpa if f == 2}
     assert per_thread == PER_THREAD
-    assert {n for n, v, f in gpa if f == 1} >= set(PER_THREAD)  # legacy twins
+    assert {n for n, v, f in gpa if f == 1} >= {n for n, _ in PER_THREAD}  # legacy twins
     # The ABI versions the runtime was written for (cudaTypedefs.h PFN_*_v<version>).
     for want in [("cuInit", 2000, 1), ("cuMemAlloc", 3020, 1), ("cuMemFree", 3020, 1),
                  ("cuCtxSetCurrent", 4000, 1), ("cuDevicePrimaryCtxRetain", 7000, 1),
                  ("cuDevicePrimaryCtxRelease", 11000, 1), ("cuIpcOpenMemHandle", 11000, 1),
                  ("cuMemcpyHtoD", 3020, 1), ("cuMemcpy", 4000, 1), ("cuEventDestroy", 4000, 1),
                  ("cuStreamDestroy", 4000, 1), ("cuDeviceGetPCIBusId", 4010, 1),
-                 ("cuDeviceGetUuid", 11040, 1), ("cuMemPrefetchAsync", 8000, 1)]:
+                 ("cuDeviceGetUuid", 11040, 1), ("cuMemPrefetchAsync", 8000, 1),
+                 ("cuMemPrefetchAsync", 12020, 1), ("cuMemGetInfo", 3020, 1)]:
         assert want in gpa, f"{want} not requested; got {sorted(set(gpa))}"
     assert len(set(gpa)) == len(gpa), "an entry point was fetched twice"
 
@@ -250,7 +252,7 @@ def test_per_thread_default_stream_program():
     imports = {n for n, typ, ndx in dyn_symbols(p) if ndx == "UND"}
     for name in ["cudaMemcpy_ptds", "cudaMemset_ptds", "cudaEventRecord_ptsz",
                  "cudaStreamSynchronize_ptsz", "cudaGetDriverEntryPoint_ptsz",
-                 "cudaMemPrefetchAsync_ptsz",
+                 "cudaMemPrefetchAsync_ptsz", "cudaMemPrefetchAsync_v2_ptsz",
                  "cudaGetDriverEntryPointByVersion_ptsz"]:
         assert f"{name}@libcudart.so.12" in imports, f"fake_rt_ptds does not import {name}"
     run_c("fake_rt_ptds")

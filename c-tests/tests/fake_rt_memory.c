@@ -98,6 +98,12 @@ int main(void)
     EXPECT_RT(cudaMemPrefetchAsync(m, N, 1, 0), cudaSuccess);
     EXPECT_RT(cudaMemPrefetchAsync(m, N, cudaCpuDeviceId, 0), cudaSuccess);
     EXPECT_RT(cudaMemPrefetchAsync(m, N, 99, 0), cudaErrorInvalidDevice);
+    struct cudaMemLocation to_dev = {cudaMemLocationTypeDevice, 0};
+    struct cudaMemLocation to_host = {cudaMemLocationTypeHost, 0};
+    struct cudaMemLocation to_bad = {cudaMemLocationTypeDevice, 99};
+    EXPECT_RT(cudaMemPrefetchAsync_v2(m, N, to_dev, 0, 0), cudaSuccess);
+    EXPECT_RT(cudaMemPrefetchAsync_v2(m, N, to_host, 0, 0), cudaSuccess);
+    EXPECT_RT(cudaMemPrefetchAsync_v2(m, N, to_bad, 0, 0), cudaErrorInvalidDevice);
     EXPECT_RT(cudaDeviceSynchronize(), cudaSuccess);
     memset(back, 0, N);
     EXPECT_RT(cudaMemcpy(back, m, N, cudaMemcpyDefault), cudaSuccess);
@@ -106,6 +112,16 @@ int main(void)
     EXPECT_RT(cudaPointerGetAttributes(&at, m), cudaSuccess);
     CHECK(at.type == cudaMemoryTypeManaged, "managed pointer type %d", (int)at.type);
     EXPECT_RT(cudaFree(m), cudaSuccess);
+    cudaGetLastError();
+
+    /* Memory info of the current device (1). */
+    size_t free_b = 0, total_b = 0;
+    struct cudaDeviceProp prop;
+    EXPECT_RT(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+    MUST_RT(cudaGetDeviceProperties(&prop, 1));
+    CHECK(total_b == prop.totalGlobalMem && free_b > 0 && free_b <= total_b,
+          "cudaMemGetInfo: %zu free of %zu", free_b, total_b);
+    EXPECT_RT(cudaMemGetInfo(NULL, &total_b), cudaErrorInvalidValue);
     cudaGetLastError();
 
     /* Free. */

@@ -35,6 +35,8 @@ int main(void)
     void *m = NULL;
     MUST_RT(cudaMallocManaged(&m, N, cudaMemAttachGlobal));
     EXPECT_RT(cudaMemPrefetchAsync(m, N, 0, 0), cudaSuccess);                 /* _ptsz */
+    struct cudaMemLocation to_dev = {cudaMemLocationTypeDevice, 0};
+    EXPECT_RT(cudaMemPrefetchAsync_v2(m, N, to_dev, 0, 0), cudaSuccess);      /* _v2_ptsz */
     EXPECT_RT(cudaStreamSynchronize(0), cudaSuccess);
     MUST_RT(cudaFree(m));
 

@@ -23,6 +23,8 @@ RT_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t strea
 RT_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream);
 RT_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count, int dstDevice,
                                                 cudaStream_t stream);
+RT_EXPORT cudaError_t cudaMemPrefetchAsync_v2_ptsz(const void *devPtr, size_t count,
+        struct cudaMemLocation location, unsigned int flags, cudaStream_t stream);
 RT_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
         unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus);
 RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol,
@@ -294,6 +296,44 @@ RT_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count
                                                 cudaStream_t stream)
 {
     return prefetch_with(&rt_per_thread, devPtr, count, dstDevice, stream);
+}
+
+static cudaError_t prefetch_v2_with(const struct rt_stream_fns *s, const void *devPtr,
+                                    size_t count, struct cudaMemLocation location,
+                                    unsigned int flags, cudaStream_t stream)
+{
+    /* cudaMemLocationType values equal CUmemLocationType ones; only a device location
+     * carries a runtime ordinal (the host kinds carry no id or a NUMA node id). */
+    CUmemLocation loc = { .type = (CUmemLocationType)location.type, .id = location.id };
+    if (location.type == cudaMemLocationTypeDevice) {
+        CUdevice cu;
+        TRY(rt_cu_device(location.id, &cu));
+        loc.id = cu;
+    }
+    TRY(rt_bind());
+    NEED(s->memPrefetchAsyncV2);
+    DRIVER(s->memPrefetchAsyncV2((CUdeviceptr)(uintptr_t)devPtr, count, loc, flags, stream));
+}
+
+RT_EXPORT cudaError_t cudaMemPrefetchAsync_v2(const void *devPtr, size_t count,
+        struct cudaMemLocation location, unsigned int flags, cudaStream_t stream)
+{
+    return prefetch_v2_with(&rt_legacy, devPtr, count, location, flags, stream);
+}
+
+RT_EXPORT cudaError_t cudaMemPrefetchAsync_v2_ptsz(const void *devPtr, size_t count,
+        struct cudaMemLocation location, unsigned int flags, cudaStream_t stream)
+{
+    return prefetch_v2_with(&rt_per_thread, devPtr, count, location, flags, stream);
+}
+
+RT_EXPORT cudaError_t cudaMemGetInfo(size_t *free, size_t *total)
+{
+    if (!free || !total)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(rt_bind());
+    NEED(rt_drv.memGetInfo);
+    DRIVER(rt_drv.memGetInfo(free, total));
 }
 
 static cudaError_t memcpy_with(const struct rt_stream_fns *s, void *dst, const void *src,

@@ -52,6 +52,7 @@ static const struct rt_entry driver_entries[] = {
     DRV(memAlloc,            "cuMemAlloc",                 3020),
     DRV(memFree,             "cuMemFree",                  3020),
     DRV(memAllocManaged,     "cuMemAllocManaged",          6000),
+    DRV(memGetInfo,          "cuMemGetInfo",               3020),
     DRV(pointerGetAttribute, "cuPointerGetAttribute",      4000),
     DRV(ipcGetMemHandle,     "cuIpcGetMemHandle",          4010),
     DRV(ipcOpenMemHandle,    "cuIpcOpenMemHandle",         11000),
@@ -69,7 +70,8 @@ static const struct rt_entry driver_entries[] = {
 
 /* Stream-ordered entry points: {legacy version, per-thread version}. The per-thread
  * variants (`_ptds`/`_ptsz`) appeared in CUDA 7.0 (cudaTypedefs.h: PFN_*_v7000_ptds),
- * cuMemPrefetchAsync's with the function itself in 8.0 (PFN_cuMemPrefetchAsync_v8000_ptsz). */
+ * cuMemPrefetchAsync's with the function itself in 8.0 (PFN_cuMemPrefetchAsync_v8000_ptsz);
+ * the location-based cuMemPrefetchAsync (`_v2`) is 12.2 (PFN_cuMemPrefetchAsync_v12020). */
 struct rt_stream_entry {
     size_t offset;
     const char *name;
@@ -88,6 +90,7 @@ static const struct rt_stream_entry stream_entries[] = {
     STR(eventRecord,       "cuEventRecord",       2000, 7000),
     STR(streamSynchronize, "cuStreamSynchronize", 2000, 7000),
     STR(memPrefetchAsync,  "cuMemPrefetchAsync",  8000, 8000),
+    STR(memPrefetchAsyncV2, "cuMemPrefetchAsync", 12020, 12020),
 };
 #undef STR
 

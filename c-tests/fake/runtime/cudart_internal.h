@@ -46,6 +46,7 @@ struct rt_driver {
     PFN_cuMemAlloc_v3020                memAlloc;
     PFN_cuMemFree_v3020                 memFree;
     PFN_cuMemAllocManaged_v6000         memAllocManaged;
+    PFN_cuMemGetInfo_v3020              memGetInfo;
     PFN_cuPointerGetAttribute_v4000     pointerGetAttribute;
     PFN_cuIpcGetMemHandle_v4010         ipcGetMemHandle;
     PFN_cuIpcOpenMemHandle_v11000       ipcOpenMemHandle;
@@ -74,6 +75,7 @@ struct rt_stream_fns {
     PFN_cuEventRecord_v2000             eventRecord;
     PFN_cuStreamSynchronize_v2000       streamSynchronize;
     PFN_cuMemPrefetchAsync_v8000        memPrefetchAsync;
+    PFN_cuMemPrefetchAsync_v12020       memPrefetchAsyncV2;
 };
 
 RT_HIDDEN extern struct rt_driver rt_drv;
