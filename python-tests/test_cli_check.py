@@ -66,6 +66,15 @@ def test_rank_gpu_is_compared_by_identity():
     assert rc == 1 and d["rank_gpu_matches"] is False
 
 
+def test_rank_gpu_uuid_from_the_launcher_decides():
+    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="7", RANKGUARD_RANK_GPU_UUID=uuid(2),
+                  LD_PRELOAD=str(GUARD))
+    assert rc == 0 and d["rank_gpu_matches"] is True
+    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="2", RANKGUARD_RANK_GPU_UUID=uuid(3),
+                  LD_PRELOAD=str(GUARD))
+    assert rc == 1 and d["rank_gpu_matches"] is False
+
+
 def test_check_under_the_guard_with_many_gpus_still_reports():
     # The check process itself never initialises CUDA, so the guard cannot stop it.
     rc, d = check(CUDA_VISIBLE_DEVICES="0,1,2", LD_PRELOAD=str(GUARD))

@@ -48,6 +48,7 @@ def test_four_ranks_each_see_their_planned_gpu():
         assert (e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == (str(i), str(i), "4", "4")
         assert e["MASTER_ADDR"] == "127.0.0.1"
         assert e["RANKGUARD_RANK_GPU"] == str(i)
+        assert e["RANKGUARD_RANK_GPU_UUID"] == uuid(i)
         assert e["LD_PRELOAD"] == str(GUARD.resolve())
         assert e["OMP_NUM_THREADS"] is None
 
@@ -60,6 +61,7 @@ def test_uuid_entries_survive_verbatim():
     kids = children(p.stdout)
     assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in kids] == [uuid(6), "GPU-13", uuid(1)]
     assert [c["env"]["RANKGUARD_RANK_GPU"] for c in kids] == [uuid(6), "GPU-13", uuid(1)]
+    assert [c["env"]["RANKGUARD_RANK_GPU_UUID"] for c in kids] == [uuid(6), uuid(3), uuid(1)]
     assert {c["env"]["CUDA_DEVICE_ORDER"] for c in kids} == {"PCI_BUS_ID"}
     for c, i in zip(kids, (6, 3, 1)):
         sees_one(c, i)

@@ -26,6 +26,7 @@ def test_narrow_by_local_rank_gives_the_right_single_entry():
     c = one(run_rank("--narrow-by", "LOCAL_RANK", "--", *child_cmd(), CUDA_VISIBLE_DEVICES="4,5,6,7", LOCAL_RANK="2"))
     assert c["env"]["CUDA_VISIBLE_DEVICES"] == "6"
     assert c["env"]["RANKGUARD_RANK_GPU"] == "6"
+    assert c["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(6)
     assert c["env"]["LD_PRELOAD"] == str(GUARD.resolve())
     assert c["guard_loaded"]
     assert c["cuda"]["count"] == 1 and c["cuda"]["devices"][0]["uuid"] == uuid(6)
@@ -33,6 +34,7 @@ def test_narrow_by_local_rank_gives_the_right_single_entry():
     cvd = f"GPU-12,{uuid(5)}"
     c = one(run_rank("--narrow-by", "SLURM_LOCALID", "--", *child_cmd(), CUDA_VISIBLE_DEVICES=cvd, SLURM_LOCALID="0"))
     assert c["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-12"
+    assert c["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(2)
     assert c["cuda"]["devices"][0]["uuid"] == uuid(2)
     # Unset CVD: every GPU, so position = ordinal.
     c = one(run_rank("--narrow-by", "LOCAL_RANK", "--", *child_cmd(), LOCAL_RANK="3"))
@@ -84,6 +86,7 @@ def test_run_execs_in_place_and_keeps_identity_and_job():
     (c,) = children(out)
     assert c["pid"] == proc.pid, "run must exec, not fork"
     assert c["env"]["RANKGUARD_RANK_GPU"] == "GPU-12"  # the outer rank's identity is kept
+    assert c["env"]["RANKGUARD_RANK_GPU_UUID"] is None
     assert c["env"]["RANKGUARD_JOB"] == "job-7"
     c = one(run_rank("--", *child_cmd("--no-cuda"), CUDA_VISIBLE_DEVICES="2", SLURM_JOB_ID="99", SLURM_STEP_ID="1"))
     assert c["env"]["RANKGUARD_JOB"] == "slurm-99.1"

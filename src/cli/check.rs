@@ -146,16 +146,24 @@ fn gather(sysroot: &std::path::Path) -> Report {
     let mut rank_gpu_matches = None;
     if let (Some(rg), Ok(d)) = (&rank_gpu, &driver) {
         if d.len() == 1 {
-            let same_text = entries.len() == 1 && entries[0].text() == *rg;
-            let same = same_text || match gpus::query(Some(Some(rg))) {
-                Ok(owner) if owner.len() == 1 => owner[0].uuid.eq_ignore_ascii_case(&d[0].gpu.uuid),
-                Ok(owner) => {
-                    problems.push(format!("{}='{rg}' names {} devices, not one", env::RANK_GPU, owner.len()));
-                    false
-                }
-                Err(e) => {
-                    problems.push(format!("cannot resolve {}='{rg}': {e}", env::RANK_GPU));
-                    false
+            // The launcher's resolved UUID when it gave one (as the guard does), else the
+            // same entry text, else the driver's answer for the rank's entry.
+            let resolved = std::env::var(env::RANK_GPU_UUID).ok().filter(|v| !v.trim().is_empty());
+            let same = if let Some(full) = resolved {
+                full.trim().eq_ignore_ascii_case(&d[0].gpu.uuid)
+            } else if entries.len() == 1 && entries[0].text() == *rg {
+                true
+            } else {
+                match gpus::query(Some(Some(rg))) {
+                    Ok(owner) if owner.len() == 1 => owner[0].uuid.eq_ignore_ascii_case(&d[0].gpu.uuid),
+                    Ok(owner) => {
+                        problems.push(format!("{}='{rg}' names {} devices, not one", env::RANK_GPU, owner.len()));
+                        false
+                    }
+                    Err(e) => {
+                        problems.push(format!("cannot resolve {}='{rg}': {e}", env::RANK_GPU));
+                        false
+                    }
                 }
             };
             if !same {

@@ -10,6 +10,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// The rank's GPU identity, exported to its whole process tree beside CUDA_VISIBLE_DEVICES;
 /// the guard compares it, by identity, with what each descendant sees.
 pub const RANK_GPU: &str = "RANKGUARD_RANK_GPU";
+/// The full GPU/MIG UUID of `RANK_GPU`, resolved through the driver, so the guard can
+/// compare identities whatever spelling (index, prefix, legacy MIG form) a descendant uses.
+pub const RANK_GPU_UUID: &str = "RANKGUARD_RANK_GPU_UUID";
 /// Unique per launch; kept when already set.
 pub const JOB: &str = "RANKGUARD_JOB";
 /// The guard's file name, as `rankguard lib` finds it.
@@ -53,6 +56,18 @@ pub fn preloaded_guard(existing: Option<&OsStr>) -> Option<String> {
         .into_iter()
         .find(|i| is_guard(i))
         .map(|i| String::from_utf8_lossy(i).into_owned())
+}
+
+/// The entry itself when it is already a full `GPU-`/`MIG-` UUID (8-4-4-4-12 hex digits).
+pub fn full_uuid(entry: &crate::cvd::Entry) -> Option<String> {
+    use crate::cvd::Entry;
+    let (Entry::Uuid(s) | Entry::Mig(s)) = entry else { return None };
+    let body = s.get(4..)?;
+    let groups: Vec<&str> = body.split('-').collect();
+    let lens = [8, 4, 4, 4, 12];
+    let ok = groups.len() == 5
+        && groups.iter().zip(lens).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
+    ok.then(|| s.clone())
 }
 
 fn nonempty(var: &str) -> Option<String> {
@@ -108,5 +123,16 @@ mod tests {
         assert_eq!(preload_without_guard(Some(OsStr::new("/x/librankguard.so"))), None);
         assert_eq!(preloaded_guard(Some(OsStr::new("a.so /x/librankguard.so"))).unwrap(), "/x/librankguard.so");
         assert_eq!(preloaded_guard(Some(OsStr::new("librankguard.so.bak"))), None);
+    }
+
+    #[test]
+    fn full_uuids_are_recognised() {
+        use crate::cvd::Entry;
+        let full = "GPU-12c0ffee-0000-4000-8000-000000000002";
+        assert_eq!(full_uuid(&Entry::Uuid(full.into())).as_deref(), Some(full));
+        assert_eq!(full_uuid(&Entry::Mig("MIG-1200a11c-0000-4000-8000-000000000200".into())).is_some(), true);
+        assert_eq!(full_uuid(&Entry::Uuid("GPU-12".into())), None);
+        assert_eq!(full_uuid(&Entry::Mig("MIG-GPU-12c0ffee-0000-4000-8000-000000000002/1/0".into())), None);
+        assert_eq!(full_uuid(&Entry::Index(3)), None);
     }
 }

@@ -339,6 +339,10 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
             .env("GROUP_RANK", p.node_rank.to_string())
             .env("MASTER_ADDR", &addr)
             .env("MASTER_PORT", port.to_string());
+        match &r.device.uuid {
+            Some(u) => cmd.env(env::RANK_GPU_UUID, u),
+            None => cmd.env_remove(env::RANK_GPU_UUID),
+        };
         if let (Some(c), false) = (&r.cpus, user_omp) {
             cmd.env("OMP_NUM_THREADS", c.len().to_string());
         }

@@ -12,15 +12,16 @@
 //!   - a multi-entry CVD is narrowed to the entry at position `$VAR` (`--narrow-by VAR`) or
 //!     to `--device`; without either it is refused, with the fix in the message;
 //!   - an unset CVD means "every GPU": `--narrow-by VAR` gives ordinal `$VAR`;
-//!   - no driver call: `run` sits on every rank's start-up path, and the guard checks what
-//!     the driver then enumerates.
+//!   - at most one driver call, in a helper process: resolving an index or UUID-prefix entry
+//!     to the full UUID exported as `RANKGUARD_RANK_GPU_UUID` (a full UUID entry needs none).
+//!     Whether the rank then sees exactly that GPU is the guard's check at cuInit.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 
 use super::args::{Lexer, Token};
-use super::{env, lib_path, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use super::{env, gpus, lib_path, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
 use crate::cvd::{self, Entry, Visibility};
 use crate::plan;
 
@@ -171,10 +172,27 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     // `run`) it is kept, so the guard can tell a re-pointed descendant from the rank's GPU.
     if std::env::var_os(env::RANK_GPU).is_none_or(|v| v.is_empty()) {
         c.env(env::RANK_GPU, &text);
+        match resolve_uuid(&entry) {
+            Some(u) => c.env(env::RANK_GPU_UUID, u),
+            None => c.env_remove(env::RANK_GPU_UUID),
+        };
     }
     let e = c.exec();
     let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXECUTE };
     Err(Error { msg: format!("rankguard run: cannot execute '{}': {e}", cmd[0].to_string_lossy()), code })
+}
+
+/// The entry's full UUID: itself when it is one, else the driver's answer under
+/// `CUDA_VISIBLE_DEVICES=<entry>` (one helper process). None when the driver cannot say; the
+/// guard then compares entries by text, failing closed.
+fn resolve_uuid(entry: &Entry) -> Option<String> {
+    if let Some(u) = env::full_uuid(entry) {
+        return Some(u);
+    }
+    match gpus::query(Some(Some(&entry.text()))) {
+        Ok(list) if list.len() == 1 => Some(list[0].uuid.clone()),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
