@@ -228,12 +228,13 @@ def _start(tmp_path, *extra):
     return proc, _pids(tmp_path), _pids(tmp_path, "*.grand")
 
 
-def test_sigterm_to_the_launcher_ends_every_child(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_ends_every_child(tmp_path, sig):
     proc, pids, grands = _start(tmp_path)
     assert all(alive(p) for p in pids + grands)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     rc = proc.wait(timeout=30)
-    assert rc == 128 + signal.SIGTERM
+    assert rc == 128 + sig
     assert wait_for(lambda: not any(alive(p) for p in pids + grands), timeout=10)
 
 
@@ -253,3 +254,33 @@ def test_prefix_output_tags_each_line_with_the_rank():
     out = sorted(p.stdout.splitlines())
     assert out == ["[rank 0] out 0", "[rank 0] tail 0", "[rank 1] out 1", "[rank 1] tail 1"]
     assert "[rank 0] err 0" in p.stderr.splitlines() and "[rank 1] err 1" in p.stderr.splitlines()
+
+
+def test_output_relay_does_not_wait_for_leftover_descendants(tmp_path):
+    # A rank's background process keeps the relay pipe open; the launcher still ends, and
+    # takes the leftover with it.
+    t0 = time.monotonic()
+    p = launch("--nproc-per-node", "1", "--prefix-output", "--",
+               "sh", "-c", f'sleep 600 & echo $! > {tmp_path}/bg; echo hi', timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[rank 0] hi"]
+    assert time.monotonic() - t0 < 15
+    bg = int((tmp_path / "bg").read_text())
+    assert wait_for(lambda: not alive(bg), timeout=10)
+
+
+def test_multi_node_rank_environment():
+    p = launch("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3",
+               "--master-port", "29501", "--", *child_cmd("--no-cuda"))
+    assert p.returncode == 0, p.stderr
+    kids = children(p.stdout)
+    assert [(c["env"]["RANK"], c["env"]["LOCAL_RANK"], c["env"]["GROUP_RANK"]) for c in kids] == \
+        [("2", "0", "1"), ("3", "1", "1")]
+    assert {(c["env"]["WORLD_SIZE"], c["env"]["LOCAL_WORLD_SIZE"], c["env"]["MASTER_ADDR"], c["env"]["MASTER_PORT"])
+            for c in kids} == {("4", "2", "10.1.2.3", "29501")}
+
+
+def test_plan_into_a_closed_pipe_does_not_panic():
+    p = subprocess.run(f"'{CLI}' plan --nproc-per-node 8 | head -c 1", shell=True, env=clean_env(FAKECUDA_GPUS="8"),
+                       capture_output=True, text=True, timeout=60)
+    assert "panicked" not in p.stderr

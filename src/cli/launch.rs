@@ -582,11 +582,10 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
             }
         }
     }
-    // Descendants left in a rank's process group after a stop go too.
-    if first_failure.is_some() || interrupted.is_some() {
-        for r in ranks.iter() {
-            let _ = sys::signal_group(r.pid, sys::SIGKILL);
-        }
+    // Children die with the launcher: whatever a rank left running in its process group
+    // (a background helper, a stray worker) goes too, on success as on failure.
+    for r in ranks.iter() {
+        let _ = sys::signal_group(r.pid, sys::SIGKILL);
     }
     match (first_failure, interrupted) {
         (Some((_, st)), _) => status_code(&st),
