@@ -15,6 +15,7 @@
 pub mod table;
 pub mod dlsym;
 pub mod engine;
+pub mod ipc;
 pub mod ffi;
 pub mod real;
 pub mod report;

@@ -342,4 +342,198 @@ guarded! {
     Runtime "cudaGetDevice" fn cudaGetDevice(device: *mut c_int) -> CudaError |real| {
         real(device)
     }
+
+    // ---- IPC (R3) -----------------------------------------------------------------------
+    // Exports record provenance after the real call succeeded; imports are decided before
+    // the real call (legacy handles, events, pools) or right after it (VMM: the
+    // allocation's location type decides host memory), and verified after the fact where
+    // the driver can tell. Denials return 800. Logic: guard/ipc.rs and registry.rs.
+    Driver "cuIpcGetMemHandle" fn cuIpcGetMemHandle(handle: *mut crate::guard::ipc::IpcHandle, dptr: CUdeviceptr) -> CuResult |real| {
+        let rc = real(handle, dptr);
+        if rc == CuResult::SUCCESS {
+            crate::guard::ipc::exported_mem(handle, dptr);
+        }
+        rc
+    }
+    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: crate::guard::ipc::IpcHandle, flags: c_uint) -> CuResult |real| {
+        use crate::guard::ipc;
+        let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={flags:#x}", ipc::Short(&handle))) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let rc = real(pdptr, handle, flags);
+        if rc == CuResult::SUCCESS && !pdptr.is_null() {
+            let p = *pdptr;
+            if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("handle={}, Flags={flags:#x} -> {p:#x}", ipc::Short(&handle))) {
+                ipc::close_mem(p);
+                *pdptr = 0;
+                return code;
+            }
+        }
+        rc
+    }
+    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: crate::guard::ipc::IpcHandle, flags: c_uint) -> CuResult |real| {
+        use crate::guard::ipc;
+        let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={flags:#x}", ipc::Short(&handle))) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let rc = real(pdptr, handle, flags);
+        if rc == CuResult::SUCCESS && !pdptr.is_null() {
+            let p = *pdptr;
+            if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("handle={}, Flags={flags:#x} -> {p:#x}", ipc::Short(&handle))) {
+                ipc::close_mem(p);
+                *pdptr = 0;
+                return code;
+            }
+        }
+        rc
+    }
+    Driver "cuIpcGetEventHandle" fn cuIpcGetEventHandle(handle: *mut crate::guard::ipc::IpcHandle, event: CUevent) -> CuResult |real| {
+        let rc = real(handle, event);
+        if rc == CuResult::SUCCESS {
+            crate::guard::ipc::exported_event(handle);
+        }
+        rc
+    }
+    Driver "cuIpcOpenEventHandle" fn cuIpcOpenEventHandle(event: *mut CUevent, handle: crate::guard::ipc::IpcHandle) -> CuResult |real| {
+        use crate::guard::ipc;
+        if let Err(code) = ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
+            return code;
+        }
+        real(event, handle)
+    }
+    Driver "cuMemExportToShareableHandle" fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: c_uint, flags: u64) -> CuResult |real| {
+        let rc = real(shareable, handle, handle_type, flags);
+        if rc == CuResult::SUCCESS {
+            crate::guard::ipc::exported_allocation(shareable, handle, handle_type);
+        }
+        rc
+    }
+    Driver "cuMemImportFromShareableHandle" fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: c_uint) -> CuResult |real| {
+        use crate::guard::ipc;
+        use crate::registry::Kind;
+        // The key first: the fd is the caller's until the call returns.
+        let key = ipc::key_of_shareable(Kind::VmmFd, Kind::Fabric, os_handle, handle_type);
+        let rc = real(handle, os_handle, handle_type);
+        if rc == CuResult::SUCCESS && !handle.is_null() {
+            let h = *handle;
+            if let Err(code) = ipc::check_vmm_import::<CuResult>(ID, key, h, format_args!("osHandle={os_handle:p}, shHandleType={handle_type:#x}")) {
+                ipc::release_allocation(h);
+                *handle = 0;
+                return code;
+            }
+        }
+        rc
+    }
+    Driver "cuMemPoolExportToShareableHandle" fn cuMemPoolExportToShareableHandle(shareable: *mut c_void, pool: CUmemoryPool, handle_type: c_uint, flags: u64) -> CuResult |real| {
+        let rc = real(shareable, pool, handle_type, flags);
+        if rc == CuResult::SUCCESS {
+            crate::guard::ipc::exported_pool(shareable, handle_type);
+        }
+        rc
+    }
+    Driver "cuMemPoolImportFromShareableHandle" fn cuMemPoolImportFromShareableHandle(pool: *mut CUmemoryPool, os_handle: *mut c_void, handle_type: c_uint, flags: u64) -> CuResult |real| {
+        use crate::guard::ipc;
+        use crate::registry::Kind;
+        let key = ipc::key_of_shareable(Kind::PoolFd, Kind::PoolFabric, os_handle, handle_type);
+        if let Err(code) = ipc::check_import::<CuResult>(ID, key, None, format_args!("handle={os_handle:p}, handleType={handle_type:#x}, flags={flags:#x}")) {
+            return code;
+        }
+        real(pool, os_handle, handle_type, flags)
+    }
+    Driver "cuMemPoolExportPointer" fn cuMemPoolExportPointer(data: *mut crate::guard::ipc::IpcHandle, ptr: CUdeviceptr) -> CuResult |real| {
+        let rc = real(data, ptr);
+        if rc == CuResult::SUCCESS {
+            crate::guard::ipc::exported_pool_pointer(data, ptr);
+        }
+        rc
+    }
+    Driver "cuMemPoolImportPointer" fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, data: *mut crate::guard::ipc::IpcHandle) -> CuResult |real| {
+        use crate::guard::ipc;
+        let key = data.as_ref().map(|d| ipc::key_of(crate::registry::Kind::PoolPtr, d));
+        let checked = match ipc::check_import::<CuResult>(ID, key, None, format_args!("pool={pool:p}, shareData={data:p}")) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let rc = real(ptr_out, pool, data);
+        if rc == CuResult::SUCCESS && !ptr_out.is_null() {
+            let p = *ptr_out;
+            if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("pool={pool:p}, shareData={data:p} -> {p:#x}")) {
+                ipc::free_pointer(p);
+                *ptr_out = 0;
+                return code;
+            }
+        }
+        rc
+    }
+    Runtime "cudaIpcGetMemHandle" fn cudaIpcGetMemHandle(handle: *mut crate::guard::ipc::IpcHandle, dev_ptr: *mut c_void) -> CudaError |real| {
+        let rc = {
+            let _nested = crate::guard::ipc::RuntimeScope::enter();
+            real(handle, dev_ptr)
+        };
+        if rc == CudaError::SUCCESS {
+            crate::guard::ipc::exported_mem(handle, dev_ptr as CUdeviceptr);
+        }
+        rc
+    }
+    Runtime "cudaIpcOpenMemHandle" fn cudaIpcOpenMemHandle(dev_ptr: *mut *mut c_void, handle: crate::guard::ipc::IpcHandle, flags: c_uint) -> CudaError |real| {
+        use crate::guard::ipc;
+        // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
+        let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let rc = {
+            let _nested = ipc::RuntimeScope::enter();
+            real(dev_ptr, handle, flags)
+        };
+        if rc == CudaError::SUCCESS && !dev_ptr.is_null() {
+            let p = *dev_ptr;
+            if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
+                ipc::close_mem_runtime(p);
+                *dev_ptr = std::ptr::null_mut();
+                return code;
+            }
+        }
+        rc
+    }
+    Runtime "cudaIpcGetEventHandle" fn cudaIpcGetEventHandle(handle: *mut crate::guard::ipc::IpcHandle, event: *mut c_void) -> CudaError |real| {
+        let rc = {
+            let _nested = crate::guard::ipc::RuntimeScope::enter();
+            real(handle, event)
+        };
+        if rc == CudaError::SUCCESS {
+            crate::guard::ipc::exported_event(handle);
+        }
+        rc
+    }
+    Runtime "cudaIpcOpenEventHandle" fn cudaIpcOpenEventHandle(event: *mut *mut c_void, handle: crate::guard::ipc::IpcHandle) -> CudaError |real| {
+        use crate::guard::ipc;
+        if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
+            return code;
+        }
+        let _nested = ipc::RuntimeScope::enter();
+        real(event, handle)
+    }
+
+    // ---- IPC (R3): functions the guard itself calls (pass through) -------------------
+    Driver "cuPointerGetAttribute" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult |real| {
+        real(data, attribute, ptr)
+    }
+    Driver "cuMemGetAllocationPropertiesFromHandle" fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: CUmemGenericAllocationHandle) -> CuResult |real| {
+        real(prop, handle)
+    }
+    Driver "cuIpcCloseMemHandle" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CuResult |real| {
+        real(dptr)
+    }
+    Driver "cuMemRelease" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CuResult |real| {
+        real(handle)
+    }
+    Driver "cuMemFree" fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult |real| {
+        real(dptr)
+    }
+    Runtime "cudaIpcCloseMemHandle" fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> CudaError |real| {
+        real(dev_ptr)
+    }
 }
