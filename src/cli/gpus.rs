@@ -8,6 +8,7 @@
 //!   - `check` compares identities by running the helper under a different
 //!     `CUDA_VISIBLE_DEVICES`, which a process cannot change for itself after cuInit;
 //!   - the launcher never initialises CUDA before forking its ranks.
+//!
 //! The driver is found as `libcuda.so.1` on the normal search path, exactly as the CUDA
 //! runtime finds it, so the fake platform on `LD_LIBRARY_PATH` is honoured in tests.
 

@@ -86,7 +86,8 @@ pub fn prepare_rank_child(cmd: &mut Command, cpus: Option<&CpuSet>) {
         // The launcher may have died before the prctl: then nothing would ever kill us.
         // SAFETY: getppid has no preconditions.
         if unsafe { libc::getppid() } != launcher {
-            return Err(io::Error::other("the launcher exited while the rank was starting"));
+            // ESRCH: "no such process", the launcher is gone. No allocation after fork.
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
         // SAFETY: setpgid(0, 0) makes this process a group leader; no pointers.
         if unsafe { libc::setpgid(0, 0) } != 0 {
@@ -96,8 +97,8 @@ pub fn prepare_rank_child(cmd: &mut Command, cpus: Option<&CpuSet>) {
     };
     // SAFETY: the hook runs in the forked child before exec and only makes
     // async-signal-safe calls (sigemptyset, pthread_sigmask, sched_setaffinity, prctl,
-    // getppid, setpgid) on data captured before the fork; it allocates only on its error
-    // path (io::Error::other), after which std reports the error and the child exits.
+    // getppid, setpgid) on data captured before the fork, and never allocates (its errors
+    // are raw OS error codes).
     unsafe {
         cmd.pre_exec(hook);
     }
