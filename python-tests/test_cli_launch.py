@@ -160,6 +160,10 @@ def test_auto_cpu_blocks_are_local_disjoint_and_inherited(tmp_path):
     assert [c["cpus_allowed_list"] for c in kids] == [str(a), str(b)]
     assert [c["threads_affinity"] for c in kids] == [[a], [b]]
     assert [c["env"]["OMP_NUM_THREADS"] for c in kids] == ["1", "1"]
+    # Explicit blocks, in the order given.
+    p = launch("--devices", "0,4", "--cpu-ids", f"{b},{a}", "--", *child_cmd("--no-cuda"))
+    assert p.returncode == 0, p.stderr
+    assert [c["cpus_allowed_list"] for c in children(p.stdout)] == [str(b), str(a)]
     # A user's OMP_NUM_THREADS is kept.
     env = clean_env(FAKECUDA_GPUS="8", OMP_NUM_THREADS="7")
     p = launch("--devices", "0,4", "--cpu-ids", "auto", "--sysroot", str(root), "--", *child_cmd("--no-cuda"), env=env)

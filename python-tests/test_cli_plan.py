@@ -140,3 +140,18 @@ def test_explicit_blocks_outside_the_affinity_are_refused():
     assert f"block 1 ({outside}) is outside the launcher's own CPU affinity" in p.stderr
     p = cli("plan", "--nproc-per-node", "2", "--cpu-ids", f"{a},{a}", env=clean_env(FAKECUDA_GPUS="8"))
     assert p.returncode == 2 and "share CPUs" in p.stderr
+
+
+def test_without_a_driver():
+    # No libcuda.so.1 on the library path: the driver's list is needed only when the parent
+    # gives none.
+    env = clean_env(LD_LIBRARY_PATH="/nonexistent")
+    p = cli("plan", "--nproc-per-node", "1", env=env)
+    assert p.returncode == 2
+    assert "cannot list this node's GPUs" in p.stderr and "libcuda.so.1" in p.stderr
+    p = cli("plan", "--json", "--nproc-per-node", "2", env=clean_env(LD_LIBRARY_PATH="/nonexistent",
+                                                                     CUDA_VISIBLE_DEVICES="GPU-12,GPU-13"))
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert [(r["cuda_visible_devices"], r["uuid"], r["bus_id"]) for r in d["ranks"]] == \
+        [("GPU-12", None, None), ("GPU-13", None, None)]
