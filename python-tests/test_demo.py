@@ -1,0 +1,212 @@
+"""scripts/demo, the README's main job (issue 6): each of its three acts ends as described,
+and the violations the legacy config plants are exactly what the audit files and
+`rankguard report --json` say (which calls, rules, ranks, counts).
+
+The demo runs once per module (about 10 s on 2 cores) with --no-build: the test command has
+already set up and built everything.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import sys
+
+import pytest
+
+from conftest import CLI, PYTHON, ROOT, clean_env, run
+
+DEMO = ROOT / "scripts" / "demo"
+EXAMPLES = ROOT / "examples"
+WORLD = 4
+GPU = "GPU-1{0}c0ffee-0000-4000-8000-00000000000{0}"   # the fake node's UUIDs (cvd-vectors.tsv)
+
+# The planted set, written out by hand rather than computed by examples/rl_job.py, so the
+# test does not trust the example's own bookkeeping. Per rank r of 4 (GPU r):
+#   the learner's cuDeviceGet(r) names a global index: R2, except rank 0 (index 0 is cuda:0);
+#   collector 1 is pinned to GPU (r+1)%4 by rewriting CUDA_VISIBLE_DEVICES: R1 at cuInit;
+#   from there it opens the learner's rollout buffer, exported on GPU r: R3.
+# Collector 0, the inference ring and the inter-rank weights check follow the contract.
+PLANTED = collections.Counter({
+    (0, "R1", "cuInit"): 1, (0, "R3", "cuIpcOpenMemHandle"): 1,
+    (1, "R2", "cuDeviceGet"): 1, (1, "R1", "cuInit"): 1, (1, "R3", "cuIpcOpenMemHandle"): 1,
+    (2, "R2", "cuDeviceGet"): 1, (2, "R1", "cuInit"): 1, (2, "R3", "cuIpcOpenMemHandle"): 1,
+    (3, "R2", "cuDeviceGet"): 1, (3, "R1", "cuInit"): 1, (3, "R3", "cuIpcOpenMemHandle"): 1,
+})
+
+
+class Demo:
+    def __init__(self, proc, work: pathlib.Path):
+        self.proc, self.work = proc, work
+
+    @property
+    def out(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+    def act_output(self, n: int) -> str:
+        return (self.work / f"act{n}" / "output.txt").read_text()
+
+    def records(self, n: int) -> list[dict]:
+        out = []
+        for f in sorted((self.work / f"act{n}" / "audit").glob("*.jsonl")):
+            out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        return out
+
+    def launcher_status(self, n: int) -> int:
+        """The status the demo printed after act n's `rankguard launch`."""
+        marker = "(rankguard launch exited with status "
+        text = self.out.split(f"Act {n}/3", 1)[1]
+        return int(text.split(marker, 1)[1].split(")", 1)[0])
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Demo:
+    work = tmp_path_factory.mktemp("demo")
+    p = run([DEMO, "--no-build", "--workdir", work], env=clean_env(), timeout=300)
+    return Demo(p, work)
+
+
+def tally(records) -> collections.Counter:
+    return collections.Counter((r["rank"], r["rule"], r["call"]) for r in records)
+
+
+def test_demo_exits_0_with_every_act_as_described(demo):
+    assert demo.proc.returncode == 0, demo.out
+    for n in (1, 2, 3):
+        assert f"act {n} ended as described" in demo.out, demo.out
+    assert "all three acts ended as described" in demo.out
+
+
+def test_act1_legacy_warn_runs_to_the_end(demo):
+    assert demo.launcher_status(1) == 0, demo.out
+    out = demo.act_output(1)
+    assert out.count("done, every check passed") == WORLD, out
+    # The guard's lines, as they are: warn mode lets each call through.
+    for r in range(WORLD):
+        assert f"[rank {r}] RANKGUARD WARN cuInit(flags=0) allowed (warn mode) [R1" in out, out
+        assert f"[rank {r}] RANKGUARD WARN cuIpcOpenMemHandle(" in out, out
+    for r in range(1, WORLD):
+        assert f"[rank {r}] RANKGUARD WARN cuDeviceGet(ordinal={r}) allowed (warn mode) [R2" in out, out
+
+
+def test_act1_audit_is_exactly_the_planted_set(demo):
+    recs = demo.records(1)
+    assert tally(recs) == PLANTED, recs
+    assert {r["verdict"] for r in recs} == {"warn"} and {r["mode"] for r in recs} == {"warn"}
+    assert len({r["job"] for r in recs}) == 1, "one job id for every rank"
+    for r in recs:
+        rank = r["rank"]
+        if r["rule"] == "R2":
+            assert r["ordinal"] == rank and r["cvd"] == str(rank), r
+        else:
+            # R1 and R3 come from collector 1, which sees the next GPU.
+            nxt = (rank + 1) % WORLD
+            assert r["cvd"] == str(nxt) and r["gpu"] == GPU.format(nxt), r
+            assert r["rank_gpu"] == str(rank), r
+    # Each R1/R3 pair comes from one process (collector 1 of that rank).
+    pids = collections.defaultdict(set)
+    for r in recs:
+        if r["rule"] in ("R1", "R3"):
+            pids[r["rank"]].add(r["pid"])
+    assert all(len(p) == 1 for p in pids.values()) and len(pids) == WORLD, pids
+
+
+def test_report_json_matches_the_planted_set(demo):
+    p = run([CLI, "report", "--json", demo.work / "act1" / "audit"], timeout=60)
+    assert p.returncode == 1, f"report should exit 1 (violations found)\n{p.stdout}{p.stderr}"
+    doc = json.loads(p.stdout)
+    got = collections.Counter()
+    for g in doc["groups"]:
+        assert g["count"] == sum(r["count"] for r in g["ranks"]), g
+        assert g["warned"] == g["count"] and g["denied"] == 0, g
+        for r in g["ranks"]:
+            got[(r["rank"], g["rule"], g["call"])] += r["count"]
+            assert r["first"]["verdict"] == "warn" and r["first"]["pid"] is not None, r
+    assert got == PLANTED, json.dumps(doc["groups"], indent=1)
+    t = doc["totals"]
+    assert (t["violations"], t["warned"], t["denied"], t["ranks"], t["problems"]) == \
+        (sum(PLANTED.values()), sum(PLANTED.values()), 0, WORLD, 0), t
+    assert doc["problems"] == []
+
+
+def test_report_text_is_what_the_demo_showed(demo):
+    """The demo ends act 1 with the human report: every rule and call, with counts."""
+    text = demo.out.split("Act 1: the audit summary", 1)[1].split("Act 2/3", 1)[0]
+    assert "cuInit: 4 warned in ranks 0, 1, 2, 3" in text, text
+    assert "cuDeviceGet: 3 warned in ranks 1, 2, 3" in text, text
+    assert "cuIpcOpenMemHandle: 4 warned in ranks 0, 1, 2, 3" in text, text
+    assert "total: 11 violations (0 denied, 11 warned)" in text, text
+
+
+def test_act2_legacy_enforce_is_refused_and_the_job_stopped(demo):
+    assert demo.launcher_status(2) == 78, demo.out
+    out = demo.act_output(2)
+    assert "RANKGUARD WARN terminating: this process breaks rule R1" in out, out
+    assert "denied [R1 one GPU per rank]" in out, out
+    assert "exited with status 78 (terminated by the guard: rule R1)" in out, out
+    assert "stopping the other ranks" in out, out
+    assert "every check passed" not in out, out
+    recs = demo.records(2)
+    # The launcher stops the job at the first failure: some ranks may not get as far, but
+    # nothing outside the planted set is recorded, every record is a denial, and the
+    # collector on another GPU never reached its import (R1 stopped it at cuInit).
+    assert not tally(recs) - PLANTED, recs
+    assert {r["verdict"] for r in recs} == {"deny"}, recs
+    assert any(r["rule"] == "R1" for r in recs), recs
+    assert not any(r["rule"] == "R3" for r in recs), recs
+
+
+def test_act3_compliant_config_is_clean(demo):
+    assert demo.launcher_status(3) == 0, demo.out
+    out = demo.act_output(3)
+    assert "RANKGUARD" not in out, out
+    assert out.count("done, every check passed") == WORLD, out
+    assert out.count("between ranks: allowed") == WORLD, out
+    files = list((demo.work / "act3" / "audit").glob("*.jsonl"))
+    assert files, "the guard opens its audit file in every process that touches CUDA"
+    assert demo.records(3) == []
+
+
+def test_example_plants_what_the_test_expects():
+    """examples/rl_job.py's own list (what the demo checks against) is the hand-written set."""
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import rl_job; "
+            "print(json.dumps(rl_job.planted_violations(4)))")
+    p = run([PYTHON, "-c", code, EXAMPLES], check=True)
+    mine = collections.Counter({(v["rank"], v["rule"], v["call"]): v["count"] for v in json.loads(p.stdout)})
+    assert mine == PLANTED
+
+
+@pytest.fixture(scope="module")
+def check_audit():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import check_audit as m
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return m
+
+
+def _rec(rank, rule, call, verdict="warn"):
+    return {"rank": rank, "rule": rule, "call": call, "verdict": verdict}
+
+
+def test_demo_audit_check_rejects_what_it_should(check_audit):
+    """The demo's own check (examples/check_audit.py) fails on a missing, an extra, or a
+    wrongly-judged record, so the demo cannot pass with a wrong audit."""
+    good = [_rec(*k) for k, n in PLANTED.items() for _ in range(n)]
+    assert check_audit.compare(good, "warn", PLANTED) == []
+    assert check_audit.compare(good[1:], "warn", PLANTED)                           # missing
+    assert check_audit.compare(good + [_rec(0, "R2", "cuDeviceGet")], "warn", PLANTED)  # extra
+    assert check_audit.compare(good + [good[0]], "warn", PLANTED)                   # twice
+    assert check_audit.compare([dict(good[0], verdict="deny")] + good[1:], "warn", PLANTED)
+    denied = [_rec(1, "R1", "cuInit", "deny"), _rec(1, "R2", "cuDeviceGet", "deny")]
+    assert check_audit.compare(denied, "enforce", PLANTED) == []
+    assert check_audit.compare(denied[1:], "enforce", PLANTED)                      # no R1
+    assert check_audit.compare(denied + [_rec(1, "R4", "cuMemcpyPeer", "deny")], "enforce", PLANTED)
+    assert check_audit.compare([], "none", collections.Counter()) == []
+    assert check_audit.compare(denied, "none", collections.Counter())
+
+
+def test_demo_rejects_unknown_arguments():
+    p = run([DEMO, "--frobnicate"], env=clean_env())
+    assert p.returncode == 2 and "unknown argument '--frobnicate'" in p.stderr, p.stderr
