@@ -9,6 +9,8 @@
 // Shared with librankguard.so; the CLI uses only part of its API.
 #[allow(dead_code)]
 mod cvd;
+// Reading audit files back (`rankguard report`).
+mod audit;
 mod cli;
 mod cpuset;
 mod plan;

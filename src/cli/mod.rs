@@ -13,6 +13,7 @@ mod gpus;
 mod json;
 mod launch;
 mod lib_path;
+mod report;
 mod run;
 #[allow(unsafe_code)]
 mod sys;
@@ -82,6 +83,8 @@ const COMMANDS: &[Command] = &[
               main: launch::plan_main },
     Command { name: "lib", summary: "print the absolute path of librankguard.so (LD_PRELOAD=$(rankguard lib) ...)",
               main: lib_path::main },
+    Command { name: "report", summary: "summarise RANKGUARD_AUDIT files: violations by rule, call and rank, first occurrence",
+              main: report::main },
 ];
 
 /// The hidden subcommand the CLI runs itself as to ask the driver (see `gpus.rs`).

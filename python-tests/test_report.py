@@ -1,0 +1,285 @@
+"""`rankguard report` over real audit files (issue 6).
+
+A known set of violations is planted by running real guarded processes
+(c-tests/build/tests/guard_call under librankguard.so on the fake node) as "ranks" 0..3 and
+one process with no rank, each appending to its rank's RANKGUARD_AUDIT file. The expected
+summary is computed from the plan alone (which rule/call/rank/verdict each run plants, and
+so which run is the first of each group); only the fields the report passes through
+unchanged (time, args, detail, CUDA_VISIBLE_DEVICES, GPU) are read back from the record of
+the run the plan says comes first. The report, human and --json, must equal it exactly.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import socket
+
+import pytest
+
+from conftest import CLI, GUARD, clean_env, run
+from _guard import prog
+
+RULE_NAMES = {"R1": "one GPU per rank", "R2": "cuda:0 only",
+              "R3": "no cross-device IPC inside a rank", "R4": "no peer access inside a rank"}
+
+# (audit file, RANK or None, mode, CUDA_VISIBLE_DEVICES, guard_call args,
+#  the records this run plants: [(rule, call, verdict)])
+PLAN = [
+    ("rank0", "0", "enforce", "3", ["link", "cuDeviceGet", "1"], [("R2", "cuDeviceGet", "deny")]),
+    ("rank0", "0", "enforce", "3", ["link", "cuDeviceGet", "0"], []),
+    ("rank1", "1", "enforce", "3", ["link", "cuDeviceGet", "2"], [("R2", "cuDeviceGet", "deny")]),
+    ("rank1", "1", "enforce", "3", ["link", "cudaDeviceEnablePeerAccess", "1"],
+     [("R4", "cudaDeviceEnablePeerAccess", "deny")]),
+    ("rank2", "2", "warn", "0,1", ["link", "cuDeviceGet", "0"], [("R1", "cuInit", "warn")]),
+    ("rank2", "2", "enforce", "3", ["dlsym", "cuDeviceGet", "1"], [("R2", "cuDeviceGet", "deny")]),
+    ("rank3", "3", "enforce", "3", ["link", "cudaMemcpyPeer", "1"], [("R4", "cudaMemcpyPeer", "deny")]),
+    ("rank3", "3", "enforce", "3", ["gpa2", "cuCtxCreate", "2", "12050"], [("R2", "cuCtxCreate", "deny")]),
+    ("rank3", "3", "warn", "0,1", ["link", "cuDeviceGet", "0"], [("R1", "cuInit", "warn")]),
+    # A second rank-0 process whose records go to another file, given FIRST on the command
+    # line: the first occurrence must still be the earlier run (by time, not input order).
+    ("late0", "0", "enforce", "3", ["link", "cuDeviceGet", "1"], [("R2", "cuDeviceGet", "deny")]),
+    ("late0", "0", "enforce", "3", ["link", "cudaSetDevice", "1"], [("R2", "cudaSetDevice", "deny")]),
+    ("norank", None, "enforce", "3", ["link", "cudaSetDevice", "2"], [("R2", "cudaSetDevice", "deny")]),
+]
+FILE_ORDER = ["late0", "rank0", "rank1", "rank2", "rank3", "norank"]
+
+# A file of lines the report must list as problems, each with its reason, and skip.
+_REC = '{"ts":1796046868.387809,"call":"cuDeviceGet","abi":"cuDeviceGet","verdict":"deny","rule":"R2"}'
+GARBAGE = [
+    (b"", None),
+    (b"hello", "not JSON: unexpected 'h' at byte 1"),
+    (b'{"call":"cuDeviceGet"}', "not an audit record: field 'verdict' is missing"),
+    (b"[1,2]", "not an audit record: a JSON value that is not an object"),
+    (b'{"call":"x","verdict":"deny","rule":"R2","pid":"7"}', "not an audit record: field 'pid' is not an integer"),
+    (_REC[:60].encode(), "partial record: the line ends inside a JSON value (a cut or interleaved write?)"),
+    (_REC.encode() + b"}", "not JSON: unexpected '}' after the JSON value at byte 95"),
+    (b"\xff\xfe{", "not UTF-8 text (a binary file, or a corrupted write?)"),
+]
+TORN = (_REC[:30].encode(), "torn: the file ends inside a record (no final newline); was the writer killed mid-write?")
+
+
+def _utc(ts: float) -> str:
+    us = round(ts * 1e6)
+    d = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(microseconds=us)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """Run the plan; return (dir, files in command-line order, per-run (pid, records))."""
+    d = tmp_path_factory.mktemp("audit")
+    runs = []
+    for name, rank, mode, cvd, args, want in PLAN:
+        audit = d / f"{name}.jsonl"
+        env = clean_env(LD_PRELOAD=str(GUARD), RANKGUARD_AUDIT=str(audit), RANKGUARD_MODE=mode,
+                        CUDA_VISIBLE_DEVICES=cvd, RANK=rank)
+        # `exec` keeps the shell's pid, so the test knows each process's pid.
+        p = run(["sh", "-c", 'echo "pid=$$"; exec "$@"', "sh", prog("guard_call"), *args], env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        pid = int(p.stdout.split("pid=", 1)[1].split()[0])
+        recs = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+        mine = [r for r in recs if r["pid"] == pid]
+        # The plan is what the guard really recorded: exactly these records, in this order.
+        assert [(r["rule"], r["call"], r["verdict"]) for r in mine] == want, (args, mine, p.stderr)
+        runs.append((pid, mine))
+    files = [d / f"{n}.jsonl" for n in FILE_ORDER]
+    return d, files, runs
+
+
+def expected_json(files, runs, extra_files=(), problems=()):
+    host = socket.gethostname().split(".")[0]
+    # Line numbers: each file holds its runs' records in run order.
+    lines, seen = {}, {}
+    for (name, *_), (pid, recs) in zip(PLAN, runs):
+        for rec in recs:
+            seen[name] = seen.get(name, 0) + 1
+            lines[(pid, rec["call"])] = seen[name]
+    groups: dict = {}
+    procs, ranks = set(), set()
+    for (name, rank, mode, cvd, args, want), (pid, recs) in zip(PLAN, runs):
+        for (rule, call, verdict), rec in zip(want, recs):
+            rank_v = None if rank is None else int(rank)
+            procs.add(pid)
+            ranks.add(rank_v)
+            g = groups.setdefault((int(rule[1:]), call), {
+                "rule": rule, "rule_name": RULE_NAMES[rule], "call": call,
+                "count": 0, "denied": 0, "warned": 0, "ranks": {}})
+            g["count"] += 1
+            g["denied" if verdict == "deny" else "warned"] += 1
+            r = g["ranks"].get(rank_v)
+            if r is None:
+                line = lines[(pid, call)]
+                r = g["ranks"][rank_v] = {
+                    "rank": rank_v, "count": 0, "denied": 0, "warned": 0, "processes": set(),
+                    "first": {
+                        "time": _utc(rec["ts"]), "ts_us": round(rec["ts"] * 1e6), "host": host,
+                        "pid": pid, "verdict": verdict, "mode": mode, "abi": rec["abi"],
+                        "args": rec["args"], "ordinal": rec.get("ordinal"), "detail": rec["detail"],
+                        "cvd": cvd, "gpu": rec["gpu"], "job": None,
+                        "file": str(files[FILE_ORDER.index(name)]), "line": line}}
+            r["count"] += 1
+            r["denied" if verdict == "deny" else "warned"] += 1
+            r["processes"].add(pid)
+    out_groups = []
+    for key in sorted(groups):
+        g = groups[key]
+        rk = sorted(g["ranks"], key=lambda r: (r is None, r or 0))
+        g["ranks"] = [dict(g["ranks"][r], processes=len(g["ranks"][r]["processes"])) for r in rk]
+        out_groups.append(g)
+    total = sum(g["count"] for g in out_groups)
+    denied = sum(g["denied"] for g in out_groups)
+    problems = list(problems)
+    return {
+        "version": 1,
+        "files": [str(f) for f in list(files) + list(extra_files)],
+        "totals": {"violations": total, "denied": denied, "warned": total - denied,
+                   "calls": len(out_groups), "ranks": len(ranks), "processes": len(procs),
+                   "problems": len(problems)},
+        "groups": out_groups,
+        "problems": problems,
+        "status": 1 if total else (2 if problems else 0),
+    }
+
+
+def render_text(doc, unreadable=0) -> str:
+    """The human format (docs/report.md), written independently of the Rust code."""
+    def counts(c, d, w):
+        return f"{c} denied" if w == 0 else f"{c} warned" if d == 0 else f"{c} ({d} denied, {w} warned)"
+
+    def n(k, one, many):
+        return f"{k} {one if k == 1 else many}"
+
+    out, rule = [], None
+    for g in doc["groups"]:
+        if g["rule"] != rule:
+            rule = g["rule"]
+            out.append(f"{g['rule']} {g['rule_name']}")
+        labels = ["-" if r["rank"] is None else str(r["rank"]) for r in g["ranks"]]
+        out.append(f"  {g['call']}: {counts(g['count'], g['denied'], g['warned'])} in "
+                   f"{'rank' if len(labels) == 1 else 'ranks'} {', '.join(labels)}")
+        for r in g["ranks"]:
+            f = r["first"]
+            label = "rank -" if r["rank"] is None else f"rank {r['rank']}"
+            out.append(f"    {label}: {counts(r['count'], r['denied'], r['warned'])} from "
+                       f"{n(r['processes'], 'process', 'processes')}")
+            verdict = "denied" if f["verdict"] == "deny" else "allowed (warn mode)"
+            out.append(f"      first {f['time']} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
+                       f"{verdict}: {f['detail']}")
+            out.append(f"      CUDA_VISIBLE_DEVICES={f['cvd']}, GPU {f['gpu'] or 'unknown'} "
+                       f"({f['file']}:{f['line']})")
+    if doc["problems"]:
+        if doc["groups"]:
+            out.append("")
+        out.append("problems (skipped, not counted above):")
+        for p in doc["problems"]:
+            where = p["file"] if p["line"] is None else f"{p['file']}:{p['line']}"
+            out.append(f"  {where}: {p['why']}")
+    if out:
+        out.append("")
+    t = doc["totals"]
+    nfiles = len(doc["files"])
+    if t["violations"] == 0:
+        last = f"total: no violations in {n(nfiles, 'file', 'files')}"
+    else:
+        rules = len({g["rule"] for g in doc["groups"]})
+        last = (f"total: {n(t['violations'], 'violation', 'violations')} ({t['denied']} denied, "
+                f"{t['warned']} warned) of {n(t['calls'], 'call', 'calls')} under "
+                f"{n(rules, 'rule', 'rules')}, in {n(t['ranks'], 'rank', 'ranks')}, "
+                f"{n(t['processes'], 'process', 'processes')}, from {n(nfiles, 'file', 'files')}")
+    if t["problems"]:
+        last += f"; {n(t['problems'], 'problem', 'problems')} skipped"
+        if unreadable:
+            last += f" ({n(unreadable, 'file', 'files')} unreadable)"
+    out.append(last)
+    return "\n".join(out) + "\n"
+
+
+def report(*args):
+    return run([CLI, "report", *args], env=clean_env())
+
+
+def test_report_json_matches_the_planted_violations_exactly(planted):
+    d, files, runs = planted
+    r = report("--json", *files)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr == ""
+    got = json.loads(r.stdout)
+    want = expected_json(files, runs)
+    assert got == want
+    # The shape the plan implies, spelled out: R1 once in ranks 2 and 3; cuDeviceGet in
+    # ranks 0 (two processes, first from rank0.jsonl), 1 and 2; R4 in ranks 1 and 3.
+    shape = [(g["rule"], g["call"], [(x["rank"], x["count"]) for x in g["ranks"]]) for g in got["groups"]]
+    assert shape == [
+        ("R1", "cuInit", [(2, 1), (3, 1)]),
+        ("R2", "cuCtxCreate", [(3, 1)]),
+        ("R2", "cuDeviceGet", [(0, 2), (1, 1), (2, 1)]),
+        ("R2", "cudaSetDevice", [(0, 1), (None, 1)]),
+        ("R4", "cudaDeviceEnablePeerAccess", [(1, 1)]),
+        ("R4", "cudaMemcpyPeer", [(3, 1)]),
+    ]
+    first0 = got["groups"][2]["ranks"][0]["first"]
+    assert first0["pid"] == runs[0][0] and first0["file"].endswith("rank0.jsonl")
+    assert got["totals"] == {"violations": 11, "denied": 9, "warned": 2, "calls": 6,
+                             "ranks": 5, "processes": 11, "problems": 0}
+
+
+def test_report_text_matches_the_planted_violations_exactly(planted):
+    d, files, runs = planted
+    r = report(*files)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout == render_text(expected_json(files, runs))
+    assert r.stdout.endswith(
+        "total: 11 violations (9 denied, 2 warned) of 6 calls under 3 rules, in 5 ranks, "
+        "11 processes, from 6 files\n")
+
+
+def test_torn_garbage_and_unreadable_inputs_are_reported_not_fatal(planted, tmp_path):
+    d, files, runs = planted
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_bytes(b"\n".join(line for line, _ in GARBAGE) + b"\n" + TORN[0])
+    missing = tmp_path / "missing.jsonl"
+    problems = [{"file": str(garbage), "line": i + 1, "why": why}
+                for i, (_, why) in enumerate(GARBAGE) if why is not None]
+    problems.append({"file": str(garbage), "line": len(GARBAGE) + 1, "why": TORN[1]})
+    problems.append({"file": str(missing), "line": None,
+                     "why": "cannot read: No such file or directory (os error 2)"})
+
+    r = report("--json", *files, garbage, missing)
+    assert r.returncode == 1, r.stdout + r.stderr
+    want = expected_json(files, runs, extra_files=[garbage], problems=problems)
+    assert json.loads(r.stdout) == want
+
+    r = report(*files, garbage, missing)
+    assert r.returncode == 1
+    assert r.stdout == render_text(want, unreadable=1)
+    assert f"  {garbage}:9: torn: the file ends inside a record" in r.stdout
+
+    # Nothing found but something unreadable: inconclusive, fail closed (2).
+    r = report(garbage)
+    assert r.returncode == 2, r.stdout
+    assert r.stdout.endswith("total: no violations in 1 file; 8 problems skipped\n")
+
+
+def test_a_directory_means_its_files(planted):
+    d, files, runs = planted
+    by_dir = json.loads(report("--json", d).stdout)
+    by_name = json.loads(report("--json", *sorted(files)).stdout)
+    assert by_dir == by_name
+    assert by_dir["totals"]["violations"] == 11
+
+
+def test_clean_audit_exits_0_and_usage_errors_exit_2(tmp_path):
+    empty = tmp_path / "clean.jsonl"
+    empty.write_text("")
+    r = report(empty)
+    assert (r.returncode, r.stdout) == (0, "total: no violations in 1 file\n")
+    assert json.loads(report("--json", empty).stdout)["status"] == 0
+
+    r = report()
+    assert r.returncode == 2
+    assert "name at least one audit file" in r.stderr
+    r = report("--bogus", empty)
+    assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr
+    r = report("--help")
+    assert r.returncode == 0 and "Exit 0: no violations" in r.stdout

@@ -1,0 +1,756 @@
+//! Reading `RANKGUARD_AUDIT` files back: what `rankguard report` aggregates.
+//!
+//! The guard appends one JSON object per line per decision (`guard/engine.rs`,
+//! `audit_record`). A job leaves one file per rank, host or process (`%h`, `%p`), so this
+//! module takes the lines of many files and groups them the way a person debugging a legacy
+//! config reads them: by rule, then call, then rank, with counts and the first occurrence.
+//!
+//! Pure and safe: no I/O here (the command in `cli/report.rs` reads the files), so every
+//! rule of the aggregation is unit-tested below. A line that cannot be used (torn by a
+//! killed writer, not JSON, not an audit record) becomes a [`Problem`] naming file:line and
+//! why; it never stops the report.
+//!
+//! Decided here (the audit format leaves it open):
+//! - a record needs `call`, `rule` and `verdict`; every other field is optional, so records
+//!   of older or newer guards still count (unknown fields are ignored, unknown rules are
+//!   kept under their own name);
+//! - "first occurrence" is the smallest `ts`; equal or missing times fall back to input
+//!   order (file order as given, then line order);
+//! - a record with `rank: null` (no RANK/LOCAL_RANK/... in its environment) is grouped
+//!   under "rank -", listed after the numbered ranks;
+//! - an empty line is not a problem (nothing was written there), a line without its final
+//!   newline that fails to parse is reported as torn.
+#![deny(unsafe_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Human names of the rules, as the guard prints them (`guard/engine.rs` `rule_name`).
+pub fn rule_name(rule: &str) -> &'static str {
+    match rule {
+        "R1" => "one GPU per rank",
+        "R2" => "cuda:0 only",
+        "R3" => "no cross-device IPC inside a rank",
+        "R4" => "no peer access inside a rank",
+        _ => "a rule this rankguard does not know (newer guard?)",
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// JSON: a small strict parser for one line (the crate set is fixed; see cli/json.rs).
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Obj(m) => m.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+}
+
+/// Nesting deeper than this is not an audit record; refusing it bounds the recursion.
+const MAX_DEPTH: usize = 32;
+
+/// Parse one complete JSON value (surrounding whitespace allowed, nothing after it).
+pub fn parse_json(text: &str) -> Result<Json, String> {
+    let mut p = Parser { s: text.as_bytes(), i: 0 };
+    p.ws();
+    let v = p.value(0)?;
+    p.ws();
+    if p.i != p.s.len() {
+        return Err(format!("unexpected '{}' after the JSON value at byte {}", p.peek_char(), p.i + 1));
+    }
+    Ok(v)
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\r' | b'\n') {
+            self.i += 1;
+        }
+    }
+    fn peek_char(&self) -> char {
+        std::str::from_utf8(&self.s[self.i..]).ok().and_then(|t| t.chars().next()).unwrap_or('?')
+    }
+    fn eof(&self) -> String {
+        "the line ends inside a JSON value".to_string()
+    }
+    fn expect(&mut self, b: u8) -> Result<(), String> {
+        match self.s.get(self.i) {
+            Some(&c) if c == b => {
+                self.i += 1;
+                Ok(())
+            }
+            Some(_) => Err(format!("expected '{}' at byte {}, found '{}'", b as char, self.i + 1, self.peek_char())),
+            None => Err(self.eof()),
+        }
+    }
+    fn value(&mut self, depth: usize) -> Result<Json, String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+        }
+        match self.s.get(self.i) {
+            None => Err(self.eof()),
+            Some(b'{') => self.object(depth),
+            Some(b'[') => self.array(depth),
+            Some(b'"') => self.string().map(Json::Str),
+            Some(b't') => self.word("true", Json::Bool(true)),
+            Some(b'f') => self.word("false", Json::Bool(false)),
+            Some(b'n') => self.word("null", Json::Null),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(_) => Err(format!("unexpected '{}' at byte {}", self.peek_char(), self.i + 1)),
+        }
+    }
+    fn word(&mut self, w: &str, v: Json) -> Result<Json, String> {
+        let end = self.i + w.len();
+        if end <= self.s.len() && &self.s[self.i..end] == w.as_bytes() {
+            self.i = end;
+            Ok(v)
+        } else if end > self.s.len() && w.as_bytes().starts_with(&self.s[self.i..]) {
+            Err(self.eof())
+        } else {
+            Err(format!("unexpected '{}' at byte {}", self.peek_char(), self.i + 1))
+        }
+    }
+    fn number(&mut self) -> Result<Json, String> {
+        let start = self.i;
+        if self.s.get(self.i) == Some(&b'-') {
+            self.i += 1;
+        }
+        let digits = |p: &mut Self| {
+            let s = p.i;
+            while p.i < p.s.len() && p.s[p.i].is_ascii_digit() {
+                p.i += 1;
+            }
+            p.i - s
+        };
+        if digits(self) == 0 {
+            return Err(format!("malformed number at byte {}", start + 1));
+        }
+        if self.s.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            if digits(self) == 0 {
+                return Err(format!("malformed number at byte {}", start + 1));
+            }
+        }
+        if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.s.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if digits(self) == 0 {
+                return Err(format!("malformed number at byte {}", start + 1));
+            }
+        }
+        // The slice is ASCII digits, signs, '.', 'e': valid UTF-8 and a valid f64 literal.
+        let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
+        text.parse::<f64>().map(Json::Num).map_err(|e| format!("malformed number '{text}': {e}"))
+    }
+    fn hex4(&mut self) -> Result<u32, String> {
+        if self.i + 4 > self.s.len() {
+            return Err(self.eof());
+        }
+        let t = std::str::from_utf8(&self.s[self.i..self.i + 4]).map_err(|_| "bad \\u escape".to_string())?;
+        let v = u32::from_str_radix(t, 16).map_err(|_| format!("bad \\u escape '\\u{t}'"))?;
+        self.i += 4;
+        Ok(v)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        self.expect(b'"')?;
+        let mut out = String::new();
+        loop {
+            let start = self.i;
+            while self.i < self.s.len() && !matches!(self.s[self.i], b'"' | b'\\') && self.s[self.i] >= 0x20 {
+                self.i += 1;
+            }
+            out.push_str(std::str::from_utf8(&self.s[start..self.i]).map_err(|_| "a string is not valid UTF-8".to_string())?);
+            match self.s.get(self.i) {
+                None => return Err(self.eof()),
+                Some(b'"') => {
+                    self.i += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    self.i += 1;
+                    let Some(&e) = self.s.get(self.i) else { return Err(self.eof()) };
+                    self.i += 1;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let hi = self.hex4()?;
+                            let c = if (0xD800..0xDC00).contains(&hi) {
+                                if self.s.get(self.i) != Some(&b'\\') || self.s.get(self.i + 1) != Some(&b'u') {
+                                    return Err("unpaired surrogate in a \\u escape".into());
+                                }
+                                self.i += 2;
+                                let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return Err("unpaired surrogate in a \\u escape".into());
+                                }
+                                char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+                            } else {
+                                char::from_u32(hi)
+                            };
+                            out.push(c.ok_or("invalid \\u escape")?);
+                        }
+                        _ => return Err(format!("bad escape '\\{}' at byte {}", e as char, self.i)),
+                    }
+                }
+                Some(_) => return Err(format!("raw control character in a string at byte {}", self.i + 1)),
+            }
+        }
+    }
+    fn array(&mut self, depth: usize) -> Result<Json, String> {
+        self.expect(b'[')?;
+        let mut items = Vec::new();
+        self.ws();
+        if self.s.get(self.i) == Some(&b']') {
+            self.i += 1;
+            return Ok(Json::Arr(items));
+        }
+        loop {
+            self.ws();
+            items.push(self.value(depth + 1)?);
+            self.ws();
+            match self.s.get(self.i) {
+                Some(b',') => self.i += 1,
+                Some(b']') => {
+                    self.i += 1;
+                    return Ok(Json::Arr(items));
+                }
+                None => return Err(self.eof()),
+                Some(_) => return Err(format!("expected ',' or ']' at byte {}", self.i + 1)),
+            }
+        }
+    }
+    fn object(&mut self, depth: usize) -> Result<Json, String> {
+        self.expect(b'{')?;
+        let mut items = Vec::new();
+        self.ws();
+        if self.s.get(self.i) == Some(&b'}') {
+            self.i += 1;
+            return Ok(Json::Obj(items));
+        }
+        loop {
+            self.ws();
+            let k = self.string()?;
+            self.ws();
+            self.expect(b':')?;
+            self.ws();
+            let v = self.value(depth + 1)?;
+            items.push((k, v));
+            self.ws();
+            match self.s.get(self.i) {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    return Ok(Json::Obj(items));
+                }
+                None => return Err(self.eof()),
+                Some(_) => return Err(format!("expected ',' or '}}' at byte {}", self.i + 1)),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Records
+
+/// One audit record, as far as the report uses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub ts: Option<f64>,
+    pub call: String,
+    pub abi: Option<String>,
+    pub verdict: String,
+    pub rule: String,
+    pub mode: Option<String>,
+    pub pid: Option<i64>,
+    pub host: Option<String>,
+    pub rank: Option<i64>,
+    pub job: Option<String>,
+    pub ordinal: Option<i64>,
+    pub cvd: Option<String>,
+    pub gpu: Option<String>,
+    pub args: Option<String>,
+    pub detail: Option<String>,
+}
+
+fn opt_str(v: &Json, key: &str) -> Result<Option<String>, String> {
+    match v.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::Str(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(format!("not an audit record: field '{key}' is not a string")),
+    }
+}
+
+fn opt_int(v: &Json, key: &str) -> Result<Option<i64>, String> {
+    match v.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::Num(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => Ok(Some(*n as i64)),
+        Some(_) => Err(format!("not an audit record: field '{key}' is not an integer")),
+    }
+}
+
+fn req_str(v: &Json, key: &str) -> Result<String, String> {
+    match opt_str(v, key)? {
+        Some(s) if !s.is_empty() => Ok(s),
+        _ => Err(format!("not an audit record: field '{key}' is missing")),
+    }
+}
+
+/// The record in one audit line.
+pub fn parse_record(line: &str) -> Result<Record, String> {
+    let v = parse_json(line).map_err(|e| {
+        if e.starts_with("the line ends") {
+            format!("partial record: {e} (a cut or interleaved write?)")
+        } else {
+            format!("not JSON: {e}")
+        }
+    })?;
+    if !matches!(v, Json::Obj(_)) {
+        return Err("not an audit record: a JSON value that is not an object".into());
+    }
+    let ts = match v.get("ts") {
+        None | Some(Json::Null) => None,
+        Some(Json::Num(n)) if n.is_finite() => Some(*n),
+        Some(_) => return Err("not an audit record: field 'ts' is not a number".into()),
+    };
+    Ok(Record {
+        ts,
+        call: req_str(&v, "call")?,
+        abi: opt_str(&v, "abi")?,
+        verdict: req_str(&v, "verdict")?,
+        rule: req_str(&v, "rule")?,
+        mode: opt_str(&v, "mode")?,
+        pid: opt_int(&v, "pid")?,
+        host: opt_str(&v, "host")?,
+        rank: opt_int(&v, "rank")?,
+        job: opt_str(&v, "job")?,
+        ordinal: opt_int(&v, "ordinal")?,
+        cvd: opt_str(&v, "cvd")?,
+        gpu: opt_str(&v, "gpu")?,
+        args: opt_str(&v, "args")?,
+        detail: opt_str(&v, "detail")?,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Aggregation
+
+/// A line or file the report could not use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file: String,
+    /// 1-based line number; `None` for the whole file (unreadable).
+    pub line: Option<usize>,
+    pub why: String,
+}
+
+/// Where a record came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub file: String,
+    pub line: usize,
+}
+
+/// The violations of one rank for one (rule, call).
+#[derive(Debug, Clone)]
+pub struct RankStats {
+    pub rank: Option<i64>,
+    pub count: usize,
+    pub denied: usize,
+    pub warned: usize,
+    /// Distinct (host, pid) pairs.
+    pub processes: usize,
+    pub first: Record,
+    pub first_at: Origin,
+}
+
+/// One (rule, call) group.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub rule: String,
+    pub call: String,
+    pub count: usize,
+    pub denied: usize,
+    pub warned: usize,
+    /// Numbered ranks ascending, then rank "-".
+    pub ranks: Vec<RankStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub records: usize,
+    pub denied: usize,
+    pub warned: usize,
+    pub groups: usize,
+    pub ranks: usize,
+    pub processes: usize,
+    pub problems: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub groups: Vec<Group>,
+    pub problems: Vec<Problem>,
+    pub totals: Totals,
+    /// Whole files that could not be read.
+    pub unreadable: usize,
+}
+
+/// Rank order: numbered ranks ascending, then "no rank".
+fn rank_key(r: Option<i64>) -> (bool, i64) {
+    (r.is_none(), r.unwrap_or(0))
+}
+
+/// Rule order: R1, R2, ... numerically, then unknown rule names alphabetically.
+fn rule_key(rule: &str) -> (u32, String) {
+    match rule.strip_prefix('R').and_then(|n| n.parse::<u32>().ok()) {
+        Some(n) => (n, String::new()),
+        None => (u32::MAX, rule.to_string()),
+    }
+}
+
+#[derive(Default)]
+struct Acc {
+    count: usize,
+    denied: usize,
+    warned: usize,
+    procs: BTreeSet<(Option<String>, Option<i64>)>,
+    first: Option<(Record, Origin, usize)>,
+}
+
+/// Builds a [`Summary`] from files' lines, in the order they are given.
+#[derive(Default)]
+pub struct Aggregator {
+    acc: BTreeMap<((u32, String), String, (bool, i64)), Acc>,
+    problems: Vec<Problem>,
+    seq: usize,
+    unreadable: usize,
+    procs: BTreeSet<(Option<String>, Option<i64>)>,
+    ranks: BTreeSet<(bool, i64)>,
+}
+
+impl Aggregator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A file that could not be read at all.
+    pub fn unreadable(&mut self, file: &str, why: String) {
+        self.unreadable += 1;
+        self.problems.push(Problem { file: file.to_string(), line: None, why });
+    }
+
+    /// The whole content of one file.
+    pub fn add_file(&mut self, file: &str, bytes: &[u8]) {
+        let mut rest = bytes;
+        let mut n = 0;
+        while !rest.is_empty() {
+            n += 1;
+            let (line, complete) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    let l = &rest[..i];
+                    rest = &rest[i + 1..];
+                    (l, true)
+                }
+                None => {
+                    let l = rest;
+                    rest = &[];
+                    (l, false)
+                }
+            };
+            self.add_line(file, n, line, complete);
+        }
+    }
+
+    /// One line (without its newline); `complete` is false for a last line that had none.
+    pub fn add_line(&mut self, file: &str, n: usize, line: &[u8], complete: bool) {
+        let problem = |why: String| Problem { file: file.to_string(), line: Some(n), why };
+        let Ok(text) = std::str::from_utf8(line) else {
+            self.problems.push(problem("not UTF-8 text (a binary file, or a corrupted write?)".into()));
+            return;
+        };
+        if text.trim().is_empty() {
+            return;
+        }
+        match parse_record(text) {
+            Ok(r) => self.add_record(r, Origin { file: file.to_string(), line: n }),
+            Err(e) if !complete && e.starts_with("partial record") => {
+                self.problems.push(problem("torn: the file ends inside a record (no final newline); was the writer killed mid-write?".into()))
+            }
+            Err(e) if !complete => self.problems.push(problem(format!("torn (no final newline): {e}"))),
+            Err(e) => self.problems.push(problem(e)),
+        }
+    }
+
+    pub fn add_record(&mut self, r: Record, at: Origin) {
+        self.seq += 1;
+        let seq = self.seq;
+        let proc_id = (r.host.clone(), r.pid);
+        self.procs.insert(proc_id.clone());
+        self.ranks.insert(rank_key(r.rank));
+        let a = self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(r.rank))).or_default();
+        a.count += 1;
+        if r.verdict == "deny" {
+            a.denied += 1;
+        } else {
+            a.warned += 1;
+        }
+        a.procs.insert(proc_id);
+        let earlier = match &a.first {
+            None => true,
+            Some((f, _, fseq)) => match (r.ts, f.ts) {
+                (Some(t), Some(ft)) if t != ft => t < ft,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                _ => seq < *fseq,
+            },
+        };
+        if earlier {
+            a.first = Some((r, at, seq));
+        }
+    }
+
+    pub fn finish(self) -> Summary {
+        let mut groups: Vec<Group> = Vec::new();
+        let mut totals = Totals::default();
+        for ((rk, call, _), a) in self.acc {
+            let Some((first, first_at, _)) = a.first else { continue };
+            let rule = first.rule.clone();
+            let same = groups.last().is_some_and(|g| rule_key(&g.rule) == rk && g.call == call);
+            if !same {
+                groups.push(Group { rule, call, count: 0, denied: 0, warned: 0, ranks: Vec::new() });
+            }
+            let g = groups.last_mut().expect("pushed above");
+            g.count += a.count;
+            g.denied += a.denied;
+            g.warned += a.warned;
+            totals.records += a.count;
+            totals.denied += a.denied;
+            totals.warned += a.warned;
+            g.ranks.push(RankStats {
+                rank: first.rank,
+                count: a.count,
+                denied: a.denied,
+                warned: a.warned,
+                processes: a.procs.len(),
+                first,
+                first_at,
+            });
+        }
+        totals.groups = groups.len();
+        totals.ranks = self.ranks.len();
+        totals.processes = self.procs.len();
+        totals.problems = self.problems.len();
+        Summary { groups, problems: self.problems, totals, unreadable: self.unreadable }
+    }
+}
+
+impl Summary {
+    /// Exit status of `rankguard report` (docs/report.md): 1 when violations were found
+    /// (whatever else happened), 2 when none were found but something could not be read
+    /// (an unreadable file or an unusable line may have held one: fail closed), else 0.
+    pub fn status(&self) -> u8 {
+        if self.totals.records > 0 {
+            1
+        } else if !self.problems.is_empty() {
+            2
+        } else {
+            0
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Time
+
+/// `ts` (seconds since the epoch) as UTC `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
+pub fn utc(ts: f64) -> String {
+    let us = (ts * 1e6).round() as i64;
+    let secs = us.div_euclid(1_000_000);
+    let frac = us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{frac:06}Z", sod / 3600, sod % 3600 / 60, sod % 60)
+}
+
+/// Microseconds since the epoch, the integer form `--json` prints.
+pub fn micros(ts: f64) -> i64 {
+    (ts * 1e6).round() as i64
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(ts: f64, call: &str, rule: &str, verdict: &str, rank: Option<i64>, pid: i64) -> String {
+        let rank = rank.map_or("null".to_string(), |r| r.to_string());
+        format!(
+            r#"{{"ts":{ts},"call":"{call}","abi":"{call}","verdict":"{verdict}","rule":"{rule}","mode":"warn","pid":{pid},"tid":{pid},"host":"h","rank":{rank},"local_rank":null,"job":null,"ordinal":1,"cvd":"0,1","gpu":null,"rank_gpu":null,"args":"device=1","detail":"d{pid}"}}"#
+        )
+    }
+
+    #[test]
+    fn parses_json_values() {
+        assert_eq!(parse_json(r#" {"a":[1,-2.5e1,true,null],"b":"x\"\u00e9\ud83d\ude00"} "#).unwrap(), Json::Obj(vec![
+            ("a".into(), Json::Arr(vec![Json::Num(1.0), Json::Num(-25.0), Json::Bool(true), Json::Null])),
+            ("b".into(), Json::Str("x\"é😀".into())),
+        ]));
+        for bad in ["", "{", r#"{"a":1"#, r#"{"a":tru"#, "[1,]", "01x", r#"{"a":1}x"#, r#""\ud800""#, "\"a\u{1}\"", "-", "1.", "{1:2}"] {
+            assert!(parse_json(bad).is_err(), "{bad:?} parsed");
+        }
+        let deep = "[".repeat(100) + &"]".repeat(100);
+        assert!(parse_json(&deep).unwrap_err().contains("nested"));
+    }
+
+    #[test]
+    fn a_record_needs_call_rule_verdict_and_typed_fields() {
+        let r = parse_record(&rec(1.5, "cuDeviceGet", "R2", "deny", Some(3), 10)).unwrap();
+        assert_eq!((r.call.as_str(), r.rule.as_str(), r.verdict.as_str(), r.rank, r.pid), ("cuDeviceGet", "R2", "deny", Some(3), Some(10)));
+        assert_eq!(r.ordinal, Some(1));
+        assert!(parse_record(r#"{"call":"x","verdict":"deny"}"#).unwrap_err().contains("'rule'"));
+        assert!(parse_record(r#"{"call":"x","verdict":"deny","rule":"R2","pid":"7"}"#).unwrap_err().contains("'pid'"));
+        assert!(parse_record("[1]").unwrap_err().contains("not an object"));
+        // Unknown fields (R3's exporter_*) are ignored; missing optional ones are None.
+        let r = parse_record(r#"{"call":"x","verdict":"warn","rule":"R9","exporter_pid":4}"#).unwrap();
+        assert_eq!((r.rank, r.ts, r.rule.as_str()), (None, None, "R9"));
+    }
+
+    #[test]
+    fn groups_by_rule_call_rank_with_counts_and_first_occurrence() {
+        let mut a = Aggregator::new();
+        let f1 = [
+            rec(5.0, "cuDeviceGet", "R2", "deny", Some(1), 11),
+            rec(3.0, "cuDeviceGet", "R2", "deny", Some(1), 12),
+            rec(4.0, "cudaDeviceEnablePeerAccess", "R4", "warn", Some(0), 10),
+            rec(1.0, "cuInit", "R1", "warn", None, 13),
+        ]
+        .join("\n")
+            + "\n";
+        let f2 = [rec(2.0, "cuDeviceGet", "R2", "warn", Some(0), 10), rec(9.0, "cuDeviceGet", "R2", "deny", Some(10), 14)].join("\n") + "\n";
+        a.add_file("a", f1.as_bytes());
+        a.add_file("b", f2.as_bytes());
+        let s = a.finish();
+        let shape: Vec<(String, String, Vec<(Option<i64>, usize, usize, usize, i64)>)> = s
+            .groups
+            .iter()
+            .map(|g| {
+                (g.rule.clone(), g.call.clone(), g.ranks.iter().map(|r| (r.rank, r.count, r.denied, r.warned, r.first.pid.unwrap())).collect())
+            })
+            .collect();
+        assert_eq!(shape, vec![
+            ("R1".into(), "cuInit".into(), vec![(None, 1, 0, 1, 13)]),
+            ("R2".into(), "cuDeviceGet".into(), vec![(Some(0), 1, 0, 1, 10), (Some(1), 2, 2, 0, 12), (Some(10), 1, 1, 0, 14)]),
+            ("R4".into(), "cudaDeviceEnablePeerAccess".into(), vec![(Some(0), 1, 0, 1, 10)]),
+        ]);
+        let r1 = &s.groups[1].ranks[1];
+        assert_eq!((r1.first_at.file.as_str(), r1.first_at.line, r1.processes), ("a", 2, 2));
+        assert_eq!(s.totals, Totals { records: 6, denied: 3, warned: 3, groups: 3, ranks: 4, processes: 5, problems: 0 });
+        assert_eq!(s.status(), 1);
+    }
+
+    #[test]
+    fn equal_or_missing_times_keep_input_order() {
+        let mut a = Aggregator::new();
+        a.add_line("f", 1, rec(1.0, "c", "R2", "deny", Some(0), 1).as_bytes(), true);
+        a.add_line("f", 2, rec(1.0, "c", "R2", "deny", Some(0), 2).as_bytes(), true);
+        a.add_line("f", 3, br#"{"call":"c","verdict":"deny","rule":"R2","rank":0,"pid":3}"#, true);
+        let s = a.finish();
+        assert_eq!(s.groups[0].ranks[0].first.pid, Some(1));
+    }
+
+    #[test]
+    fn bad_lines_are_problems_not_errors() {
+        let mut a = Aggregator::new();
+        let good = rec(1.0, "c", "R2", "deny", Some(0), 1);
+        let text = format!("{good}\n\n{}\nhello\n\u{0}\u{ff}\n{{\"call\":1}}\n{}", &good[..40], &good[..30]);
+        let mut bytes = text.into_bytes();
+        bytes.extend_from_slice(b"");
+        a.add_file("f", &bytes);
+        a.add_line("g", 1, b"\xff\xfe", true);
+        a.unreadable("missing", "cannot read: No such file or directory".into());
+        let s = a.finish();
+        assert_eq!(s.totals.records, 1);
+        let lines: Vec<(String, Option<usize>)> = s.problems.iter().map(|p| (p.file.clone(), p.line)).collect();
+        assert_eq!(lines, vec![
+            ("f".into(), Some(3)),
+            ("f".into(), Some(4)),
+            ("f".into(), Some(5)),
+            ("f".into(), Some(6)),
+            ("f".into(), Some(7)),
+            ("g".into(), Some(1)),
+            ("missing".into(), None),
+        ]);
+        assert!(s.problems[0].why.starts_with("partial record"), "{}", s.problems[0].why);
+        assert!(s.problems[1].why.starts_with("not JSON: unexpected 'h'"), "{}", s.problems[1].why);
+        assert!(s.problems[3].why.starts_with("not an audit record: field 'call'"), "{}", s.problems[3].why);
+        assert!(s.problems[4].why.starts_with("torn"), "{}", s.problems[4].why);
+        assert!(s.problems[5].why.contains("UTF-8"));
+        assert_eq!(s.unreadable, 1);
+        assert_eq!(s.status(), 1);
+    }
+
+    #[test]
+    fn status_fails_closed_when_nothing_found_but_something_unreadable() {
+        assert_eq!(Aggregator::new().finish().status(), 0);
+        let mut a = Aggregator::new();
+        a.add_line("f", 1, b"{", true);
+        assert_eq!(a.finish().status(), 2);
+    }
+
+    #[test]
+    fn rule_order_is_numeric() {
+        let mut a = Aggregator::new();
+        for (i, rule) in ["R10", "Rx", "R2", "R1"].iter().enumerate() {
+            a.add_line("f", i + 1, rec(1.0, "c", rule, "warn", Some(0), 1).as_bytes(), true);
+        }
+        let rules: Vec<String> = a.finish().groups.into_iter().map(|g| g.rule).collect();
+        assert_eq!(rules, ["R1", "R2", "R10", "Rx"]);
+    }
+
+    #[test]
+    fn utc_formats_epoch_seconds() {
+        assert_eq!(utc(0.0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(utc(951_782_400.25), "2000-02-29T00:00:00.250000Z");
+        assert_eq!(utc(1_796_046_555.123456), "2026-11-30T13:49:15.123456Z");
+        assert_eq!(micros(1.5), 1_500_000);
+    }
+}

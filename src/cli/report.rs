@@ -1,0 +1,310 @@
+//! `rankguard report AUDIT... [--json]`: what the guard recorded across a job, for a person
+//! debugging a legacy config. Reads the audit files (`RANKGUARD_AUDIT`, one or many: all
+//! ranks of a job) and prints the violations grouped by rule and call, per rank, with counts
+//! and the first occurrence; unusable files and lines are listed, never fatal.
+//!
+//! The aggregation is `crate::audit` (pure, unit-tested); this file reads files and renders.
+//! Formats and exit statuses are documented in docs/report.md.
+
+use std::ffi::OsString;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use super::args::{Lexer, Token};
+use super::json::Value;
+use super::{Error, Result};
+use crate::audit::{self, Aggregator, Group, RankStats, Summary};
+
+const HELP: &str = "\
+Usage: rankguard report [--json] AUDIT...
+
+Summarise RANKGUARD_AUDIT files (JSON lines written by librankguard.so; give all ranks'
+files of a job, or a directory holding them): violations grouped by rule and call, per
+rank, with counts and the first occurrence (time, host:pid, call and arguments, why).
+Unreadable files and torn or non-JSON lines are listed as problems and skipped.
+
+  --json    a stable JSON document instead of text (format: docs/report.md)
+
+Exit 0: no violations and everything was read; 1: violations found; 2: usage error, or
+no violations found but some file or line could not be read.
+";
+
+/// The `--json` format's version: bumped on any incompatible change (docs/report.md).
+const JSON_VERSION: i64 = 1;
+
+pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
+    let mut lx = Lexer::new("report", args);
+    let mut json = false;
+    let mut files: Vec<OsString> = Vec::new();
+    let mut only_files = false;
+    while let Some(t) = lx.next()? {
+        match t {
+            Token::Flag(f) if !only_files => match f.as_str() {
+                "-h" | "--help" => {
+                    super::emit(HELP);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                "--json" => json = true,
+                _ => return Err(lx.unknown(&f)),
+            },
+            Token::Flag(f) => files.push(f.into()),
+            Token::Word(w) => files.push(w),
+            Token::End if !only_files => only_files = true,
+            Token::End => files.push("--".into()),
+        }
+    }
+    if files.is_empty() {
+        return Err(Error::usage(
+            "rankguard report: name at least one audit file, e.g. rankguard report /tmp/audit.*.jsonl \
+             (the files RANKGUARD_AUDIT pointed the ranks at)",
+        ));
+    }
+    let mut agg = Aggregator::new();
+    let mut read: Vec<String> = Vec::new();
+    for f in &files {
+        let p = PathBuf::from(f);
+        for (name, content) in read_input(&p) {
+            match content {
+                Ok(bytes) => {
+                    agg.add_file(&name, &bytes);
+                    read.push(name);
+                }
+                Err(why) => agg.unreadable(&name, why),
+            }
+        }
+    }
+    let summary = agg.finish();
+    if json {
+        super::emit(&json_doc(&summary, &read).pretty());
+    } else {
+        super::emit(&text(&summary, read.len()));
+    }
+    Ok(ExitCode::from(summary.status()))
+}
+
+/// One named input: a file, or a directory's regular files in name order (an audit
+/// directory of `%h.%p` files is the common case).
+fn read_input(p: &Path) -> Vec<(String, std::result::Result<Vec<u8>, String>)> {
+    let name = p.display().to_string();
+    match std::fs::metadata(p) {
+        Err(e) => vec![(name, Err(format!("cannot read: {e}")))],
+        Ok(m) if m.is_dir() => {
+            let entries = match std::fs::read_dir(p) {
+                Ok(rd) => rd,
+                Err(e) => return vec![(name, Err(format!("cannot list the directory: {e}")))],
+            };
+            let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect();
+            paths.sort();
+            if paths.is_empty() {
+                return vec![(name, Err("a directory with no files in it; name the audit files".into()))];
+            }
+            paths.into_iter().map(|f| (f.display().to_string(), std::fs::read(&f).map_err(|e| format!("cannot read: {e}")))).collect()
+        }
+        Ok(_) => vec![(name, std::fs::read(p).map_err(|e| format!("cannot read: {e}")))],
+    }
+}
+
+fn counts(count: usize, denied: usize, warned: usize) -> String {
+    match (denied, warned) {
+        (_, 0) => format!("{count} denied"),
+        (0, _) => format!("{count} warned"),
+        _ => format!("{count} ({denied} denied, {warned} warned)"),
+    }
+}
+
+fn rank_label(r: Option<i64>) -> String {
+    r.map_or_else(|| "rank -".to_string(), |r| format!("rank {r}"))
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The human report.
+fn text(s: &Summary, files: usize) -> String {
+    let mut o = String::new();
+    let t = &s.totals;
+    let mut rule = "";
+    for g in &s.groups {
+        if g.rule != rule {
+            rule = &g.rule;
+            let _ = writeln!(o, "{} {}", g.rule, audit::rule_name(&g.rule));
+        }
+        group_text(&mut o, g);
+    }
+    if !s.problems.is_empty() {
+        if !s.groups.is_empty() {
+            o.push('\n');
+        }
+        let _ = writeln!(o, "problems (skipped, not counted above):");
+        for p in &s.problems {
+            match p.line {
+                Some(n) => {
+                    let _ = writeln!(o, "  {}:{n}: {}", p.file, p.why);
+                }
+                None => {
+                    let _ = writeln!(o, "  {}: {}", p.file, p.why);
+                }
+            }
+        }
+    }
+    if !o.is_empty() {
+        o.push('\n');
+    }
+    if t.records == 0 {
+        let _ = write!(o, "total: no violations in {}", plural(files, "file", "files"));
+    } else {
+        let _ = write!(
+            o,
+            "total: {} ({} denied, {} warned) of {} under {}, in {}, {}, from {}",
+            plural(t.records, "violation", "violations"),
+            t.denied,
+            t.warned,
+            plural(t.groups, "call", "calls"),
+            plural(s.groups.iter().map(|g| &g.rule).collect::<std::collections::BTreeSet<_>>().len(), "rule", "rules"),
+            plural(t.ranks, "rank", "ranks"),
+            plural(t.processes, "process", "processes"),
+            plural(files, "file", "files"),
+        );
+    }
+    if t.problems > 0 {
+        let _ = write!(o, "; {} skipped", plural(t.problems, "problem", "problems"));
+        if s.unreadable > 0 {
+            let _ = write!(o, " ({} unreadable)", plural(s.unreadable, "file", "files"));
+        }
+    }
+    o.push('\n');
+    o
+}
+
+fn group_text(o: &mut String, g: &Group) {
+    let ranks: Vec<String> = g.ranks.iter().map(|r| r.rank.map_or("-".into(), |n| n.to_string())).collect();
+    let _ = writeln!(
+        o,
+        "  {}: {} in {} {}",
+        g.call,
+        counts(g.count, g.denied, g.warned),
+        if ranks.len() == 1 { "rank" } else { "ranks" },
+        ranks.join(", ")
+    );
+    for r in &g.ranks {
+        rank_text(o, g, r);
+    }
+}
+
+fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
+    let f = &r.first;
+    let _ = writeln!(
+        o,
+        "    {}: {} from {}",
+        rank_label(r.rank),
+        counts(r.count, r.denied, r.warned),
+        plural(r.processes, "process", "processes")
+    );
+    let when = f.ts.map_or_else(|| "time unknown".to_string(), audit::utc);
+    let pid = f.pid.map_or("?".to_string(), |p| p.to_string());
+    let _ = writeln!(
+        o,
+        "      first {when} {}:{pid} {}({}) {}: {}",
+        f.host.as_deref().unwrap_or("?"),
+        g.call,
+        f.args.as_deref().unwrap_or(""),
+        if f.verdict == "deny" { "denied" } else { "allowed (warn mode)" },
+        f.detail.as_deref().filter(|d| !d.is_empty()).unwrap_or("no detail recorded"),
+    );
+    let cvd = match f.cvd.as_deref() {
+        None => "<unset>",
+        Some("") => "<empty>",
+        Some(c) => c,
+    };
+    let _ = writeln!(
+        o,
+        "      CUDA_VISIBLE_DEVICES={cvd}, GPU {}{} ({}:{})",
+        f.gpu.as_deref().unwrap_or("unknown"),
+        f.job.as_deref().map(|j| format!(", job {j}")).unwrap_or_default(),
+        r.first_at.file,
+        r.first_at.line
+    );
+}
+
+/// The `--json` document (docs/report.md; field order is part of the format).
+fn json_doc(s: &Summary, files: &[String]) -> Value {
+    let t = &s.totals;
+    let groups = s
+        .groups
+        .iter()
+        .map(|g| {
+            Value::Obj(vec![
+                ("rule", Value::str(&g.rule)),
+                ("rule_name", Value::str(audit::rule_name(&g.rule))),
+                ("call", Value::str(&g.call)),
+                ("count", Value::Num(g.count as i64)),
+                ("denied", Value::Num(g.denied as i64)),
+                ("warned", Value::Num(g.warned as i64)),
+                ("ranks", Value::Arr(g.ranks.iter().map(rank_json).collect())),
+            ])
+        })
+        .collect();
+    let problems = s
+        .problems
+        .iter()
+        .map(|p| {
+            Value::Obj(vec![
+                ("file", Value::str(&p.file)),
+                ("line", Value::opt_num(p.line.map(|n| n as i64))),
+                ("why", Value::str(&p.why)),
+            ])
+        })
+        .collect();
+    Value::Obj(vec![
+        ("version", Value::Num(JSON_VERSION)),
+        ("files", Value::Arr(files.iter().map(Value::str).collect())),
+        (
+            "totals",
+            Value::Obj(vec![
+                ("violations", Value::Num(t.records as i64)),
+                ("denied", Value::Num(t.denied as i64)),
+                ("warned", Value::Num(t.warned as i64)),
+                ("calls", Value::Num(t.groups as i64)),
+                ("ranks", Value::Num(t.ranks as i64)),
+                ("processes", Value::Num(t.processes as i64)),
+                ("problems", Value::Num(t.problems as i64)),
+            ]),
+        ),
+        ("groups", Value::Arr(groups)),
+        ("problems", Value::Arr(problems)),
+        ("status", Value::Num(i64::from(s.status()))),
+    ])
+}
+
+fn rank_json(r: &RankStats) -> Value {
+    let f = &r.first;
+    Value::Obj(vec![
+        ("rank", Value::opt_num(r.rank)),
+        ("count", Value::Num(r.count as i64)),
+        ("denied", Value::Num(r.denied as i64)),
+        ("warned", Value::Num(r.warned as i64)),
+        ("processes", Value::Num(r.processes as i64)),
+        (
+            "first",
+            Value::Obj(vec![
+                ("time", Value::opt_str(f.ts.map(audit::utc))),
+                ("ts_us", Value::opt_num(f.ts.map(audit::micros))),
+                ("host", Value::opt_str(f.host.clone())),
+                ("pid", Value::opt_num(f.pid)),
+                ("verdict", Value::str(&f.verdict)),
+                ("mode", Value::opt_str(f.mode.clone())),
+                ("abi", Value::opt_str(f.abi.clone())),
+                ("args", Value::opt_str(f.args.clone())),
+                ("ordinal", Value::opt_num(f.ordinal)),
+                ("detail", Value::opt_str(f.detail.clone())),
+                ("cvd", Value::opt_str(f.cvd.clone())),
+                ("gpu", Value::opt_str(f.gpu.clone())),
+                ("job", Value::opt_str(f.job.clone())),
+                ("file", Value::str(&r.first_at.file)),
+                ("line", Value::Num(r.first_at.line as i64)),
+            ]),
+        ),
+    ])
+}
