@@ -273,7 +273,9 @@ class CheckFailed(Exception):
 
 
 def say(rank: int, text: str) -> None:
-    print(f"learner {rank}: {text}", flush=True)
+    """One line on stdout in one write(2), so concurrent processes never mix lines."""
+    sys.stdout.write(f"learner {rank}: {text}\n")
+    sys.stdout.flush()
 
 
 def learner_main(a) -> int:
@@ -426,7 +428,8 @@ def main(argv=None) -> int:
     try:
         return collector_main(a) if a.role == "collector" else inference_main(a)
     except CudaFailure as e:
-        print(f"{a.role} {a.index} (pid {os.getpid()}): {e}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"{a.role} {a.index} of rank {os.environ.get('RANK', '?')} (pid {os.getpid()}): {e}\n")
+        sys.stderr.flush()
         return 1
 
 
