@@ -73,7 +73,10 @@ def test_table_covers_the_issue_functions_with_real_implementations():
                 "cuMemcpyPeerAsync_ptsz", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",
                 "cuIpcGetEventHandle", "cuMemCreate", "cuMemExportToShareableHandle",
                 "cuMemImportFromShareableHandle", "cuMemPrefetchAsync_v2_ptsz",
-                "cuMemAdvise_v2", "cuGetProcAddress", "cuGetProcAddress_v2"]:
+                "cuMemAdvise_v2", "cuGetProcAddress", "cuGetProcAddress_v2",
+                "cuMemPoolCreate", "cuMemAllocFromPoolAsync_ptsz", "cuMemPoolExportPointer",
+                "cuMemPoolImportPointer", "cuMemPoolExportToShareableHandle",
+                "cuMemPoolImportFromShareableHandle", "cuMemFreeAsync"]:
         assert abi in impl, f"{abi} is a stub in the routing table"
 
 
@@ -177,5 +180,21 @@ def test_vmm_export_import_across_processes(location, child_cvd, prop, ordinal, 
     assert p.stdout.count("PASSED") == 2, p.stdout
     out = lines(p)
     assert out["child-prop"] == prop
+    assert out["child-ordinal"] == ordinal
+    assert out["child-physical"] == physical
+
+
+# ------------------------------------------------------------------ memory pools
+
+@pytest.mark.parametrize("location,child_cvd,ordinal,physical", [
+    ("dev:3", "5", "3", "3"),            # D-importprop, as for VMM
+    ("dev:2", "1,2", "1", "2"),
+    ("hostnuma:1", "0", "-1", "-1"),
+])
+def test_memory_pool_export_import_across_processes(location, child_cvd, ordinal, physical):
+    p = run([TESTS / "fake_drv_pool", location, child_cvd])
+    passed(p)
+    assert p.stdout.count("PASSED") == 2, p.stdout
+    out = lines(p)
     assert out["child-ordinal"] == ordinal
     assert out["child-physical"] == physical

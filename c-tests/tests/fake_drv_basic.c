@@ -195,6 +195,7 @@ static void memory(CUcontext c0, CUcontext c1)
            "cuMemsetD8 on [100,110), cuMemcpy by unified address");
     EXPECT_RC(cuMemcpyHtoD(a + 4000, in, 200), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuMemcpyDtoH(out, (CUdeviceptr)(uintptr_t)in, 16), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuMemcpy((CUdeviceptr)(uintptr_t)out, a + 4000, 200), CUDA_ERROR_INVALID_VALUE);
     /* per-thread-stream variants, fetched the way runtimes do */
     PFN_cuMemcpyHtoD_v7000_ptds h2d = proc("cuMemcpyHtoD", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
     PFN_cuMemcpyDtoH_v7000_ptds d2h = proc("cuMemcpyDtoH", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
@@ -395,6 +396,7 @@ static void vmm_local(void)
     MUST(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
     EXPECT(va % gran == 0, "reserved range is granularity-aligned");
     MUST(cuMemMap(va, 2 * gran, 0, h, 0));
+    EXPECT_RC(cuMemsetD8(va, 1, 16), CUDA_ERROR_ILLEGAL_ADDRESS);   /* no access granted yet */
     EXPECT_RC(cuMemMap(va, gran, 0, h, 0), CUDA_ERROR_ALREADY_MAPPED);
     CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     acc.location.id = 8;

@@ -27,7 +27,9 @@
             return r_;                       \
     } while (0)
 
-enum kind { K_DEVICE, K_MANAGED, K_IPC, K_VMM };
+enum kind { K_DEVICE, K_MANAGED, K_IPC, K_VMM, K_POOL, K_POOL_IMPORT };
+
+struct fake_pool;
 
 /* One address range the fake knows: a cuMemAlloc(Managed) allocation, an opened IPC
  * handle, or a cuMemMap'ed VMM range. */
@@ -44,8 +46,11 @@ struct alloc {
     int ipc_pid, ipc_fd;              /* K_IPC: where it came from */
     unsigned long long ino;
     struct vmm_handle *vmm;           /* K_VMM */
+    struct fake_pool *pool;           /* K_POOL, K_POOL_IMPORT */
+    size_t pool_off;                  /* offset of the data in the pool's memfd */
     int vmm_loc_id;                   /* K_VMM: the allocation's reported location.id */
     unsigned long long access[FAKE_MAX_GPUS]; /* K_VMM: CUmemAccess_flags per ordinal */
+    int prot;                         /* host protection of the range (PROT_*) */
 };
 
 static struct alloc *allocs;
@@ -113,6 +118,7 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytesize, enum kind kind)
     if (r == CUDA_SUCCESS) {
         struct alloc *a = calloc(1, sizeof *a);
         a->kind = kind;
+        a->prot = PROT_READ | PROT_WRITE;
         a->base = (uintptr_t)m;
         a->size = bytesize;
         a->fd = fd;
@@ -199,13 +205,24 @@ FAKE_API CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *ps
 
 /* ---------------------------------------------------------------- copies */
 
-/* Device ranges must lie inside one known range; host pointers are not checked. */
-static CUresult dev_range(CUdeviceptr p, size_t n)
+/* Every copy goes through here. A range that starts inside a known range must lie inside
+ * it (INVALID_VALUE otherwise); `device` ranges must be known; a VMM range without the
+ * needed access (no cuMemSetAccess yet) is CUDA_ERROR_ILLEGAL_ADDRESS, what a GPU reports
+ * for such an access (D-illegal: the fake's error is not sticky). Host memory outside
+ * every known range is not checked. */
+static CUresult check_range(CUdeviceptr p, size_t n, int device, int write)
 {
     pthread_mutex_lock(&fake_lock);
-    struct alloc *a = find((uintptr_t)p, n ? n : 1);
+    struct alloc *a = find((uintptr_t)p, 1);
+    CUresult r = CUDA_SUCCESS;
+    if (!a)
+        r = device ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    else if (n > a->size - ((uintptr_t)p - a->base))
+        r = CUDA_ERROR_INVALID_VALUE;
+    else if (!(a->prot & PROT_READ) || (write && !(a->prot & PROT_WRITE)))
+        r = CUDA_ERROR_ILLEGAL_ADDRESS;
     pthread_mutex_unlock(&fake_lock);
-    return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return r;
 }
 
 static CUresult need_ctx(void)
@@ -235,8 +252,9 @@ static CUresult copy(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev,
         return CUDA_SUCCESS;
     if (!dst || !src)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((dst_dev && dev_range(dst, n)) || (src_dev && dev_range(src, n)))
-        return CUDA_ERROR_INVALID_VALUE;
+    if ((r = check_range(dst, n, dst_dev, 1)) != CUDA_SUCCESS ||
+        (r = check_range(src, n, src_dev, 0)) != CUDA_SUCCESS)
+        return r;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
@@ -290,7 +308,7 @@ static CUresult memset8(CUdeviceptr dst, unsigned char v, size_t n, CUstream s, 
         pthread_mutex_unlock(&fake_lock);
     }
     if (r == CUDA_SUCCESS && n)
-        r = dev_range(dst, n);
+        r = check_range(dst, n, 1, 1);
     if (r == CUDA_SUCCESS && n)
         memset((void *)(uintptr_t)dst, v, n);
     return r;
@@ -310,13 +328,15 @@ static int ordinal_for(const struct alloc *a)
      * ordinal of the context it was mapped into. The real driver documents neither; the
      * guard must keep its own provenance rather than trust this. VMM mappings have no
      * context: they report their allocation's location.id (D-importprop). */
-    if (a->kind == K_VMM)              /* VMM: what the allocation records, D-importprop */
+    if (a->kind == K_VMM || a->kind == K_POOL_IMPORT)   /* what it records, D-importprop */
         return a->vmm_loc_id;
     int o = fake_ordinal_of_gpu(a->gpu, a->mig);
     if (o < 0 && a->ctx)
         o = fake_ctx_device(a->ctx);
     return o;
 }
+
+static unsigned pool_handle_types(const struct fake_pool *p);
 
 /* Caller holds fake_lock. a == NULL: the pointer is unknown to the fake. */
 static CUresult get_attr(CUpointer_attribute attr, void *data, struct alloc *a, uintptr_t p)
@@ -387,6 +407,8 @@ static CUresult get_attr(CUpointer_attribute attr, void *data, struct alloc *a, 
         *(unsigned long long *)data = 0;
         if (a->kind == K_VMM)
             *(unsigned long long *)data = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        if (a->kind == K_POOL || a->kind == K_POOL_IMPORT)
+            *(unsigned long long *)data = pool_handle_types(a->pool);
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
         if (!a)
@@ -401,7 +423,7 @@ static CUresult get_attr(CUpointer_attribute attr, void *data, struct alloc *a, 
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
         if (!a)
             return CUDA_ERROR_INVALID_VALUE;
-        *(CUmemoryPool *)data = NULL;
+        *(CUmemoryPool *)data = (CUmemoryPool)a->pool;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
         if (!a)
@@ -581,6 +603,7 @@ static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
     }
     struct alloc *a = calloc(1, sizeof *a);
     a->kind = K_IPC;
+    a->prot = PROT_READ | PROT_WRITE;
     a->base = (uintptr_t)m;
     a->size = h.size;
     a->fd = -1;
@@ -968,6 +991,7 @@ FAKE_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUm
                 prot = PROT_READ;
         }
         mprotect((void *)a->base, a->size, prot);
+        a->prot = prot;
         p = a->base + a->size;
     }
     pthread_mutex_unlock(&fake_lock);
@@ -1189,4 +1213,477 @@ FAKE_API CUresult CUDAAPI cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_ad
 FAKE_API CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location)
 {
     return advise(devPtr, count, advice, location);
+}
+
+/* ---------------------------------------------------------------- memory pools */
+
+/* A pool is one sparse memfd: a header page (location, physical GPU, handle types, the
+ * bump offset) then the allocations, each mapped at its own offset. Exporting the pool
+ * hands out that fd; an exported pointer names an offset and size in it. Freed ranges are
+ * not reused (D-pool). */
+#define POOL_MAGIC 0x4643504cu        /* "FCPL" */
+#define POOL_SPAN (64ull << 30)       /* sparse: nothing is allocated until touched */
+
+struct pool_header {
+    unsigned magic;
+    int loc_type;
+    int gpu, mig;
+    int loc_id;
+    int handle_types;
+    int exporter_pid;
+    int pad;
+    unsigned long long bump;          /* next free offset (exporter only allocates) */
+};
+
+struct fake_pool {
+    struct fake_pool *next;
+    int fd;
+    int imported;
+    int destroyed;
+    CUmemPoolProps props;             /* as this process reports them */
+    int gpu, mig;
+    unsigned long long ino;
+    unsigned long long access[FAKE_MAX_GPUS];
+};
+
+static struct fake_pool *pools;
+static struct fake_pool *default_pool[FAKE_MAX_GPUS];
+static struct fake_pool *current_pool[FAKE_MAX_GPUS];
+
+static unsigned pool_handle_types(const struct fake_pool *p)
+{
+    return p ? (unsigned)p->props.handleTypes : 0;
+}
+
+static struct fake_pool *pool_lookup(CUmemoryPool h)
+{
+    for (struct fake_pool *p = pools; p; p = p->next)
+        if ((CUmemoryPool)p == h && !p->destroyed)
+            return p;
+    return NULL;
+}
+
+/* Caller holds fake_lock. */
+static CUresult pool_create(const CUmemPoolProps *props, struct fake_pool **out)
+{
+    if (!props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (props->handleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;            /* D-fabric */
+    CUresult r = check_location(&props->location, 1);
+    if (r != CUDA_SUCCESS)
+        return r;
+    int fd = memfd_create("fakecuda-pool", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)POOL_SPAN)) {
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct pool_header hd = {0};
+    hd.magic = POOL_MAGIC;
+    hd.loc_type = props->location.type;
+    hd.loc_id = props->location.id;
+    hd.gpu = hd.mig = -1;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        hd.gpu = fake_visible[props->location.id].gpu;
+        hd.mig = fake_visible[props->location.id].mig;
+    } else if (props->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        hd.loc_id = 0;                              /* D-numacur */
+    }
+    hd.handle_types = props->handleTypes;
+    hd.exporter_pid = getpid();
+    hd.bump = PAGE;
+    struct stat st;
+    if (pwrite(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd || fstat(fd, &st)) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fake_pool *p = calloc(1, sizeof *p);
+    p->fd = fd;
+    p->props = *props;
+    p->gpu = hd.gpu;
+    p->mig = hd.mig;
+    p->ino = (unsigned long long)st.st_ino;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        p->access[props->location.id] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    p->next = pools;
+    pools = p;
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    CHECK_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = NULL;
+    CUresult r = pool_create(poolProps, &p);
+    pthread_mutex_unlock(&fake_lock);
+    if (r == CUDA_SUCCESS)
+        *pool = (CUmemoryPool)p;
+    return r;
+}
+
+/* Outstanding allocations stay valid; the pool's resources go with the last of them
+ * (cuda.h). The fake keeps the pool record, marked destroyed. */
+FAKE_API CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(pool);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (p) {
+        int is_default = 0;
+        for (int i = 0; i < FAKE_MAX_GPUS; i++)
+            is_default |= default_pool[i] == p;
+        if (!is_default) {                          /* a device's default pool stays */
+            for (int i = 0; i < FAKE_MAX_GPUS; i++)
+                if (current_pool[i] == p)
+                    current_pool[i] = default_pool[i];
+            p->destroyed = 1;
+            r = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* Caller holds fake_lock. */
+static struct fake_pool *device_default_pool(int dev)
+{
+    if (!default_pool[dev]) {
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = dev;
+        if (pool_create(&props, &default_pool[dev]) != CUDA_SUCCESS)
+            return NULL;
+    }
+    return default_pool[dev];
+}
+
+FAKE_API CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pool_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= fake_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = device_default_pool(dev);
+    pthread_mutex_unlock(&fake_lock);
+    *pool_out = (CUmemoryPool)p;
+    return p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+FAKE_API CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= fake_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = current_pool[dev] ? current_pool[dev] : device_default_pool(dev);
+    pthread_mutex_unlock(&fake_lock);
+    *pool = (CUmemoryPool)p;
+    return p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* cuda.h: the pool must be located on dev. */
+FAKE_API CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    CHECK_INIT();
+    if (dev < 0 || dev >= fake_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(pool);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (p && !p->imported && p->props.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        p->props.location.id == dev) {
+        current_pool[dev] = p;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* Caller holds fake_lock. Maps [off, off+size) of the pool's memfd. */
+static CUresult pool_map(struct fake_pool *p, size_t off, size_t size, enum kind kind,
+                         struct fake_ctx *ctx, CUdeviceptr *out)
+{
+    void *m = mmap(NULL, round_up(size, PAGE), PROT_READ | PROT_WRITE, MAP_SHARED, p->fd,
+                   (off_t)off);
+    if (m == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct alloc *a = calloc(1, sizeof *a);
+    a->kind = kind;
+    a->prot = PROT_READ | PROT_WRITE;
+    a->base = (uintptr_t)m;
+    a->size = size;
+    a->fd = -1;
+    a->ctx = ctx;
+    a->gpu = p->gpu;
+    a->mig = p->mig;
+    a->id = next_id++;
+    a->pool = p;
+    a->pool_off = off;
+    a->vmm_loc_id = p->props.location.id;
+    a->next = allocs;
+    allocs = a;
+    *out = (CUdeviceptr)a->base;
+    return CUDA_SUCCESS;
+}
+
+/* Caller holds fake_lock. */
+static CUresult pool_alloc(struct fake_pool *p, size_t size, CUdeviceptr *out)
+{
+    if (p->imported)          /* cuda.h: allocations cannot be made from imported pools */
+        return CUDA_ERROR_INVALID_VALUE;
+    struct pool_header hd;
+    if (pread(p->fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t len = round_up(size, PAGE);
+    if (hd.bump + len > POOL_SPAN || (p->props.maxSize && hd.bump - PAGE + len > p->props.maxSize))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t off = hd.bump;
+    hd.bump += len;
+    if (pwrite(p->fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fake_ctx *c = NULL;
+    fake_current_ctx(&c);
+    return pool_map(p, off, size, K_POOL, c, out);
+}
+
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+    CHECK_INIT();
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    CUresult r = fake_stream_check(s);
+    struct fake_pool *p = NULL;
+    if (r == CUDA_SUCCESS) {
+        if (pool) {
+            p = pool_lookup(pool);
+        } else {                          /* cuMemAllocAsync: the current device's pool */
+            struct fake_ctx *c;
+            r = fake_current_ctx(&c);
+            if (r == CUDA_SUCCESS) {
+                int dev = fake_ctx_device(c);
+                p = current_pool[dev] ? current_pool[dev] : device_default_pool(dev);
+            }
+        }
+        if (r == CUDA_SUCCESS && !p)
+            r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS)
+        r = pool_alloc(p, bytesize, dptr);
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    return pool ? alloc_from_pool(dptr, bytesize, pool, hStream) : CUDA_ERROR_INVALID_VALUE;
+}
+FAKE_API CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+}
+FAKE_API CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_from_pool(dptr, bytesize, NULL, hStream);
+}
+FAKE_API CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_from_pool(dptr, bytesize, NULL, hStream);
+}
+
+/* Frees pool allocations and releases imported pool pointers (cuda.h: imported pointers
+ * are freed with cuMemFreeAsync). */
+static CUresult free_async(CUdeviceptr dptr, CUstream s)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    CUresult r = fake_stream_check(s);
+    struct alloc *a = find((uintptr_t)dptr, 1);
+    if (r == CUDA_SUCCESS && (!a || a->base != (uintptr_t)dptr ||
+                              (a->kind != K_POOL && a->kind != K_POOL_IMPORT)))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        unlink_alloc(a);
+        munmap((void *)a->base, round_up(a->size, PAGE));
+        free(a);
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
+FAKE_API CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
+
+FAKE_API CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    CHECK_INIT();
+    if (!map || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return CUDA_ERROR_INVALID_VALUE;
+        CUresult r = check_location(&map[i].location, 0);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+            map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(pool);
+    CUresult r = p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; r == CUDA_SUCCESS && i < count; i++)
+        p->access[map[i].location.id] = map[i].flags;
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool, CUmemLocation *location)
+{
+    CHECK_INIT();
+    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_location(location, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(memPool);
+    if (p)
+        *flags = (CUmemAccess_flags)p->access[location->id];
+    pthread_mutex_unlock(&fake_lock);
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FAKE_API CUresult CUDAAPI cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                                           CUmemAllocationHandleType handleType,
+                                                           unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!handle_out || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(pool);
+    CUresult r = CUDA_SUCCESS;
+    if (!p || p->imported || !(p->props.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        r = CUDA_ERROR_INVALID_VALUE;       /* not created exportable as a POSIX fd */
+    } else {
+        int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)handle_out = fd;
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+/* Properties of an imported pool follow D-importprop, like VMM imports. */
+FAKE_API CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                                             CUmemAllocationHandleType handleType,
+                                                             unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!pool_out || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int src = (int)(intptr_t)handle;
+    struct pool_header hd;
+    struct stat st;
+    if (src < 0 || fstat(src, &st) || pread(src, &hd, sizeof hd, 0) != (ssize_t)sizeof hd ||
+        hd.magic != POOL_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fake_pool *p = calloc(1, sizeof *p);
+    p->fd = fd;
+    p->imported = 1;
+    p->props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p->props.handleTypes = hd.handle_types;
+    p->props.location.type = hd.loc_type;
+    p->props.location.id = hd.loc_id;
+    p->gpu = hd.gpu;
+    p->mig = hd.mig;
+    p->ino = (unsigned long long)st.st_ino;
+    pthread_mutex_lock(&fake_lock);
+    if (hd.loc_type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        int o = fake_ordinal_of_gpu(hd.gpu, hd.mig);
+        if (o >= 0) {
+            p->props.location.id = o;
+            p->access[o] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        }
+    }
+    p->next = pools;
+    pools = p;
+    pthread_mutex_unlock(&fake_lock);
+    *pool_out = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+#define POOL_PTR_MAGIC 0x46435050u    /* "FCPP" */
+struct pool_ptr_data {
+    unsigned magic;
+    int pad;
+    unsigned long long ino;           /* the pool's memfd */
+    unsigned long long off, size;
+    char rest[64 - 32];
+};
+_Static_assert(sizeof(struct pool_ptr_data) == sizeof(CUmemPoolPtrExportData), "export data size");
+
+FAKE_API CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr)
+{
+    CHECK_INIT();
+    if (!shareData_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct alloc *a = find((uintptr_t)ptr, 1);
+    CUresult r = CUDA_SUCCESS;
+    if (!a || a->kind != K_POOL || !(a->pool->props.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        struct pool_ptr_data d = {POOL_PTR_MAGIC, 0, a->pool->ino, a->pool_off, a->size, {0}};
+        memcpy(shareData_out, &d, sizeof d);
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                                                 CUmemPoolPtrExportData *shareData)
+{
+    CHECK_INIT();
+    if (!ptr_out || !shareData)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct pool_ptr_data d;
+    memcpy(&d, shareData, sizeof d);
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(pool);
+    CUresult r = CUDA_SUCCESS;
+    if (!p || !p->imported || d.magic != POOL_PTR_MAGIC || d.ino != p->ino || d.off < PAGE ||
+        d.size == 0 || d.off + d.size > POOL_SPAN) {
+        r = CUDA_ERROR_INVALID_VALUE;       /* not from this pool */
+    } else {
+        struct fake_ctx *c = NULL;
+        fake_current_ctx(&c);
+        r = pool_map(p, d.off, d.size, K_POOL_IMPORT, c, ptr_out);
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
 }
