@@ -1,0 +1,34 @@
+# Benchmark programs for scripts/bench (not tests: nothing in python-tests runs them).
+# Included by c-tests/Makefile, which defines HERE, BUILD, FAKE, CUDA_INC, CC, CFLAGS and
+# TEST_LDFLAGS. Cheap to build, but kept out of `all`: `make -C c-tests bench`.
+#   build/bench/bench_calls        guarded call cost (links the fake libcuda/libcudart)
+#   build/bench/bench_dlsym        non-CUDA dlsym cost
+#   build/bench/bench_spawn        start-up and launch wall time (posix_spawn, no CUDA)
+#   build/bench/empty_preload.so   the physical floor of LD_PRELOAD
+#   build/bench/libbenchsyms.so    names bench_dlsym looks up
+BBUILD := $(BUILD)/bench
+BENCH_BINS := $(BBUILD)/bench_calls $(BBUILD)/bench_dlsym $(BBUILD)/bench_spawn \
+              $(BBUILD)/empty_preload.so $(BBUILD)/libbenchsyms.so
+
+.PHONY: bench
+bench: $(BENCH_BINS)
+
+$(BBUILD)/bench_calls: $(HERE)bench/bench_calls.c fake | check-headers
+	@mkdir -p $(BBUILD)
+	$(CC) $(CFLAGS) -o $@ $< $(TEST_LDFLAGS) -lcudart -lcuda
+
+$(BBUILD)/bench_dlsym: $(HERE)bench/bench_dlsym.c
+	@mkdir -p $(BBUILD)
+	$(CC) $(CFLAGS) -o $@ $< -ldl
+
+$(BBUILD)/bench_spawn: $(HERE)bench/bench_spawn.c
+	@mkdir -p $(BBUILD)
+	$(CC) $(CFLAGS) -o $@ $<
+
+$(BBUILD)/empty_preload.so: $(HERE)bench/empty_preload.c
+	@mkdir -p $(BBUILD)
+	$(CC) $(CFLAGS) -shared -o $@ $<
+
+$(BBUILD)/libbenchsyms.so: $(HERE)bench/benchsyms.c
+	@mkdir -p $(BBUILD)
+	$(CC) $(CFLAGS) -shared -o $@ $<

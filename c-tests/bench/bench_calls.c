@@ -1,0 +1,109 @@
+/* bench_calls: the cost of one CUDA call on the guard's allowed path, measured in a tight
+ * loop inside one process. scripts/bench runs it alternately with and without
+ * librankguard.so in LD_PRELOAD and compares the two (interleaved rounds, median).
+ *
+ *   bench_calls CASE N
+ *
+ * CASE  drv-link   cuDeviceGet(&d, 0) through the exported symbol (linked -lcuda)
+ *       drv-gpa2   cuDeviceGet(&d, 0) through the pointer cuGetProcAddress_v2 returned
+ *       rt-set     cudaSetDevice(0) through the (fake) runtime (linked -lcudart)
+ *       drv-wrap   cuDeviceGetCount(&n): a guarded wrapper with no policy check
+ *       drv-pass   cuDriverGetVersion(&v): a driver call the guard does not interpose
+ * Output: "case=<CASE> calls=<N> ns_per_call=<x>". Exit 0 on success, 1 if a call
+ * failed (printed: a failing call would make the figure meaningless), 2 on bad arguments.
+ * Needs CUDA_VISIBLE_DEVICES to name one device when run under the guard (R1).
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* CPU time of this thread: time the scheduler gives to other processes (2 shared cores,
+ * other builds running) is not counted, so the figure is the call's own cost. */
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* One loop per case; `rc |=` keeps every call's result live so nothing is elided (the
+ * calls go through the PLT or a pointer into another library and cannot be inlined). */
+#define LOOP(n, call) do { for (long i_ = 0; i_ < (n); i_++) rc |= (int)(call); } while (0)
+
+static int run(const char *c, long n, double *ns)
+{
+    int rc = 0;
+    CUdevice d = -1;
+    int v = 0;
+    if (!strcmp(c, "drv-link")) {
+        LOOP(1000, cuDeviceGet(&d, 0));
+        double t0 = now_ns();
+        LOOP(n, cuDeviceGet(&d, 0));
+        *ns = now_ns() - t0;
+    } else if (!strcmp(c, "drv-gpa2")) {
+        PFN_cuDeviceGet_v2000 f = NULL;
+        CUdriverProcAddressQueryResult st;
+        CUresult r = cuGetProcAddress_v2("cuDeviceGet", (void **)&f, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+        if (r != CUDA_SUCCESS || !f || st != CU_GET_PROC_ADDRESS_SUCCESS) {
+            fprintf(stderr, "bench_calls: cuGetProcAddress_v2(cuDeviceGet) failed: rc=%d status=%d\n", (int)r, (int)st);
+            return 1;
+        }
+        LOOP(1000, f(&d, 0));
+        double t0 = now_ns();
+        LOOP(n, f(&d, 0));
+        *ns = now_ns() - t0;
+    } else if (!strcmp(c, "rt-set")) {
+        LOOP(1000, cudaSetDevice(0));
+        double t0 = now_ns();
+        LOOP(n, cudaSetDevice(0));
+        *ns = now_ns() - t0;
+    } else if (!strcmp(c, "drv-wrap")) {
+        LOOP(1000, cuDeviceGetCount(&v));
+        double t0 = now_ns();
+        LOOP(n, cuDeviceGetCount(&v));
+        *ns = now_ns() - t0;
+    } else if (!strcmp(c, "drv-pass")) {
+        LOOP(1000, cuDriverGetVersion(&v));
+        double t0 = now_ns();
+        LOOP(n, cuDriverGetVersion(&v));
+        *ns = now_ns() - t0;
+    } else {
+        fprintf(stderr, "bench_calls: unknown case '%s' (drv-link, drv-gpa2, rt-set, drv-wrap, drv-pass)\n", c);
+        return 2;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "bench_calls: %s: a timed call failed (or-ed result %d); "
+                        "is CUDA_VISIBLE_DEVICES set to one device of the fake node?\n", c, rc);
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    char *end = NULL;
+    long n = argc == 3 ? strtol(argv[2], &end, 10) : 0;
+    if (argc != 3 || !end || *end || n <= 0) {
+        fprintf(stderr, "usage: bench_calls CASE N   (N: a positive call count)\n");
+        return 2;
+    }
+    /* The runtime case initialises through cudaSetDevice itself, as programs do. */
+    if (strcmp(argv[1], "rt-set") != 0) {
+        CUresult r = cuInit(0);
+        if (r != CUDA_SUCCESS) {
+            fprintf(stderr, "bench_calls: cuInit failed: %d\n", (int)r);
+            return 1;
+        }
+    }
+    double ns = 0;
+    int rc = run(argv[1], n, &ns);
+    if (rc)
+        return rc;
+    printf("case=%s calls=%ld ns_per_call=%.3f\n", argv[1], n, ns / (double)n);
+    return 0;
+}

@@ -1,0 +1,60 @@
+/* bench_dlsym: the cost of dlsym for names that are not CUDA, which every preloaded
+ * process pays through the guard's dlsym trampoline. scripts/bench runs it alternately
+ * with and without librankguard.so in LD_PRELOAD.
+ *
+ *   bench_dlsym LIB NAME N
+ *
+ * dlopen(LIB) once, then N times dlsym(handle, NAME). NAME must exist in LIB (a failed
+ * lookup takes a different, slower path in glibc and is not what programs do in a loop).
+ * Output: "name=<NAME> calls=<N> ns_per_call=<x>". Exit 1 if LIB or NAME is missing,
+ * 2 on bad arguments.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* CPU time of this thread: time the scheduler gives to other processes (2 shared cores,
+ * other builds running) is not counted, so the figure is the call's own cost. */
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+    char *end = NULL;
+    long n = argc == 4 ? strtol(argv[3], &end, 10) : 0;
+    if (argc != 4 || !end || *end || n <= 0) {
+        fprintf(stderr, "usage: bench_dlsym LIB NAME N   (N: a positive call count)\n");
+        return 2;
+    }
+    void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "bench_dlsym: dlopen(%s): %s\n", argv[1], dlerror());
+        return 1;
+    }
+    void *first = dlsym(h, argv[2]);
+    if (!first) {
+        fprintf(stderr, "bench_dlsym: %s not found in %s\n", argv[2], argv[1]);
+        return 1;
+    }
+    for (int i = 0; i < 1000; i++)
+        (void)dlsym(h, argv[2]);
+    uintptr_t acc = 0;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        acc ^= (uintptr_t)dlsym(h, argv[2]);
+    double ns = now_ns() - t0;
+    /* Every lookup returned the same address: an odd n leaves it, an even n leaves 0. */
+    if (acc != ((n & 1) ? (uintptr_t)first : 0)) {
+        fprintf(stderr, "bench_dlsym: %s resolved to different addresses during the loop\n", argv[2]);
+        return 1;
+    }
+    printf("name=%s calls=%ld ns_per_call=%.3f\n", argv[2], n, ns / (double)n);
+    return 0;
+}
