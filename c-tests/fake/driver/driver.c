@@ -472,7 +472,8 @@ FAKE_API CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
     stack_remove(c);
     c->magic = 0;
     pthread_mutex_unlock(&fake_lock);
-    free(c);
+    /* Not freed: another thread may still hold the handle, and a new context at the same
+     * address would make its stale handle valid again. A fake can afford the leak. */
     return CUDA_SUCCESS;
 }
 

@@ -109,8 +109,9 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytesize, enum kind kind)
     struct fake_ctx *c;
     CUresult r = fake_current_ctx(&c);
     int dev = r == CUDA_SUCCESS ? fake_ctx_device(c) : 0;
-    if (r == CUDA_SUCCESS && bytesize > 80ull * 1024 * 1024 * 1024)
-        r = CUDA_ERROR_OUT_OF_MEMORY;
+    size_t total = 0;
+    if (r == CUDA_SUCCESS && (cuDeviceTotalMem_v2(&total, dev) != CUDA_SUCCESS || bytesize > total))
+        r = CUDA_ERROR_OUT_OF_MEMORY;       /* one allocation larger than the device */
     int fd;
     void *m;
     if (r == CUDA_SUCCESS)
@@ -179,8 +180,9 @@ FAKE_API CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_, size_t *total)
         for (struct alloc *a = allocs; a; a = a->next)
             if (a->kind == K_DEVICE && a->gpu == fake_visible[fake_ctx_device(c)].gpu)
                 used += a->size;
+        size_t avail = t - t / 100;       /* 1% reserved, as a real context takes some */
         if (free_)
-            *free_ = t - t / 100 - used;  /* 1% reserved, as a real context takes some */
+            *free_ = used < avail ? avail - used : 0;
         if (total)
             *total = t;
     }
