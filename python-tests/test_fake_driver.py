@@ -98,6 +98,14 @@ def test_routing_table_is_regenerated_from_the_headers_and_verified(tmp_path):
     assert '{"cuCtxCreate", 12050, 0, 0, "cuCtxCreate_v4"' in (tmp_path / "out.c").read_text()
 
 
+def test_generator_refuses_a_fake_function_under_a_non_abi_name(tmp_path):
+    (tmp_path / "impl.txt").write_text("cuInit\ncuMemcpyHtoD_ptds\n")
+    p = run([PYTHON, GEN_ROUTES, "--typedefs", CUDA_INC / "cudaTypedefs.h",
+             "--cuda-h", CUDA_INC / "cuda.h", "--implemented", tmp_path / "impl.txt",
+             "-o", tmp_path / "out.c"])
+    assert p.returncode == 1 and "cuMemcpyHtoD_ptds" in p.stderr, p.stderr
+
+
 def test_driver_never_resolves_itself_through_dlsym():
     undefined = run(["nm", "-D", "--undefined-only", DRIVER], check=True).stdout
     assert not re.search(r"\bdl(v)?sym\b", undefined), undefined

@@ -15,7 +15,8 @@ Naming rule (verified below against cuda.h, the build fails on any mismatch):
 Verification: every derived symbol must be a function name cuda.h declares (compiled
 with __CUDA_API_VERSION_INTERNAL, where the legacy names are declared verbatim) or the
 target of one of cuda.h's `#define cuX cuX_vN` / __CUDA_API_PTDS(...) remapping macros,
-and the newest variant of every remapped name must be exactly the macro's target.
+and every macro must name a derived variant of its base name. A cu* function the fake
+defines under any other name is refused (it could never be routed).
 
 Output (one C file, stdlib only, no cuda.h include so stub prototypes cannot clash):
   * fakecuda_routes[]: {name, version, per_thread, abi, fn} sorted by name; fn points at the
@@ -187,6 +188,13 @@ def main() -> int:
         if parts:
             implemented.add(parts[-1])
     abis = sorted({r[3] for r in routes})
+    # A cu* function the fake defines under a name no typedef derives would never be
+    # routed (a typo such as cuMemcpyHtoD_ptds for cuMemcpyHtoD_v2_ptds): refuse it.
+    stray = sorted(s for s in implemented if s.startswith("cu") and s not in set(abis))
+    if stray:
+        print("gen_routes: the fake defines functions no cudaTypedefs.h variant names: "
+              + ", ".join(stray) + "; rename them to their ABI names", file=sys.stderr)
+        return 1
     stubs = [s for s in abis if s not in implemented]
     routes.sort(key=lambda r: (r[0], r[2], r[1]))
 
