@@ -7,8 +7,8 @@
  *       allocate on device 0, fill with a pattern, export; write the handle (hex) to
  *       <dir>/handle, serve VMM fds on <dir>/sock (SCM_RIGHTS); print "ready"; stay alive
  *       until stdin closes (a legacy handle needs its exporter alive).
- *   ipc_peer import <kind> <dir> <allow|deny>
- *       import; allow: success and every byte the exporter wrote reads back; deny: the
+ *   ipc_peer import <kind> <dir> <allow|deny> [times]
+ *       import (<times> times, default once); allow: success and every byte the exporter wrote reads back; deny: the
  *       guard's CUDA_ERROR_NOT_PERMITTED / cudaErrorNotPermitted (800) and no mapping.
  *   ipc_peer storm <index> <count> <gpus> <dir> <handles>
  *       one of <count> concurrent processes (CUDA_VISIBLE_DEVICES = index % gpus, all the
@@ -355,7 +355,7 @@ static int do_import(const char *kind, const char *dir, const char *expect)
 
 static int wait_for(const char *dir, const char *prefix, int count)
 {
-    char name[64];
+    char name[512];
     for (int tries = 0; tries < 6000; tries++) {
         int have = 0;
         for (int j = 0; j < count; j++) {
@@ -444,12 +444,18 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 4 && !strcmp(argv[1], "export"))
         return do_export(argv[2], argv[3]);
-    if (argc == 5 && !strcmp(argv[1], "import"))
-        return do_import(argv[2], argv[3], argv[4]);
+    if ((argc == 5 || argc == 6) && !strcmp(argv[1], "import")) {
+        /* An optional repeat count: the same import several times in one process (the
+         * guard says each registry problem once per process). */
+        int times = argc == 6 ? atoi(argv[5]) : 1, rc = 0;
+        for (int i = 0; i < times; i++)
+            rc = do_import(argv[2], argv[3], argv[4]);
+        return rc;
+    }
     if (argc == 7 && !strcmp(argv[1], "storm"))
         return do_storm(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), argv[5], atoi(argv[6]));
     fprintf(stderr,
-            "usage: ipc_peer export <kind> <dir> | import <kind> <dir> <allow|deny> |\n"
+            "usage: ipc_peer export <kind> <dir> | import <kind> <dir> <allow|deny> [times] |\n"
             "       storm <index> <count> <gpus> <dir> <handles>\n"
             "kinds: mem rtmem event rtevent vmm vmmhost\n");
     return 2;

@@ -1,0 +1,366 @@
+"""Rule R3, no cross-device IPC inside a rank, across real processes on the fake platform.
+
+Each test starts an exporter and an importer (c-tests/tests/ipc_peer.c) with their own
+environments under librankguard.so, and checks what the importer got (the program checks
+return codes and every byte itself), what the guard said on stderr, and the audit records.
+Kinds: legacy memory handles through the driver (mem) and the runtime (rtmem), event
+handles (event, rtevent) and VMM POSIX fds (vmm; vmmhost is host memory).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from _ipc import PEER, JOB, audit, exporter, gpu_uuid, guard_env
+from conftest import run
+
+KINDS = ["mem", "rtmem", "event", "rtevent", "vmm"]
+
+
+def importer(tmp, kind, ex, env, expect, times=1):
+    p = run([PEER, "import", kind, ex.dir, expect] + ([str(times)] if times > 1 else []), env=env)
+    assert p.returncode == 0, f"importer failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def r3_records(tmp):
+    return [r for r in audit(tmp) if r.get("rule") == "R3"]
+
+
+# ------------------------------------------------------------------ same rank, two GPUs
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_rank_other_gpu_is_denied(tmp_path, kind):
+    with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0)) as ex:
+        p = importer(tmp_path, kind, ex, guard_env(tmp_path, "1", 0), "deny")
+    assert "import-rc 800" in p.stdout
+    line = next(l for l in p.stderr.splitlines() if "RANKGUARD WARN" in l)
+    # the line names the call, the rule, both GPUs, the exporter's pid and the fix
+    assert "denied" in line and "R3" in line
+    assert gpu_uuid(0) in line and gpu_uuid(1) in line
+    assert f"pid {ex.pid}" in line
+    assert "fix:" in line.lower()
+    (rec,) = r3_records(tmp_path)
+    assert rec["verdict"] == "deny" and rec["mode"] == "enforce"
+    assert rec["exporter_pid"] == ex.pid and rec["exporter_gpu"] == gpu_uuid(0)
+    assert rec["gpu"] == gpu_uuid(1) and rec["rank"] == 0 and rec["exporter_rank"] == 0
+    assert rec["job"] == JOB and rec["cvd"] == "1"
+    assert rec["detail"].startswith("IPC import of memory exported on another GPU")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_rank_other_gpu_is_recorded_in_warn_mode(tmp_path, kind):
+    with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0)) as ex:
+        # warn mode lets it through: the importer still reads every byte
+        p = importer(tmp_path, kind, ex, guard_env(tmp_path, "1", 0, RANKGUARD_MODE="warn"), "allow")
+    assert "import-rc 0" in p.stdout
+    recs = r3_records(tmp_path)
+    assert len(recs) == 1, recs
+    rec = recs[0]
+    for field in ("call", "abi", "verdict", "rule", "mode", "pid", "rank", "job", "cvd", "gpu", "args", "detail"):
+        assert field in rec, field
+    assert rec["rule"] == "R3" and rec["verdict"] == "warn" and rec["mode"] == "warn"
+    assert rec["exporter_pid"] == ex.pid and rec["exporter_gpu"] == gpu_uuid(0)
+    assert rec["gpu"] == gpu_uuid(1)
+    assert rec["handle"] == {"mem": "mem", "rtmem": "mem", "event": "event", "rtevent": "event",
+                             "vmm": "vmmfd"}[kind]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_rank_same_gpu_is_allowed_with_every_byte(tmp_path, kind):
+    with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0)) as ex:
+        p = importer(tmp_path, kind, ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "allow")
+    assert "import-rc 0" in p.stdout
+    assert "RANKGUARD" not in p.stderr
+    assert r3_records(tmp_path) == []
+
+
+def test_the_same_gpu_named_by_uuid_is_the_same_gpu(tmp_path):
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "1", 2)) as ex:
+        importer(tmp_path, "mem", ex, guard_env(tmp_path, gpu_uuid(1)[:12], 2, RANKGUARD_IPC="strict"), "allow")
+    assert r3_records(tmp_path) == []
+
+
+# ------------------------------------------------------------------ other ranks, host memory
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_other_rank_on_other_gpu_is_allowed(tmp_path, kind):
+    """The NCCL P2P pattern: rank 1 maps rank 0's buffer on another GPU."""
+    with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0)) as ex:
+        p = importer(tmp_path, kind, ex,
+                     guard_env(tmp_path, "1", 1, RANKGUARD_IPC="strict", RANKGUARD_DEBUG="DEBUG"), "allow")
+    assert "import-rc 0" in p.stdout
+    assert "another rank" in p.stderr          # logged at debug level only
+    assert "RANKGUARD WARN" not in p.stderr
+    assert r3_records(tmp_path) == []
+
+
+def test_another_job_is_not_this_rank(tmp_path):
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0)) as ex:
+        importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0, RANKGUARD_JOB="other-job"), "allow")
+    assert r3_records(tmp_path) == []
+
+
+def test_job_from_the_engine(tmp_path):
+    """Without the launcher's id, SLURM's job and step make the job."""
+    slurm = dict(RANKGUARD_JOB=None, SLURM_JOB_ID="77", SLURM_STEP_ID="0")
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0, **slurm)) as ex:
+        importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0, **slurm), "deny")
+    (rec,) = r3_records(tmp_path)
+    assert rec["exporter_job"] == "slurm:77.0"
+
+
+def test_host_memory_vmm_is_always_allowed(tmp_path):
+    with exporter(tmp_path, "vmmhost", guard_env(tmp_path, "0", 0)) as ex:
+        p = importer(tmp_path, "vmmhost", ex, guard_env(tmp_path, "1", 0, RANKGUARD_IPC="strict"), "allow")
+    assert "RANKGUARD" not in p.stderr
+    assert r3_records(tmp_path) == []
+
+
+def test_host_memory_vmm_of_an_unguarded_exporter_is_allowed_even_strict(tmp_path):
+    """No record at all: the allocation's location type, asked after the import, decides."""
+    with exporter(tmp_path, "vmmhost", guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex:
+        importer(tmp_path, "vmmhost", ex, guard_env(tmp_path, "1", 0, RANKGUARD_IPC="strict"), "allow")
+    assert r3_records(tmp_path) == []
+
+
+# ------------------------------------------------------------------ unknown provenance
+
+@pytest.mark.parametrize("kind", ["mem", "event", "vmm"])
+def test_unknown_exporter_is_allowed_by_default(tmp_path, kind):
+    with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex:
+        p = importer(tmp_path, kind, ex, guard_env(tmp_path, "1", 0), "allow")
+    assert "RANKGUARD WARN" not in p.stderr
+    assert r3_records(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["mem", "rtmem", "event", "vmm"])
+def test_unknown_exporter_is_denied_when_strict(tmp_path, kind):
+    with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex:
+        p = importer(tmp_path, kind, ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny")
+    assert "RANKGUARD_IPC=strict" in p.stderr
+    (rec,) = r3_records(tmp_path)
+    assert rec["verdict"] == "deny" and rec["exporter_pid"] is None
+    assert "unknown provenance" in rec["detail"]
+
+
+def test_off_mode_neither_records_nor_checks(tmp_path):
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0, RANKGUARD_MODE="off")) as ex:
+        importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0, RANKGUARD_MODE="off"), "allow")
+    assert not (tmp_path / "registry").exists() or not any((tmp_path / "registry").iterdir())
+    assert r3_records(tmp_path) == []
+
+
+def test_records_of_dead_exporters_are_cleaned_up(tmp_path):
+    reg = tmp_path / "registry"
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0), name="a"):
+        pass
+    stale = [f.name for f in reg.iterdir()]
+    assert len(stale) == 1                      # the exporter has exited; its record stays...
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0), name="b"):
+        names = [f.name for f in reg.iterdir()]
+    assert stale[0] not in names and len(names) == 1   # ...until the next exporter sweeps
+
+
+# ------------------------------------------------------------------ registry attacks
+
+def _say_once(stderr: str, needle: str):
+    hits = [l for l in stderr.splitlines() if needle in l]
+    assert len(hits) == 1, f"expected one line with {needle!r}:\n{stderr}"
+    assert "RANKGUARD WARN" in hits[0]
+    return hits[0]
+
+
+def _untrusted_registry(tmp_path, reg_env: str):
+    """Exporter and importer on a registry they must not trust: both say so once, nothing
+    is trusted (a cross-GPU import of the same rank is unknown: allowed by default), and
+    under strict the import is denied as unknown."""
+    env_x = guard_env(tmp_path, "0", 0, RANKGUARD_REGISTRY=reg_env)
+    with exporter(tmp_path, "mem", env_x) as ex:
+        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0, RANKGUARD_REGISTRY=reg_env), "allow", times=3)
+        s = importer(tmp_path, "mem", ex, guard_env(tmp_path, "0", 0, RANKGUARD_REGISTRY=reg_env,
+                                                    RANKGUARD_IPC="strict"), "deny")
+    _say_once(p.stderr, "not trusted")
+    _say_once(s.stderr, "not trusted")
+    _say_once(ex.stderr, "not trusted")
+    return p
+
+
+def test_registry_owned_by_another_user_is_ignored(tmp_path):
+    reg = tmp_path / "foreign"
+    reg.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(reg, 65534, 65534)
+        p = _untrusted_registry(tmp_path, str(reg))
+        assert "owned by uid 65534" in p.stderr
+    else:
+        root_dir = "/root"
+        if not os.path.isdir(root_dir) or os.stat(root_dir).st_uid == os.geteuid():
+            pytest.skip("needs root to chown, or a directory of another user (/root)")
+        p = _untrusted_registry(tmp_path, root_dir)
+        assert "owned by uid" in p.stderr
+
+
+def test_registry_with_group_or_other_access_is_ignored(tmp_path):
+    reg = tmp_path / "open"
+    reg.mkdir()
+    reg.chmod(0o777)
+    p = _untrusted_registry(tmp_path, str(reg))
+    assert "mode 0777" in p.stderr
+
+
+def test_symlinked_registry_is_ignored(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    p = _untrusted_registry(tmp_path, str(link))
+    assert "symbolic link" in p.stderr
+    assert not any(real.iterdir()), "nothing was written through the link"
+
+
+def test_relative_registry_path_is_ignored(tmp_path):
+    p = _untrusted_registry(tmp_path, "relative/registry")
+    assert "not an absolute path" in p.stderr
+
+
+def _tamper(tmp_path, change, expect_in_warning):
+    """Export, tamper with the one record, then import on the SAME GPU under strict: a
+    trusted record would allow it; an untrusted one makes provenance unknown (denied)."""
+    reg = tmp_path / "registry"
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0)) as ex:
+        (rec,) = list(reg.iterdir())
+        change(rec, ex)
+        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny", times=2)
+    line = _say_once(p.stderr, "not trusted")
+    assert expect_in_warning in line
+    assert all(r["verdict"] == "deny" and r["exporter_pid"] is None for r in r3_records(tmp_path))
+    return p
+
+
+def test_garbage_record_is_skipped(tmp_path):
+    _tamper(tmp_path, lambda rec, ex: rec.write_bytes(b"\x00\xffnot a record\n" * 10), "corrupt")
+
+
+def test_truncated_record_is_skipped(tmp_path):
+    def cut(rec, ex):
+        text = rec.read_text()
+        rec.write_text(text[: len(text) // 2])
+    _tamper(tmp_path, cut, "truncated")
+
+
+def test_oversized_record_is_skipped(tmp_path):
+    _tamper(tmp_path, lambda rec, ex: rec.write_text(rec.read_text() + "x" * 4096), "larger than")
+
+
+def test_forged_pid_is_skipped(tmp_path):
+    """A record claiming a live process (pid 1) that is not the exporter."""
+    def forge(rec, ex):
+        rec.write_text(rec.read_text().replace(f"pid {ex.pid}\n", "pid 1\n"))
+    _tamper(tmp_path, forge, "forged")
+
+
+def test_symlinked_record_is_skipped(tmp_path):
+    def link(rec, ex):
+        copy = rec.parent.parent / "copy-of-record"
+        shutil.copy(rec, copy)
+        rec.unlink()
+        rec.symlink_to(copy)
+    _tamper(tmp_path, link, "symbolic link")
+
+
+def test_record_writable_by_others_is_skipped(tmp_path):
+    _tamper(tmp_path, lambda rec, ex: rec.chmod(0o666), "writable by others")
+
+
+def test_a_record_of_a_dead_exporter_is_not_trusted(tmp_path):
+    """The exporter's record names a pid that has exited: provenance unknown, quietly."""
+    reg = tmp_path / "registry"
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0)) as ex:
+        (rec,) = list(reg.iterdir())
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        rec.write_text(rec.read_text().replace(f"pid {ex.pid}\n", f"pid {dead.pid}\n"))
+        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0), "allow")
+    assert "not trusted" not in p.stderr
+    assert not any(reg.iterdir()), "the stale record was removed"
+
+
+def _in_mount_namespace(mount: str, tmp_path) -> list[str]:
+    """A command line that runs `mount` in a private mount namespace, then execs the
+    exporter in the same process (its pid stays the one Popen returned). Root needs only
+    `unshare -m`; another user maps itself to root of a new user namespace (`-r`)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) for a private mount namespace")
+    flags = "-m" if os.geteuid() == 0 else "-rm"
+    if run(["unshare", flags, "true"]).returncode != 0:
+        pytest.skip(f"mount namespaces are not available here (unshare {flags} failed)")
+    script = f'{mount} && exec "{PEER}" export mem "{tmp_path / "x"}"'
+    return ["unshare", flags, "sh", "-c", script]
+
+
+def _unwritable_export(tmp_path, cmd=None, preexec=None):
+    """Export into a registry that cannot be written: the export succeeds, the guard says
+    so once, leaves nothing behind, and importers see unknown provenance."""
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0), cmd=cmd, preexec=preexec) as ex:
+        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0), "allow")
+        s = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0, RANKGUARD_IPC="strict"), "deny")
+    line = _say_once(ex.stderr, "not recorded")
+    assert not list((tmp_path / "registry").iterdir()), "no record and no temporary left"
+    assert "RANKGUARD WARN" not in p.stderr
+    assert "RANKGUARD_IPC=strict" in s.stderr
+    return line
+
+
+def test_full_disk_is_said_once_and_never_crashes(tmp_path):
+    # A tmpfs with no free inode: every file creation fails with ENOSPC.
+    reg = tmp_path / "registry"
+    reg.mkdir(mode=0o700)
+    cmd = _in_mount_namespace(f'mount -t tmpfs -o nr_inodes=1,size=64k,mode=0700 tmpfs "{reg}"', tmp_path)
+    line = _unwritable_export(tmp_path, cmd=cmd)
+    assert "No space left on device" in line
+
+
+def test_read_only_registry_is_said_once_and_never_crashes(tmp_path):
+    reg = tmp_path / "registry"
+    reg.mkdir(mode=0o700)
+    if os.geteuid() != 0:
+        reg.chmod(0o500)
+        line = _unwritable_export(tmp_path)
+        assert "Permission denied" in line
+        return
+    # root ignores permission bits: a read-only bind mount in a private mount namespace
+    cmd = _in_mount_namespace(f'mount --bind -o ro "{reg}" "{reg}"', tmp_path)
+    line = _unwritable_export(tmp_path, cmd=cmd)
+    assert "Read-only file system" in line
+
+
+# ------------------------------------------------------------------ concurrency
+
+@pytest.mark.parametrize("ipc", ["default", "strict"])
+def test_sixteen_processes_lose_no_record_and_see_none_torn(tmp_path, ipc):
+    """16 processes of one rank, alternating GPU 0 and 1, export 4 handles each and import
+    every other process's at the same time. Under default a lost record would let a
+    cross-GPU import through; under strict it would deny a same-GPU one: either fails the
+    program. A torn record would be said on stderr."""
+    n, handles = 16, 4
+    work = tmp_path / "storm"
+    work.mkdir()
+    procs = []
+    for i in range(n):
+        env = guard_env(tmp_path, str(i % 2), 0, RANKGUARD_IPC=ipc)
+        procs.append(subprocess.Popen([str(PEER), "storm", str(i), str(n), "2", str(work), str(handles)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"{out}\n{err}"
+        assert "not trusted" not in err and "not recorded" not in err, err
+        assert f"{(n // 2 - 1) * handles} imports allowed with intact bytes, {n // 2 * handles} denied" in out, out
+    recs = r3_records(tmp_path)
+    assert len(recs) == n * (n // 2) * handles
+    assert all(r["exporter_pid"] is not None and r["exporter_gpu"] != r["gpu"] for r in recs)
+    names = [f.name for f in (tmp_path / "registry").iterdir()]
+    assert not [x for x in names if x.startswith(".tmp")], "no temporary left behind"
