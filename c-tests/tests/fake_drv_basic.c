@@ -245,7 +245,12 @@ static void memory(CUcontext c0, CUcontext c1)
     EXPECT_RC(cuCtxEnablePeerAccess(c1, 1), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuCtxEnablePeerAccess(c1, 0), CUDA_SUCCESS);
     EXPECT_RC(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
-    EXPECT_RC(cuCtxEnablePeerAccess(c0, 0), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_RC(cuCtxEnablePeerAccess(c0, 0), CUDA_ERROR_INVALID_CONTEXT);   /* itself */
+    CUcontext other0;
+    MUST(cuCtxCreate(&other0, 0, 0));
+    MUST(cuCtxPopCurrent(NULL));
+    EXPECT_RC(cuCtxEnablePeerAccess(other0, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED); /* same device */
+    MUST(cuCtxDestroy(other0));
     EXPECT_RC(cuCtxEnablePeerAccess((CUcontext)&local, 0), CUDA_ERROR_INVALID_CONTEXT);
     EXPECT_RC(cuCtxDisablePeerAccess(c1), CUDA_SUCCESS);
     EXPECT_RC(cuCtxDisablePeerAccess(c1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);

@@ -706,10 +706,12 @@ FAKE_API CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned 
     CUresult r = fake_current_ctx(&cur);
     if (r == CUDA_SUCCESS && !fake_ctx_valid(peer))
         r = CUDA_ERROR_INVALID_CONTEXT;
+    /* cuda.h: INVALID_CONTEXT "if the current context is peerContext"; UNSUPPORTED when
+     * cuDeviceCanAccessPeer says no, which includes two contexts on one device. */
     if (r == CUDA_SUCCESS) {
-        if (peer->dev == cur->dev)
-            r = CUDA_ERROR_INVALID_DEVICE;
-        else if (is_mig(peer->dev) || is_mig(cur->dev))
+        if (peer == cur)
+            r = CUDA_ERROR_INVALID_CONTEXT;
+        else if (peer->dev == cur->dev || is_mig(peer->dev) || is_mig(cur->dev))
             r = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
         else if (cur->peer[peer->dev])
             r = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;

@@ -578,9 +578,11 @@ static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
     if (r != CUDA_SUCCESS)
         goto out;
     for (struct alloc *a = allocs; a; a = a->next) {
-        /* D-ipctwice: a second open of the same handle returns the same pointer and needs
-         * its own cuIpcCloseMemHandle. */
-        if (a->kind == K_IPC && a->ipc_pid == h.pid && a->ipc_fd == h.fd && a->ino == h.ino) {
+        /* cuda.h: "If the memory handle has already been opened by the current context,
+         * the reference count on the handle is incremented by 1 and the existing device
+         * pointer is returned." Each open needs its own cuIpcCloseMemHandle. */
+        if (a->kind == K_IPC && a->ctx == c && a->ipc_pid == h.pid && a->ipc_fd == h.fd &&
+            a->ino == h.ino) {
             a->ipc_refs++;
             *pdptr = (CUdeviceptr)a->base;
             goto out;
