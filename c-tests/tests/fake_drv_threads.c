@@ -46,6 +46,21 @@ static void *worker(void *arg)
     return (void *)ok;
 }
 
+static CUcontext destroyed_ctx;
+static int holder_ready, holder_go;
+
+static void *holder(void *arg)
+{
+    (void)arg;
+    CUdeviceptr d;
+    if (cuCtxSetCurrent(destroyed_ctx) != CUDA_SUCCESS)
+        return (void *)-1L;
+    __atomic_store_n(&holder_ready, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&holder_go, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    return (void *)(long)cuMemAlloc(&d, 16);
+}
+
 int main(void)
 {
     pthread_t t[THREADS];
@@ -69,6 +84,21 @@ int main(void)
         all &= ok != NULL;
     }
     EXPECT(all, "16 threads allocate and copy concurrently");
+
+    /* a context destroyed while current to another thread */
+    CUcontext victim;
+    MUST(cuCtxCreate(&victim, 0, 1));
+    pthread_t t2;
+    destroyed_ctx = victim;
+    pthread_create(&t2, NULL, holder, NULL);
+    while (!__atomic_load_n(&holder_ready, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    MUST(cuCtxDestroy(victim));
+    __atomic_store_n(&holder_go, 1, __ATOMIC_RELEASE);
+    void *rc;
+    pthread_join(t2, &rc);
+    EXPECT((long)rc == CUDA_ERROR_CONTEXT_IS_DESTROYED,
+           "another thread using a destroyed context gets CONTEXT_IS_DESTROYED (%ld)", (long)rc);
 
     CUcontext c;
     CUdeviceptr shared;

@@ -382,6 +382,10 @@ int fake_ctx_device(struct fake_ctx *c) { return c->dev; }
 CUresult fake_current_ctx(struct fake_ctx **out)
 {
     struct fake_ctx *c = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+    /* cuda.h cuCtxDestroy: a context destroyed while current to other threads gives
+     * them CUDA_ERROR_CONTEXT_IS_DESTROYED. (Records are never freed, so c is readable.) */
+    if (c && !fake_ctx_valid(c) && c->magic == 0)
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (!c || !fake_ctx_valid(c))
         return CUDA_ERROR_INVALID_CONTEXT;
     *out = c;
