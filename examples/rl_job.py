@@ -7,7 +7,8 @@ the rank; no cross-device IPC inside a rank) only matters for jobs shaped like t
 where a rank is a process *tree* that shares GPU memory through CUDA IPC. Every byte is
 real: the processes exchange device memory with NVIDIA's `cuda.bindings` (cuMemAlloc,
 cuIpcGetMemHandle / cuIpcOpenMemHandle with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
-cuMemcpyHtoD/DtoH) and every transfer is checked with SHA-256.
+cuMemcpyHtoD/DtoH, and an interprocess event: cuIpcGetEventHandle / cuIpcOpenEventHandle)
+and every transfer is checked with SHA-256.
 
 One rank (started by the launcher, which sets RANK, LOCAL_RANK, WORLD_SIZE and a one-entry
 CUDA_VISIBLE_DEVICES):
@@ -15,8 +16,9 @@ CUDA_VISIBLE_DEVICES):
   exports both;
 - collectors (separate processes) import the rollout buffer and write their rollouts into
   their slots; the learner checks every slot's checksum, then updates the weights;
-- an inference ring (separate processes) imports the learner's weights, checks them,
-  writes its actions into its own exported buffer and checks its ring neighbour's;
+- an inference ring (separate processes) imports the learner's weights and the event the
+  learner records after each weights update, waits on it, checks the weights, writes its
+  actions into its own exported buffer and checks its ring neighbour's;
 - at the end, learner r reads learner r+1's final weights through IPC: traffic *between*
   ranks, as NCCL's P2P transport does it, which the contract allows.
 
@@ -130,6 +132,22 @@ def import_(handle_hex: str):
     return ok(cu.cuIpcOpenMemHandle(h, FLAGS), "cuIpcOpenMemHandle")
 
 
+def new_ipc_event():
+    """An event other processes can wait on (cuda.h: INTERPROCESS needs DISABLE_TIMING)."""
+    flags = int(cu.CUevent_flags.CU_EVENT_INTERPROCESS) | int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    return ok(cu.cuEventCreate(flags), "cuEventCreate")
+
+
+def export_event(ev) -> str:
+    return bytes(ok(cu.cuIpcGetEventHandle(ev), "cuIpcGetEventHandle").reserved).hex()
+
+
+def import_event(handle_hex: str):
+    h = cu.CUipcEventHandle()
+    h.reserved = bytes.fromhex(handle_hex)
+    return ok(cu.cuIpcOpenEventHandle(h), "cuIpcOpenEventHandle")
+
+
 def pattern(n: int, *seed) -> bytes:
     """n deterministic bytes from a seed: what a rollout, weights or actions hold."""
     out = bytearray()
@@ -192,6 +210,7 @@ def inference_main(a) -> int:
     dev, _ = open_device(0)
     hello = json.loads(sys.stdin.readline())
     weights = import_(hello["weights"])
+    weights_ready = import_event(hello["weights_ready"])
     own = ok(cu.cuMemAlloc(SLOT_BYTES), "cuMemAlloc")
     ok(cu.cuMemsetD8(own, 0, SLOT_BYTES), "cuMemsetD8")
     send({"ready": True, "handle": export(own), "gpu": uuid_text(dev)})
@@ -201,6 +220,8 @@ def inference_main(a) -> int:
             neighbour = (msg["index"], import_(msg["handle"]))
             send({"ok": True})
         elif msg["cmd"] == "act":
+            # Wait for the learner's copy of the new weights, through its IPC event.
+            ok(cu.cuEventSynchronize(weights_ready), "cuEventSynchronize")
             w = get(weights, WEIGHTS_BYTES)
             if sha(w) != msg["weights_sha"]:
                 send({"error": f"weights read through IPC do not match the learner's (step {msg['step']})"})
@@ -217,6 +238,7 @@ def inference_main(a) -> int:
     if neighbour:
         ok(cu.cuIpcCloseMemHandle(neighbour[1]), "cuIpcCloseMemHandle")
     ok(cu.cuIpcCloseMemHandle(weights), "cuIpcCloseMemHandle")
+    ok(cu.cuEventDestroy(weights_ready), "cuEventDestroy")
     ok(cu.cuMemFree(own), "cuMemFree")
     return 0
 
@@ -302,6 +324,8 @@ def learner_main(a) -> int:
     rollouts = ok(cu.cuMemAlloc(a.collectors * SLOT_BYTES), "cuMemAlloc")
     ok(cu.cuMemsetD8(rollouts, 0, a.collectors * SLOT_BYTES), "cuMemsetD8")
     put(weights, weights_at(rank, 0))
+    stream = ok(cu.cuStreamCreate(0), "cuStreamCreate")
+    weights_ready = new_ipc_event()
     say(rank, f"cuda:0 is {gpu} (CUDA_VISIBLE_DEVICES={cvd}); {a.collectors} collectors, "
               f"an inference ring of {a.ring}, {a.steps} steps")
 
@@ -324,8 +348,9 @@ def learner_main(a) -> int:
         for c in collectors:
             c.hear()
         handles = []
+        eh = export_event(weights_ready)
         for m in ring:
-            m.tell({"weights": wh})
+            m.tell({"weights": wh, "weights_ready": eh})
         for m in ring:
             handles.append(m.hear()["handle"])
         for i, m in enumerate(ring):
@@ -341,11 +366,16 @@ def learner_main(a) -> int:
                 if not reported == got == sha(rollout(rank, i, step)):
                     raise CheckFailed(f"step {step}: collector {i}'s rollout in the learner's buffer is wrong")
             w = weights_at(rank, step + 1)
-            put(weights, w)
+            # The update goes on the learner's stream; the ring waits on its IPC event.
+            # (From pageable memory the copy returns once `w` is staged: CUDA's API sync
+            # behaviour, so `w` may go away.)
+            ok(cu.cuMemcpyHtoDAsync(weights, w, WEIGHTS_BYTES, stream), "cuMemcpyHtoDAsync")
+            ok(cu.cuEventRecord(weights_ready, stream), "cuEventRecord")
             for m in ring:
                 m.ask({"cmd": "act", "step": step, "weights_sha": sha(w)})
             for m in ring:
                 m.ask({"cmd": "check", "step": step, "weights_sha": sha(w)})
+        ok(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")   # final weights in place
         say(rank, f"{a.steps} steps: {a.collectors * a.steps} rollouts and {a.ring * a.steps} ring "
                   "exchanges checked through IPC")
         for ch in children:
@@ -368,6 +398,8 @@ def learner_main(a) -> int:
             if ch.p.poll() is None:
                 ch.p.kill()
             ch.p.wait()
+    ok(cu.cuEventDestroy(weights_ready), "cuEventDestroy")
+    ok(cu.cuStreamDestroy(stream), "cuStreamDestroy")
     ok(cu.cuMemFree(rollouts), "cuMemFree")
     ok(cu.cuMemFree(weights), "cuMemFree")
     say(rank, "done, every check passed")
