@@ -10,6 +10,8 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+import re
+import shutil
 import sys
 
 import pytest
@@ -210,3 +212,29 @@ def test_demo_audit_check_rejects_what_it_should(check_audit):
 def test_demo_rejects_unknown_arguments():
     p = run([DEMO, "--frobnicate"], env=clean_env())
     assert p.returncode == 2 and "unknown argument '--frobnicate'" in p.stderr, p.stderr
+
+
+def test_demo_fails_naming_the_act_when_an_act_goes_wrong(tmp_path):
+    """The demo's own checks bite: in a copy of the tree whose legacy config pins *both*
+    collectors to another GPU (8 violations more than planted), the demo exits 1 naming
+    act 1, while act 3 (untouched) still passes."""
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "c-tests").mkdir()
+    shutil.copy2(DEMO, tree / "scripts" / "demo")
+    shutil.copytree(EXAMPLES, tree / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    for built in ("target", ".venv", "c-tests/build"):
+        (tree / built).symlink_to(ROOT / built)
+    job = tree / "examples" / "rl_job.py"
+    src = job.read_text()
+    assert src.count("if a.legacy and c == 1:") == 1
+    job.write_text(src.replace("if a.legacy and c == 1:", "if a.legacy:"))
+    p = run([tree / "scripts" / "demo", "--no-build", "--workdir", tmp_path / "work"],
+            env=clean_env(), timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert "act 1 did NOT end as described: the audit does not hold the planted violations" in out, out
+    assert "act 3 ended as described" in out, out
+    # Act 2 may or may not see the extra denials: the launcher stops the job at the first
+    # failure, racing the second collector's cuInit.
+    assert re.search(r"the demo FAILED: act 1( 2)? did not end as described", out), out
