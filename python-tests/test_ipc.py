@@ -4,7 +4,8 @@ Each test starts an exporter and an importer (c-tests/tests/ipc_peer.c) with the
 environments under librankguard.so, and checks what the importer got (the program checks
 return codes and every byte itself), what the guard said on stderr, and the audit records.
 Kinds: legacy memory handles through the driver (mem) and the runtime (rtmem), event
-handles (event, rtevent) and VMM POSIX fds (vmm; vmmhost is host memory).
+handles (event, rtevent), VMM POSIX fds (vmm; vmmhost is host memory) and memory pools
+(pool: the pool's fd, then one allocation's export data).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from _ipc import PEER, JOB, audit, exporter, gpu_uuid, guard_env
 from conftest import run
 
-KINDS = ["mem", "rtmem", "event", "rtevent", "vmm"]
+KINDS = ["mem", "rtmem", "event", "rtevent", "vmm", "pool"]
 
 
 def importer(tmp, kind, ex, env, expect, times=1):
@@ -58,7 +59,8 @@ def test_same_rank_other_gpu_is_recorded_in_warn_mode(tmp_path, kind):
         p = importer(tmp_path, kind, ex, guard_env(tmp_path, "1", 0, RANKGUARD_MODE="warn"), "allow")
     assert "import-rc 0" in p.stdout
     recs = r3_records(tmp_path)
-    assert len(recs) == 1, recs
+    # a pool is imported twice over: the pool's fd, then the pointer's export data
+    assert len(recs) == (2 if kind == "pool" else 1), recs
     rec = recs[0]
     for field in ("call", "abi", "verdict", "rule", "mode", "pid", "rank", "job", "cvd", "gpu", "args", "detail"):
         assert field in rec, field
@@ -66,7 +68,9 @@ def test_same_rank_other_gpu_is_recorded_in_warn_mode(tmp_path, kind):
     assert rec["exporter_pid"] == ex.pid and rec["exporter_gpu"] == gpu_uuid(0)
     assert rec["gpu"] == gpu_uuid(1)
     assert rec["handle"] == {"mem": "mem", "rtmem": "mem", "event": "event", "rtevent": "event",
-                             "vmm": "vmmfd"}[kind]
+                             "vmm": "vmmfd", "pool": "poolfd"}[kind]
+    if kind == "pool":
+        assert recs[1]["handle"] == "poolptr" and recs[1]["exporter_pid"] == ex.pid
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -125,6 +129,17 @@ def test_host_memory_vmm_of_an_unguarded_exporter_is_allowed_even_strict(tmp_pat
     with exporter(tmp_path, "vmmhost", guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex:
         importer(tmp_path, "vmmhost", ex, guard_env(tmp_path, "1", 0, RANKGUARD_IPC="strict"), "allow")
     assert r3_records(tmp_path) == []
+
+
+def test_a_mapping_the_driver_reports_on_another_device_is_caught_after_the_fact(tmp_path):
+    """No record (unguarded exporter on GPU 1); the importer sees GPUs 0 and 1 (warn mode
+    lets that R1 breach run): after opening, the driver reports the mapping on device 1,
+    not the rank's device 0, and R3 records it."""
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "1", 0, LD_PRELOAD=None)) as ex:
+        importer(tmp_path, "mem", ex, guard_env(tmp_path, "0,1", 0, RANKGUARD_MODE="warn"), "allow")
+    (rec,) = r3_records(tmp_path)
+    assert rec["verdict"] == "warn" and rec["detail"] == "the imported mapping is on device 1, not the rank's device 0"
+    assert rec["device"] == 1
 
 
 # ------------------------------------------------------------------ unknown provenance

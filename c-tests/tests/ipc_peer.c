@@ -18,7 +18,8 @@
  *
  * kinds: mem (cuIpcGetMemHandle/cuIpcOpenMemHandle), rtmem (cudaIpc*MemHandle), event
  * (cuIpc*EventHandle), rtevent (cudaIpc*EventHandle), vmm (cuMemCreate on the device,
- * POSIX fd), vmmhost (cuMemCreate on the host). */
+ * POSIX fd), vmmhost (cuMemCreate on the host), pool (an exportable memory pool's fd, then
+ * one of its allocations by cuMemPoolExportPointer data). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -220,6 +221,23 @@ static int do_export(const char *kind, const char *dir)
         struct stat st;
         fstat(vmm_fd, &st);
         snprintf(text, sizeof text, "%llx.%llx", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    } else if (!strcmp(kind, "pool")) {
+        CUmemPoolProps pp = {0};
+        pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        pp.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pp.location.id = 0;
+        CUmemoryPool pool;
+        CUdeviceptr d;
+        CUmemPoolPtrExportData data;
+        MUST(cuMemPoolCreate(&pool, &pp));
+        MUST(cuMemAllocFromPoolAsync(&d, SIZE, pool, 0));
+        for (size_t i = 0; i < SIZE; i++)
+            buf[i] = pattern(i, 3);
+        MUST(cuMemcpyHtoD(d, buf, SIZE));
+        MUST(cuMemPoolExportToShareableHandle(&vmm_fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        MUST(cuMemPoolExportPointer(&data, d));
+        hex(&data, sizeof data, text);
     } else {
         printf("FAIL unknown kind %s\n", kind);
         return 2;
@@ -344,6 +362,29 @@ static int do_import(const char *kind, const char *dir, const char *expect)
         } else {
             EXPECT(r == DENIED && h == 0, "cuMemImportFromShareableHandle denied with 800, handle released (rc %d)", (int)r);
         }
+    } else if (!strcmp(kind, "pool")) {
+        CUmemPoolPtrExportData data;
+        unhex(text, &data, sizeof data);
+        int fd = recv_fd(dir);
+        CUmemoryPool pool = NULL;
+        CUresult r = cuMemPoolImportFromShareableHandle(&pool, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        close(fd);
+        printf("import-rc %d\n", (int)r);
+        if (allow) {
+            EXPECT(r == CUDA_SUCCESS, "cuMemPoolImportFromShareableHandle allowed (rc %d)", (int)r);
+            CUdeviceptr p = 0;
+            CUresult r2 = r ? r : cuMemPoolImportPointer(&p, pool, &data);
+            EXPECT(r2 == CUDA_SUCCESS, "cuMemPoolImportPointer allowed (rc %d)", (int)r2);
+            if (r2 == CUDA_SUCCESS) {
+                MUST(cuMemcpyDtoH(buf, p, SIZE));
+                EXPECT(check_bytes(buf, SIZE, 3), "the importer reads every one of the exporter's %u bytes", SIZE);
+                /* cuda.h allows cuMemFree too; the fake accepts only the async form. */
+                EXPECT_RC(cuMemFreeAsync(p, 0), CUDA_SUCCESS);
+                EXPECT_RC(cuStreamSynchronize(0), CUDA_SUCCESS);
+            }
+        } else {
+            EXPECT(r == DENIED && pool == NULL, "cuMemPoolImportFromShareableHandle denied with 800 (rc %d)", (int)r);
+        }
     } else {
         printf("FAIL unknown kind %s\n", kind);
         return 2;
@@ -457,6 +498,6 @@ int main(int argc, char **argv)
     fprintf(stderr,
             "usage: ipc_peer export <kind> <dir> | import <kind> <dir> <allow|deny> [times] |\n"
             "       storm <index> <count> <gpus> <dir> <handles>\n"
-            "kinds: mem rtmem event rtevent vmm vmmhost\n");
+            "kinds: mem rtmem event rtevent vmm vmmhost pool\n");
     return 2;
 }

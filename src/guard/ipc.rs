@@ -633,14 +633,16 @@ pub fn release_allocation(handle: u64) {
     }
 }
 
-/// Undo a denied pool pointer import (`cuMemFree` releases an imported pool pointer,
-/// cuda.h `cuMemPoolImportPointer`).
+/// Undo a denied pool pointer import: cuda.h `cuMemPoolImportPointer` says an imported
+/// pointer "may be freed with cuMemFree or cuMemFreeAsync"; the async form on the legacy
+/// stream is the one every driver (and the fake) accepts for pool memory.
 pub fn free_pointer(ptr: u64) {
-    let p = driver_fn(Id::cuMemFree_v2);
+    let p = driver_fn(Id::cuMemFreeAsync);
     if !p.is_null() {
-        // SAFETY: the driver's cuMemFree_v2(CUdeviceptr) on the pointer it just imported.
-        let f: unsafe extern "C" fn(u64) -> CuResult = unsafe { std::mem::transmute(p) };
+        // SAFETY: the driver's cuMemFreeAsync(CUdeviceptr, CUstream) on the pointer it just
+        // imported, on the legacy stream (NULL).
+        let f: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = unsafe { std::mem::transmute(p) };
         // SAFETY: as above.
-        let _ = unsafe { f(ptr) };
+        let _ = unsafe { f(ptr, std::ptr::null_mut()) };
     }
 }

@@ -530,8 +530,8 @@ guarded! {
     Driver "cuMemRelease" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CuResult |real| {
         real(handle)
     }
-    Driver "cuMemFree" fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult |real| {
-        real(dptr)
+    Driver "cuMemFreeAsync" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult |real| {
+        real(dptr, stream)
     }
     Runtime "cudaIpcCloseMemHandle" fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> CudaError |real| {
         real(dev_ptr)
