@@ -6,6 +6,8 @@
  *
  * dlopen(LIB) once, then N times dlsym(handle, NAME). NAME must exist in LIB (a failed
  * lookup takes a different, slower path in glibc and is not what programs do in a loop).
+ * Timed with the thread's CPU clock, after 1000 warm-up lookups, in 10 chunks of N/10:
+ * the figure is the fastest chunk.
  * Output: "name=<NAME> calls=<N> ns_per_call=<x>". Exit 1 if LIB or NAME is missing,
  * 2 on bad arguments.
  */
@@ -45,13 +47,22 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < 1000; i++)
         (void)dlsym(h, argv[2]);
+    /* CHUNKS chunks of n/CHUNKS lookups; the figure is the fastest chunk (a chunk hit by a
+     * context switch on a shared machine is slower for reasons that are not dlsym's). */
+    enum { CHUNKS = 10 };
     uintptr_t acc = 0;
-    double t0 = now_ns();
-    for (long i = 0; i < n; i++)
-        acc ^= (uintptr_t)dlsym(h, argv[2]);
-    double ns = now_ns() - t0;
-    /* Every lookup returned the same address: an odd n leaves it, an even n leaves 0. */
-    if (acc != ((n & 1) ? (uintptr_t)first : 0)) {
+    double best = -1;
+    for (int c = 0; c < CHUNKS; c++) {
+        double t0 = now_ns();
+        for (long i = 0; i < n / CHUNKS; i++)
+            acc ^= (uintptr_t)dlsym(h, argv[2]);
+        double dt = now_ns() - t0;
+        if (best < 0 || dt < best)
+            best = dt;
+    }
+    double ns = best * CHUNKS;
+    /* Every lookup returned the same address: an odd count leaves it, an even one 0. */
+    if (acc != (((n / CHUNKS * CHUNKS) & 1) ? (uintptr_t)first : 0)) {
         fprintf(stderr, "bench_dlsym: %s resolved to different addresses during the loop\n", argv[2]);
         return 1;
     }
