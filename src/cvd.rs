@@ -132,15 +132,17 @@ fn has_duplicate(entries: &[Entry]) -> bool {
         .any(|(i, e)| entries[..i].contains(e))
 }
 
+/// UUID entries are taken verbatim, as the driver matches them (no space stripping: a
+/// leading space makes an entry an index, which is then invalid; PyTorch's model of the
+/// driver, pytorch#92315, does the same). Indices skip leading spaces like `strtoul`.
 fn parse_entry(token: &str) -> Option<Entry> {
-    let t = token.trim_matches(|c: char| c.is_ascii_whitespace());
-    if t.starts_with("GPU-") {
-        return Some(Entry::Uuid(t.to_string()));
+    if token.starts_with("GPU-") {
+        return Some(Entry::Uuid(token.to_string()));
     }
-    if t.starts_with("MIG-") {
-        return Some(Entry::Mig(t.to_string()));
+    if token.starts_with("MIG-") {
+        return Some(Entry::Mig(token.to_string()));
     }
-    parse_strtoul(t).map(Entry::Index)
+    parse_strtoul(token.trim_start_matches(|c: char| c.is_ascii_whitespace())).map(Entry::Index)
 }
 
 /// `strtoul`-style: optional sign, decimal digits, anything after the digits ignored
@@ -176,12 +178,12 @@ pub enum Device {
 
 /// What [`resolve`] needs to know about a node.
 pub trait Node {
-    /// Devices enumerated when the variable is unset, in enumeration order.
+    /// Devices enumerated when the variable is unset, in enumeration order (a GPU in MIG
+    /// mode appears as its instance 0, see [`Node::whole_gpu`]).
     fn default_order(&self) -> Vec<Device>;
-    /// Devices an index entry can name, in enumeration order.
-    fn indexable(&self) -> Vec<Device> {
-        self.default_order()
-    }
+    /// What naming a whole GPU enumerates: the GPU, or its MIG instance 0 when it is in
+    /// MIG mode (the fake's decision D-migenum, c-tests/fake/driver/cvd.c).
+    fn whole_gpu(&self, gpu: usize) -> Device;
     /// Every GPU's UUID (`GPU-...`), by physical index.
     fn gpu_uuids(&self) -> Vec<String>;
     /// Every MIG instance with its UUID (`MIG-...`).
@@ -197,14 +199,18 @@ pub fn resolve(vis: &Visibility, node: &dyn Node) -> Vec<Device> {
     let mut out: Vec<Device> = Vec::new();
     for entry in entries {
         let found = match entry {
-            Entry::Index(i) => node.indexable().get(*i as usize).copied(),
+            Entry::Index(i) => node.default_order().get(*i as usize).copied(),
             Entry::Uuid(prefix) => unique_match(
                 prefix,
                 node.gpu_uuids()
                     .into_iter()
                     .enumerate()
                     .map(|(i, u)| (Device::Gpu(i), u)),
-            ),
+            )
+            .map(|d| match d {
+                Device::Gpu(g) => node.whole_gpu(g),
+                other => other,
+            }),
             Entry::Mig(text) => resolve_mig(text, node),
         };
         match found {
@@ -218,6 +224,13 @@ pub fn resolve(vis: &Visibility, node: &dyn Node) -> Vec<Device> {
             None => break,
         }
     }
+    // CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
+    // Device Enumeration"): later MIG devices are dropped, later whole GPUs stay.
+    let mut seen_mig = false;
+    out.retain(|d| match d {
+        Device::Mig { .. } => !std::mem::replace(&mut seen_mig, true),
+        Device::Gpu(_) => true,
+    });
     out
 }
 
@@ -239,13 +252,19 @@ fn resolve_mig(text: &str, node: &dyn Node) -> Option<Device> {
     // Legacy form: MIG-GPU-<gpu uuid>/<gi>/<ci>; the fake numbers instances by GI with CI 0.
     if let Some(rest) = text.strip_prefix("MIG-GPU-") {
         let mut parts = rest.split('/');
-        let gpu_uuid = format!("GPU-{}", parts.next()?);
+        let gpu_prefix = format!("GPU-{}", parts.next()?);
         let gi: usize = parts.next()?.parse().ok()?;
         let ci: usize = parts.next()?.parse().ok()?;
         if parts.next().is_some() || ci != 0 {
             return None;
         }
-        let gpu = node.gpu_uuids().iter().position(|u| *u == gpu_uuid)?;
+        let Device::Gpu(gpu) = unique_match(
+            &gpu_prefix,
+            node.gpu_uuids().into_iter().enumerate().map(|(i, u)| (Device::Gpu(i), u)),
+        )?
+        else {
+            return None;
+        };
         let dev = Device::Mig { gpu, instance: gi };
         return node.mig_uuids().iter().any(|(d, _)| *d == dev).then_some(dev);
     }
@@ -282,9 +301,11 @@ mod tests {
         );
         assert_eq!(parse(Some("3,GPU-12")), idx(&[3]));
         assert_eq!(
-            parse(Some(" MIG-1000a11c ,GPU-12")),
+            parse(Some("MIG-1000a11c,GPU-12")),
             Visibility::Entries(vec![Entry::Mig("MIG-1000a11c".into())])
         );
+        // UUID entries are verbatim: a leading space makes the entry an (invalid) index.
+        assert_eq!(parse(Some(" GPU-12")), idx(&[]));
     }
 
     #[test]
@@ -326,13 +347,26 @@ mod tests {
     }
 
     impl Node for FakeNode {
-        // Decision shared with the fake driver (c-tests/README.md): a GPU in MIG mode is
-        // not enumerated as a whole GPU; its instances are reachable only by MIG UUID.
+        // FASTEST_FIRST on the fake node (c-tests/fake/driver/cvd.c, D-fastest): whole GPUs
+        // are identical (PCI order); a MIG GPU enumerates as its instance 0, whose speed is
+        // its slice, 7/N sevenths: slower than any whole GPU, larger slices first.
         fn default_order(&self) -> Vec<Device> {
-            (0..self.gpus)
-                .filter(|g| !self.is_mig(*g))
-                .map(Device::Gpu)
-                .collect()
+            let mut d: Vec<Device> = (0..self.gpus).map(|g| self.whole_gpu(g)).collect();
+            d.sort_by_key(|dev| match dev {
+                Device::Gpu(_) => (0, 0),
+                Device::Mig { gpu, .. } => {
+                    let n = self.mig.iter().find(|(g, _)| g == gpu).map_or(1, |(_, n)| *n);
+                    (1, -((7 / n) as i64))
+                }
+            });
+            d
+        }
+        fn whole_gpu(&self, gpu: usize) -> Device {
+            if self.is_mig(gpu) {
+                Device::Mig { gpu, instance: 0 }
+            } else {
+                Device::Gpu(gpu)
+            }
         }
         fn gpu_uuids(&self) -> Vec<String> {
             (0..self.gpus)
@@ -405,7 +439,8 @@ mod tests {
                 "[ +-]?[0-9]{1,3}[a-z]{0,2}",
                 "GPU-[0-9a-f]{0,6}",
                 "MIG-[0-9a-f]{0,6}",
-                "[ -~]{0,6}",
+                // one token: anything printable but the separator
+                "[ -~]{0,6}".prop_filter("a token holds no comma", |t| !t.contains(',')),
             ]
         }
 

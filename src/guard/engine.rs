@@ -167,6 +167,9 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
     let st = state::get();
     let cvd_now = report::getenv(c"CUDA_VISIBLE_DEVICES");
     let gpu = state::owned_gpu();
+    // The rank's GPU: the launcher's identity when there is one (a descendant that breaks
+    // R1 sees another GPU than its rank owns), else the one this process sees.
+    let rank_gpu = st.config.rank_gpu_uuid.as_deref().or(st.config.rank_gpu.as_deref()).or(gpu);
     let first = e.first_said(report::pid());
     let verdict_word = match (verdict, mode) {
         ("deny", Mode::Abort) => "aborting",
@@ -184,7 +187,7 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
         rule_name(v.rule),
         v.detail,
         cvd_now.map_or("<unset>", |s| if s.is_empty() { "<empty>" } else { s }),
-        gpu.unwrap_or("unknown"),
+        rank_gpu.unwrap_or("unknown"),
         extra.as_ref().map_or("", |x| x.human),
         v.rule.fix(),
     );
