@@ -163,10 +163,11 @@ fn device_uuid(ordinal: i32) -> Option<String> {
     }
     // SAFETY: the driver's cuDeviceGet(CUdevice*, int) and cuDeviceGetUuid(_v2)(CUuuid*,
     // CUdevice).
-    let (get, uuid): (
-        unsafe extern "C" fn(*mut CUdevice, c_int) -> CuResult,
-        unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CuResult,
-    ) = unsafe { (std::mem::transmute(get), std::mem::transmute(uuid)) };
+    type GetFn = unsafe extern "C" fn(*mut CUdevice, c_int) -> CuResult;
+    type UuidFn = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CuResult;
+    let (get, uuid) = unsafe {
+        (std::mem::transmute::<*mut c_void, GetFn>(get), std::mem::transmute::<*mut c_void, UuidFn>(uuid))
+    };
     let mut dev: CUdevice = 0;
     let mut u = CUuuid { bytes: [0; 16] };
     // SAFETY: valid out-pointers.
