@@ -78,7 +78,7 @@ def test_descendants_enforce(tmp_path):
     # the line names the rank, the rank's GPU, the GPU the child sees and the CVD value
     line = next(l for l in r.err.splitlines() if "[R1 one GPU per rank]" in l)
     assert "[rank 3]" in line and "CUDA_VISIBLE_DEVICES=5" in line
-    assert f"its rank owns {GPU2}" in line
+    assert f"rank GPU {GPU2}" in line
     assert "this process sees GPU-15c0ffee-0000-4000-8000-000000000005" in line
     recs = [x for x in r.audit if x["rule"] == "R1"]
     assert len(recs) == 3 and all(x["verdict"] == "deny" and x["rank"] == 3 for x in recs)

@@ -325,9 +325,8 @@ fn check_init(rc: CuResult) {
     if v.detail == policy::Detail::NotRankGpu {
         let _ = write!(
             human,
-            "; this process sees {} but its rank owns {}",
-            if own_uuid.is_empty() { "no identifiable GPU" } else { own_uuid },
-            cfg.rank_gpu_uuid.as_deref().or(cfg.rank_gpu.as_deref()).unwrap_or("?")
+            "; this process sees {}",
+            if own_uuid.is_empty() { "no identifiable GPU" } else { own_uuid }
         );
     }
     let mut json = StackBuf::<256>::new();
