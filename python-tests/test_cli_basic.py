@@ -32,7 +32,9 @@ def test_lib_says_where_it_looked(tmp_path):
     (tmp_path / "bin").mkdir()
     exe = tmp_path / "bin" / "rankguard"
     shutil.copy(CLI, exe)
-    p = run([exe, "lib"])
+    # ... and nowhere to write the copy a release binary carries (no HOME, no
+    # XDG_CACHE_HOME; that copy is tested in test_install.py).
+    p = run([exe, "lib"], env=clean_env(HOME=None, XDG_CACHE_HOME=None))
     assert p.returncode == 2
     assert str(tmp_path / "bin" / "librankguard.so") in p.stderr
     assert "lib/librankguard.so" in p.stderr and "RANKGUARD_LIB" in p.stderr

@@ -3,7 +3,8 @@
 //!
 //! Search order (first hit wins): `$RANKGUARD_LIB` (must name an existing file: a wrong
 //! explicit setting is an error, not a reason to look elsewhere), the executable's own
-//! directory (cargo's target/release layout), then `<exe dir>/../lib/` (a prefix install).
+//! directory (cargo's target/release layout), then `<exe dir>/../lib/` (a prefix install), then
+//! the copy carried in the binary (`embedded.rs`: `cargo install`, the wheel).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -36,9 +37,18 @@ pub fn find() -> Result<PathBuf> {
             return std::fs::canonicalize(c).map_err(|e| Error::usage(format!("{}: {e}", c.display())));
         }
     }
+    // A binary installed alone (cargo install, a wheel) carries the library: see embedded.rs.
+    let embedded = if super::embedded::available() {
+        match super::embedded::extract() {
+            Ok(p) => return Ok(p),
+            Err(e) => e.msg,
+        }
+    } else {
+        format!("this binary carries {}", super::embedded::HOW)
+    };
     Err(Error::usage(format!(
-        "cannot find {GUARD_FILE}: looked in ${LIB_VAR} (unset), {} and {}; build it (cargo build --release) or \
-         set {LIB_VAR} to its path",
+        "cannot find {GUARD_FILE}: looked in ${LIB_VAR} (unset), {} and {}; {embedded}; build it \
+         (cargo build --release) or set {LIB_VAR} to its path",
         candidates[0].display(), candidates[1].display())))
 }
 
@@ -49,7 +59,8 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             Token::Flag(f) if f == "-h" || f == "--help" => {
                 super::emit(&format!("Usage: rankguard lib\n\nPrints the absolute path of {GUARD_FILE}:\n  \
                         LD_PRELOAD=$(rankguard lib) python train.py\nSearch order: ${LIB_VAR}, the directory \
-                        of the rankguard executable, <that directory>/../lib/.\n"));
+                        of the rankguard executable, <that directory>/../lib/, then the copy carried in the \
+                        binary (written once to $XDG_CACHE_HOME/rankguard/).\n"));
                 return Ok(ExitCode::SUCCESS);
             }
             Token::Flag(f) => return Err(lx.unknown(&f)),

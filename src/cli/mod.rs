@@ -8,6 +8,7 @@
 
 pub mod args;
 mod check;
+mod embedded;
 mod env;
 mod gpus;
 mod json;
