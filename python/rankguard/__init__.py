@@ -1,0 +1,50 @@
+"""rankguard for Python users: the `rankguard` command installed by this wheel, and `lib()`,
+the path of librankguard.so for `LD_PRELOAD`.
+
+The wheel carries one native file, the `rankguard` binary (a script of this distribution);
+the library travels inside it and `rankguard lib` writes it once to the user's cache
+(`$XDG_CACHE_HOME/rankguard/<version>-<hash>/`), so both always agree on which library a
+rank gets. Nothing here imports CUDA or touches the GPU.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sysconfig
+
+__all__ = ["executable", "lib"]
+
+
+def executable() -> str:
+    """The `rankguard` binary installed with this package."""
+    candidates = []
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution("rankguard")
+        for f in dist.files or ():
+            if f.name == "rankguard" and f.parent.name in ("bin", "Scripts"):
+                candidates.append(pathlib.Path(dist.locate_file(f)))
+    except Exception:  # not installed as a distribution (e.g. a source checkout)
+        pass
+    candidates.append(pathlib.Path(sysconfig.get_path("scripts")) / "rankguard")
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c.resolve())
+    found = shutil.which("rankguard")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "the rankguard executable of this package was not found (looked in "
+        + ", ".join(str(c) for c in candidates)
+        + " and PATH); reinstall it: pip install --force-reinstall rankguard")
+
+
+def lib() -> str:
+    """Absolute path of librankguard.so, as `rankguard lib` prints it."""
+    p = subprocess.run([executable(), "lib"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr.strip() or f"rankguard lib exited {p.returncode}")
+    return p.stdout.strip()
