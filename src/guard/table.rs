@@ -91,48 +91,64 @@ pub fn is_guarded_driver_call(name: &[u8]) -> bool {
 }
 
 /// Generates the wrappers and [`TABLE`]. Each item:
-/// `Driver "cuCtxCreate" fn cuCtxCreate_v2(pctx: *mut CUcontext, ...) -> CuResult |real| { body }`
-/// In the body, `real` is the real function (already resolved: a missing one returns 500
-/// before the body runs) and `ID` is the entry's index.
+/// `Driver "cuCtxCreate" fn cuCtxCreate | cuCtxCreate_v2 (pctx: *mut CUcontext, ...) -> CuResult |real| { body }`
+/// Several ABI symbols with the same C signature (an old name and its `_v2`, a function and
+/// its `_ptds`/`_ptsz` form) share one body; each gets its own wrapper and table entry. In
+/// the body, `real` is the real function of the symbol being called (already resolved: a
+/// missing one returns 500 before the body runs) and `ID` is its entry's index.
 macro_rules! guarded {
-    ($( $lib:ident $call:literal fn $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty
-        | $real:ident | $body:block )*) => {
+    ($( $lib:ident $call:literal fn $( $sym:ident )|+ ( $( $arg:ident : $ty:ty ),* $(,)? )
+        -> $ret:ty | $real:ident | $body:block )*) => {
         #[allow(non_camel_case_types, dead_code)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
-        pub enum Id { $( $sym ),* }
+        pub enum Id { $( $( $sym, )+ )* }
 
-        pub const COUNT: usize = [$( stringify!($sym) ),*].len();
+        pub const COUNT: usize = [$( $( stringify!($sym), )+ )*].len();
 
         pub static TABLE: [$crate::guard::table::Entry; COUNT] = [
-            $( $crate::guard::table::Entry::new(
+            $( $( $crate::guard::table::Entry::new(
                 $crate::guard::table::Lib::$lib,
                 $call,
                 concat!(stringify!($sym), "\0"),
                 $sym as *const (),
-            ) ),*
+            ), )+ )*
         ];
 
-        $(
-            #[cfg_attr(not(test), no_mangle)]
-            #[allow(non_snake_case, unused_variables, clippy::missing_safety_doc)]
-            pub unsafe extern "C" fn $sym( $( $arg : $ty ),* ) -> $ret {
-                #[allow(dead_code)]
-                const ID: usize = Id::$sym as usize;
-                let p = $crate::guard::real::get(ID);
-                if p.is_null() {
-                    return $crate::guard::engine::missing::<$ret>(ID);
-                }
-                // SAFETY: `p` is the real function exported under this wrapper's own ABI
-                // name (or the pointer the driver returned for it), so it has exactly this
-                // C signature.
-                let $real = unsafe {
-                    ::std::mem::transmute::<*mut ::std::ffi::c_void,
-                        unsafe extern "C" fn($( $ty ),*) -> $ret>(p)
-                };
-                $body
+        $( guarded_wrappers! { [ $( $sym )+ ] ( $( $arg : $ty ),* ) -> $ret | $real | $body } )*
+    };
+}
+
+/// The wrappers of one item, one symbol at a time (see [`guarded!`]).
+macro_rules! guarded_wrappers {
+    ([] $($rest:tt)*) => {};
+    ([ $sym:ident $( $more:ident )* ] $args:tt -> $ret:ty | $real:ident | $body:block) => {
+        guarded_wrapper! { $sym $args -> $ret | $real | $body }
+        guarded_wrappers! { [ $( $more )* ] $args -> $ret | $real | $body }
+    };
+}
+
+/// One exported wrapper (see [`guarded!`]).
+macro_rules! guarded_wrapper {
+    ($sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty | $real:ident | $body:block) => {
+        #[cfg_attr(not(test), no_mangle)]
+        #[allow(non_snake_case, unused_variables, clippy::missing_safety_doc)]
+        pub unsafe extern "C" fn $sym( $( $arg : $ty ),* ) -> $ret {
+            #[allow(dead_code)]
+            const ID: usize = Id::$sym as usize;
+            let p = $crate::guard::real::get(ID);
+            if p.is_null() {
+                return $crate::guard::engine::missing::<$ret>(ID);
             }
-        )*
+            // SAFETY: `p` is the real function exported under this wrapper's own ABI
+            // name (or the pointer the driver returned for it), so it has exactly this
+            // C signature.
+            let $real = unsafe {
+                ::std::mem::transmute::<*mut ::std::ffi::c_void,
+                    unsafe extern "C" fn($( $ty ),*) -> $ret>(p)
+            };
+            $body
+        }
     };
 }
 

@@ -94,28 +94,14 @@ guarded! {
         }
         rc
     }
-    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaError |real| {
+    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint | cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, pfn, flags, status);
         if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
             return CudaError::SYMBOL_NOT_FOUND;
         }
         rc
     }
-    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, pfn, flags, status);
-        if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
-            return CudaError::SYMBOL_NOT_FOUND;
-        }
-        rc
-    }
-    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, pfn, cuda_version, flags, status);
-        if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
-            return CudaError::SYMBOL_NOT_FOUND;
-        }
-        rc
-    }
-    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int) -> CudaError |real| {
+    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion | cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, pfn, cuda_version, flags, status);
         if rc == CudaError::SUCCESS && !route_out(pfn, symbol, status) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -131,11 +117,7 @@ guarded! {
     Driver "cuDeviceGetCount" fn cuDeviceGetCount(count: *mut c_int) -> CuResult |real| {
         real(count)
     }
-    Driver "cuCtxCreate" fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
-        real(pctx, flags, dev)
-    }
-    Driver "cuCtxCreate" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver "cuCtxCreate" fn cuCtxCreate | cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, flags, dev)
     }
@@ -151,27 +133,15 @@ guarded! {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(pctx, dev)
     }
-    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
+    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease | cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
-    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
+    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset | cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
-    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(dev)
-    }
-    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(dev)
-    }
-    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
-        real(dev, flags)
-    }
-    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags | cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
         real(dev, flags)
     }
@@ -195,19 +165,11 @@ guarded! {
         }
         real(ptr, size, desc, count)
     }
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, stream: CUstream) -> CuResult |real| {
+    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync | cuMemPrefetchAsync_ptsz(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, stream: CUstream) -> CuResult |real| {
         gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:#x}, count={count}, dstDevice={dst_device}");
         real(dev_ptr, count, dst_device, stream)
     }
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_ptsz(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, stream: CUstream) -> CuResult |real| {
-        gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:#x}, count={count}, dstDevice={dst_device}");
-        real(dev_ptr, count, dst_device, stream)
-    }
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2(dev_ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CuResult |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={dev_ptr:#x}, count={count}, location={location:?}");
-        real(dev_ptr, count, location, flags, stream)
-    }
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2_ptsz(dev_ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CuResult |real| {
+    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2 | cuMemPrefetchAsync_v2_ptsz(dev_ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CuResult |real| {
         gate!(policy::location(location.type_, location.id), "devPtr={dev_ptr:#x}, count={count}, location={location:?}");
         real(dev_ptr, count, location, flags, stream)
     }
@@ -234,11 +196,7 @@ guarded! {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(name, len, dev)
     }
-    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(uuid, dev)
-    }
-    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid | cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(uuid, dev)
     }
@@ -260,19 +218,11 @@ guarded! {
         gate!(peer_contexts(std::ptr::null_mut(), peer_ctx), "peerContext={peer_ctx:p}, flags={flags:#x}");
         real(peer_ctx, flags)
     }
-    Driver "cuMemcpyPeer" fn cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CuResult |real| {
+    Driver "cuMemcpyPeer" fn cuMemcpyPeer | cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CuResult |real| {
         gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
         real(dst, dst_ctx, src, src_ctx, n)
     }
-    Driver "cuMemcpyPeer" fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CuResult |real| {
-        gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
-        real(dst, dst_ctx, src, src_ctx, n)
-    }
-    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CuResult |real| {
-        gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
-        real(dst, dst_ctx, src, src_ctx, n, stream)
-    }
-    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CuResult |real| {
+    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync | cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CuResult |real| {
         gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
         real(dst, dst_ctx, src, src_ctx, n, stream)
     }
@@ -297,11 +247,7 @@ guarded! {
         gate!(policy::ordinal(device), "device={device}, deviceFlags={device_flags:#x}, flags={flags:#x}");
         real(device, device_flags, flags)
     }
-    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync(dev_ptr: *const c_void, count: usize, dst_device: c_int, stream: *mut c_void) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:p}, count={count}, dstDevice={dst_device}");
-        real(dev_ptr, count, dst_device, stream)
-    }
-    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_ptsz(dev_ptr: *const c_void, count: usize, dst_device: c_int, stream: *mut c_void) -> CudaError |real| {
+    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync | cudaMemPrefetchAsync_ptsz(dev_ptr: *const c_void, count: usize, dst_device: c_int, stream: *mut c_void) -> CudaError |real| {
         gate!(policy::ordinal_or_host(dst_device), "devPtr={dev_ptr:p}, count={count}, dstDevice={dst_device}");
         real(dev_ptr, count, dst_device, stream)
     }
@@ -355,24 +301,7 @@ guarded! {
         }
         rc
     }
-    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: crate::guard::ipc::IpcHandle, flags: c_uint) -> CuResult |real| {
-        use crate::guard::ipc;
-        let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={flags:#x}", ipc::Short(&handle))) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rc = real(pdptr, handle, flags);
-        if rc == CuResult::SUCCESS && !pdptr.is_null() {
-            let p = *pdptr;
-            if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("handle={}, Flags={flags:#x} -> {p:#x}", ipc::Short(&handle))) {
-                ipc::close_mem(p);
-                *pdptr = 0;
-                return code;
-            }
-        }
-        rc
-    }
-    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: crate::guard::ipc::IpcHandle, flags: c_uint) -> CuResult |real| {
+    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle | cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: crate::guard::ipc::IpcHandle, flags: c_uint) -> CuResult |real| {
         use crate::guard::ipc;
         let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={flags:#x}", ipc::Short(&handle))) {
             Ok(c) => c,
