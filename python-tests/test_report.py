@@ -117,7 +117,7 @@ def expected_json(files, runs, extra_files=(), problems=()):
                         "pid": pid, "verdict": verdict, "mode": mode, "abi": rec["abi"],
                         "args": rec["args"], "ordinal": rec.get("ordinal"), "detail": rec["detail"],
                         "cvd": cvd, "gpu": rec["gpu"], "job": None,
-                        "file": str(files[FILE_ORDER.index(name)]), "line": line}}
+                        "file": str(files[FILE_ORDER.index(name)]), "line": line, "exporter": None}}
             r["count"] += 1
             r["denied" if verdict == "deny" else "warned"] += 1
             r["processes"].add(pid)
@@ -168,6 +168,13 @@ def render_text(doc, unreadable=0) -> str:
                        f"{verdict}: {f['detail']}")
             out.append(f"      CUDA_VISIBLE_DEVICES={f['cvd']}, GPU {f['gpu'] or 'unknown'} "
                        f"({f['file']}:{f['line']})")
+            x = f["exporter"]
+            if x is not None and x["pid"] is not None:
+                rank_x = "-" if x["rank"] is None else x["rank"]
+                loc = f" ({x['location']} memory)" if x["location"] else ""
+                out.append(f"      exported by pid {x['pid']} (rank {rank_x}) on {x['gpu'] or 'an unknown GPU'}{loc}")
+            elif x is not None:
+                out.append("      exporter unknown (no trusted provenance record for the handle)")
     if doc["problems"]:
         if doc["groups"]:
             out.append("")

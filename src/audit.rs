@@ -295,6 +295,18 @@ pub struct Record {
     pub gpu: Option<String>,
     pub args: Option<String>,
     pub detail: Option<String>,
+    /// R3: who exported the imported handle (`exporter_*` fields, `guard/ipc.rs`).
+    pub exporter: Option<Exporter>,
+}
+
+/// The exporter of an IPC/VMM handle, as the guard's provenance record knew it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Exporter {
+    pub pid: Option<i64>,
+    pub rank: Option<i64>,
+    pub job: Option<String>,
+    pub gpu: Option<String>,
+    pub location: Option<String>,
 }
 
 fn opt_str(v: &Json, key: &str) -> Result<Option<String>, String> {
@@ -353,6 +365,17 @@ pub fn parse_record(line: &str) -> Result<Record, String> {
         gpu: opt_str(&v, "gpu")?,
         args: opt_str(&v, "args")?,
         detail: opt_str(&v, "detail")?,
+        exporter: if v.get("exporter_pid").is_some() || v.get("exporter_gpu").is_some() {
+            Some(Exporter {
+                pid: opt_int(&v, "exporter_pid")?,
+                rank: opt_int(&v, "exporter_rank")?,
+                job: opt_str(&v, "exporter_job")?,
+                gpu: opt_str(&v, "exporter_gpu")?,
+                location: opt_str(&v, "exporter_location")?,
+            })
+        } else {
+            None
+        },
     })
 }
 
@@ -649,9 +672,14 @@ mod tests {
         assert!(parse_record(r#"{"call":"x","verdict":"deny"}"#).unwrap_err().contains("'rule'"));
         assert!(parse_record(r#"{"call":"x","verdict":"deny","rule":"R2","pid":"7"}"#).unwrap_err().contains("'pid'"));
         assert!(parse_record("[1]").unwrap_err().contains("not an object"));
-        // Unknown fields (R3's exporter_*) are ignored; missing optional ones are None.
-        let r = parse_record(r#"{"call":"x","verdict":"warn","rule":"R9","exporter_pid":4}"#).unwrap();
-        assert_eq!((r.rank, r.ts, r.rule.as_str()), (None, None, "R9"));
+        // Unknown fields are ignored; missing optional ones are None.
+        let r = parse_record(r#"{"call":"x","verdict":"warn","rule":"R9","handle":"mem","new":[1]}"#).unwrap();
+        assert_eq!((r.rank, r.ts, r.rule.as_str(), r.exporter.is_none()), (None, None, "R9", true));
+        // R3's exporter fields.
+        let r = parse_record(r#"{"call":"cuIpcOpenMemHandle","verdict":"deny","rule":"R3","exporter_pid":4,"exporter_rank":1,"exporter_job":null,"exporter_gpu":"GPU-1","exporter_location":"device"}"#).unwrap();
+        assert_eq!(r.exporter, Some(Exporter { pid: Some(4), rank: Some(1), job: None, gpu: Some("GPU-1".into()), location: Some("device".into()) }));
+        let r = parse_record(r#"{"call":"c","verdict":"deny","rule":"R3","exporter_pid":null,"exporter_gpu":null}"#).unwrap();
+        assert_eq!(r.exporter, Some(Exporter::default()));
     }
 
     #[test]

@@ -226,6 +226,22 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
         r.first_at.file,
         r.first_at.line
     );
+    if let Some(x) = &f.exporter {
+        match x.pid {
+            Some(pid) => {
+                let _ = writeln!(
+                    o,
+                    "      exported by pid {pid} (rank {}) on {}{}",
+                    x.rank.map_or("-".to_string(), |r| r.to_string()),
+                    x.gpu.as_deref().unwrap_or("an unknown GPU"),
+                    x.location.as_deref().map(|l| format!(" ({l} memory)")).unwrap_or_default()
+                );
+            }
+            None => {
+                let _ = writeln!(o, "      exporter unknown (no trusted provenance record for the handle)");
+            }
+        }
+    }
 }
 
 /// The `--json` document (docs/report.md; field order is part of the format).
@@ -304,7 +320,38 @@ fn rank_json(r: &RankStats) -> Value {
                 ("job", Value::opt_str(f.job.clone())),
                 ("file", Value::str(&r.first_at.file)),
                 ("line", Value::Num(r.first_at.line as i64)),
+                (
+                    "exporter",
+                    f.exporter.as_ref().map_or(Value::Null, |x| {
+                        Value::Obj(vec![
+                            ("pid", Value::opt_num(x.pid)),
+                            ("rank", Value::opt_num(x.rank)),
+                            ("job", Value::opt_str(x.job.clone())),
+                            ("gpu", Value::opt_str(x.gpu.clone())),
+                            ("location", Value::opt_str(x.location.clone())),
+                        ])
+                    }),
+                ),
             ]),
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r3_names_the_exporter_in_text_and_json() {
+        let mut a = Aggregator::new();
+        a.add_line("f", 1, br#"{"ts":1.0,"call":"cuIpcOpenMemHandle","verdict":"deny","rule":"R3","pid":9,"host":"h","rank":0,"args":"flags=0x1","detail":"d","cvd":"0","exporter_pid":4,"exporter_rank":0,"exporter_job":null,"exporter_gpu":"GPU-1","exporter_location":"device"}"#, true);
+        a.add_line("f", 2, br#"{"ts":2.0,"call":"cuIpcOpenEventHandle","verdict":"deny","rule":"R3","pid":9,"host":"h","rank":0,"exporter_pid":null,"exporter_gpu":null}"#, true);
+        let s = a.finish();
+        let t = text(&s, 1);
+        assert!(t.contains("\n      exported by pid 4 (rank 0) on GPU-1 (device memory)\n"), "{t}");
+        assert!(t.contains("\n      exporter unknown (no trusted provenance record for the handle)\n"), "{t}");
+        let j = json_doc(&s, &["f".into()]).pretty();
+        assert!(j.contains("\"exporter\": {\n"), "{j}");
+        assert!(j.contains("\"location\": \"device\""), "{j}");
+    }
 }
