@@ -487,7 +487,8 @@ impl Aggregator {
         self.problems.push(Problem { file: file.to_string(), line: None, why });
     }
 
-    /// The whole content of one file.
+    /// The whole content of one file (the command streams lines with `add_line`).
+    #[cfg(test)]
     pub fn add_file(&mut self, file: &str, bytes: &[u8]) {
         let mut rest = bytes;
         let mut n = 0;

@@ -8,6 +8,8 @@
 
 use std::ffi::OsString;
 use std::fmt::Write;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -63,14 +65,11 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut agg = Aggregator::new();
     let mut read: Vec<String> = Vec::new();
     for f in &files {
-        let p = PathBuf::from(f);
-        for (name, content) in read_input(&p) {
-            match content {
-                Ok(bytes) => {
-                    agg.add_file(&name, &bytes);
-                    read.push(name);
-                }
-                Err(why) => agg.unreadable(&name, why),
+        for p in expand(Path::new(f), &mut agg) {
+            let name = p.display().to_string();
+            match feed(&p, &name, &mut agg) {
+                Ok(()) => read.push(name),
+                Err(e) => agg.unreadable(&name, format!("cannot read: {e}")),
             }
         }
     }
@@ -84,24 +83,45 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
 }
 
 /// One named input: a file, or a directory's regular files in name order (an audit
-/// directory of `%h.%p` files is the common case).
-fn read_input(p: &Path) -> Vec<(String, std::result::Result<Vec<u8>, String>)> {
+/// directory of `%h.%p` files is the common case). A directory that cannot be listed or
+/// holds no file is a problem.
+fn expand(p: &Path, agg: &mut Aggregator) -> Vec<PathBuf> {
+    if !p.is_dir() {
+        return vec![p.to_path_buf()];
+    }
     let name = p.display().to_string();
-    match std::fs::metadata(p) {
-        Err(e) => vec![(name, Err(format!("cannot read: {e}")))],
-        Ok(m) if m.is_dir() => {
-            let entries = match std::fs::read_dir(p) {
-                Ok(rd) => rd,
-                Err(e) => return vec![(name, Err(format!("cannot list the directory: {e}")))],
-            };
-            let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect();
-            paths.sort();
-            if paths.is_empty() {
-                return vec![(name, Err("a directory with no files in it; name the audit files".into()))];
-            }
-            paths.into_iter().map(|f| (f.display().to_string(), std::fs::read(&f).map_err(|e| format!("cannot read: {e}")))).collect()
+    let entries = match std::fs::read_dir(p) {
+        Ok(rd) => rd,
+        Err(e) => {
+            agg.unreadable(&name, format!("cannot list the directory: {e}"));
+            return Vec::new();
         }
-        Ok(_) => vec![(name, std::fs::read(p).map_err(|e| format!("cannot read: {e}")))],
+    };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect();
+    paths.sort();
+    if paths.is_empty() {
+        agg.unreadable(&name, "a directory with no files in it; name the audit files".into());
+    }
+    paths
+}
+
+/// Stream one file's lines into the aggregator (audit files of a legacy job in warn mode
+/// can be large: never hold a whole file). An error part-way keeps the lines already read.
+fn feed(p: &Path, name: &str, agg: &mut Aggregator) -> std::io::Result<()> {
+    let mut r = BufReader::new(File::open(p)?);
+    let mut line = Vec::new();
+    let mut n = 0;
+    loop {
+        line.clear();
+        if r.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        n += 1;
+        let complete = line.last() == Some(&b'\n');
+        if complete {
+            line.pop();
+        }
+        agg.add_line(name, n, &line, complete);
     }
 }
 
