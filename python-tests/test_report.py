@@ -283,6 +283,13 @@ def test_clean_audit_exits_0_and_usage_errors_exit_2(tmp_path):
     assert (r.returncode, r.stdout) == (0, "total: no violations in 1 file\n")
     assert json.loads(report("--json", empty).stdout)["status"] == 0
 
+    # `-` reads standard input.
+    r = run([CLI, "report", "--json", "-"], env=clean_env(),
+            input='{"call":"cuDeviceGet","verdict":"deny","rule":"R2","rank":1,"pid":5}\n')
+    doc = json.loads(r.stdout)
+    assert (r.returncode, doc["files"], doc["totals"]["violations"]) == (1, ["<stdin>"], 1)
+    assert doc["groups"][0]["ranks"][0]["first"]["file"] == "<stdin>"
+
     r = report()
     assert r.returncode == 2
     assert "name at least one audit file" in r.stderr

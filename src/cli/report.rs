@@ -22,7 +22,7 @@ const HELP: &str = "\
 Usage: rankguard report [--json] AUDIT...
 
 Summarise RANKGUARD_AUDIT files (JSON lines written by librankguard.so; give all ranks'
-files of a job, or a directory holding them): violations grouped by rule and call, per
+files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, per
 rank, with counts and the first occurrence (time, host:pid, call and arguments, why).
 Unreadable files and torn or non-JSON lines are listed as problems and skipped.
 
@@ -65,6 +65,14 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut agg = Aggregator::new();
     let mut read: Vec<String> = Vec::new();
     for f in &files {
+        if f == "-" {
+            let name = "<stdin>".to_string();
+            match feed_from(std::io::stdin().lock(), &name, &mut agg) {
+                Ok(()) => read.push(name),
+                Err(e) => agg.unreadable(&name, format!("cannot read: {e}")),
+            }
+            continue;
+        }
         for p in expand(Path::new(f), &mut agg) {
             let name = p.display().to_string();
             match feed(&p, &name, &mut agg) {
@@ -108,7 +116,10 @@ fn expand(p: &Path, agg: &mut Aggregator) -> Vec<PathBuf> {
 /// Stream one file's lines into the aggregator (audit files of a legacy job in warn mode
 /// can be large: never hold a whole file). An error part-way keeps the lines already read.
 fn feed(p: &Path, name: &str, agg: &mut Aggregator) -> std::io::Result<()> {
-    let mut r = BufReader::new(File::open(p)?);
+    feed_from(BufReader::new(File::open(p)?), name, agg)
+}
+
+fn feed_from(mut r: impl BufRead, name: &str, agg: &mut Aggregator) -> std::io::Result<()> {
     let mut line = Vec::new();
     let mut n = 0;
     loop {
