@@ -565,7 +565,8 @@ mod tests {
 
     #[test]
     fn uuid_and_mig_entries_stay_verbatim() {
-        let h = host_view(Some(" MIG-1000a11c-0000-4000-8000-000000000000 ,MIG-1001a11c"), Err("no driver")).unwrap();
+        // UUID entries are matched verbatim (no space stripping: src/cvd.rs, pytorch#92315).
+        let h = host_view(Some("MIG-1000a11c-0000-4000-8000-000000000000,MIG-1001a11c"), Err("no driver")).unwrap();
         let p = plan(&req(Nproc::PerDevice, None, CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
         assert_eq!(entries(&p), ["MIG-1000a11c-0000-4000-8000-000000000000", "MIG-1001a11c"]);
     }

@@ -12,6 +12,7 @@ use once_cell::sync::OnceCell;
 use crate::config::Mode;
 use crate::cvd;
 use crate::guard::ffi::{CUdevice, CUuuid, CuResult, CudaError};
+use crate::guard::internal;
 use crate::guard::real;
 use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
 use crate::guard::state;
@@ -302,15 +303,14 @@ fn check_init(rc: CuResult) {
             devices = count;
         }
     }
-    let mut uuid_text = StackBuf::<64>::new();
+    let mut own_uuid = String::new();
     if devices == 1 {
-        if let Some(u) = device0_uuid() {
-            let mig = cvd_text.is_some_and(|t| t.trim_start().starts_with("MIG-"));
-            format_uuid(&mut uuid_text, if mig { "MIG-" } else { "GPU-" }, &u.bytes);
-            state::set_owned_gpu(String::from_utf8_lossy(uuid_text.as_bytes()).into_owned());
+        if let Some(u) = device_uuid(0) {
+            state::set_owned_gpu(u.clone());
+            own_uuid = u;
         }
     }
-    let own_uuid = std::str::from_utf8(uuid_text.as_bytes()).unwrap_or("");
+    let own_uuid = own_uuid.as_str();
     let is_rank_gpu = cfg
         .rank_gpu
         .as_deref()
@@ -372,18 +372,14 @@ fn is_rank_gpu(rank_entry: &str, rank_uuid: Option<&str>, own_uuid: &str, vis: &
 }
 
 fn driver_count() -> Option<i32> {
-    let p = real::get(Id::cuDeviceGetCount as usize);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: `p` is the driver's cuDeviceGetCount(int*).
-    let f: unsafe extern "C" fn(*mut i32) -> CuResult = unsafe { std::mem::transmute(p) };
+    let f = internal::cuDeviceGetCount()?;
     let mut n = 0;
     // SAFETY: `n` is a valid out-pointer.
     (unsafe { f(&mut n) } == CuResult::SUCCESS).then_some(n)
 }
 
-fn device0_uuid() -> Option<CUuuid> {
+/// The UUID of the device with this ordinal, from the real driver.
+pub fn device_uuid_bytes(ordinal: i32) -> Option<CUuuid> {
     let get = real::get(Id::cuDeviceGet as usize);
     let uuid = real::get(Id::cuDeviceGetUuid_v2 as usize);
     let uuid = if uuid.is_null() { real::get(Id::cuDeviceGetUuid as usize) } else { uuid };
@@ -400,11 +396,21 @@ fn device0_uuid() -> Option<CUuuid> {
     let mut u = CUuuid { bytes: [0; 16] };
     // SAFETY: valid out-pointers.
     unsafe {
-        if get(&mut dev, 0) != CuResult::SUCCESS || uuid(&mut u, dev) != CuResult::SUCCESS {
+        if get(&mut dev, ordinal) != CuResult::SUCCESS || uuid(&mut u, dev) != CuResult::SUCCESS {
             return None;
         }
     }
     Some(u)
+}
+
+/// The UUID text of the device with this ordinal: `MIG-...` when CUDA_VISIBLE_DEVICES names
+/// MIG instances (cuDeviceGetUuid_v2 returns the instance's UUID), else `GPU-...`.
+pub fn device_uuid(ordinal: i32) -> Option<String> {
+    let u = device_uuid_bytes(ordinal)?;
+    let mig = report::getenv(c"CUDA_VISIBLE_DEVICES").is_some_and(|t| t.starts_with("MIG-"));
+    let mut b = StackBuf::<64>::new();
+    format_uuid(&mut b, if mig { "MIG-" } else { "GPU-" }, &u.bytes);
+    Some(String::from_utf8_lossy(b.as_bytes()).into_owned())
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
@@ -421,19 +427,11 @@ pub fn format_uuid<W: Write>(w: &mut W, prefix: &str, b: &[u8; 16]) {
 /// The device of a context, asked from the real driver without disturbing the caller's
 /// current context (push, query, pop).
 pub fn context_device(ctx: *mut c_void) -> Option<i32> {
-    let push = real::get(Id::cuCtxPushCurrent_v2 as usize);
-    let pop = real::get(Id::cuCtxPopCurrent_v2 as usize);
-    let getdev = real::get(Id::cuCtxGetDevice as usize);
-    if push.is_null() || pop.is_null() || getdev.is_null() {
-        return None;
-    }
-    // SAFETY: the driver's cuCtxPushCurrent_v2(CUcontext), cuCtxPopCurrent_v2(CUcontext*),
-    // cuCtxGetDevice(CUdevice*).
-    let (push, pop, getdev): (
-        unsafe extern "C" fn(*mut c_void) -> CuResult,
-        unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
-        unsafe extern "C" fn(*mut CUdevice) -> CuResult,
-    ) = unsafe { (std::mem::transmute(push), std::mem::transmute(pop), std::mem::transmute(getdev)) };
+    let (push, pop, getdev) = (
+        internal::cuCtxPushCurrent_v2()?,
+        internal::cuCtxPopCurrent_v2()?,
+        internal::cuCtxGetDevice()?,
+    );
     if ctx.is_null() {
         let mut d = 0;
         // SAFETY: valid out-pointer; a NULL context means "the current one".
@@ -477,12 +475,7 @@ pub fn unknown_variant(symbol: *const std::ffi::c_char) {
 
 /// The runtime's current device, asked from the real runtime; 0 if it cannot tell.
 pub fn runtime_current_device() -> i32 {
-    let p = real::get(Id::cudaGetDevice as usize);
-    if p.is_null() {
-        return 0;
-    }
-    // SAFETY: the runtime's cudaGetDevice(int*).
-    let f: unsafe extern "C" fn(*mut i32) -> CudaError = unsafe { std::mem::transmute(p) };
+    let Some(f) = internal::cudaGetDevice() else { return 0 };
     let mut d = 0;
     // SAFETY: valid out-pointer.
     if unsafe { f(&mut d) } == CudaError::SUCCESS {

@@ -33,11 +33,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::config::Mode;
 use crate::guard::engine::{self, Code, Extra};
-use crate::guard::ffi::{CUdevice, CUmemAllocationPropHead, CUmemLocation, CUuuid, CuResult, CudaError};
-use crate::guard::real;
+use crate::guard::ffi::{CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult};
+use crate::guard::internal;
 use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
 use crate::guard::state;
-use crate::guard::table::Id;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, Record, Registry};
 
@@ -97,19 +96,9 @@ fn active() -> bool {
 // ---------------------------------------------------------------------------------------
 // Facts from the driver
 
-fn driver_fn(id: Id) -> *mut c_void {
-    real::get(id as usize)
-}
-
 /// The ordinal of the device a pointer's memory belongs to, as the driver reports it.
 pub fn pointer_device(ptr: u64) -> Option<i32> {
-    let p = driver_fn(Id::cuPointerGetAttribute);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: `p` is the driver's cuPointerGetAttribute(void*, CUpointer_attribute,
-    // CUdeviceptr).
-    let f: unsafe extern "C" fn(*mut c_void, c_int, u64) -> CuResult = unsafe { std::mem::transmute(p) };
+    let f = internal::cuPointerGetAttribute()?;
     let mut ordinal: c_int = -1;
     // SAFETY: DEVICE_ORDINAL writes one int into the valid out-pointer.
     let rc = unsafe { f((&raw mut ordinal).cast(), POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) };
@@ -118,13 +107,7 @@ pub fn pointer_device(ptr: u64) -> Option<i32> {
 
 /// The location `(type, id)` of a VMM allocation.
 fn allocation_location(handle: u64) -> Option<CUmemLocation> {
-    let p = driver_fn(Id::cuMemGetAllocationPropertiesFromHandle);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: the driver's cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp*,
-    // CUmemGenericAllocationHandle).
-    let f: unsafe extern "C" fn(*mut AllocProp, u64) -> CuResult = unsafe { std::mem::transmute(p) };
+    let f = internal::cuMemGetAllocationPropertiesFromHandle()?;
     let mut prop = AllocProp {
         head: CUmemAllocationPropHead {
             type_: 0,
@@ -134,53 +117,18 @@ fn allocation_location(handle: u64) -> Option<CUmemLocation> {
         rest: [0; 48],
     };
     // SAFETY: `prop` is larger than and aligned like CUmemAllocationProp.
-    (unsafe { f(&mut prop, handle) } == CuResult::SUCCESS).then_some(prop.head.location)
+    (unsafe { f((&raw mut prop).cast(), handle) } == CuResult::SUCCESS).then_some(prop.head.location)
 }
 
 /// The device of the current context.
 fn current_device() -> Option<i32> {
-    let p = driver_fn(Id::cuCtxGetDevice);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: the driver's cuCtxGetDevice(CUdevice*).
-    let f: unsafe extern "C" fn(*mut CUdevice) -> CuResult = unsafe { std::mem::transmute(p) };
+    let f = internal::cuCtxGetDevice()?;
     let mut d: CUdevice = -1;
     // SAFETY: valid out-pointer.
     (unsafe { f(&mut d) } == CuResult::SUCCESS && d >= 0).then_some(d)
 }
 
-/// The UUID text (`GPU-...`, or `MIG-...` when CVD names MIG instances, as the R1 check
-/// prints it) of the device with this ordinal.
-fn device_uuid(ordinal: i32) -> Option<String> {
-    let get = driver_fn(Id::cuDeviceGet);
-    let mut uuid = driver_fn(Id::cuDeviceGetUuid_v2);
-    if uuid.is_null() {
-        uuid = driver_fn(Id::cuDeviceGetUuid);
-    }
-    if get.is_null() || uuid.is_null() {
-        return None;
-    }
-    // SAFETY: the driver's cuDeviceGet(CUdevice*, int) and cuDeviceGetUuid(_v2)(CUuuid*,
-    // CUdevice).
-    type GetFn = unsafe extern "C" fn(*mut CUdevice, c_int) -> CuResult;
-    type UuidFn = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CuResult;
-    let (get, uuid) = unsafe {
-        (std::mem::transmute::<*mut c_void, GetFn>(get), std::mem::transmute::<*mut c_void, UuidFn>(uuid))
-    };
-    let mut dev: CUdevice = 0;
-    let mut u = CUuuid { bytes: [0; 16] };
-    // SAFETY: valid out-pointers.
-    unsafe {
-        if get(&mut dev, ordinal) != CuResult::SUCCESS || uuid(&mut u, dev) != CuResult::SUCCESS {
-            return None;
-        }
-    }
-    let mig = report::getenv(c"CUDA_VISIBLE_DEVICES").is_some_and(|t| t.trim_start().starts_with("MIG-"));
-    let mut b = StackBuf::<64>::new();
-    engine::format_uuid(&mut b, if mig { "MIG-" } else { "GPU-" }, &u.bytes);
-    Some(String::from_utf8_lossy(b.as_bytes()).into_owned())
-}
+use crate::guard::engine::device_uuid;
 
 /// This process's GPU: what the R1 check established, else device 0's.
 fn own_gpu() -> Option<String> {
@@ -599,24 +547,17 @@ pub fn check_vmm_import<R: Code>(id: usize, key: Option<Key>, alloc: u64, args: 
 
 /// Undo a denied legacy import through the driver.
 pub fn close_mem(ptr: u64) {
-    let p = driver_fn(Id::cuIpcCloseMemHandle);
-    if !p.is_null() {
-        // SAFETY: the driver's cuIpcCloseMemHandle(CUdeviceptr) on the pointer it just
-        // opened.
-        let f: unsafe extern "C" fn(u64) -> CuResult = unsafe { std::mem::transmute(p) };
-        // SAFETY: as above.
+    if let Some(f) = internal::cuIpcCloseMemHandle() {
+        // SAFETY: the driver's cuIpcCloseMemHandle on the pointer it just opened.
         let _ = unsafe { f(ptr) };
     }
 }
 
 /// Undo a denied runtime import (keeps the runtime's own bookkeeping right).
 pub fn close_mem_runtime(ptr: *mut c_void) {
-    let p = real::get(Id::cudaIpcCloseMemHandle as usize);
-    if p.is_null() {
+    let Some(f) = internal::cudaIpcCloseMemHandle() else {
         return close_mem(ptr as u64);
-    }
-    // SAFETY: the runtime's cudaIpcCloseMemHandle(void*) on the pointer it just opened.
-    let f: unsafe extern "C" fn(*mut c_void) -> CudaError = unsafe { std::mem::transmute(p) };
+    };
     let _s = RuntimeScope::enter();
     // SAFETY: as above.
     let _ = unsafe { f(ptr) };
@@ -624,12 +565,8 @@ pub fn close_mem_runtime(ptr: *mut c_void) {
 
 /// Undo a denied VMM import.
 pub fn release_allocation(handle: u64) {
-    let p = driver_fn(Id::cuMemRelease);
-    if !p.is_null() {
-        // SAFETY: the driver's cuMemRelease(CUmemGenericAllocationHandle) on the handle it
-        // just imported.
-        let f: unsafe extern "C" fn(u64) -> CuResult = unsafe { std::mem::transmute(p) };
-        // SAFETY: as above.
+    if let Some(f) = internal::cuMemRelease() {
+        // SAFETY: the driver's cuMemRelease on the handle it just imported.
         let _ = unsafe { f(handle) };
     }
 }
@@ -638,12 +575,9 @@ pub fn release_allocation(handle: u64) {
 /// pointer "may be freed with cuMemFree or cuMemFreeAsync"; the async form on the legacy
 /// stream is the one every driver (and the fake) accepts for pool memory.
 pub fn free_pointer(ptr: u64) {
-    let p = driver_fn(Id::cuMemFreeAsync);
-    if !p.is_null() {
-        // SAFETY: the driver's cuMemFreeAsync(CUdeviceptr, CUstream) on the pointer it just
-        // imported, on the legacy stream (NULL).
-        let f: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = unsafe { std::mem::transmute(p) };
-        // SAFETY: as above.
+    if let Some(f) = internal::cuMemFreeAsync() {
+        // SAFETY: the driver's cuMemFreeAsync on the pointer it just imported, on the
+        // legacy stream (NULL).
         let _ = unsafe { f(ptr, std::ptr::null_mut()) };
     }
 }

@@ -17,6 +17,7 @@ pub mod dlsym;
 pub mod engine;
 pub mod ipc;
 pub mod ffi;
+pub mod internal;
 pub mod real;
 pub mod report;
 pub mod route;

@@ -103,8 +103,14 @@ pub fn get(id: usize) -> *mut c_void {
 #[cold]
 fn resolve(id: usize) -> *mut c_void {
     let e = &TABLE[id];
-    let name = e.abi_cstr();
-    let mut p = match e.lib {
+    resolve_slot(e.lib, e.abi_cstr(), &e.real)
+}
+
+/// Find the real function `name` of `lib` and record it in `slot` (unless one is recorded
+/// already); returns the recorded one, or null if it cannot be found.
+#[cold]
+pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_void {
+    let mut p = match lib {
         Lib::Driver => {
             let h = driver_handle();
             if h.is_null() {
@@ -132,7 +138,10 @@ fn resolve(id: usize) -> *mut c_void {
     if p.is_null() {
         return p;
     }
-    record(id, p)
+    match slot.compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => p,
+        Err(existing) => existing,
+    }
 }
 
 /// Record `p` as entry `id`'s real function unless one is recorded already; returns the

@@ -114,9 +114,6 @@ guarded! {
         gate!(policy::ordinal(ordinal), "ordinal={ordinal}");
         real(device, ordinal)
     }
-    Driver "cuDeviceGetCount" fn cuDeviceGetCount(count: *mut c_int) -> CuResult |real| {
-        real(count)
-    }
     Driver "cuCtxCreate" fn cuCtxCreate | cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, flags, dev)
@@ -204,6 +201,10 @@ guarded! {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(bus_id, len, dev)
     }
+    Driver "cuDeviceTotalMem" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(bytes, dev)
+    }
     Driver "cuDeviceTotalMem" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(bytes, dev)
@@ -225,17 +226,6 @@ guarded! {
     Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync | cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CuResult |real| {
         gate!(peer_contexts(dst_ctx, src_ctx), "dst={dst:#x}, dstContext={dst_ctx:p}, src={src:#x}, srcContext={src_ctx:p}, ByteCount={n}");
         real(dst, dst_ctx, src, src_ctx, n, stream)
-    }
-
-    // ---- driver functions the guard itself calls (pass through) --------------------
-    Driver "cuCtxPushCurrent" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CuResult |real| {
-        real(ctx)
-    }
-    Driver "cuCtxPopCurrent" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CuResult |real| {
-        real(pctx)
-    }
-    Driver "cuCtxGetDevice" fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult |real| {
-        real(device)
     }
 
     // ---- runtime: devices by ordinal (R2) ------------------------------------------
@@ -282,11 +272,6 @@ guarded! {
     Runtime "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize, stream: *mut c_void) -> CudaError |real| {
         gate!(policy::peer(dst_device, src_device), "dst={dst:p}, dstDevice={dst_device}, src={src:p}, srcDevice={src_device}, count={count}");
         real(dst, dst_device, src, src_device, count, stream)
-    }
-
-    // ---- runtime functions the guard itself calls (pass through) -------------------
-    Runtime "cudaGetDevice" fn cudaGetDevice(device: *mut c_int) -> CudaError |real| {
-        real(device)
     }
 
     // ---- IPC (R3) -----------------------------------------------------------------------
@@ -444,25 +429,5 @@ guarded! {
         }
         let _nested = ipc::RuntimeScope::enter();
         real(event, handle)
-    }
-
-    // ---- IPC (R3): functions the guard itself calls (pass through) -------------------
-    Driver "cuPointerGetAttribute" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult |real| {
-        real(data, attribute, ptr)
-    }
-    Driver "cuMemGetAllocationPropertiesFromHandle" fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: CUmemGenericAllocationHandle) -> CuResult |real| {
-        real(prop, handle)
-    }
-    Driver "cuIpcCloseMemHandle" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CuResult |real| {
-        real(dptr)
-    }
-    Driver "cuMemRelease" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CuResult |real| {
-        real(handle)
-    }
-    Driver "cuMemFreeAsync" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult |real| {
-        real(dptr, stream)
-    }
-    Runtime "cudaIpcCloseMemHandle" fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> CudaError |real| {
-        real(dev_ptr)
     }
 }
