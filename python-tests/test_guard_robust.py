@@ -56,3 +56,14 @@ def test_audit_appends_from_many_processes_never_interleave(tmp_path):
     for line in lines:
         rec = json.loads(line)
         assert rec["call"] == "cuDeviceGet" and rec["verdict"] == "deny"
+
+
+def test_runtime_loaded_privately_is_found(tmp_path):
+    """A runtime outside the global scope (a dependency of a library dlopen'ed with
+    RTLD_LOCAL, as PyTorch loads libcudart): the wrapper still finds the real function."""
+    from conftest import TESTS
+    ok = guarded([prog("guard_local_rt"), TESTS, "0"], tmp_path, cvd="3")
+    assert ok.out.strip() == "rc=0", ok.out + ok.err
+    bad = guarded([prog("guard_local_rt"), TESTS, "1"], tmp_path, cvd="3")
+    assert bad.out.strip() == "rc=101", bad.out + bad.err
+    assert [r["call"] for r in bad.audit] == ["cudaSetDevice"]

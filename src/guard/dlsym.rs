@@ -38,9 +38,22 @@ extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mu
 /// # Safety
 /// Same contract as glibc's `dlsym`.
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // At entry rsp = 8 mod 16 (return address pushed). Two pushes and 8 bytes of padding
-    // bring it to 0 mod 16 for the call, as the SysV ABI requires.
+    // Fast path first: once the real dlsym is known, a name that does not start with "cu"
+    // (almost every name a process looks up) jumps straight to it without a call into Rust.
+    // Byte 1 is read only after byte 0 matched 'c', so never past the NUL.
+    // Slow path: at entry rsp = 8 mod 16 (return address pushed); two pushes and 8 bytes of
+    // padding bring it to 0 mod 16 for the call, as the SysV ABI requires.
     core::arch::naked_asm!(
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 3f",
+        "test rsi, rsi",
+        "jz 3f",
+        "cmp byte ptr [rsi], 0x63",
+        "jne 4f",
+        "cmp byte ptr [rsi + 1], 0x75",
+        "jne 4f",
+        "3:",
         "push rdi",
         "push rsi",
         "sub rsp, 8",
@@ -53,6 +66,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "ret",
         "2:",
         "jmp qword ptr [rip + {real}]",
+        "4:",
+        "jmp rax",
         decide = sym rg_dlsym_decide,
         real = sym REAL_DLSYM,
     )

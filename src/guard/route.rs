@@ -56,19 +56,23 @@ pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
 /// NULL to let the real `dlsym` answer (the trampoline then jumps to it with the caller's
 /// own return address, so `RTLD_NEXT` keeps its meaning).
 ///
-/// Cheap for every name that is not ours: a two-byte prefix test, then a table scan only
-/// for `cu*` names. Never loads a library or takes a lock.
+/// Cheap for every name that is not ours: the trampoline itself forwards names that do not
+/// start with `cu`; here at most five byte compares reject `curl_*`, `cudnn*`, `cublas*`
+/// before any table scan. Never loads a library or takes a lock.
 pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if symbol.is_null() {
         return std::ptr::null_mut();
     }
-    // SAFETY: dlsym's symbol argument is a NUL-terminated string; we read at most up to
-    // its NUL.
-    let cname = unsafe { CStr::from_ptr(symbol) };
-    let name = cname.to_bytes();
-    if name.len() < 3 || &name[..2] != b"cu" {
+    // SAFETY: dlsym's symbol argument is a NUL-terminated string; `at(i)` is only called
+    // when bytes 0..i are non-NUL (each test in guarded_shape needs the previous one true),
+    // so it never reads past the NUL.
+    let at = |i: usize| unsafe { *symbol.add(i) as u8 };
+    if !table::guarded_shape(at) {
         return std::ptr::null_mut();
     }
+    // SAFETY: as above, a NUL-terminated string.
+    let cname = unsafe { CStr::from_ptr(symbol) };
+    let name = cname.to_bytes();
     // RTLD_NEXT depends on the caller's position in the search order, which only the
     // real dlsym, reached with the caller's return address, can know.
     if handle == libc::RTLD_NEXT {

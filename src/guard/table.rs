@@ -78,6 +78,19 @@ impl Entry {
     }
 }
 
+/// Whether a name can be a guarded one, from its first bytes alone: every guarded ABI name
+/// is `cu<Upper>...` (driver) or `cuda<Upper>...` (runtime), so `curl_*`, `cudnn*`,
+/// `cublas*` and all other names are rejected in at most five byte compares, without
+/// `strlen` (the `dlsym` hot path). `at(i)` is the name's byte i; it is only asked for byte
+/// i when bytes 0..i matched (and so are not NUL).
+#[inline(always)]
+pub fn guarded_shape(at: impl Fn(usize) -> u8) -> bool {
+    at(0) == b'c'
+        && at(1) == b'u'
+        && (at(2).is_ascii_uppercase()
+            || (at(2) == b'd' && at(3) == b'a' && at(4).is_ascii_uppercase()))
+}
+
 /// The index of the entry whose ABI name is `name`.
 pub fn find_abi(name: &[u8]) -> Option<usize> {
     TABLE.iter().position(|e| e.abi().as_bytes() == name)
@@ -167,3 +180,24 @@ macro_rules! gate {
 }
 
 pub use crate::guard::wrappers::{Id, TABLE};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(name: &str) -> bool {
+        let b = name.as_bytes();
+        guarded_shape(|i| b.get(i).copied().unwrap_or(0))
+    }
+
+    /// The `dlsym` fast path may only reject names that are not in the table.
+    #[test]
+    fn every_guarded_name_has_the_guarded_shape() {
+        for e in TABLE.iter() {
+            assert!(shape(e.abi()), "{} would be forwarded unguarded by dlsym", e.abi());
+        }
+        for other in ["curl_easy_init", "cudnnCreate", "cublasCreate_v2", "cu", "c", "", "cuda", "cuda_x"] {
+            assert!(!shape(other), "{other}");
+        }
+    }
+}
