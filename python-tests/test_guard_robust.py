@@ -67,3 +67,17 @@ def test_runtime_loaded_privately_is_found(tmp_path):
     bad = guarded([prog("guard_local_rt"), TESTS, "1"], tmp_path, cvd="3")
     assert bad.out.strip() == "rc=101", bad.out + bad.err
     assert [r["call"] for r in bad.audit] == ["cudaSetDevice"]
+
+
+def test_missing_real_function_is_a_defined_error(tmp_path):
+    """No libcuda.so.1 to be found: a guarded call reached through the guard's export
+    returns CUDA_ERROR_NOT_FOUND (500) and says which library lacks it, never crashes."""
+    from conftest import GUARD, PYTHON, clean_env, run
+    code = ("import ctypes; f = ctypes.CDLL(None).cuDeviceGet; d = ctypes.c_int(); "
+            "print('rc=%d' % f(ctypes.byref(d), 0)); print('rc=%d' % f(ctypes.byref(d), 0))")
+    env = clean_env(LD_PRELOAD=str(GUARD), CUDA_VISIBLE_DEVICES="0", LD_LIBRARY_PATH=None)
+    r = run([PYTHON, "-c", code], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["rc=500", "rc=500"]
+    lines = [l for l in r.stderr.splitlines() if "RANKGUARD" in l]
+    assert len(lines) == 1 and "cuDeviceGet: the real function was not found in libcuda.so.1" in lines[0]
