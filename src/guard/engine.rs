@@ -108,6 +108,21 @@ pub fn on_verdict_with<R: Code>(
     args: fmt::Arguments<'_>,
     extra: Option<Extra<'_>>,
 ) -> Result<(), R> {
+    // Nothing below should panic, but this runs inside someone else's process behind an
+    // FFI boundary: a panic in reporting must not unwind into C (Rust would abort the host
+    // process), and must not let a violating call through. Fail closed instead.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(id, verdict, args, extra))) {
+        Ok(r) => r,
+        Err(_) => match verdict {
+            Verdict::Violation(v) if !matches!(state::mode(), Mode::Warn | Mode::Off) => {
+                Err(R::denied(v.code))
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+fn act<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>) -> Result<(), R> {
     let mode = state::mode();
     state::report_config_errors();
     match verdict {
@@ -283,7 +298,19 @@ pub fn after_init(rc: CuResult) {
     if INIT_CHECK.get().is_some() {
         return;
     }
-    INIT_CHECK.get_or_init(|| check_init(rc));
+    INIT_CHECK.get_or_init(|| {
+        // As in on_verdict_with: never unwind into the caller of cuInit. A check that
+        // could not finish fails closed: in enforce mode the process is stopped as for
+        // any R1 violation, since its visibility was not verified.
+        if std::panic::catch_unwind(|| check_init(rc)).is_err() && state::mode() == Mode::Enforce {
+            let mut b = StackBuf::<256>::new();
+            prefix(&mut b, "WARN");
+            let _ = writeln!(b, "terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})");
+            report::write_all(2, b.as_bytes());
+            // SAFETY: _exit has no preconditions (see check_init for why not exit()).
+            unsafe { libc::_exit(EXIT_R1) }
+        }
+    });
 }
 
 fn check_init(rc: CuResult) {
