@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::IpcPolicy;
 use crate::policy::{self, Detail, DenyCode, Rule, Verdict, Violation};
+use crate::rank_root::RootId;
 
 /// Largest record file accepted (a real one is ~300 bytes).
 pub const MAX_RECORD_BYTES: u64 = 1024;
@@ -81,11 +82,16 @@ pub enum Kind {
     PoolFabric,
     /// `cuMemPoolExportPointer` export data (64 bytes).
     PoolPtr,
+    /// Not a handle: a guarded process's rank record (`rank-<pid>`, see
+    /// [`crate::rank_root`]): written at its first `cuInit` when no rank variables name its
+    /// rank, so its descendants find the rank root. Its `gpu` is the rank GPU, its `root`
+    /// the root it belongs to.
+    Rank,
 }
 
 impl Kind {
-    const ALL: [Kind; 7] =
-        [Kind::Mem, Kind::Event, Kind::VmmFd, Kind::Fabric, Kind::PoolFd, Kind::PoolFabric, Kind::PoolPtr];
+    const ALL: [Kind; 8] =
+        [Kind::Mem, Kind::Event, Kind::VmmFd, Kind::Fabric, Kind::PoolFd, Kind::PoolFabric, Kind::PoolPtr, Kind::Rank];
 
     fn tag(self) -> &'static str {
         match self {
@@ -96,6 +102,7 @@ impl Kind {
             Kind::PoolFd => "poolfd",
             Kind::PoolFabric => "poolfabric",
             Kind::PoolPtr => "poolptr",
+            Kind::Rank => "rank",
         }
     }
 
@@ -138,6 +145,11 @@ impl Key {
             let _ = write!(ident, "{b:02x}");
         }
         Key { kind, ident }
+    }
+
+    /// The rank record of process `pid` (decimal digits are valid key text).
+    pub fn rank(pid: u32) -> Key {
+        Key { kind: Kind::Rank, ident: pid.to_string() }
     }
 
     /// A file descriptor: its `(st_dev, st_ino)` where that is unique.
@@ -237,6 +249,9 @@ pub struct Record {
     pub location: Location,
     /// Seconds since the epoch when it was written (for people reading the directory).
     pub time: u64,
+    /// The writer's rank root ([`crate::rank_root`]) when no rank variables named its rank;
+    /// an optional `root <pid>.<start>` line (records without it stay readable).
+    pub root: Option<RootId>,
 }
 
 /// Why a record's text was rejected.
@@ -305,6 +320,9 @@ impl Record {
         let _ = writeln!(s, "gpu {}", self.gpu.as_deref().unwrap_or("-"));
         let _ = writeln!(s, "location {}", self.location.as_str());
         let _ = writeln!(s, "time {}", self.time);
+        if let Some(r) = self.root {
+            let _ = writeln!(s, "root {r}");
+        }
         s.push_str("end\n");
         s
     }
@@ -325,6 +343,7 @@ impl Record {
         let mut gpu = None;
         let mut location = None;
         let mut time = None;
+        let mut root = None;
         let mut ended = false;
         for line in lines.by_ref() {
             if line == "end" {
@@ -373,6 +392,7 @@ impl Record {
                 }
                 "location" => once(&mut location, Location::parse(value).ok_or(Corrupt("bad location"))?)?,
                 "time" => once(&mut time, parse_dec(value).ok_or(Corrupt("bad time"))?)?,
+                "root" => once(&mut root, RootId::parse(value).ok_or(Corrupt("bad root"))?)?,
                 _ => return Err(Corrupt("unknown field")),
             }
         }
@@ -395,6 +415,7 @@ impl Record {
             gpu: gpu.ok_or(Corrupt("no gpu"))?,
             location: location.ok_or(Corrupt("no location"))?,
             time: time.ok_or(Corrupt("no time"))?,
+            root,
         })
     }
 }
@@ -818,6 +839,8 @@ pub struct Importer<'a> {
     pub rank: Option<u32>,
     /// The rank's GPU (`GPU-...`/`MIG-...`), None if unknown.
     pub gpu: Option<&'a str>,
+    /// The rank root, when no rank variables name the rank ([`crate::rank_root`]).
+    pub root: Option<RootId>,
 }
 
 /// What R3 decided about one import, and why.
@@ -892,7 +915,10 @@ pub fn same_gpu(a: &str, b: &str) -> bool {
 /// - host memory, by the record or by the driver, is always allowed;
 /// - the job is compared first: different jobs (or a job on one side only) are not the
 ///   same rank; no job on both sides counts as the same job (one user's node);
-/// - a rank missing on either side means "same rank" cannot be established: unknown;
+/// - ranks named by variables are compared when both sides have one; when neither has,
+///   the rank roots are (same root: same rank; different roots: another rank, e.g. two
+///   programs started separately or two Ray actors); anything else cannot establish "same
+///   rank": unknown;
 /// - a GPU missing on either side: unknown.
 pub fn decide(me: &Importer<'_>, exporter: Option<&Record>, location: Option<Location>, ipc: IpcPolicy) -> Decision {
     if location.is_some_and(Location::is_host) || exporter.is_some_and(|r| r.location.is_host()) {
@@ -909,6 +935,11 @@ pub fn decide(me: &Importer<'_>, exporter: Option<&Record>, location: Option<Loc
     match (r.rank, me.rank) {
         (Some(a), Some(b)) if a != b => return Decision::OtherRank,
         (Some(_), Some(_)) => {}
+        (None, None) => match (r.root, me.root) {
+            (Some(a), Some(b)) if a != b => return Decision::OtherRank,
+            (Some(_), Some(_)) => {}
+            _ => return unknown,
+        },
         _ => return unknown,
     }
     match (r.gpu.as_deref(), me.gpu) {
@@ -977,6 +1008,7 @@ mod tests {
             gpu: gpu.map(str::to_string),
             location: Location::Device,
             time: 1,
+            root: None,
         }
     }
 
@@ -1225,7 +1257,7 @@ mod tests {
     }
 
     fn me<'a>(rank: Option<u32>, gpu: Option<&'a str>, job: Option<&'a str>) -> Importer<'a> {
-        Importer { job, rank, gpu }
+        Importer { job, rank, gpu, root: None }
     }
 
     #[test]
@@ -1260,5 +1292,50 @@ mod tests {
             assert!(a.verdict().is_allow());
         }
         assert!(SameGpu.verify_after() && Unknown.verify_after() && !OtherRank.verify_after());
+    }
+
+    #[test]
+    fn r3_compares_rank_roots_when_no_side_has_a_rank() {
+        use Decision::*;
+        let (a, b) = (RootId { pid: 10, start: 100 }, RootId { pid: 11, start: 100 });
+        let reused = RootId { pid: 10, start: 555 };
+        let x = Record { job: None, rank: None, root: Some(a), ..rec(mem_key(1), None, Some(G0)) };
+        let me_root = |root, gpu| Importer { job: None, rank: None, gpu: Some(gpu), root };
+        let s = IpcPolicy::Strict;
+        // the same root is the same rank: the GPU decides
+        assert_eq!(decide(&me_root(Some(a), G1), Some(&x), None, s), CrossDevice);
+        assert_eq!(decide(&me_root(Some(a), G0), Some(&x), None, s), SameGpu);
+        // another root (another program, another Ray actor, or a reused pid) is another rank
+        assert_eq!(decide(&me_root(Some(b), G1), Some(&x), None, s), OtherRank);
+        assert_eq!(decide(&me_root(Some(reused), G1), Some(&x), None, s), OtherRank);
+        // no root on one side: unknown, as before
+        assert_eq!(decide(&me_root(None, G1), Some(&x), None, s), UnknownStrict);
+        let old = Record { root: None, ..x.clone() };
+        assert_eq!(decide(&me_root(Some(a), G1), Some(&old), None, s), UnknownStrict);
+        // explicit ranks win over roots: same rank by variables, whatever the roots say
+        let ranked = Record { rank: Some(0), root: Some(b), ..x.clone() };
+        let me_ranked = Importer { job: None, rank: Some(0), gpu: Some(G1), root: Some(a) };
+        assert_eq!(decide(&me_ranked, Some(&ranked), None, s), CrossDevice);
+        // a rank on one side only: unknown
+        assert_eq!(decide(&me_root(Some(a), G1), Some(&ranked), None, s), UnknownStrict);
+    }
+
+    #[test]
+    fn rank_records_and_roots_round_trip() {
+        let key = Key::rank(4242);
+        assert_eq!(key.file_name(), "rank-4242");
+        assert_eq!(Key::parse_file_name("rank-4242"), Some(key.clone()));
+        let r = Record { root: Some(RootId { pid: 7, start: 70 }), ..rec(key.clone(), None, Some(G1)) };
+        let text = r.render();
+        assert!(text.contains("\nroot 7.70\nend\n"), "{text}");
+        assert_eq!(Record::parse(&text, &key), Ok(r));
+        // records without a root line (older guards) parse, with no root
+        let plain = rec(mem_key(3), Some(1), Some(G0));
+        assert!(!plain.render().contains("root"));
+        assert_eq!(Record::parse(&plain.render(), &mem_key(3)).unwrap().root, None);
+        for bad in ["root 7\n", "root x.1\n", "root 7.70\nroot 7.70\n"] {
+            let t = text.replace("root 7.70\n", bad);
+            assert!(Record::parse(&t, &key).is_err(), "{bad}");
+        }
     }
 }

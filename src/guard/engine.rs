@@ -13,6 +13,7 @@ use crate::config::Mode;
 use crate::cvd;
 use crate::guard::ffi::{CUdevice, CUuuid, CuResult, CudaError};
 use crate::guard::internal;
+use crate::guard::rank_root;
 use crate::guard::real;
 use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
 use crate::guard::state;
@@ -59,11 +60,14 @@ pub fn prefix<W: Write>(w: &mut W, level: &str) {
     let mut host = [0u8; 64];
     let host = report::hostname(&mut host);
     let _ = write!(w, "{host}:{}:{} ", report::pid(), report::tid());
-    match state::try_get().and_then(|s| s.config.rank) {
-        Some(r) => {
+    match (state::try_get().and_then(|s| s.config.rank), rank_root::current()) {
+        (Some(r), _) => {
             let _ = write!(w, "[rank {r}] ");
         }
-        None => {
+        (None, Some(root)) => {
+            let _ = write!(w, "[rank root {}] ", root.id.pid);
+        }
+        (None, None) => {
             let _ = w.write_str("[rank -] ");
         }
     }
@@ -185,7 +189,7 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
     let gpu = state::owned_gpu();
     // The rank's GPU: the launcher's identity when there is one (a descendant that breaks
     // R1 sees another GPU than its rank owns), else the one this process sees.
-    let rank_gpu = st.config.rank_gpu_uuid.as_deref().or(st.config.rank_gpu.as_deref()).or(gpu);
+    let rank_gpu = st.config.rank_gpu_uuid.as_deref().or(st.config.rank_gpu.as_deref()).or(rank_root::rank_gpu()).or(gpu);
     let first = e.first_said(report::pid());
     let verdict_word = match (verdict, mode) {
         ("deny", Mode::Abort) => "aborting",
@@ -263,6 +267,7 @@ fn audit_record<W: Write>(
     }
     j.write_str(",\"job\":")?;
     json_opt_str(j, cfg.job.as_deref(), 128)?;
+    rank_root::write_json(j, rank_root::current())?;
     if let Some(o) = v.ordinal() {
         write!(j, ",\"ordinal\":{o}")?;
     }
@@ -271,7 +276,7 @@ fn audit_record<W: Write>(
     j.write_str(",\"gpu\":")?;
     json_opt_str(j, gpu, 64)?;
     j.write_str(",\"rank_gpu\":")?;
-    json_opt_str(j, cfg.rank_gpu.as_deref(), 128)?;
+    json_opt_str(j, cfg.rank_gpu.as_deref().or(rank_root::rank_gpu()), 128)?;
     let mut a = StackBuf::<512>::new();
     let _ = a.write_fmt(args);
     j.write_str(",\"args\":")?;
@@ -338,13 +343,21 @@ fn check_init(rc: CuResult) {
         }
     }
     let own_uuid = own_uuid.as_str();
-    let is_rank_gpu = cfg
-        .rank_gpu
-        .as_deref()
-        .map(|rank_entry| is_rank_gpu(rank_entry, cfg.rank_gpu_uuid.as_deref(), own_uuid, &vis));
+    // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
+    let by_root = rank_root::applies(cfg) && rank_root::establish().is_some();
+    let is_rank_gpu = match cfg.rank_gpu.as_deref() {
+        Some(rank_entry) => Some(is_rank_gpu(rank_entry, cfg.rank_gpu_uuid.as_deref(), own_uuid, &vis)),
+        None => rank_root::is_rank_gpu(own_uuid, &vis),
+    };
     let facts = InitFacts { cvd_set: cvd_text.is_some(), entries, devices, is_rank_gpu };
     tracing::debug!(?facts, uuid = own_uuid, "R1 check at cuInit");
-    let Verdict::Violation(v) = policy::init(facts) else {
+    let verdict = policy::init(facts);
+    if by_root && (verdict.is_allow() || mode == Mode::Warn) {
+        // A process that sees exactly one GPU records its rank for its descendants.
+        let sees_rank_gpu = entries == 1 && devices == 1 && is_rank_gpu != Some(false);
+        rank_root::publish(cfg, own_uuid, sees_rank_gpu);
+    }
+    let Verdict::Violation(v) = verdict else {
         return;
     };
     let id = Id::cuInit as usize;
@@ -387,7 +400,7 @@ fn check_init(rc: CuResult) {
 /// launcher's resolved UUID when it gave one; else a UUID or prefix entry matched against
 /// the driver's UUID of device 0; else (an index entry, nothing to resolve it with) only the
 /// same entry text counts, failing closed on anything else.
-fn is_rank_gpu(rank_entry: &str, rank_uuid: Option<&str>, own_uuid: &str, vis: &cvd::Visibility) -> bool {
+pub(crate) fn is_rank_gpu(rank_entry: &str, rank_uuid: Option<&str>, own_uuid: &str, vis: &cvd::Visibility) -> bool {
     if let Some(full) = rank_uuid {
         return !own_uuid.is_empty() && full.eq_ignore_ascii_case(own_uuid);
     }

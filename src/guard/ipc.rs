@@ -36,6 +36,7 @@ use crate::guard::engine::{self, Code, Extra};
 use crate::guard::ffi::{CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult};
 use crate::guard::internal;
 use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
+use crate::guard::rank_root;
 use crate::guard::state;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, Record, Registry};
@@ -212,13 +213,13 @@ fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
     report::write_all(2, b.as_bytes());
 }
 
-fn euid() -> u32 {
+pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
 }
 
 /// The verified registry, or None (said once).
-fn open_registry() -> Option<Registry> {
+pub(crate) fn open_registry() -> Option<Registry> {
     let uid = euid();
     let (dir, var) = match &state::get().config.registry {
         Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
@@ -237,6 +238,17 @@ fn open_registry() -> Option<Registry> {
             None
         }
     }
+}
+
+/// A record could not be written (said once per process; rank records too).
+pub(crate) fn said_write_problem(dir: &std::path::Path, problem: &registry::WriteProblem) {
+    say_once(
+        &SAID_WRITE,
+        format_args!(
+            "IPC provenance registry {:?} {problem}: exports of this process are not recorded, so importers will see unknown provenance. Fix: free space in (or make writable) that directory, or set RANKGUARD_REGISTRY to another one",
+            dir.display().to_string()
+        ),
+    );
 }
 
 /// Run registry work without letting a panic reach the host process.
@@ -278,16 +290,11 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
             time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            root: rank_root::id(),
         };
         match reg.write(&rec, &ProcFs) {
             Ok(()) => tracing::debug!(key = %rec.key.short(), gpu = ?rec.gpu, location = rec.location.as_str(), "recorded IPC export"),
-            Err(problem) => say_once(
-                &SAID_WRITE,
-                format_args!(
-                    "IPC provenance registry {:?} {problem}: exports of this process are not recorded, so importers will see unknown provenance. Fix: free space in (or make writable) that directory, or set RANKGUARD_REGISTRY to another one",
-                    reg.dir().display().to_string()
-                ),
-            ),
+            Err(problem) => said_write_problem(reg.dir(), &problem),
         }
         Some(())
     });
@@ -446,7 +453,7 @@ pub fn check_import<R: Code>(id: usize, key: Option<Key>, location: Option<Locat
     let cfg = &state::get().config;
     let job = cfg.job.as_deref().map(registry::job_token);
     let gpu = own_gpu();
-    let me = Importer { job: job.as_deref(), rank: cfg.rank, gpu: gpu.as_deref() };
+    let me = Importer { job: job.as_deref(), rank: cfg.rank, gpu: gpu.as_deref(), root: rank_root::id() };
     let d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
     let verdict = d.verdict();
     if verdict.is_allow() {
@@ -489,12 +496,17 @@ fn describe(key: Option<&Key>, rec: Option<&Record>, own: Option<&str>, d: Decis
             let _ = json_opt_str(&mut json, r.gpu.as_deref(), 64);
             let _ = json.write_str(",\"exporter_location\":");
             let _ = json_str(&mut json, r.location.as_str(), 24);
+            let _ = rank_root::write_exporter_json(&mut json, r.root);
             let _ = write!(
                 human,
                 "; the {} handle was exported by pid {} (rank {}) on {}, imported here on {}",
                 r.key.kind().as_str(),
                 r.pid,
-                r.rank.map_or_else(|| "-".to_string(), |x| x.to_string()),
+                match (r.rank, r.root) {
+                    (Some(x), _) => x.to_string(),
+                    (None, Some(root)) => format!("root {}", root.pid),
+                    (None, None) => "-".to_string(),
+                },
                 r.gpu.as_deref().unwrap_or("an unknown GPU"),
                 own.unwrap_or("an unknown GPU")
             );

@@ -16,6 +16,7 @@ pub mod table;
 pub mod dlsym;
 pub mod engine;
 pub mod ipc;
+pub mod rank_root;
 pub mod ffi;
 pub mod internal;
 pub mod real;

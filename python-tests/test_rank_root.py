@@ -1,0 +1,219 @@
+"""One program is one rank (issue 12): without a launcher or rank variables, a guarded
+process belongs to the rank of its outermost guarded ancestor given a single-entry
+CUDA_VISIBLE_DEVICES (src/rank_root.rs), so R1 (a process of the rank on another GPU) and
+R3 (cross-device IPC inside the rank) hold under plain LD_PRELOAD.
+
+The programs are python-tests/_rank_root_prog.py (NVIDIA's cuda.bindings on the fake node):
+a learner on GPU 0 that exports memory over CUDA IPC and starts a collector, started after
+or before the learner's first cuInit, through subprocess, multiprocessing spawn and
+forkserver, or as a grandchild.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import socket
+import subprocess
+
+import pytest
+
+from _ipc import gpu_uuid
+from conftest import CLI, GUARD, PYTHON, clean_env, run
+
+PROG = pathlib.Path(__file__).with_name("_rank_root_prog.py")
+HOST = socket.gethostname().split(".")[0]
+STARTS = [("subprocess", "after"), ("subprocess", "before"), ("spawn", "after"), ("spawn", "before"),
+          ("forkserver", "before"), ("grandchild", "after")]
+
+
+def env_for(tmp: pathlib.Path, cvd: str | None, mode: str = "enforce", **extra) -> dict[str, str]:
+    reg = tmp / "registry"
+    reg.mkdir(mode=0o700, exist_ok=True)
+    return clean_env(**{"LD_PRELOAD": str(GUARD), "FAKECUDA_GPUS": "8", "CUDA_VISIBLE_DEVICES": cvd,
+                        "RANKGUARD_MODE": mode, "RANKGUARD_REGISTRY": str(reg),
+                        "RANKGUARD_AUDIT": str(tmp / "audit.jsonl"), **extra})
+
+
+def audit(tmp: pathlib.Path) -> list[dict]:
+    path = tmp / "audit.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def learner(tmp, collector_cvd, how, when, mode="enforce", **extra):
+    work = tmp / "work"
+    work.mkdir()
+    p = run([PYTHON, PROG, "learner", work, collector_cvd, how, when],
+            env=env_for(tmp, "0", mode, **extra), timeout=120)
+    assert p.returncode == 0 and "learner finished" in p.stdout, f"{p.stdout}\n{p.stderr}"
+    line = next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), p
+
+
+def root_of(res) -> dict:
+    return {"pid": res["learner_pid"], "start": res["learner_start"], "host": HOST}
+
+
+# ------------------------------------------------------------------ the same rank, two GPUs
+
+@pytest.mark.parametrize("how,when", STARTS)
+def test_collector_on_another_gpu_is_recorded_in_warn_mode(tmp_path, how, when):
+    res, p = learner(tmp_path, "1", how, when, mode="warn")
+    assert res["collector_status"] == 0
+    col = res["collector"]
+    assert col["rc"] == 0 and col["intact"] is True     # warn mode lets it through
+    recs = audit(tmp_path)
+    assert sorted(r["rule"] for r in recs) == ["R1", "R3"], recs
+    r1 = next(r for r in recs if r["rule"] == "R1")
+    r3 = next(r for r in recs if r["rule"] == "R3")
+    root = root_of(res)
+    # both name the learner as the rank root, by pid, start time and host
+    assert r1["rank_root"] == root and r3["rank_root"] == root
+    assert r3["exporter_rank_root"] == root and r3["exporter_pid"] == res["learner_pid"]
+    assert r1["pid"] == r3["pid"] == col["pid"] and r1["rank"] is None
+    assert r1["detail"] == "the process sees one GPU, but not the rank's GPU"
+    assert r1["sees"] == gpu_uuid(1)
+    assert r3["exporter_gpu"] == gpu_uuid(0) and r3["gpu"] == gpu_uuid(1)
+    assert r3["decision"] == "same rank, another GPU"
+    # the lines name the root too
+    line = next(l for l in p.stderr.splitlines() if "[R1 one GPU per rank]" in l)
+    assert f"[rank root {res['learner_pid']}]" in line
+
+
+@pytest.mark.parametrize("how,when", STARTS)
+def test_collector_on_another_gpu_is_stopped_in_enforce_mode(tmp_path, how, when):
+    res, p = learner(tmp_path, "1", how, when)
+    assert res["collector_status"] == 78 and res["collector"] is None
+    (rec,) = audit(tmp_path)
+    assert rec["rule"] == "R1" and rec["verdict"] == "deny" and rec["rank_root"] == root_of(res)
+    assert "terminating: this process breaks rule R1" in p.stderr
+
+
+@pytest.mark.parametrize("entry", ["0", gpu_uuid(0), "GPU-10"])
+def test_collector_on_the_rank_gpu_reads_every_byte(tmp_path, entry):
+    """Same GPU named by index, full UUID or unique prefix: allowed. Under strict an unknown
+    exporter would be denied, so this passes only as "same rank, same GPU"."""
+    res, p = learner(tmp_path, entry, "subprocess", "after", RANKGUARD_IPC="strict")
+    assert res["collector_status"] == 0, p.stderr
+    assert res["collector"]["rc"] == 0 and res["collector"]["intact"] is True
+    assert audit(tmp_path) == [] and "RANKGUARD" not in p.stderr
+
+
+def test_collector_on_the_rank_gpu_before_the_learner_initialises(tmp_path):
+    res, p = learner(tmp_path, "0", "spawn", "before", RANKGUARD_IPC="strict")
+    assert res["collector_status"] == 0 and res["collector"]["intact"] is True, p.stderr
+    assert audit(tmp_path) == []
+
+
+# ------------------------------------------------------------------ separate programs are separate ranks
+
+def _pair(tmp, x_env, i_env, x_cmd=None, i_cmd=None):
+    """Exporter and importer started as separate programs; the importer's result."""
+    work = tmp / "work"
+    work.mkdir()
+    x = subprocess.Popen([str(c) for c in (x_cmd or [PYTHON, PROG, "export", work])], env=x_env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        i = run(i_cmd or [PYTHON, PROG, "import", work], env=i_env, timeout=120)
+    finally:
+        (work / "done").write_text("")
+        xo, xe = x.communicate(timeout=60)
+    assert x.returncode == 0 and i.returncode == 0, f"{xo}\n{xe}\n{i.stdout}\n{i.stderr}"
+    return json.loads((work / "import.result").read_text()), i
+
+
+def test_two_programs_started_separately_are_two_ranks(tmp_path):
+    """Exporter on GPU 1, importer on GPU 0, each started on its own: another rank's
+    memory (NCCL P2P between ranks), allowed even under strict, every byte intact."""
+    res, i = _pair(tmp_path, env_for(tmp_path, "1", RANKGUARD_IPC="strict"),
+                   env_for(tmp_path, "0", RANKGUARD_IPC="strict"))
+    assert res["rc"] == 0 and res["intact"] is True, i.stderr
+    assert audit(tmp_path) == []
+
+
+SUPERVISOR = """
+import subprocess, sys
+prog, work, guard = sys.argv[1:4]
+env = lambda cvd: dict(__import__("os").environ, LD_PRELOAD=guard, CUDA_VISIBLE_DEVICES=cvd)
+x = subprocess.Popen([sys.executable, prog, "export", work], env=env("3"))
+i = subprocess.run([sys.executable, prog, "import", work], env=env("4"))
+open(work + "/done", "w").close()
+sys.exit(x.wait() or i.returncode)
+"""
+
+
+def test_unguarded_supervisor_starting_workers_on_gpus_3_and_4_is_two_ranks(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    e = env_for(tmp_path, "3,4", RANKGUARD_IPC="strict", LD_PRELOAD=None)
+    p = run([PYTHON, "-c", SUPERVISOR, PROG, work, GUARD], env=e, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads((work / "import.result").read_text())
+    assert res["rc"] == 0 and res["intact"] is True
+    assert audit(tmp_path) == []
+
+
+def test_guarded_shell_starting_two_programs_on_two_gpus_is_two_ranks(tmp_path):
+    """LD_PRELOAD=librankguard.so bash -c '...' with no CVD of its own is not a rank."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = (f'CUDA_VISIBLE_DEVICES=1 "{PYTHON}" "{PROG}" export "{work}" & '
+              f'CUDA_VISIBLE_DEVICES=0 "{PYTHON}" "{PROG}" import "{work}"; rc=$?; '
+              f'touch "{work}/done"; wait $! && exit $rc')
+    p = run(["bash", "-c", script], env=env_for(tmp_path, None, RANKGUARD_IPC="strict"), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads((work / "import.result").read_text())
+    assert res["rc"] == 0 and res["intact"] is True
+    assert audit(tmp_path) == []
+
+
+def test_the_same_shell_given_one_gpu_is_one_rank(tmp_path):
+    """The counterpart: a guarded shell given CVD=0 is a rank, and a program it re-points
+    to GPU 1 is stopped (R1), naming the shell as the root."""
+    script = f'echo "shell $$"; CUDA_VISIBLE_DEVICES=1 "{PYTHON}" -c "from cuda.bindings import driver as d; d.cuInit(0)"; exit $?'
+    p = run(["bash", "-c", script], env=env_for(tmp_path, "0"), timeout=60)
+    assert p.returncode == 78, p.stdout + p.stderr
+    (rec,) = audit(tmp_path)
+    assert rec["rule"] == "R1" and rec["rank_root"]["pid"] == int(p.stdout.split()[1])
+
+
+# ------------------------------------------------------------------ explicit variables win
+
+def test_rank_variables_win_over_the_root(tmp_path):
+    """RANK set: no root is looked for (rank_root null); the collector on GPU 1 is not an
+    R1 violation without RANKGUARD_RANK_GPU (today's rule), and R3 compares RANK."""
+    res, _ = learner(tmp_path, "1", "subprocess", "after", mode="warn", RANK="3")
+    assert res["collector_status"] == 0
+    (rec,) = audit(tmp_path)
+    assert rec["rule"] == "R3" and rec["rank"] == 3 and rec["exporter_rank"] == 3
+    assert rec["rank_root"] is None and rec["exporter_rank_root"] is None
+    assert not list((tmp_path / "registry").glob("rank-*")), "no rank records under RANK"
+
+
+def test_launcher_wins_over_the_root(tmp_path):
+    """Under `rankguard run --device 0` the launcher's rank GPU decides, as before."""
+    work = tmp_path / "work"
+    work.mkdir()
+    e = env_for(tmp_path, None, "warn")
+    p = run([CLI, "run", "--device", "0", "--", PYTHON, PROG, "learner", work, "1", "subprocess", "after"],
+            env=e, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = audit(tmp_path)
+    assert sorted(r["rule"] for r in recs) == ["R1"], recs       # rankguard run names no RANK
+    assert all(r["rank_root"] is None for r in recs)
+    assert recs[0]["rank_gpu"] == "0"
+
+
+# ------------------------------------------------------------------ report
+
+def test_report_groups_processes_by_rank_root(tmp_path):
+    res, _ = learner(tmp_path, "1", "subprocess", "after", mode="warn")
+    p = run([CLI, "report", "--json", tmp_path / "audit.jsonl"], env=clean_env())
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    for g in doc["groups"]:
+        (r,) = g["ranks"]
+        assert r["rank"] is None and r["rank_root"] == root_of(res)
+    assert doc["totals"]["ranks"] == 1
+    t = run([CLI, "report", tmp_path / "audit.jsonl"], env=clean_env()).stdout
+    assert f"rank root {HOST}:{res['learner_pid']}: 1 warned from 1 process" in t
+    assert f"(rank root {HOST}:{res['learner_pid']})" in t        # the R3 exporter line
