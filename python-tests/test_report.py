@@ -100,6 +100,8 @@ def expected_json(files, runs, extra_files=(), problems=()):
     for (name, rank, mode, cvd, args, want), (pid, recs) in zip(PLAN, runs):
         for (rule, call, verdict), rec in zip(want, recs):
             rank_v = None if rank is None else int(rank)
+            if rank_v is None:      # no RANK: the process is its own rank root
+                assert rec["rank_root"]["pid"] == pid and rec["rank_root"]["host"] == host, rec
             procs.add(pid)
             ranks.add(rank_v)
             g = groups.setdefault((int(rule[1:]), call), {
@@ -111,7 +113,10 @@ def expected_json(files, runs, extra_files=(), problems=()):
             if r is None:
                 line = lines[(pid, call)]
                 r = g["ranks"][rank_v] = {
-                    "rank": rank_v, "count": 0, "denied": 0, "warned": 0, "processes": set(),
+                    "rank": rank_v,
+                    # a process with no RANK is its own rank root (issue 12)
+                    "rank_root": rec["rank_root"] if rank_v is None else None,
+                    "count": 0, "denied": 0, "warned": 0, "processes": set(),
                     "first": {
                         "time": _utc(rec["ts"]), "ts_us": round(rec["ts"] * 1e6), "host": host,
                         "pid": pid, "verdict": verdict, "mode": mode, "abi": rec["abi"],
@@ -155,12 +160,18 @@ def render_text(doc, unreadable=0) -> str:
         if g["rule"] != rule:
             rule = g["rule"]
             out.append(f"{g['rule']} {g['rule_name']}")
-        labels = ["-" if r["rank"] is None else str(r["rank"]) for r in g["ranks"]]
+        def name(r):
+            if r["rank"] is not None:
+                return str(r["rank"])
+            root = r.get("rank_root")
+            return f"root {root['host']}:{root['pid']}" if root else "-"
+
+        labels = [name(r) for r in g["ranks"]]
         out.append(f"  {g['call']}: {counts(g['count'], g['denied'], g['warned'])} in "
                    f"{'rank' if len(labels) == 1 else 'ranks'} {', '.join(labels)}")
         for r in g["ranks"]:
             f = r["first"]
-            label = "rank -" if r["rank"] is None else f"rank {r['rank']}"
+            label = f"rank {name(r)}"
             out.append(f"    {label}: {counts(r['count'], r['denied'], r['warned'])} from "
                        f"{n(r['processes'], 'process', 'processes')}")
             verdict = "denied" if f["verdict"] == "deny" else "allowed (warn mode)"

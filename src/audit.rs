@@ -16,8 +16,10 @@
 //!   kept under their own name);
 //! - "first occurrence" is the smallest `ts`; equal or missing times fall back to input
 //!   order (file order as given, then line order);
-//! - a record with `rank: null` (no RANK/LOCAL_RANK/... in its environment) is grouped
-//!   under "rank -", listed after the numbered ranks;
+//! - a record with `rank: null` (no RANK/LOCAL_RANK/... in its environment) is grouped by
+//!   its `rank_root` (the process whose tree is the rank, `src/rank_root.rs`): one group
+//!   per (host, pid, start time), listed after the numbered ranks; records with neither
+//!   are grouped under "rank -", listed last;
 //! - an empty line is not a problem (nothing was written there), a line without its final
 //!   newline that fails to parse is reported as torn.
 #![deny(unsafe_code)]
@@ -289,6 +291,8 @@ pub struct Record {
     pub pid: Option<i64>,
     pub host: Option<String>,
     pub rank: Option<i64>,
+    /// The rank root when no rank variable named the rank.
+    pub rank_root: Option<RootRef>,
     pub job: Option<String>,
     pub ordinal: Option<i64>,
     pub cvd: Option<String>,
@@ -307,6 +311,35 @@ pub struct Exporter {
     pub job: Option<String>,
     pub gpu: Option<String>,
     pub location: Option<String>,
+    pub rank_root: Option<RootRef>,
+}
+
+/// A rank root as a record names it: `{"pid":P,"start":S,"host":"H"}`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct RootRef {
+    pub host: Option<String>,
+    pub pid: i64,
+    pub start: i64,
+}
+
+impl RootRef {
+    /// `host:pid`, as the report names the rank.
+    pub fn label(&self) -> String {
+        format!("{}:{}", self.host.as_deref().unwrap_or("?"), self.pid)
+    }
+}
+
+fn opt_root(v: &Json, key: &str) -> Result<Option<RootRef>, String> {
+    let bad = || format!("not an audit record: field '{key}' is not a rank root {{pid, start, host}}");
+    match v.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(o @ Json::Obj(_)) => Ok(Some(RootRef {
+            pid: opt_int(o, "pid").map_err(|_| bad())?.ok_or_else(bad)?,
+            start: opt_int(o, "start").map_err(|_| bad())?.ok_or_else(bad)?,
+            host: opt_str(o, "host").map_err(|_| bad())?,
+        })),
+        Some(_) => Err(bad()),
+    }
 }
 
 fn opt_str(v: &Json, key: &str) -> Result<Option<String>, String> {
@@ -359,6 +392,7 @@ pub fn parse_record(line: &str) -> Result<Record, String> {
         pid: opt_int(&v, "pid")?,
         host: opt_str(&v, "host")?,
         rank: opt_int(&v, "rank")?,
+        rank_root: opt_root(&v, "rank_root")?,
         job: opt_str(&v, "job")?,
         ordinal: opt_int(&v, "ordinal")?,
         cvd: opt_str(&v, "cvd")?,
@@ -372,6 +406,7 @@ pub fn parse_record(line: &str) -> Result<Record, String> {
                 job: opt_str(&v, "exporter_job")?,
                 gpu: opt_str(&v, "exporter_gpu")?,
                 location: opt_str(&v, "exporter_location")?,
+                rank_root: opt_root(&v, "exporter_rank_root")?,
             })
         } else {
             None
@@ -402,6 +437,8 @@ pub struct Origin {
 #[derive(Debug, Clone)]
 pub struct RankStats {
     pub rank: Option<i64>,
+    /// The rank root of a rank with no number (`rank` None).
+    pub rank_root: Option<RootRef>,
     pub count: usize,
     pub denied: usize,
     pub warned: usize,
@@ -419,7 +456,7 @@ pub struct Group {
     pub count: usize,
     pub denied: usize,
     pub warned: usize,
-    /// Numbered ranks ascending, then rank "-".
+    /// Numbered ranks ascending, then rank roots, then rank "-".
     pub ranks: Vec<RankStats>,
 }
 
@@ -443,9 +480,21 @@ pub struct Summary {
     pub unreadable: usize,
 }
 
-/// Rank order: numbered ranks ascending, then "no rank".
-fn rank_key(r: Option<i64>) -> (bool, i64) {
-    (r.is_none(), r.unwrap_or(0))
+/// A rank as the report groups it. Order: numbered ranks ascending, then rank roots (by
+/// host, pid, start time), then "no rank".
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum RankKey {
+    Numbered(i64),
+    Root(RootRef),
+    Unknown,
+}
+
+fn rank_key(r: &Record) -> RankKey {
+    match (r.rank, &r.rank_root) {
+        (Some(n), _) => RankKey::Numbered(n),
+        (None, Some(root)) => RankKey::Root(root.clone()),
+        (None, None) => RankKey::Unknown,
+    }
 }
 
 /// Rule order: R1, R2, ... numerically, then unknown rule names alphabetically.
@@ -468,12 +517,12 @@ struct Acc {
 /// Builds a [`Summary`] from files' lines, in the order they are given.
 #[derive(Default)]
 pub struct Aggregator {
-    acc: BTreeMap<((u32, String), String, (bool, i64)), Acc>,
+    acc: BTreeMap<((u32, String), String, RankKey), Acc>,
     problems: Vec<Problem>,
     seq: usize,
     unreadable: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
-    ranks: BTreeSet<(bool, i64)>,
+    ranks: BTreeSet<RankKey>,
 }
 
 impl Aggregator {
@@ -535,8 +584,8 @@ impl Aggregator {
         let seq = self.seq;
         let proc_id = (r.host.clone(), r.pid);
         self.procs.insert(proc_id.clone());
-        self.ranks.insert(rank_key(r.rank));
-        let a = self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(r.rank))).or_default();
+        self.ranks.insert(rank_key(&r));
+        let a = self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(&r))).or_default();
         a.count += 1;
         if r.verdict == "deny" {
             a.denied += 1;
@@ -577,6 +626,7 @@ impl Aggregator {
             totals.warned += a.warned;
             g.ranks.push(RankStats {
                 rank: first.rank,
+                rank_root: if first.rank.is_none() { first.rank_root.clone() } else { None },
                 count: a.count,
                 denied: a.denied,
                 warned: a.warned,
@@ -678,7 +728,7 @@ mod tests {
         assert_eq!((r.rank, r.ts, r.rule.as_str(), r.exporter.is_none()), (None, None, "R9", true));
         // R3's exporter fields.
         let r = parse_record(r#"{"call":"cuIpcOpenMemHandle","verdict":"deny","rule":"R3","exporter_pid":4,"exporter_rank":1,"exporter_job":null,"exporter_gpu":"GPU-1","exporter_location":"device"}"#).unwrap();
-        assert_eq!(r.exporter, Some(Exporter { pid: Some(4), rank: Some(1), job: None, gpu: Some("GPU-1".into()), location: Some("device".into()) }));
+        assert_eq!(r.exporter, Some(Exporter { pid: Some(4), rank: Some(1), job: None, gpu: Some("GPU-1".into()), location: Some("device".into()), rank_root: None }));
         let r = parse_record(r#"{"call":"c","verdict":"deny","rule":"R3","exporter_pid":null,"exporter_gpu":null}"#).unwrap();
         assert_eq!(r.exporter, Some(Exporter::default()));
     }
@@ -714,6 +764,37 @@ mod tests {
         assert_eq!((r1.first_at.file.as_str(), r1.first_at.line, r1.processes), ("a", 2, 2));
         assert_eq!(s.totals, Totals { records: 6, denied: 3, warned: 3, groups: 3, ranks: 4, processes: 5, problems: 0 });
         assert_eq!(s.status(), 1);
+    }
+
+    #[test]
+    fn ranks_without_a_number_are_grouped_by_rank_root() {
+        let with_root = |ts: f64, pid: i64, root: Option<(i64, i64)>| {
+            let root = root.map_or("null".to_string(), |(p, t)| format!(r#"{{"pid":{p},"start":{t},"host":"h"}}"#));
+            rec(ts, "cuDeviceGet", "R2", "warn", None, pid).replace(r#""rank":null"#, &format!(r#""rank":null,"rank_root":{root}"#))
+        };
+        let mut a = Aggregator::new();
+        let lines = [
+            with_root(1.0, 21, Some((20, 5))), // the root's tree: two processes
+            with_root(2.0, 22, Some((20, 5))),
+            with_root(3.0, 31, Some((20, 9))), // pid 20 reused: another root
+            with_root(4.0, 40, None),
+            rec(5.0, "cuDeviceGet", "R2", "warn", Some(2), 50),
+        ]
+        .join("\n");
+        a.add_file("f", lines.as_bytes());
+        let s = a.finish();
+        let g = &s.groups[0];
+        let got: Vec<_> = g.ranks.iter().map(|r| (r.rank, r.rank_root.as_ref().map(|x| (x.pid, x.start)), r.count, r.processes)).collect();
+        assert_eq!(got, vec![(Some(2), None, 1, 1), (None, Some((20, 5)), 2, 2), (None, Some((20, 9)), 1, 1), (None, None, 1, 1)]);
+        assert_eq!(s.totals.ranks, 4);
+        assert_eq!(g.ranks[1].rank_root.as_ref().unwrap().label(), "h:20");
+        // a malformed root is a problem, not a crash
+        let mut a = Aggregator::new();
+        a.add_line("f", 1, br#"{"call":"x","verdict":"deny","rule":"R2","rank_root":{"pid":"1"}}"#, true);
+        a.add_line("f", 2, br#"{"call":"x","verdict":"deny","rule":"R2","rank_root":7}"#, true);
+        let s = a.finish();
+        assert_eq!(s.problems.len(), 2);
+        assert!(s.problems[0].why.contains("'rank_root'"), "{:?}", s.problems);
     }
 
     #[test]

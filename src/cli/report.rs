@@ -144,8 +144,17 @@ fn counts(count: usize, denied: usize, warned: usize) -> String {
     }
 }
 
-fn rank_label(r: Option<i64>) -> String {
-    r.map_or_else(|| "rank -".to_string(), |r| format!("rank {r}"))
+/// `N`, `root host:pid` (a rank with no number, named by its root) or `-`.
+fn rank_name(r: Option<i64>, root: Option<&audit::RootRef>) -> String {
+    match (r, root) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(root)) => format!("root {}", root.label()),
+        (None, None) => "-".to_string(),
+    }
+}
+
+fn rank_label(r: &RankStats) -> String {
+    format!("rank {}", rank_name(r.rank, r.rank_root.as_ref()))
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -210,7 +219,7 @@ fn text(s: &Summary, files: usize) -> String {
 }
 
 fn group_text(o: &mut String, g: &Group) {
-    let ranks: Vec<String> = g.ranks.iter().map(|r| r.rank.map_or("-".into(), |n| n.to_string())).collect();
+    let ranks: Vec<String> = g.ranks.iter().map(|r| rank_name(r.rank, r.rank_root.as_ref())).collect();
     let _ = writeln!(
         o,
         "  {}: {} in {} {}",
@@ -229,7 +238,7 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
     let _ = writeln!(
         o,
         "    {}: {} from {}",
-        rank_label(r.rank),
+        rank_label(r),
         counts(r.count, r.denied, r.warned),
         plural(r.processes, "process", "processes")
     );
@@ -263,7 +272,7 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
                 let _ = writeln!(
                     o,
                     "      exported by pid {pid} (rank {}) on {}{}",
-                    x.rank.map_or("-".to_string(), |r| r.to_string()),
+                    rank_name(x.rank, x.rank_root.as_ref()),
                     x.gpu.as_deref().unwrap_or("an unknown GPU"),
                     x.location.as_deref().map(|l| format!(" ({l} memory)")).unwrap_or_default()
                 );
@@ -325,10 +334,21 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
     ])
 }
 
+fn root_json(root: Option<&audit::RootRef>) -> Value {
+    root.map_or(Value::Null, |x| {
+        Value::Obj(vec![
+            ("pid", Value::Num(x.pid)),
+            ("start", Value::Num(x.start)),
+            ("host", Value::opt_str(x.host.clone())),
+        ])
+    })
+}
+
 fn rank_json(r: &RankStats) -> Value {
     let f = &r.first;
     Value::Obj(vec![
         ("rank", Value::opt_num(r.rank)),
+        ("rank_root", root_json(r.rank_root.as_ref())),
         ("count", Value::Num(r.count as i64)),
         ("denied", Value::Num(r.denied as i64)),
         ("warned", Value::Num(r.warned as i64)),
@@ -360,6 +380,7 @@ fn rank_json(r: &RankStats) -> Value {
                             ("job", Value::opt_str(x.job.clone())),
                             ("gpu", Value::opt_str(x.gpu.clone())),
                             ("location", Value::opt_str(x.location.clone())),
+                            ("rank_root", root_json(x.rank_root.as_ref())),
                         ])
                     }),
                 ),

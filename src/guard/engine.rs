@@ -185,6 +185,7 @@ pub struct Extra<'a> {
 pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>) {
     let e = &TABLE[id];
     let st = state::get();
+    let _ = rank_root::ensure(&st.config);
     let cvd_now = report::getenv(c"CUDA_VISIBLE_DEVICES");
     let gpu = state::owned_gpu();
     // The rank's GPU: the launcher's identity when there is one (a descendant that breaks
@@ -344,7 +345,7 @@ fn check_init(rc: CuResult) {
     }
     let own_uuid = own_uuid.as_str();
     // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
-    let by_root = rank_root::applies(cfg) && rank_root::establish().is_some();
+    let by_root = rank_root::ensure(cfg).is_some();
     let is_rank_gpu = match cfg.rank_gpu.as_deref() {
         Some(rank_entry) => Some(is_rank_gpu(rank_entry, cfg.rank_gpu_uuid.as_deref(), own_uuid, &vis)),
         None => rank_root::is_rank_gpu(own_uuid, &vis),

@@ -83,10 +83,22 @@ impl ProcView for ProcFsView {
     }
 }
 
-/// Find and keep this process's rank root (first `cuInit`, [`applies`] checked by the
-/// caller). Returns the ancestor root, or None when this process is its own root (or
-/// its identity could not be read).
-pub fn establish() -> Option<&'static Root> {
+/// This process's rank root, found on first use: at the first `cuInit`, or at a violation
+/// reported before it (a `cudaSetDevice(2)` denied before the runtime initialised). None
+/// when rank variables name the rank ([`applies`]) or the identity could not be read.
+/// Never called from [`super::engine::prefix`]: the walk may say a registry problem, whose
+/// line calls `prefix`, which reads [`current`] only.
+pub fn ensure(cfg: &Config) -> Option<&'static Root> {
+    if let Some(r) = ROOT.get() {
+        return Some(r);
+    }
+    if !applies(cfg) {
+        return None;
+    }
+    establish()
+}
+
+fn establish() -> Option<&'static Root> {
     let found = std::panic::catch_unwind(|| {
         let me = report::pid();
         let start = registry::own_start_time()?;
