@@ -23,7 +23,8 @@ Usage: rankguard report [--json] AUDIT...
 
 Summarise RANKGUARD_AUDIT files (JSON lines written by librankguard.so; give all ranks'
 files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, per
-rank, with counts and the first occurrence (time, host:pid, call and arguments, why).
+rank (a rank with no number by its rank root, host:pid), with counts and the first occurrence (time,
+host:pid, call and arguments, why).
 Unreadable files and torn or non-JSON lines are listed as problems and skipped.
 
   --json    a stable JSON document instead of text (format: docs/report.md)
