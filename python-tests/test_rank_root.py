@@ -217,3 +217,46 @@ def test_report_groups_processes_by_rank_root(tmp_path):
     t = run([CLI, "report", tmp_path / "audit.jsonl"], env=clean_env()).stdout
     assert f"rank root {HOST}:{res['learner_pid']}: 1 warned from 1 process" in t
     assert f"(rank root {HOST}:{res['learner_pid']})" in t        # the R3 exporter line
+
+
+# ------------------------------------------------------------------ rank records: trust
+
+SHELL_WAITS = ('echo "shell $$"; while [ ! -e "$W/go" ]; do sleep 0.02; done; '
+               'CUDA_VISIBLE_DEVICES=1 "$PY" -c "from cuda.bindings import driver as d; d.cuInit(0)"; exit $?')
+
+
+def _record(pid: int, start: int, gpu: str) -> str:
+    return (f"rankguard-ipc-record 1\nkey rank-{pid}\njob -\nrank -\npid {pid}\nstart {start}\n"
+            f"gpu {gpu}\nlocation device\ntime 1\nroot {pid}.{start}\nend\n")
+
+
+@pytest.mark.parametrize("honest", [True, False])
+def test_a_rank_record_makes_its_writer_a_root_only_with_its_start_time(tmp_path, honest):
+    """A guarded shell with no CVD is not a rank by its environment; a rank record for it
+    (what a process that set its CVD in-process writes at cuInit, as Ray's worker does) makes
+    it one, and its child on GPU 1 is stopped. The same record naming another start time
+    (the pid of an exited process, reused) is not trusted: the child is its own root."""
+    (tmp_path / "w").mkdir()
+    e = env_for(tmp_path, None, W=str(tmp_path / "w"), PY=PYTHON)
+    p = subprocess.Popen(["bash", "-c", SHELL_WAITS], env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        pid = int(p.stdout.readline().split()[1])
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        start = int(stat[stat.rfind(")") + 2:].split()[19])
+        rec = tmp_path / "registry" / f"rank-{pid}"
+        rec.write_text(_record(pid, start if honest else start + 1, gpu_uuid(0)))
+        rec.chmod(0o600)
+        (tmp_path / "w" / "go").write_text("")
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    if honest:
+        assert p.returncode == 78, err
+        (r,) = audit(tmp_path)
+        assert r["rank_root"] == {"pid": pid, "start": start, "host": HOST}
+        assert r["rank_gpu"] == gpu_uuid(0)
+    else:
+        assert p.returncode == 0, err
+        assert audit(tmp_path) == []
+        assert not rec.exists(), "the untrusted record was removed"

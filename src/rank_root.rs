@@ -174,11 +174,11 @@ pub struct Ancestor {
 /// Walk the ancestors of `me` (whose own stat is read through `view` too) for the outermost
 /// one that is a rank; None when there is none (then `me` is its own root).
 pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
+    // One stat read per process: a parent's stat is the next step's child's.
     let mut child = me;
-    let mut child_start = view.stat(me)?.start;
+    let mut st = view.stat(me)?;
     let mut best = None;
     for _ in 0..MAX_DEPTH {
-        let Some(st) = view.stat(child) else { break };
         let ppid = st.ppid;
         if ppid == 0 || ppid == child {
             break;
@@ -186,7 +186,7 @@ pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
         let Some(pst) = view.stat(ppid) else { break };
         // A parent starts before its child: a later start means the parent exited and its
         // pid belongs to someone else now.
-        if pst.start > child_start {
+        if pst.start > st.start {
             break;
         }
         if view.uid(ppid) != Some(uid) {
@@ -208,7 +208,7 @@ pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
             }
         }
         child = ppid;
-        child_start = pst.start;
+        st = pst;
     }
     best
 }
