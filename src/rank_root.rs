@@ -53,9 +53,18 @@ impl RootId {
     /// Parse `<pid>.<start>` (plain decimals, pid 1..2^22).
     pub fn parse(s: &str) -> Option<RootId> {
         let (p, t) = s.split_once('.')?;
-        let dec = |x: &str| (!x.is_empty() && x.len() <= 20 && x.bytes().all(|b| b.is_ascii_digit())).then(|| x.parse::<u64>().ok()).flatten();
-        let pid = u32::try_from(dec(p)?).ok().filter(|p| (1..=1 << 22).contains(p))?;
-        Some(RootId { pid, start: dec(t)? })
+        let dec = |x: &str| {
+            (!x.is_empty() && x.len() <= 20 && x.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| x.parse::<u64>().ok())
+                .flatten()
+        };
+        let pid = u32::try_from(dec(p)?)
+            .ok()
+            .filter(|p| (1..=1 << 22).contains(p))?;
+        Some(RootId {
+            pid,
+            start: dec(t)?,
+        })
     }
 }
 
@@ -112,9 +121,11 @@ pub fn scan_environ(bytes: &[u8]) -> EnvFacts {
 /// ld.so splits them) whose file name starts with `librankguard` (the checkout's
 /// `librankguard.so`, or the copy `rankguard lib` writes to its cache).
 pub fn preloads_guard(value: &str) -> bool {
-    value
-        .split([':', ' ', '\t'])
-        .any(|e| e.rsplit('/').next().is_some_and(|name| name.starts_with("librankguard")))
+    value.split([':', ' ', '\t']).any(|e| {
+        e.rsplit('/')
+            .next()
+            .is_some_and(|name| name.starts_with("librankguard"))
+    })
 }
 
 /// The single entry of a CVD value, or None (unset, empty, several entries).
@@ -192,17 +203,31 @@ pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
         if view.uid(ppid) != Some(uid) {
             break;
         }
-        let id = RootId { pid: ppid, start: pst.start };
+        let id = RootId {
+            pid: ppid,
+            start: pst.start,
+        };
         if let Some(rec) = view.record(id) {
-            best = Some(Ancestor { root: rec.root, gpu: RankGpu::Uuid(rec.gpu), by_record: true });
+            best = Some(Ancestor {
+                root: rec.root,
+                gpu: RankGpu::Uuid(rec.gpu),
+                by_record: true,
+            });
         } else if let Some(env) = view.environ(ppid) {
             if env.guarded {
                 if let Some(entry) = single_entry(env.cvd.as_deref()) {
                     // A process below already recorded this root with the GPU's UUID (the
                     // root itself never initialised CUDA, e.g. a `timeout` wrapper): keep
                     // the resolved identity.
-                    if !best.as_ref().is_some_and(|b: &Ancestor| b.by_record && b.root == id) {
-                        best = Some(Ancestor { root: id, gpu: RankGpu::Entry(entry), by_record: false });
+                    if !best
+                        .as_ref()
+                        .is_some_and(|b: &Ancestor| b.by_record && b.root == id)
+                    {
+                        best = Some(Ancestor {
+                            root: id,
+                            gpu: RankGpu::Entry(entry),
+                            by_record: false,
+                        });
                     }
                 }
             }
@@ -264,7 +289,13 @@ mod tests {
         f.add(30, 20, 300, Some(("1", true))) // a collector re-pointed to GPU 1
             .add(40, 30, 400, Some(("1", true))); // its child
         let a = find(40, 0, &mut f).unwrap();
-        assert_eq!(a.root, RootId { pid: 20, start: 200 });
+        assert_eq!(
+            a.root,
+            RootId {
+                pid: 20,
+                start: 200
+            }
+        );
         assert_eq!(a.gpu, RankGpu::Entry("0".into()));
         assert!(!a.by_record);
         // the learner itself has no rank ancestor: it is its own root
@@ -275,14 +306,18 @@ mod tests {
     fn shells_supervisors_and_unguarded_processes_are_not_ranks() {
         let mut f = node();
         // a guarded shell with no CVD starting two programs: two ranks
-        f.add(50, 10, 500, Some(("", true))).add(51, 50, 510, Some(("0", true))).add(52, 50, 520, Some(("1", true)));
+        f.add(50, 10, 500, Some(("", true)))
+            .add(51, 50, 510, Some(("0", true)))
+            .add(52, 50, 520, Some(("1", true)));
         assert_eq!(find(51, 0, &mut f), None);
         assert_eq!(find(52, 0, &mut f), None);
         // a supervisor with several GPUs starting workers on 3 and 4
-        f.add(60, 10, 600, Some(("3,4", true))).add(61, 60, 610, Some(("3", true)));
+        f.add(60, 10, 600, Some(("3,4", true)))
+            .add(61, 60, 610, Some(("3", true)));
         assert_eq!(find(61, 0, &mut f), None);
         // an unguarded process with one GPU is outside the contract, but the walk passes it
-        f.add(70, 20, 700, Some(("5", false))).add(71, 70, 710, Some(("5", true)));
+        f.add(70, 20, 700, Some(("5", false)))
+            .add(71, 70, 710, Some(("5", true)));
         assert_eq!(find(71, 0, &mut f).unwrap().root.pid, 20);
         // unreadable environment: not a rank
         f.add(80, 10, 800, None).add(81, 80, 810, Some(("1", true)));
@@ -293,22 +328,58 @@ mod tests {
     fn a_record_names_a_root_the_environment_cannot_show() {
         // Ray: raylet (no CVD) -> worker (CVD set in-process, recorded at cuInit) -> child
         let mut f = node();
-        f.add(90, 10, 900, Some(("", false))).add(91, 90, 910, Some(("", true))).add(92, 91, 920, Some(("5", true)));
+        f.add(90, 10, 900, Some(("", false)))
+            .add(91, 90, 910, Some(("", true)))
+            .add(92, 91, 920, Some(("5", true)));
         assert_eq!(find(92, 0, &mut f), None);
-        let w = RootId { pid: 91, start: 910 };
-        f.records.insert(w, RankRecord { root: w, gpu: "GPU-12".into() });
+        let w = RootId {
+            pid: 91,
+            start: 910,
+        };
+        f.records.insert(
+            w,
+            RankRecord {
+                root: w,
+                gpu: "GPU-12".into(),
+            },
+        );
         let a = find(92, 0, &mut f).unwrap();
-        assert_eq!((a.root, a.gpu, a.by_record), (w, RankGpu::Uuid("GPU-12".into()), true));
+        assert_eq!(
+            (a.root, a.gpu, a.by_record),
+            (w, RankGpu::Uuid("GPU-12".into()), true)
+        );
         // a wrapper root that never initialised CUDA (timeout, numactl): the UUID a process
         // below it recorded for the same root is kept over the wrapper's index entry
-        let (wrap, learner) = (RootId { pid: 20, start: 200 }, RootId { pid: 30, start: 300 });
-        f.add(30, 20, 300, Some(("0", true))).add(31, 30, 310, Some(("1", true)));
-        f.records.insert(learner, RankRecord { root: wrap, gpu: "GPU-10".into() });
+        let (wrap, learner) = (
+            RootId {
+                pid: 20,
+                start: 200,
+            },
+            RootId {
+                pid: 30,
+                start: 300,
+            },
+        );
+        f.add(30, 20, 300, Some(("0", true)))
+            .add(31, 30, 310, Some(("1", true)));
+        f.records.insert(
+            learner,
+            RankRecord {
+                root: wrap,
+                gpu: "GPU-10".into(),
+            },
+        );
         let a = find(31, 0, &mut f).unwrap();
         assert_eq!((a.root, a.gpu), (wrap, RankGpu::Uuid("GPU-10".into())));
         // a record naming a root above it (that root exited, the walk cannot reach it)
         let gone = RootId { pid: 5, start: 50 };
-        f.records.insert(w, RankRecord { root: gone, gpu: "GPU-12".into() });
+        f.records.insert(
+            w,
+            RankRecord {
+                root: gone,
+                gpu: "GPU-12".into(),
+            },
+        );
         assert_eq!(find(92, 0, &mut f).unwrap().root, gone);
     }
 
@@ -328,7 +399,8 @@ mod tests {
         f.add(7, 7, 1, Some(("0", true)));
         assert_eq!(find(7, 0, &mut f), None);
         let mut f = Fake::default();
-        f.add(7, 8, 1, Some(("0", true))).add(8, 7, 1, Some(("0", true)));
+        f.add(7, 8, 1, Some(("0", true)))
+            .add(8, 7, 1, Some(("0", true)));
         assert!(find(7, 0, &mut f).is_some());
         // a process that vanished: no root
         assert_eq!(find(12345, 0, &mut Fake::default()), None);
@@ -337,11 +409,29 @@ mod tests {
     #[test]
     fn stat_environ_and_preload_parsing() {
         let s = "4242 (a b) c)) S 17 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 987654 1 2";
-        assert_eq!(parse_stat(s), Some(Stat { ppid: 17, start: 987654 }));
+        assert_eq!(
+            parse_stat(s),
+            Some(Stat {
+                ppid: 17,
+                start: 987654
+            })
+        );
         assert_eq!(parse_stat("1 (x) S"), None);
         let env = b"A=1\0LD_PRELOAD=/x/libfoo.so:/opt/rg/librankguard.so\0CUDA_VISIBLE_DEVICES=GPU-12\0CUDA_VISIBLE_DEVICES=3\0";
-        assert_eq!(scan_environ(env), EnvFacts { cvd: Some("GPU-12".into()), guarded: true });
-        assert_eq!(scan_environ(b"LD_PRELOAD=libfoo.so librankguard-1.so\0"), EnvFacts { cvd: None, guarded: true });
+        assert_eq!(
+            scan_environ(env),
+            EnvFacts {
+                cvd: Some("GPU-12".into()),
+                guarded: true
+            }
+        );
+        assert_eq!(
+            scan_environ(b"LD_PRELOAD=libfoo.so librankguard-1.so\0"),
+            EnvFacts {
+                cvd: None,
+                guarded: true
+            }
+        );
         assert!(!preloads_guard("/x/notlibrankguard.so"));
         assert!(!scan_environ(b"XLD_PRELOAD=librankguard.so\0").guarded);
         assert_eq!(single_entry(Some(" 2 ")), Some("2".into()));
@@ -349,7 +439,13 @@ mod tests {
         assert_eq!(single_entry(Some("")), None);
         assert_eq!(single_entry(None), None);
         assert_eq!(single_entry(Some("+3")), Some("3".into()));
-        assert_eq!(RootId::parse("4242.987654"), Some(RootId { pid: 4242, start: 987654 }));
+        assert_eq!(
+            RootId::parse("4242.987654"),
+            Some(RootId {
+                pid: 4242,
+                start: 987654
+            })
+        );
         for bad in ["", "1", "0.5", "x.1", "1.-2", "1.2.3", "99999999.1"] {
             assert_eq!(RootId::parse(bad), None, "{bad}");
         }

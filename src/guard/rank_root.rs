@@ -66,14 +66,21 @@ impl ProcView for ProcFsView {
     }
     fn environ(&mut self, pid: u32) -> Option<EnvFacts> {
         let mut buf = Vec::new();
-        File::open(format!("/proc/{pid}/environ")).ok()?.take(MAX_ENVIRON).read_to_end(&mut buf).ok()?;
+        File::open(format!("/proc/{pid}/environ"))
+            .ok()?
+            .take(MAX_ENVIRON)
+            .read_to_end(&mut buf)
+            .ok()?;
         Some(rank_root::scan_environ(&buf))
     }
     fn record(&mut self, id: RootId) -> Option<RankRecord> {
         let reg = self.reg.get_or_insert_with(ipc::open_registry).as_ref()?;
         match reg.lookup(&Key::rank(id.pid), &ProcFs) {
             // lookup checked that pid `id.pid` is alive, ours, and started at rec.start
-            Lookup::Found(rec) if rec.start == id.start => Some(RankRecord { root: rec.root?, gpu: rec.gpu? }),
+            Lookup::Found(rec) if rec.start == id.start => Some(RankRecord {
+                root: rec.root?,
+                gpu: rec.gpu?,
+            }),
             Lookup::Found(_) | Lookup::Missing => None,
             Lookup::Skipped(skip) => {
                 tracing::debug!(pid = id.pid, "rank record not trusted: {skip}");
@@ -108,8 +115,16 @@ fn establish() -> Option<&'static Root> {
         let mut host = [0u8; 64];
         let host = report::hostname(&mut host).to_string();
         Some(match ancestor {
-            Some(Ancestor { root, gpu, .. }) => Root { id: root, host, gpu: Some(gpu) },
-            None => Root { id: RootId { pid: me, start }, host, gpu: None },
+            Some(Ancestor { root, gpu, .. }) => Root {
+                id: root,
+                host,
+                gpu: Some(gpu),
+            },
+            None => Root {
+                id: RootId { pid: me, start },
+                host,
+                gpu: None,
+            },
         })
     });
     match found {
@@ -156,7 +171,9 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
             start: registry::own_start_time()?,
             gpu: Some(gpu),
             location: Location::Device,
-            time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             root: Some(root.id),
         };
         match reg.write(&rec, &ProcFs) {
@@ -169,17 +186,29 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
 
 /// `,"rank_root":{"pid":P,"start":S,"host":"H"}` (or `null`) for an audit record.
 pub fn write_json<W: Write>(j: &mut W, root: Option<&Root>) -> fmt::Result {
-    let Some(r) = root else { return j.write_str(",\"rank_root\":null") };
-    write!(j, ",\"rank_root\":{{\"pid\":{},\"start\":{},\"host\":", r.id.pid, r.id.start)?;
+    let Some(r) = root else {
+        return j.write_str(",\"rank_root\":null");
+    };
+    write!(
+        j,
+        ",\"rank_root\":{{\"pid\":{},\"start\":{},\"host\":",
+        r.id.pid, r.id.start
+    )?;
     json_str(j, &r.host, 64)?;
     j.write_char('}')
 }
 
 /// `,"exporter_rank_root":{...}` for an R3 record: the exporter's root (same host).
 pub fn write_exporter_json<W: Write>(j: &mut W, root: Option<RootId>) -> fmt::Result {
-    let Some(id) = root else { return j.write_str(",\"exporter_rank_root\":null") };
+    let Some(id) = root else {
+        return j.write_str(",\"exporter_rank_root\":null");
+    };
     let mut host = [0u8; 64];
-    write!(j, ",\"exporter_rank_root\":{{\"pid\":{},\"start\":{},\"host\":", id.pid, id.start)?;
+    write!(
+        j,
+        ",\"exporter_rank_root\":{{\"pid\":{},\"start\":{},\"host\":",
+        id.pid, id.start
+    )?;
     json_str(j, report::hostname(&mut host), 64)?;
     j.write_char('}')
 }
