@@ -189,18 +189,24 @@ def test_rank_variables_win_over_the_root(tmp_path):
     assert not list((tmp_path / "registry").glob("rank-*")), "no rank records under RANK"
 
 
-def test_launcher_wins_over_the_root(tmp_path):
-    """Under `rankguard run --device 0` the launcher's rank GPU decides, as before."""
+@pytest.mark.parametrize("launcher,rules,rank", [
+    (["run", "--device", "0"], ["R1"], None),                 # names the rank GPU, no RANK
+    (["launch", "--nproc-per-node", "1"], ["R1", "R3"], 0),   # RANK=0 too: R3 by rank
+])
+def test_launcher_wins_over_the_root(tmp_path, launcher, rules, rank):
+    """Under `rankguard run`/`launch` the launcher's rank GPU and RANK decide, as before:
+    no root is looked for, no rank record written."""
     work = tmp_path / "work"
     work.mkdir()
     e = env_for(tmp_path, None, "warn")
-    p = run([CLI, "run", "--device", "0", "--", PYTHON, PROG, "learner", work, "1", "subprocess", "after"],
+    p = run([CLI, *launcher, "--", PYTHON, PROG, "learner", work, "1", "subprocess", "after"],
             env=e, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     recs = audit(tmp_path)
-    assert sorted(r["rule"] for r in recs) == ["R1"], recs       # rankguard run names no RANK
-    assert all(r["rank_root"] is None for r in recs)
+    assert sorted(r["rule"] for r in recs) == rules, recs
+    assert all(r["rank_root"] is None and r["rank"] == rank for r in recs)
     assert recs[0]["rank_gpu"] == "0"
+    assert not list((tmp_path / "registry").glob("rank-*"))
 
 
 # ------------------------------------------------------------------ report
