@@ -266,3 +266,28 @@ def test_a_rank_record_makes_its_writer_a_root_only_with_its_start_time(tmp_path
         assert p.returncode == 0, err
         assert audit(tmp_path) == []
         assert not rec.exists(), "the untrusted record was removed"
+
+
+FORK_AFTER_REPORT = """
+import os, sys
+from cuda.bindings import driver as d
+assert int(d.cuDeviceGet(1)[0]) == 101          # reported before cuInit: the root is found here
+pid = os.fork()
+if pid == 0:                                    # a forked collector re-pointed to GPU 1
+    os.environ["CUDA_VISIBLE_DEVICES"] = "1"
+    d.cuInit(0)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), "parent", os.getpid())
+"""
+
+
+def test_a_forked_child_finds_its_own_root(tmp_path):
+    """The parent found its root (itself) at a report before cuInit; its forked child
+    inherits that value but must not take "I am the root" from it: it is stopped by R1."""
+    p = run([PYTHON, "-c", FORK_AFTER_REPORT], env=env_for(tmp_path, "0"), timeout=60)
+    assert p.returncode == 0, p.stderr
+    words = p.stdout.split()
+    assert words[:2] == ["child", "78"], p.stdout + p.stderr
+    r1 = [r for r in audit(tmp_path) if r["rule"] == "R1"]
+    assert len(r1) == 1 and r1[0]["rank_root"]["pid"] == int(words[3])

@@ -6,14 +6,19 @@
 //! (and reads a set value afterwards). A process that never initialises CUDA never walks.
 //! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
 //! `PMI_RANK` or `RANKGUARD_RANK_GPU` set, nothing here runs and the root stays unset.
-#![deny(unsafe_code)]
+//!
+//! Fork: the root is kept with the pid that found it. A forked child inherits its parent's
+//! value and its lines keep naming it (the child is in that tree), but the child's own R1
+//! check walks again: "no root GPU, this process is the root" is the parent's fact, not
+//! the child's. No lock is involved: the value is a leaked box behind an atomic pointer.
 
 use std::fmt::{self, Write};
 use std::fs::{self, File};
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 
-use once_cell::sync::OnceCell;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::config::Config;
 use crate::cvd::Visibility;
@@ -34,17 +39,28 @@ pub struct Root {
     /// The rank GPU as the root's evidence names it; None when this process is the root
     /// (its own GPU is the rank's).
     pub gpu: Option<RankGpu>,
+    /// The process that found it.
+    by: u32,
 }
 
-static ROOT: OnceCell<Root> = OnceCell::new();
+/// A `Box<Root>` leaked on purpose (once per process that walks), or null.
+static ROOT: AtomicPtr<Root> = AtomicPtr::new(ptr::null_mut());
 
-/// The rank root, once the R1 check established it.
+/// The rank root, once found here or in the parent this process was forked from.
 pub fn current() -> Option<&'static Root> {
-    ROOT.get()
+    let p = ROOT.load(Ordering::Acquire);
+    // SAFETY: a non-null ROOT comes from Box::leak in `establish` and is never freed or
+    // written through, so it is a valid &'static Root.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The rank root this process found itself (not one inherited across fork).
+fn mine() -> Option<&'static Root> {
+    current().filter(|r| r.by == report::pid())
 }
 
 pub fn id() -> Option<RootId> {
-    ROOT.get().map(|r| r.id)
+    current().map(|r| r.id)
 }
 
 /// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU.
@@ -96,7 +112,7 @@ impl ProcView for ProcFsView {
 /// Never called from [`super::engine::prefix`]: the walk may say a registry problem, whose
 /// line calls `prefix`, which reads [`current`] only.
 pub fn ensure(cfg: &Config) -> Option<&'static Root> {
-    if let Some(r) = ROOT.get() {
+    if let Some(r) = mine() {
         return Some(r);
     }
     if !applies(cfg) {
@@ -119,27 +135,34 @@ fn establish() -> Option<&'static Root> {
                 id: root,
                 host,
                 gpu: Some(gpu),
+                by: me,
             },
             None => Root {
                 id: RootId { pid: me, start },
                 host,
                 gpu: None,
+                by: me,
             },
         })
     });
-    match found {
-        Ok(Some(r)) => {
-            let _ = ROOT.set(r);
-            ROOT.get()
-        }
-        _ => None,
+    let Ok(Some(r)) = found else { return None };
+    let old = ROOT.load(Ordering::Acquire);
+    if let Some(first) = mine() {
+        return Some(first); // another thread of this process found it meanwhile
+    }
+    let new: &'static mut Root = Box::leak(Box::new(r));
+    match ROOT.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(new),
+        // Lost a race with another thread of this process (its value is kept; this box
+        // stays leaked, at most once per racing thread).
+        Err(_) => mine(),
     }
 }
 
 /// Whether the one GPU this process sees is the rank root's (None: this process is the
 /// root, or there is no root).
 pub fn is_rank_gpu(own_uuid: &str, vis: &Visibility) -> Option<bool> {
-    let gpu = ROOT.get()?.gpu.as_ref()?;
+    let gpu = mine()?.gpu.as_ref()?;
     Some(match gpu {
         RankGpu::Uuid(u) => super::engine::is_rank_gpu(u, Some(u), own_uuid, vis),
         RankGpu::Entry(e) => super::engine::is_rank_gpu(e, None, own_uuid, vis),
@@ -148,14 +171,14 @@ pub fn is_rank_gpu(own_uuid: &str, vis: &Visibility) -> Option<bool> {
 
 /// The rank GPU for reports: the root's, when it is an ancestor.
 pub fn rank_gpu() -> Option<&'static str> {
-    ROOT.get()?.gpu.as_ref().map(RankGpu::text)
+    current()?.gpu.as_ref().map(RankGpu::text)
 }
 
 /// Leave this process's rank record for its descendants: its root and the rank GPU's UUID
 /// (`own_uuid` when this process sees the rank's GPU, else the root's recorded one).
 /// Problems with the registry are said once (`guard/ipc.rs`); never fails the caller.
 pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
-    let Some(root) = ROOT.get() else { return };
+    let Some(root) = mine() else { return };
     let gpu = match (&root.gpu, sees_rank_gpu) {
         (_, true) if !own_uuid.is_empty() => own_uuid.to_string(),
         (Some(RankGpu::Uuid(u)), _) => u.clone(),
