@@ -240,12 +240,12 @@ pub(crate) fn open_registry() -> Option<Registry> {
     }
 }
 
-/// A record could not be written (said once per process; rank records too).
-pub(crate) fn said_write_problem(dir: &std::path::Path, problem: &registry::WriteProblem) {
+/// A record could not be written (said once per process). `consequence`: what is lost.
+pub(crate) fn said_write_problem(dir: &std::path::Path, problem: &registry::WriteProblem, consequence: &str) {
     say_once(
         &SAID_WRITE,
         format_args!(
-            "IPC provenance registry {:?} {problem}: exports of this process are not recorded, so importers will see unknown provenance. Fix: free space in (or make writable) that directory, or set RANKGUARD_REGISTRY to another one",
+            "IPC provenance registry {:?} {problem}: {consequence}. Fix: free space in (or make writable) that directory, or set RANKGUARD_REGISTRY to another one",
             dir.display().to_string()
         ),
     );
@@ -294,7 +294,11 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
         };
         match reg.write(&rec, &ProcFs) {
             Ok(()) => tracing::debug!(key = %rec.key.short(), gpu = ?rec.gpu, location = rec.location.as_str(), "recorded IPC export"),
-            Err(problem) => said_write_problem(reg.dir(), &problem),
+            Err(problem) => said_write_problem(
+                reg.dir(),
+                &problem,
+                "exports of this process are not recorded, so importers will see unknown provenance",
+            ),
         }
         Some(())
     });

@@ -201,7 +201,11 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
         };
         match reg.write(&rec, &ProcFs) {
             Ok(()) => tracing::debug!(root = %root.id, "recorded this process's rank"),
-            Err(problem) => ipc::said_write_problem(reg.dir(), &problem),
+            Err(problem) => ipc::said_write_problem(
+                reg.dir(),
+                &problem,
+                "this process's rank is not recorded, so a process it starts cannot name it as its rank root unless its environment does",
+            ),
         }
         Some(())
     });
