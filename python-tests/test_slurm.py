@@ -23,7 +23,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 
@@ -89,8 +88,7 @@ class Cluster:
         return run(list(args), env=env or self.env(), timeout=timeout, cwd=self.tmp, **kw)
 
     def srun(self, *args, env=None, timeout=60) -> subprocess.CompletedProcess:
-        p = self.cmd("srun", *args, env=env, timeout=timeout)
-        return p
+        return self.cmd("srun", *args, env=env, timeout=timeout)
 
     def write_config(self):
         t = self.tmp
@@ -269,6 +267,7 @@ def test_gpus_per_node_recipe_narrowed_by_local_id(slurm):
         assert slurm_cvds == ["2,3,4,5"] * 4, slurm_cvds
         p = slurm.srun(*opts, CLI, "run", "--narrow-by", "SLURM_LOCALID", "--", PYTHON, CHILD)
         # ... and with --gpus-per-task 1 added, one each: the same recipe keeps it.
+        assert probe(slurm, *opts, "--gpus-per-task", "1") == ["2", "3", "4", "5"]
         q = slurm.srun(*opts, "--gpus-per-task", "1", CLI, "run", "--narrow-by", "SLURM_LOCALID", "--", PYTHON, CHILD)
     assert p.returncode == 0, p.stdout + p.stderr
     check_ranks(tasks(p.stdout), ["2", "3", "4", "5"])
