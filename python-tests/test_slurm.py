@@ -16,6 +16,7 @@ open files or environment) killed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pathlib
@@ -72,6 +73,13 @@ def _ours(tmp: pathlib.Path, keep=()) -> list[tuple[int, str]]:
         except OSError:  # gone meanwhile, or a kernel thread
             continue
     return found
+
+
+def _die_with_parent():
+    """PR_SET_PDEATHSIG(SIGKILL): a daemon must not outlive a killed test run."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
 class Cluster:
@@ -136,10 +144,11 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         (t / "etc" / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File={t}/dev/nvidia[0-{GPUS - 1}]\n")
 
     def start(self, *argv):
+        """A daemon in the foreground, in its own session, killed if pytest itself dies."""
         log = open(self.tmp / "log" / f"{pathlib.Path(argv[0]).name}.out", "w")
         self.daemons.append(subprocess.Popen([str(a) for a in argv], env=self.env(), cwd=self.tmp, stdout=log,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True))
+                                             start_new_session=True, preexec_fn=_die_with_parent))
         log.close()
 
     def logs(self) -> str:
@@ -298,8 +307,8 @@ def test_legacy_task_is_refused_in_enforce_and_recorded_in_warn(slurm):
     p, audit = _legacy(slurm, "enforce")
     assert _codes(p) == {0: "0", 1: "101", 2: "101", 3: "101"}, p.stdout
     for r in (1, 2, 3):
-        assert any(f"[rank {r}] RANKGUARD WARN cuDeviceGet(ordinal={r}) denied [R2" in l for l in p.stderr.splitlines()), \
-            p.stderr
+        line = next((l for l in p.stderr.splitlines() if f"[rank {r}] RANKGUARD WARN cuDeviceGet(" in l), "")
+        assert f"ordinal={r}" in line and "denied" in line and "R2" in line, p.stderr
     p, audit = _legacy(slurm, "warn")
     # Passed through: the driver itself answers for the one GPU the task sees.
     assert _codes(p) == {0: "0", 1: "101", 2: "101", 3: "101"}, p.stdout
