@@ -20,7 +20,11 @@ pub const VAR: &str = "RANKGUARD_JOB";
 /// The job id from an environment lookup (`std::env::var`-like; None = unset), or None when
 /// no launcher or engine names one.
 pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Option<String> {
-    let get = |k: &str| get(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let get = |k: &str| {
+        get(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     if let Some(j) = get(VAR) {
         return Some(j);
     }
@@ -45,24 +49,53 @@ mod tests {
     use super::*;
 
     fn job(vars: &[(&str, &str)]) -> Option<String> {
-        from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+        from_lookup(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
     }
 
     #[test]
     fn the_launcher_id_wins_then_each_engine_in_order() {
-        assert_eq!(job(&[("RANKGUARD_JOB", "j1"), ("SLURM_JOB_ID", "7")]).as_deref(), Some("j1"));
-        assert_eq!(job(&[("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")]).as_deref(), Some("slurm:77.0"));
-        assert_eq!(job(&[("SLURM_JOB_ID", "77")]).as_deref(), Some("slurm:77.-"));
-        assert_eq!(job(&[("TORCHELASTIC_RUN_ID", "r"), ("SLURM_JOB_ID", "7")]).as_deref(), Some("torchelastic:r"));
-        assert_eq!(job(&[("PMIX_NAMESPACE", "ns"), ("OMPI_MCA_ess_base_jobid", "9")]).as_deref(), Some("pmix:ns"));
-        assert_eq!(job(&[("OMPI_MCA_ess_base_jobid", "9")]).as_deref(), Some("ompi:9"));
+        assert_eq!(
+            job(&[("RANKGUARD_JOB", "j1"), ("SLURM_JOB_ID", "7")]).as_deref(),
+            Some("j1")
+        );
+        assert_eq!(
+            job(&[("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")]).as_deref(),
+            Some("slurm:77.0")
+        );
+        assert_eq!(
+            job(&[("SLURM_JOB_ID", "77")]).as_deref(),
+            Some("slurm:77.-")
+        );
+        assert_eq!(
+            job(&[("TORCHELASTIC_RUN_ID", "r"), ("SLURM_JOB_ID", "7")]).as_deref(),
+            Some("torchelastic:r")
+        );
+        assert_eq!(
+            job(&[("PMIX_NAMESPACE", "ns"), ("OMPI_MCA_ess_base_jobid", "9")]).as_deref(),
+            Some("pmix:ns")
+        );
+        assert_eq!(
+            job(&[("OMPI_MCA_ess_base_jobid", "9")]).as_deref(),
+            Some("ompi:9")
+        );
         assert_eq!(job(&[]), None);
     }
 
     #[test]
     fn blank_values_are_unset_and_values_are_trimmed() {
-        assert_eq!(job(&[("RANKGUARD_JOB", " "), ("SLURM_JOB_ID", " 5 "), ("SLURM_STEP_ID", "")]).as_deref(),
-                   Some("slurm:5.-"));
+        assert_eq!(
+            job(&[
+                ("RANKGUARD_JOB", " "),
+                ("SLURM_JOB_ID", " 5 "),
+                ("SLURM_STEP_ID", "")
+            ])
+            .as_deref(),
+            Some("slurm:5.-")
+        );
         assert_eq!(job(&[("RANKGUARD_JOB", " j ")]).as_deref(), Some("j"));
     }
 }

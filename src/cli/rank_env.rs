@@ -59,7 +59,10 @@ impl Launch {
             ("MASTER_PORT", s(self.master_port.to_string())),
             // Removed when the driver could not be asked: an inherited UUID of another GPU
             // must not become this rank's identity.
-            (env::RANK_GPU_UUID, r.device.uuid.clone().map(OsString::from)),
+            (
+                env::RANK_GPU_UUID,
+                r.device.uuid.clone().map(OsString::from),
+            ),
         ];
         if let (Some(c), false) = (&r.cpus, self.user_omp) {
             out.push(("OMP_NUM_THREADS", s(c.len().to_string())));
@@ -74,7 +77,11 @@ fn free_port() -> Result<u16> {
     TcpListener::bind(("0.0.0.0", 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| Error::usage(format!("cannot find a free port for MASTER_PORT: {e}; pass --master-port")))
+        .map_err(|e| {
+            Error::usage(format!(
+                "cannot find a free port for MASTER_PORT: {e}; pass --master-port"
+            ))
+        })
 }
 
 #[cfg(test)]
@@ -85,9 +92,16 @@ mod tests {
     use crate::plan::{CpuPolicy, Device, HostView, Source};
 
     fn plan_of(uuid: Option<&str>, cpus: Option<&str>) -> Plan {
-        let device = Device { entry: Entry::Index(5), uuid: uuid.map(String::from), bus_id: None };
+        let device = Device {
+            entry: Entry::Index(5),
+            uuid: uuid.map(String::from),
+            bus_id: None,
+        };
         Plan {
-            host: HostView { source: Source::Driver, devices: vec![device.clone()] },
+            host: HostView {
+                source: Source::Driver,
+                devices: vec![device.clone()],
+            },
             nproc: 1,
             nnodes: 2,
             node_rank: 1,
@@ -117,18 +131,30 @@ mod tests {
     }
 
     fn get<'a>(env: &'a [(&'static str, Option<OsString>)], k: &str) -> Option<Option<&'a str>> {
-        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_ref().map(|v| v.to_str().unwrap()))
+        env.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.as_ref().map(|v| v.to_str().unwrap()))
     }
 
     #[test]
     fn a_rank_gets_its_entry_identity_guard_and_torchrun_variables() {
         let p = plan_of(Some("GPU-15"), Some("2-3"));
         let env = launch(false).rank_env(&p, &p.ranks[0]);
-        for (k, v) in [("CUDA_VISIBLE_DEVICES", "5"), ("RANKGUARD_RANK_GPU", "5"), ("RANKGUARD_JOB", "j"),
-                       ("LD_PRELOAD", "/g/librankguard.so:a.so"), ("RANK", "1"), ("LOCAL_RANK", "0"),
-                       ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "1"), ("GROUP_RANK", "1"),
-                       ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500"), ("RANKGUARD_RANK_GPU_UUID", "GPU-15"),
-                       ("OMP_NUM_THREADS", "2")] {
+        for (k, v) in [
+            ("CUDA_VISIBLE_DEVICES", "5"),
+            ("RANKGUARD_RANK_GPU", "5"),
+            ("RANKGUARD_JOB", "j"),
+            ("LD_PRELOAD", "/g/librankguard.so:a.so"),
+            ("RANK", "1"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "1"),
+            ("GROUP_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("RANKGUARD_RANK_GPU_UUID", "GPU-15"),
+            ("OMP_NUM_THREADS", "2"),
+        ] {
             assert_eq!(get(&env, k), Some(Some(v)), "{k}");
         }
     }
@@ -140,6 +166,9 @@ mod tests {
         assert_eq!(get(&env, "RANKGUARD_RANK_GPU_UUID"), Some(None));
         assert_eq!(get(&env, "OMP_NUM_THREADS"), None);
         let p = plan_of(None, None);
-        assert_eq!(get(&launch(false).rank_env(&p, &p.ranks[0]), "OMP_NUM_THREADS"), None);
+        assert_eq!(
+            get(&launch(false).rank_env(&p, &p.ranks[0]), "OMP_NUM_THREADS"),
+            None
+        );
     }
 }
