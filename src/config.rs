@@ -170,7 +170,7 @@ impl Config {
             debug,
             debug_file: get("RANKGUARD_DEBUG_FILE"),
             ipc,
-            job: crate::jobid::from_lookup(&get),
+            job: crate::jobid::from_lookup(get),
             rank,
             local_rank,
             rank_gpu: get("RANKGUARD_RANK_GPU").map(|s| s.trim().to_string()),
