@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
-from _cli import bus, clean_env, cli, sysroot, uuid
+from _cli import CLI, bus, clean_env, cli, sysroot, uuid
 
 
 def plan_json(*args, **env):
@@ -49,6 +50,13 @@ def test_plan_json_env_is_each_ranks_launch_environment():
         assert r["env"]["LD_PRELOAD"].endswith("/librankguard.so:libm.so.6")
         assert (r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"], r["env"]["OMP_NUM_THREADS"]) == \
             ("127.0.0.1", "29511", "1")
+    # Not valid UTF-8: JSON cannot carry it exactly, so it is refused, not mangled.
+    env = clean_env(FAKECUDA_GPUS="8")
+    env_b = {k.encode(): v.encode() for k, v in env.items()}
+    env_b[b"LD_PRELOAD"] = b"/opt/\xff.so"
+    p = subprocess.run([str(CLI), "plan", "--json", "--env", "--nproc-per-node", "1"], env=env_b,
+                       capture_output=True, text=True, errors="replace", timeout=60)
+    assert p.returncode == 2 and "LD_PRELOAD" in p.stderr and "UTF-8" in p.stderr, p.stderr
     # --env needs --json, and is plan's alone.
     p = cli("plan", "--env", env=clean_env(FAKECUDA_GPUS="8"))
     assert p.returncode == 2 and "add --json" in p.stderr

@@ -227,6 +227,12 @@ pub fn plan_main(args: Vec<OsString>) -> Result<ExitCode> {
     let p = make_plan(&o)?;
     if o.json {
         let launch = if o.env { Some(Launch::resolve(o.master_addr.as_deref(), o.master_port)?) } else { None };
+        if let Some(bad) = launch.as_ref().filter(|l| l.preload.to_str().is_none()) {
+            // JSON carries text: a lossy copy would not be the environment launch sets.
+            return Err(Error::usage(format!(
+                "rankguard plan --env: LD_PRELOAD '{}' is not valid UTF-8, so it cannot be printed exactly; fix \
+                 LD_PRELOAD", bad.preload.to_string_lossy())));
+        }
         super::emit(&plan_json(&p, &o, launch.as_ref()).pretty());
     } else {
         super::emit(&plan_table(&p, &o));
