@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from _ipc import gpu_uuid
+from _guard import prog
 from conftest import CLI, GUARD, PYTHON, clean_env, run
 
 PROG = pathlib.Path(__file__).with_name("_rank_root_prog.py")
@@ -291,3 +292,47 @@ def test_a_forked_child_finds_its_own_root(tmp_path):
     assert words[:2] == ["child", "78"], p.stdout + p.stderr
     r1 = [r for r in audit(tmp_path) if r["rule"] == "R1"]
     assert len(r1) == 1 and r1[0]["rank_root"]["pid"] == int(words[3])
+
+
+# ------------------------------------------------------------------ cold path, other users
+
+def test_processes_that_never_touch_cuda_never_walk(tmp_path):
+    """A guarded shell and programs that never initialise CUDA: no rank record, not even
+    the registry directory (the walk runs at the first cuInit or report only)."""
+    p = run(["bash", "-c", f'true; "{PYTHON}" -c pass; ls / >/dev/null; exit $?'],
+            env=env_for(tmp_path, "0"), timeout=60)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert list((tmp_path / "registry").iterdir()) == []
+    assert audit(tmp_path) == []
+
+
+OTHER_USER = """
+import os, shutil, subprocess, sys, tempfile
+reg = tempfile.mkdtemp(prefix="rg-nobody-", dir="/tmp")
+os.chown(reg, 65534, 65534)
+def drop():
+    os.setgid(65534)
+    os.setuid(65534)
+env = dict(os.environ, CUDA_VISIBLE_DEVICES="1", RANKGUARD_REGISTRY=reg, RANKGUARD_AUDIT="")
+try:
+    # a C program (this Python may live where the other user cannot read); the same
+    # program as this user is the control: in the rank, and stopped
+    other = subprocess.run([sys.argv[1], "link", "cuDeviceGet", "0"], env=env, preexec_fn=drop)
+    mine = subprocess.run([sys.argv[1], "link", "cuDeviceGet", "0"], env=dict(env, RANKGUARD_REGISTRY=""))
+finally:
+    shutil.rmtree(reg, ignore_errors=True)
+print("other", other.returncode, "mine", mine.returncode)
+"""
+
+
+def test_the_walk_stops_at_another_users_process(tmp_path):
+    """A rank (CVD=0) starts a program that runs as another user on GPU 1: nothing of the
+    rank is trusted across the user boundary, so that program is its own rank (the same
+    program as this user is stopped by R1)."""
+    import os
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as another user")
+    p = run([PYTHON, "-c", OTHER_USER, prog("guard_call")], env=env_for(tmp_path, "0"), timeout=60)
+    assert p.returncode == 0, p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    assert last == "other 0 mine 78", p.stdout + p.stderr
