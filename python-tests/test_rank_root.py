@@ -307,32 +307,35 @@ def test_processes_that_never_touch_cuda_never_walk(tmp_path):
 
 
 OTHER_USER = """
-import os, shutil, subprocess, sys, tempfile
-reg = tempfile.mkdtemp(prefix="rg-nobody-", dir="/tmp")
-os.chown(reg, 65534, 65534)
-def drop():
+import ctypes, os, sys
+drop = sys.argv[2] == "drop"
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:                      # the child stays this user; it waits for its parent
+    os.close(w)
+    os.read(r, 1)
+    os.environ["CUDA_VISIBLE_DEVICES"] = "1"
+    os.execv(sys.argv[1], [sys.argv[1], "link", "cuDeviceGet", "0"])
+if drop:                          # the parent (the rank: guarded, CVD=0) becomes another user
     os.setgid(65534)
     os.setuid(65534)
-env = dict(os.environ, CUDA_VISIBLE_DEVICES="1", RANKGUARD_REGISTRY=reg, RANKGUARD_AUDIT="")
-try:
-    # a C program (this Python may live where the other user cannot read); the same
-    # program as this user is the control: in the rank, and stopped
-    other = subprocess.run([sys.argv[1], "link", "cuDeviceGet", "0"], env=env, preexec_fn=drop)
-    mine = subprocess.run([sys.argv[1], "link", "cuDeviceGet", "0"], env=dict(env, RANKGUARD_REGISTRY=""))
-finally:
-    shutil.rmtree(reg, ignore_errors=True)
-print("other", other.returncode, "mine", mine.returncode)
+    # keep /proc/<pid> owned by that user (a credential change makes it root's)
+    assert ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0) == 0   # PR_SET_DUMPABLE
+os.write(w, b"x")
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
 """
 
 
-def test_the_walk_stops_at_another_users_process(tmp_path):
-    """A rank (CVD=0) starts a program that runs as another user on GPU 1: nothing of the
-    rank is trusted across the user boundary, so that program is its own rank (the same
-    program as this user is stopped by R1)."""
+@pytest.mark.parametrize("drop,status", [(True, 0), (False, 78)])
+def test_the_walk_stops_at_another_users_process(tmp_path, drop, status):
+    """A rank (guarded, CVD=0) whose child re-points to GPU 1 is stopped (R1); when the
+    rank's process belongs to another user by then, nothing of it is trusted (its
+    environment is that user's to write): the child is its own rank."""
     import os
     if os.geteuid() != 0:
-        pytest.skip("needs root to start a process as another user")
-    p = run([PYTHON, "-c", OTHER_USER, prog("guard_call")], env=env_for(tmp_path, "0"), timeout=60)
+        pytest.skip("needs root to make a process another user's")
+    p = run([PYTHON, "-c", OTHER_USER, prog("guard_call"), "drop" if drop else "keep"],
+            env=env_for(tmp_path, "0"), timeout=60)
     assert p.returncode == 0, p.stderr
-    last = p.stdout.strip().splitlines()[-1]
-    assert last == "other 0 mine 78", p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1] == f"child {status}", p.stdout + p.stderr
