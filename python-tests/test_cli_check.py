@@ -59,9 +59,16 @@ def test_violations_exit_1_and_say_why():
 
 
 def test_rank_gpu_is_compared_by_identity():
-    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="GPU-12", LD_PRELOAD=str(GUARD))
+    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU=uuid(2), LD_PRELOAD=str(GUARD))
     assert rc == 0, d["problems"]
     assert d["rank_gpu_matches"] is True
+    # A prefix counts when it is the process's own entry (the driver resolved that text to
+    # the one device it sees); another prefix cannot be proven unique here (issue 14).
+    rc, d = check(CUDA_VISIBLE_DEVICES="GPU-12", RANKGUARD_RANK_GPU="GPU-12", LD_PRELOAD=str(GUARD))
+    assert rc == 0 and d["rank_gpu_matches"] is True, d["problems"]
+    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="GPU-12", LD_PRELOAD=str(GUARD))
+    assert rc == 1 and d["rank_gpu_matches"] is False
+    assert any("names no single GPU" in p for p in d["problems"]), d["problems"]
     rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="3", LD_PRELOAD=str(GUARD))
     assert rc == 1 and d["rank_gpu_matches"] is False
 

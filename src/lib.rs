@@ -9,6 +9,7 @@
 pub mod config;
 pub mod cvd;
 pub mod policy;
+pub mod rankgpu;
 pub mod registry;
 
 #[allow(unsafe_code)]

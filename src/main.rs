@@ -14,6 +14,8 @@ mod audit;
 mod cli;
 mod cpuset;
 mod plan;
+// Whether a process sees its rank's GPU: the guard's R1 decision, shared with `check`.
+mod rankgpu;
 mod topology;
 
 fn main() -> std::process::ExitCode {

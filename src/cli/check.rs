@@ -17,6 +17,8 @@ use super::launch::SYSROOT_VAR;
 use super::{env, gpus, lib_path, sys, Error, Result, EXIT_VIOLATION};
 use crate::cvd::{self, Entry, Visibility};
 use crate::plan::DriverGpu;
+use crate::rankgpu::{self, RankGpu};
+use std::os::unix::ffi::OsStrExt;
 use crate::topology::Topology;
 
 const HELP: &str = "\
@@ -142,37 +144,28 @@ fn gather(sysroot: &std::path::Path) -> Report {
         Err(e) => problems.push(format!("cannot ask the driver which GPU is visible: {e}")),
     }
 
-    let rank_gpu = std::env::var(env::RANK_GPU).ok().filter(|v| !v.is_empty());
+    // Decided exactly as the guard decides it at cuInit (crate::rankgpu, one function):
+    // a value that names no single GPU the process can verify fails closed.
+    let rank_gpu_raw = std::env::var_os(env::RANK_GPU);
+    let rank_gpu = rank_gpu_raw.as_ref().map(|v| v.to_string_lossy().into_owned());
     let mut rank_gpu_matches = None;
-    if let (Some(rg), Ok(d)) = (&rank_gpu, &driver) {
+    if let (Some(rg), Ok(d)) = (&rank_gpu_raw, &driver) {
         if d.len() == 1 {
-            // The launcher's resolved UUID when it gave one (as the guard does), else the
-            // same entry text, else the driver's answer for the rank's entry.
-            let resolved = std::env::var(env::RANK_GPU_UUID).ok().filter(|v| !v.trim().is_empty());
-            let same = if let Some(full) = resolved {
-                full.trim().eq_ignore_ascii_case(&d[0].gpu.uuid)
-            } else if entries.len() == 1 && entries[0].text() == *rg {
-                true
-            } else {
-                match gpus::query(Some(Some(rg))) {
-                    Ok(owner) if owner.len() == 1 => owner[0].uuid.eq_ignore_ascii_case(&d[0].gpu.uuid),
-                    Ok(owner) => {
-                        problems.push(format!("{}='{rg}' names {} devices, not one", env::RANK_GPU, owner.len()));
-                        false
-                    }
-                    Err(e) => {
-                        problems.push(format!("cannot resolve {}='{rg}': {e}", env::RANK_GPU));
-                        false
-                    }
-                }
-            };
-            if !same {
-                problems.push(format!(
-                    "this process sees {} ({var}='{}') but its rank owns {}='{rg}': every process of a rank must \
+            let resolved = std::env::var_os(env::RANK_GPU_UUID).filter(|v| !v.as_bytes().trim_ascii().is_empty());
+            let decided = rankgpu::decide(rg.as_bytes(), resolved.as_ref().map(|v| v.as_bytes()), &d[0].gpu.uuid,
+                                          vis.entries());
+            let shown = rg.to_string_lossy();
+            match decided {
+                RankGpu::Same => {}
+                RankGpu::Other => problems.push(format!(
+                    "this process sees {} ({var}='{}') but its rank owns {}='{shown}': every process of a rank must \
                      see the rank's GPU; stop re-pointing {var} in this process tree",
-                    d[0].gpu.uuid, raw.as_deref().unwrap_or(""), env::RANK_GPU));
+                    d[0].gpu.uuid, raw.as_deref().unwrap_or(""), env::RANK_GPU)),
+                RankGpu::Unverifiable(why) => problems.push(format!(
+                    "{}='{shown}' names no single GPU this process can verify ({why}); the guard stops this \
+                     process at cuInit (R1)", env::RANK_GPU)),
             }
-            rank_gpu_matches = Some(same);
+            rank_gpu_matches = Some(decided.is_same());
         }
     }
 
