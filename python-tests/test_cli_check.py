@@ -50,7 +50,9 @@ def test_violations_exit_1_and_say_why():
         ({"CUDA_VISIBLE_DEVICES": ""}, "makes no GPU visible"),
         ({"CUDA_VISIBLE_DEVICES": "0,2,-1"}, "malformed"),
         ({"CUDA_VISIBLE_DEVICES": "9"}, "the driver enumerates 0 devices"),
-        ({"CUDA_VISIBLE_DEVICES": "2", "RANKGUARD_RANK_GPU": "GPU-13"}, "its rank owns RANKGUARD_RANK_GPU='GPU-13'"),
+        ({"CUDA_VISIBLE_DEVICES": "2", "RANKGUARD_RANK_GPU": uuid(3)}, f"its rank owns RANKGUARD_RANK_GPU='{uuid(3)}'"),
+        # a prefix that is not this process's own entry cannot be proven to name one GPU
+        ({"CUDA_VISIBLE_DEVICES": "2", "RANKGUARD_RANK_GPU": "GPU-13"}, "RANKGUARD_RANK_GPU='GPU-13' names no single GPU"),
     ]
     for env, needle in cases:
         rc, d = check(LD_PRELOAD=str(GUARD), **env)
