@@ -95,10 +95,11 @@ fn init() -> &'static State {
     s
 }
 
-/// Whether the program's own symbol lookups reach our wrappers: the global scope resolves
-/// `cuInit` to ours when the library is preloaded (or linked before the driver), and to the
-/// driver's, or nothing, when it was dlopen()ed (RTLD_LOCAL, or RTLD_GLOBAL after the
-/// driver).
+/// Whether the program's own symbol lookups can reach our wrappers. The global scope (the
+/// main program's handle) resolves `cuInit` to ours when the library is preloaded; to
+/// nothing, or to the driver's own, when it was dlopen()ed (RTLD_LOCAL, or RTLD_GLOBAL after
+/// the driver). Any other answer is an interposer preloaded in front of us (HAMi-core and
+/// the like), whose calls reach us through RTLD_NEXT: still interposing.
 fn interposing() -> bool {
     let ours = TABLE[Id::cuInit as usize].wrapper();
     // SAFETY: dlopen(NULL) returns the main program's handle, whose lookups search the
@@ -107,7 +108,23 @@ fn interposing() -> bool {
     if main.is_null() {
         return true;
     }
-    real::lookup(main, c"cuInit") as *const std::ffi::c_void == ours
+    let global = real::lookup(main, c"cuInit") as *const std::ffi::c_void;
+    if global == ours {
+        return true;
+    }
+    if global.is_null() {
+        return false;
+    }
+    // SAFETY: RTLD_NOLOAD only returns a handle of an already loaded libcuda.so.1 (loading
+    // nothing); the name is NUL-terminated.
+    let drv = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if drv.is_null() {
+        return true;
+    }
+    let real_init = real::lookup(drv, c"cuInit") as *const std::ffi::c_void;
+    // SAFETY: `drv` came from dlopen above; this drops the reference RTLD_NOLOAD added.
+    unsafe { libc::dlclose(drv) };
+    global != real_init
 }
 
 /// Append one audit record (see [`sink`]).
