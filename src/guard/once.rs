@@ -156,3 +156,37 @@ impl<T> ForkSafeCell<T> {
         let _ = self.get_or_init(|| v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_setup_left_in_progress_by_another_process_is_taken_over() {
+        let once = ForkSafeOnce::new();
+        // What a child forked in the middle of its parent's set-up finds.
+        once.state.store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
+        let mut ran = false;
+        once.call(|| ran = true);
+        assert!(ran && once.is_done());
+        once.call(|| panic!("runs once"));
+    }
+
+    #[test]
+    fn a_lock_held_by_another_process_is_taken_over() {
+        let lock = PidLock::new();
+        lock.holder.store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
+        drop(lock.lock());
+        assert_eq!(lock.holder.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn cells_are_set_once_across_threads() {
+        static CELL: ForkSafeCell<u32> = ForkSafeCell::new();
+        let hs: Vec<_> = (0..8).map(|i| std::thread::spawn(move || *CELL.get_or_init(|| i))).collect();
+        let vals: Vec<u32> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(vals.iter().all(|&v| v == vals[0]));
+        CELL.set(99);
+        assert_eq!(CELL.get(), Some(&vals[0]));
+    }
+}
