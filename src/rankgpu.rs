@@ -35,7 +35,9 @@ impl RankGpu {
 
 /// Whether `s` is a full `GPU-`/`MIG-` UUID (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
 pub fn is_full_uuid(s: &str) -> bool {
-    let Some(body) = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-")) else { return false };
+    let Some(body) = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-")) else {
+        return false;
+    };
     let lens = [8, 4, 4, 4, 12];
     let mut n = 0;
     for (i, g) in body.split('-').enumerate() {
@@ -51,7 +53,12 @@ pub fn is_full_uuid(s: &str) -> bool {
 /// `rank_uuid`: the raw bytes of `RANKGUARD_RANK_GPU_UUID` when set and not blank;
 /// `own_uuid`: the driver's UUID of the one device the process sees ("" when unknown);
 /// `own_entries`: the process's parsed `CUDA_VISIBLE_DEVICES` entries.
-pub fn decide(rank_entry: &[u8], rank_uuid: Option<&[u8]>, own_uuid: &str, own_entries: Option<&[Entry]>) -> RankGpu {
+pub fn decide(
+    rank_entry: &[u8],
+    rank_uuid: Option<&[u8]>,
+    own_uuid: &str,
+    own_entries: Option<&[Entry]>,
+) -> RankGpu {
     let same = |full: &str| {
         if own_uuid.is_empty() {
             RankGpu::Unverifiable("the driver gave no UUID for the device this process sees")
@@ -106,13 +113,32 @@ mod tests {
     #[test]
     fn full_uuids_decide_by_identity() {
         assert!(is_full_uuid(U2) && is_full_uuid("MIG-1200a11c-0000-4000-8000-000000000200"));
-        for bad in ["GPU-", "GPU-12", "GPU-12c0ffee-0000-4000-8000-00000000000", "2", "", "GPU-12c0ffee-0000-4000-8000-000000000002-1"] {
+        for bad in [
+            "GPU-",
+            "GPU-12",
+            "GPU-12c0ffee-0000-4000-8000-00000000000",
+            "2",
+            "",
+            "GPU-12c0ffee-0000-4000-8000-000000000002-1",
+        ] {
             assert!(!is_full_uuid(bad), "{bad}");
         }
-        assert_eq!(decide(b"7", Some(U2.as_bytes()), U2, Some(&own("2"))), RankGpu::Same);
-        assert_eq!(decide(b"2", Some(U3.as_bytes()), U2, Some(&own("2"))), RankGpu::Other);
-        assert_eq!(decide(U2.as_bytes(), None, U2, Some(&own("5"))), RankGpu::Same);
-        assert_eq!(decide(U3.as_bytes(), None, U2, Some(&own("2"))), RankGpu::Other);
+        assert_eq!(
+            decide(b"7", Some(U2.as_bytes()), U2, Some(&own("2"))),
+            RankGpu::Same
+        );
+        assert_eq!(
+            decide(b"2", Some(U3.as_bytes()), U2, Some(&own("2"))),
+            RankGpu::Other
+        );
+        assert_eq!(
+            decide(U2.as_bytes(), None, U2, Some(&own("5"))),
+            RankGpu::Same
+        );
+        assert_eq!(
+            decide(U3.as_bytes(), None, U2, Some(&own("2"))),
+            RankGpu::Other
+        );
     }
 
     #[test]
@@ -120,7 +146,10 @@ mod tests {
         assert_eq!(decide(b"2", None, U2, Some(&own("2"))), RankGpu::Same);
         assert_eq!(decide(b" 2", None, U2, Some(&own("2"))), RankGpu::Same);
         assert_eq!(decide(b"3", None, U2, Some(&own("2"))), RankGpu::Other);
-        assert_eq!(decide(b"GPU-12", None, U2, Some(&own("GPU-12"))), RankGpu::Same);
+        assert_eq!(
+            decide(b"GPU-12", None, U2, Some(&own("GPU-12"))),
+            RankGpu::Same
+        );
     }
 
     #[test]
@@ -130,10 +159,19 @@ mod tests {
             assert!(matches!(d, RankGpu::Unverifiable(_)), "{bad:?}: {d:?}");
         }
         // A prefix of the right GPU, but not the process's own entry: cannot be proven unique.
-        assert!(matches!(decide(b"GPU-12", None, U2, Some(&own("2"))), RankGpu::Unverifiable(_)));
+        assert!(matches!(
+            decide(b"GPU-12", None, U2, Some(&own("2"))),
+            RankGpu::Unverifiable(_)
+        ));
         for bad in [&b"GPU-"[..], b"GPU-12", b"", b"\xff"] {
-            assert!(matches!(decide(b"2", Some(bad), U2, Some(&own("2"))), RankGpu::Unverifiable(_)));
+            assert!(matches!(
+                decide(b"2", Some(bad), U2, Some(&own("2"))),
+                RankGpu::Unverifiable(_)
+            ));
         }
-        assert!(matches!(decide(U2.as_bytes(), None, "", Some(&own("2"))), RankGpu::Unverifiable(_)));
+        assert!(matches!(
+            decide(U2.as_bytes(), None, "", Some(&own("2"))),
+            RankGpu::Unverifiable(_)
+        ));
     }
 }

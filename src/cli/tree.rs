@@ -23,10 +23,18 @@ fn parse_stat(stat: &str) -> Option<(u32, u64)> {
 /// Every process: pid -> (ppid, start time).
 fn table() -> HashMap<u32, (u32, u64)> {
     let mut t = HashMap::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return t };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return t;
+    };
     for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if let Some(v) = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().as_deref().and_then(parse_stat) {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(v) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .as_deref()
+            .and_then(parse_stat)
+        {
             t.insert(pid, v);
         }
     }
@@ -35,7 +43,11 @@ fn table() -> HashMap<u32, (u32, u64)> {
 
 /// The start time of `pid`, if it is alive.
 pub fn start_time(pid: u32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().as_deref().and_then(parse_stat).map(|(_, s)| s)
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .as_deref()
+        .and_then(parse_stat)
+        .map(|(_, s)| s)
 }
 
 /// The children of `pid`, from `/proc/<pid>/task/*/children` (cost proportional to the
@@ -51,9 +63,15 @@ fn children_of(pid: u32) -> Option<Vec<u32>> {
         return None;
     }
     let mut out = Vec::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
         if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
-            out.extend(text.split_ascii_whitespace().filter_map(|s| s.parse::<u32>().ok()));
+            out.extend(
+                text.split_ascii_whitespace()
+                    .filter_map(|s| s.parse::<u32>().ok()),
+            );
         }
     }
     Some(out)
@@ -94,7 +112,11 @@ pub fn descendants(roots: &[u32], skip: u32) -> Vec<Proc> {
 
 /// Of `procs`, those still alive as the same process (same start time).
 pub fn still_alive(procs: &[Proc]) -> Vec<u32> {
-    procs.iter().filter(|&&(p, s)| start_time(p) == Some(s)).map(|&(p, _)| p).collect()
+    procs
+        .iter()
+        .filter(|&&(p, s)| start_time(p) == Some(s))
+        .map(|&(p, _)| p)
+        .collect()
 }
 
 #[cfg(test)]
@@ -103,7 +125,8 @@ mod tests {
 
     #[test]
     fn stat_fields_survive_odd_command_names() {
-        let line = "4242 (a) b (c) S 17 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let line =
+            "4242 (a) b (c) S 17 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_stat(line), Some((17, 987654)));
         assert_eq!(parse_stat("garbage"), None);
     }
@@ -114,6 +137,9 @@ mod tests {
         let parent = std::os::unix::process::parent_id();
         let d = descendants(&[parent], 0);
         assert!(d.iter().any(|&(p, s)| p == me && Some(s) == start_time(me)));
-        assert_eq!(still_alive(&[(me, start_time(me).unwrap()), (me, 1)]), vec![me]);
+        assert_eq!(
+            still_alive(&[(me, start_time(me).unwrap()), (me, 1)]),
+            vec![me]
+        );
     }
 }

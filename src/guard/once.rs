@@ -25,7 +25,10 @@ fn pause(spins: &mut u32) {
         // SAFETY: sched_yield has no preconditions.
         unsafe { libc::sched_yield() };
     } else {
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000,
+        };
         // SAFETY: `ts` is a valid timespec; a null remainder pointer is allowed.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
     }
@@ -38,7 +41,9 @@ pub struct ForkSafeOnce {
 
 impl ForkSafeOnce {
     pub const fn new() -> Self {
-        ForkSafeOnce { state: AtomicU32::new(0) }
+        ForkSafeOnce {
+            state: AtomicU32::new(0),
+        }
     }
 
     #[inline]
@@ -71,7 +76,11 @@ impl ForkSafeOnce {
             }
             // Not started, or started by a process we were forked from (its thread is not
             // here): take it over.
-            if self.state.compare_exchange(s, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if self
+                .state
+                .compare_exchange(s, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 return true;
             }
         }
@@ -94,7 +103,9 @@ impl Drop for PidGuard<'_> {
 
 impl PidLock {
     pub const fn new() -> Self {
-        PidLock { holder: AtomicU32::new(0) }
+        PidLock {
+            holder: AtomicU32::new(0),
+        }
     }
 
     pub fn lock(&self) -> PidGuard<'_> {
@@ -102,7 +113,12 @@ impl PidLock {
         let mut spins = 0;
         loop {
             let s = self.holder.load(Ordering::Acquire);
-            if s != me && self.holder.compare_exchange(s, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if s != me
+                && self
+                    .holder
+                    .compare_exchange(s, me, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
                 // `s` was 0, or a holder in the process we were forked from.
                 return PidGuard(self);
             }
@@ -128,7 +144,10 @@ unsafe impl<T: Sync + Send> Sync for ForkSafeCell<T> {}
 
 impl<T> ForkSafeCell<T> {
     pub const fn new() -> Self {
-        ForkSafeCell { once: ForkSafeOnce::new(), value: std::cell::UnsafeCell::new(std::mem::MaybeUninit::uninit()) }
+        ForkSafeCell {
+            once: ForkSafeOnce::new(),
+            value: std::cell::UnsafeCell::new(std::mem::MaybeUninit::uninit()),
+        }
     }
 
     #[inline]
@@ -145,7 +164,9 @@ impl<T> ForkSafeCell<T> {
         // SAFETY: `call` runs the closure in exactly one thread of this process, before
         // the value is published; a half-written value of a parent that forked mid-write
         // is overwritten without being dropped (leaked), never read.
-        self.once.call(|| unsafe { (*self.value.get()).write(f()); });
+        self.once.call(|| unsafe {
+            (*self.value.get()).write(f());
+        });
         // SAFETY: `call` returns only after this thread published the value or saw it
         // published (Acquire), so it is fully written.
         unsafe { (*self.value.get()).assume_init_ref() }
@@ -165,7 +186,8 @@ mod tests {
     fn a_setup_left_in_progress_by_another_process_is_taken_over() {
         let once = ForkSafeOnce::new();
         // What a child forked in the middle of its parent's set-up finds.
-        once.state.store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
+        once.state
+            .store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
         let mut ran = false;
         once.call(|| ran = true);
         assert!(ran && once.is_done());
@@ -175,7 +197,8 @@ mod tests {
     #[test]
     fn a_lock_held_by_another_process_is_taken_over() {
         let lock = PidLock::new();
-        lock.holder.store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
+        lock.holder
+            .store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
         drop(lock.lock());
         assert_eq!(lock.holder.load(Ordering::Relaxed), 0);
     }
@@ -183,7 +206,9 @@ mod tests {
     #[test]
     fn cells_are_set_once_across_threads() {
         static CELL: ForkSafeCell<u32> = ForkSafeCell::new();
-        let hs: Vec<_> = (0..8).map(|i| std::thread::spawn(move || *CELL.get_or_init(|| i))).collect();
+        let hs: Vec<_> = (0..8)
+            .map(|i| std::thread::spawn(move || *CELL.get_or_init(|| i)))
+            .collect();
         let vals: Vec<u32> = hs.into_iter().map(|h| h.join().unwrap()).collect();
         assert!(vals.iter().all(|&v| v == vals[0]));
         CELL.set(99);

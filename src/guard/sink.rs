@@ -46,8 +46,16 @@ pub struct Sink {
     lost: AtomicU64,
 }
 
-pub static AUDIT: Sink = Sink::new("RANKGUARD_AUDIT", "audit records", "no audit records will be written by this process");
-pub static DEBUG: Sink = Sink::new("RANKGUARD_DEBUG_FILE", "debug log lines", "the debug log goes to stderr");
+pub static AUDIT: Sink = Sink::new(
+    "RANKGUARD_AUDIT",
+    "audit records",
+    "no audit records will be written by this process",
+);
+pub static DEBUG: Sink = Sink::new(
+    "RANKGUARD_DEBUG_FILE",
+    "debug log lines",
+    "the debug log goes to stderr",
+);
 
 /// Why a file was not opened.
 enum OpenProblem {
@@ -166,7 +174,8 @@ impl Sink {
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return false;
         }
-        st.st_dev == self.dev.load(Ordering::Relaxed) && st.st_ino == self.ino.load(Ordering::Relaxed)
+        st.st_dev == self.dev.load(Ordering::Relaxed)
+            && st.st_ino == self.ino.load(Ordering::Relaxed)
     }
 
     fn say_refused(&self, path: &str, problem: OpenProblem) {
@@ -210,7 +219,12 @@ fn open_private(path: &str) -> Result<(i32, u64, u64), OpenProblem> {
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            libc::O_WRONLY
+                | libc::O_APPEND
+                | libc::O_CREAT
+                | libc::O_CLOEXEC
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK,
             0o600 as libc::c_uint,
         )
     };
@@ -262,6 +276,8 @@ pub struct MakeDebugWriter {
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for MakeDebugWriter {
     type Writer = DebugWriter;
     fn make_writer(&'a self) -> DebugWriter {
-        DebugWriter { template: self.template }
+        DebugWriter {
+            template: self.template,
+        }
     }
 }

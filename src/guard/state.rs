@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::config::{Config, Level, Mode};
 use crate::guard::once::ForkSafeCell;
-use crate::guard::report::{self, StackBuf};
 use crate::guard::real;
+use crate::guard::report::{self, StackBuf};
 use crate::guard::sink;
 use crate::guard::table::{Id, TABLE};
 
@@ -117,7 +117,12 @@ fn interposing() -> bool {
     }
     // SAFETY: RTLD_NOLOAD only returns a handle of an already loaded libcuda.so.1 (loading
     // nothing); the name is NUL-terminated.
-    let drv = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    let drv = unsafe {
+        libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
     if drv.is_null() {
         return true;
     }
@@ -160,7 +165,11 @@ pub fn report_config_errors() {
         return;
     }
     for e in &get().config.errors {
-        warn_once_config(e.var, &e.value, &format!("is not valid: expected {}", e.expected));
+        warn_once_config(
+            e.var,
+            &e.value,
+            &format!("is not valid: expected {}", e.expected),
+        );
     }
 }
 
@@ -188,7 +197,9 @@ fn init_debug(cfg: &'static Config) {
         .with_target(false)
         .with_ansi(false)
         .with_thread_ids(true)
-        .with_writer(sink::MakeDebugWriter { template: cfg.debug_file.as_deref() })
+        .with_writer(sink::MakeDebugWriter {
+            template: cfg.debug_file.as_deref(),
+        })
         .finish();
     let _ = tracing::subscriber::set_global_default(subscriber);
 }
