@@ -4,7 +4,8 @@
 //!
 //! The decisions live in `crate::plan` (pure); this file gathers its inputs (environment,
 //! driver, affinity, topology), prints plans, and supervises the children: output prefixes,
-//! signal forwarding, first-failure shutdown with a grace period, `PR_SET_PDEATHSIG`.
+//! signal forwarding, first-failure shutdown with a grace period, `PR_SET_PDEATHSIG`, and a
+//! child subreaper plus a reaper helper so that nothing a launch started outlives it.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -24,7 +24,10 @@ Usage: rankguard report [--json] AUDIT...
 Summarise RANKGUARD_AUDIT files (JSON lines written by librankguard.so; give all ranks'
 files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, per
 rank, with counts and the first occurrence (time, host:pid, call and arguments, why).
-Unreadable files and torn or non-JSON lines are listed as problems and skipped.
+Unreadable files and torn or non-JSON lines are listed as problems and skipped. A
+directory is walked recursively (regular files, not through symbolic links to directories);
+FIFOs, sockets and devices inside it are listed as not read. Lines longer than 64 KiB are
+skipped and counted.
 
   --json    a stable JSON document instead of text (format: docs/report.md)
 
