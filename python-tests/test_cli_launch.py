@@ -350,3 +350,19 @@ def test_an_orphaned_escapee_is_ended_when_the_job_ends(tmp_path):
         assert wait_for(lambda: not alive(escapee), timeout=10), "an escapee outlived a finished job"
     finally:
         _kill_leftovers([escapee])
+
+
+def test_the_reaper_only_ever_kills_descendants_of_its_live_launcher():
+    """Safety of the escapee memory: a reaper whose named launcher is not its parent (the
+    launcher died before it started, or a reused pid) must kill nothing when its pipe
+    closes; here its parent is this test process, whose other child must survive."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        reaper = subprocess.Popen([str(CLI), "__reaper", "1"], stdin=subprocess.PIPE, env=clean_env())
+        time.sleep(0.5)  # several 100 ms rounds of the reaper's look at the tree
+        reaper.stdin.close()
+        assert reaper.wait(timeout=10) == 0
+        assert alive(bystander.pid), "the reaper killed a process that was not its launcher's"
+    finally:
+        bystander.kill()
+        bystander.wait()

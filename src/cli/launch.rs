@@ -414,6 +414,7 @@ impl Reaper {
             use std::os::unix::process::CommandExt;
             Command::new(exe)
                 .arg(super::REAPER)
+                .arg(std::process::id().to_string())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -455,9 +456,12 @@ impl Reaper {
 /// they started since. Limits: a process started and detached in the last 100 ms before
 /// the launcher's death can be missed; and when the reaper is killed with the launcher,
 /// only the ranks themselves die (PR_SET_PDEATHSIG).
-pub fn reaper_main(_args: Vec<OsString>) -> Result<ExitCode> {
-    let launcher = std::os::unix::process::parent_id();
+pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
     let me = std::process::id();
+    // The launcher's pid, and proof that it is alive: it is our parent. Descendants are
+    // only ever looked up while it is (never those of pid 1, or of a reused pid).
+    let launcher: Option<u32> = args.first().and_then(|a| a.to_str()).and_then(|a| a.parse().ok());
+    let launcher_alive = || launcher.is_some_and(|l| std::os::unix::process::parent_id() == l);
     let mut groups: Vec<u32> = Vec::new();
     let mut known: Vec<tree::Proc> = Vec::new();
     let mut pending: Vec<u8> = Vec::new();
@@ -482,9 +486,11 @@ pub fn reaper_main(_args: Vec<OsString>) -> Result<ExitCode> {
             }
         }
         known.retain(|&(p, s)| tree::start_time(p) == Some(s));
-        for p in tree::descendants(&[launcher], me) {
-            if !known.contains(&p) {
-                known.push(p);
+        if let (Some(l), true) = (launcher, launcher_alive()) {
+            for p in tree::descendants(&[l], me) {
+                if !known.contains(&p) {
+                    known.push(p);
+                }
             }
         }
     }
