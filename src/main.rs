@@ -13,6 +13,8 @@ mod cvd;
 mod audit;
 mod cli;
 mod cpuset;
+// The job id, derived by the same function as the guard's (`config.rs`).
+mod jobid;
 mod plan;
 // Whether a process sees its rank's GPU: the guard's R1 decision, shared with `check`.
 mod rankgpu;
