@@ -177,3 +177,27 @@ def test_item12_dlopened_library_is_inert_and_says_so(tmp_path):
     # preloaded, the same program is guarded (R1 stops it)
     p = run([prog("guard_dlopen"), str(GUARD)], env=guard_env(CUDA_VISIBLE_DEVICES="0,1"), timeout=20)
     assert p.returncode == 78, p.stdout + p.stderr
+
+
+def test_item1_a_stderr_nobody_reads_never_hangs_the_program(tmp_path):
+    """The guard's lines go to the program's stderr, whose blocking mode is not ours: when
+    it is a full pipe nobody reads, a line waits at most 2 s, then is dropped."""
+    import fcntl
+    import time
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(w, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    try:
+        t0 = time.monotonic()
+        p = subprocess.run([str(prog("guard_call")), "link", "cuDeviceGet", "1"], stdout=subprocess.PIPE,
+                           stderr=w, env=guard_env(CUDA_VISIBLE_DEVICES="0"), timeout=30, text=True)
+        assert p.returncode == 0 and "rc=101" in p.stdout, p.stdout
+        assert time.monotonic() - t0 < 15
+    finally:
+        os.close(r)
+        os.close(w)
