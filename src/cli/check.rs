@@ -79,6 +79,8 @@ struct Report {
     guard_mode: String,
     rank_gpu: Option<String>,
     rank_gpu_matches: Option<bool>,
+    /// The rank's GPU is named in a form this process cannot verify.
+    rank_gpu_unverifiable: bool,
     job: Option<String>,
     affinity: Option<String>,
     omp_num_threads: Option<String>,
@@ -149,6 +151,7 @@ fn gather(sysroot: &std::path::Path) -> Report {
     let rank_gpu_raw = std::env::var_os(env::RANK_GPU);
     let rank_gpu = rank_gpu_raw.as_ref().map(|v| v.to_string_lossy().into_owned());
     let mut rank_gpu_matches = None;
+    let mut rank_gpu_unverifiable = false;
     if let (Some(rg), Ok(d)) = (&rank_gpu_raw, &driver) {
         if d.len() == 1 {
             let resolved = std::env::var_os(env::RANK_GPU_UUID).filter(|v| !v.as_bytes().trim_ascii().is_empty());
@@ -166,6 +169,7 @@ fn gather(sysroot: &std::path::Path) -> Report {
                      process at cuInit (R1)", env::RANK_GPU)),
             }
             rank_gpu_matches = Some(decided.is_same());
+            rank_gpu_unverifiable = matches!(decided, RankGpu::Unverifiable(_));
         }
     }
 
@@ -197,6 +201,7 @@ fn gather(sysroot: &std::path::Path) -> Report {
         guard_mode,
         rank_gpu,
         rank_gpu_matches,
+        rank_gpu_unverifiable,
         job: std::env::var(env::JOB).ok(),
         affinity: sys::affinity().ok().map(|a| a.to_string()),
         omp_num_threads: std::env::var("OMP_NUM_THREADS").ok(),
@@ -271,6 +276,7 @@ impl Report {
                             self.guard_preloaded.as_ref().map_or("not in LD_PRELOAD".to_string(), |p| format!("in LD_PRELOAD ({p})")),
                             self.guard_mode, dash(&self.guard_lib)));
         let matches = match self.rank_gpu_matches {
+            Some(false) if self.rank_gpu_unverifiable => " (names no single GPU this process can verify)",
             Some(true) => " (this process sees it)",
             Some(false) => " (this process sees ANOTHER GPU)",
             None => "",
