@@ -75,18 +75,18 @@ pub fn decide(
         };
     }
     let Ok(entry) = std::str::from_utf8(rank_entry) else {
-        return RankGpu::Unverifiable("RANKGUARD_RANK_GPU is not valid UTF-8");
+        return RankGpu::Unverifiable("it is not valid UTF-8");
     };
     let entry = entry.trim();
     if entry.is_empty() {
-        return RankGpu::Unverifiable("RANKGUARD_RANK_GPU is empty");
+        return RankGpu::Unverifiable("it is empty");
     }
     if is_full_uuid(entry) {
         return same(entry);
     }
     let parsed = cvd::parse(Some(entry));
     let (Some([rank]), Some([mine])) = (parsed.entries(), own_entries) else {
-        return RankGpu::Unverifiable("RANKGUARD_RANK_GPU is not one CUDA_VISIBLE_DEVICES entry");
+        return RankGpu::Unverifiable("it is not one CUDA_VISIBLE_DEVICES entry");
     };
     if rank == mine {
         return RankGpu::Same;
@@ -94,7 +94,7 @@ pub fn decide(
     match rank {
         Entry::Index(_) => RankGpu::Other,
         Entry::Uuid(_) | Entry::Mig(_) => RankGpu::Unverifiable(
-            "RANKGUARD_RANK_GPU is a UUID prefix this process cannot prove names a single GPU (set RANKGUARD_RANK_GPU_UUID to the full UUID; rankguard launch/run do)",
+            "it is a UUID prefix other than this process's own entry, and only the driver can tell whether a prefix is unique; set RANKGUARD_RANK_GPU_UUID to the full UUID (rankguard launch/run do)",
         ),
     }
 }

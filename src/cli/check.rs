@@ -165,7 +165,7 @@ fn gather(sysroot: &std::path::Path) -> Report {
                      see the rank's GPU; stop re-pointing {var} in this process tree",
                     d[0].gpu.uuid, raw.as_deref().unwrap_or(""), env::RANK_GPU)),
                 RankGpu::Unverifiable(why) => problems.push(format!(
-                    "{}='{shown}' names no single GPU this process can verify ({why}); the guard stops this \
+                    "{}='{shown}' names no single GPU this process can verify: {why}; the guard stops this \
                      process at cuInit (R1)", env::RANK_GPU)),
             }
             rank_gpu_matches = Some(decided.is_same());
