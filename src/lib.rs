@@ -11,6 +11,7 @@ pub mod cvd;
 pub mod jobid;
 pub mod policy;
 pub mod rank_root;
+pub mod rankgpu;
 pub mod registry;
 
 #[allow(unsafe_code)]

@@ -19,6 +19,7 @@ mod report;
 mod run;
 #[allow(unsafe_code)]
 mod sys;
+mod tree;
 
 use std::ffi::OsString;
 use std::fmt;

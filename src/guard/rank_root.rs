@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::ipc;
 use crate::guard::report::{self, json_str};
+use crate::rankgpu;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
 use crate::registry::{self, Key, Location, Lookup, ProcFs, Record, Registry};
 
@@ -65,9 +66,10 @@ pub fn id() -> Option<RootId> {
     current().map(|r| r.id)
 }
 
-/// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU.
+/// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU
+/// (set at all, even empty: the R1 check then fails closed on it, as `engine` decides).
 pub fn applies(cfg: &Config) -> bool {
-    cfg.rank.is_none() && cfg.rank_gpu.is_none()
+    cfg.rank.is_none() && report::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
 }
 
 /// The real `/proc`, and the registry for rank records (opened once per walk).
@@ -165,10 +167,13 @@ fn establish() -> Option<&'static Root> {
 /// root, or there is no root).
 pub fn is_rank_gpu(own_uuid: &str, vis: &Visibility) -> Option<bool> {
     let gpu = mine()?.gpu.as_ref()?;
-    Some(match gpu {
-        RankGpu::Uuid(u) => super::engine::is_rank_gpu(u, Some(u), own_uuid, vis),
-        RankGpu::Entry(e) => super::engine::is_rank_gpu(e, None, own_uuid, vis),
-    })
+    // The launcher's rule (crate::rankgpu, shared with `rankguard check`): a full UUID is
+    // compared with the driver's; an index or prefix entry only with this process's own.
+    let uuid = match gpu {
+        RankGpu::Uuid(u) => Some(u.as_bytes()),
+        RankGpu::Entry(_) => None,
+    };
+    Some(rankgpu::decide(gpu.text().as_bytes(), uuid, own_uuid, vis.entries()).is_same())
 }
 
 /// The rank GPU for reports: the root's, when it is an ancestor.
