@@ -13,6 +13,7 @@ mod env;
 mod gpus;
 mod json;
 mod launch;
+mod lib_build;
 mod lib_path;
 mod report;
 mod run;
