@@ -396,11 +396,32 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
 /// `PR_SET_PDEATHSIG` kills a rank's first process when the launcher dies, but not what
 /// that process started. The reaper, a helper in its own process group that outlives the
 /// launcher, is told every rank's process group through a pipe; when the pipe closes
-/// without `done` (the launcher died, even by SIGKILL), it kills those groups.
-struct Reaper(Option<(Child, std::process::ChildStdin)>);
+/// without `done` (the launcher died, even by SIGKILL), it kills those groups. It is a
+/// fork of the launcher (`forked.rs`: no exec, so it costs the launcher about what one
+/// rank's fork does), else an exec of `rankguard __reaper`.
+struct Reaper(Option<(ReaperChild, Box<dyn Write>)>);
+
+enum ReaperChild {
+    Forked(super::forked::Child),
+    Exec(Child),
+}
 
 impl Reaper {
     fn start() -> Reaper {
+        if let Ok((r, w)) = std::io::pipe() {
+            let setup = super::forked::Setup { stdin: Some(r.into()), stdout: None, own_group: true };
+            // The child reads fd 0 itself, not through Stdin's buffer (a copy of the parent's).
+            let child = super::forked::spawn(setup, || {
+                use std::os::fd::AsFd;
+                match std::io::stdin().as_fd().try_clone_to_owned() {
+                    Ok(fd) => reap(BufReader::new(std::fs::File::from(fd))).map_or(1, |_| 0),
+                    Err(_) => 1,
+                }
+            });
+            if let Ok(c) = child {
+                return Reaper(Some((ReaperChild::Forked(c), Box::new(w))));
+            }
+        }
         let spawned = std::env::current_exe().and_then(|exe| {
             use std::os::unix::process::CommandExt;
             Command::new(exe)
@@ -414,7 +435,7 @@ impl Reaper {
         match spawned {
             Ok(mut c) => {
                 let pipe = c.stdin.take();
-                Reaper(pipe.map(|p| (c, p)))
+                Reaper(pipe.map(|p| (ReaperChild::Exec(c), Box::new(p) as Box<dyn Write>)))
             }
             Err(e) => {
                 eprintln!("rankguard launch: warning: no reaper ({e}); if the launcher is killed, processes \
@@ -431,21 +452,25 @@ impl Reaper {
     }
 
     fn done(&mut self) {
-        if let Some((mut child, mut pipe)) = self.0.take() {
+        if let Some((child, mut pipe)) = self.0.take() {
             let _ = writeln!(pipe, "done");
             drop(pipe);
-            let _ = child.wait();
+            let _ = match child {
+                ReaperChild::Forked(c) => c.wait().map(|_| ()),
+                ReaperChild::Exec(mut c) => c.wait().map(|_| ()),
+            };
         }
     }
 }
 
-/// The hidden `__reaper` subcommand (see [`Reaper`]).
-pub fn reaper_main(_args: Vec<OsString>) -> Result<ExitCode> {
+/// The reaper's work (see [`Reaper`]): read process groups from `input` until `done`
+/// (Ok(false)) or end of input, then kill them all (Ok(true)).
+fn reap(input: impl BufRead) -> std::io::Result<bool> {
     let mut groups: Vec<u32> = Vec::new();
-    for line in std::io::stdin().lock().lines() {
+    for line in input.lines() {
         let Ok(line) = line else { break };
         if line == "done" {
-            return Ok(ExitCode::SUCCESS);
+            return Ok(false);
         }
         if let Ok(g) = line.trim().parse() {
             groups.push(g);
@@ -454,6 +479,12 @@ pub fn reaper_main(_args: Vec<OsString>) -> Result<ExitCode> {
     for g in groups {
         let _ = sys::signal_group(g, sys::SIGKILL);
     }
+    Ok(true)
+}
+
+/// The hidden `__reaper` subcommand (see [`Reaper`]).
+pub fn reaper_main(_args: Vec<OsString>) -> Result<ExitCode> {
+    let _ = reap(std::io::stdin().lock());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -10,6 +10,7 @@ pub mod args;
 mod check;
 mod embedded;
 mod env;
+mod forked;
 mod gpus;
 mod json;
 mod launch;
