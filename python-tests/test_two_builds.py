@@ -17,7 +17,7 @@ import shutil
 
 import pytest
 
-from conftest import CLI, GUARD, NATIVE_GUARD, ROOT, clean_env, gnu_libc_version, run
+from conftest import CLI, GUARD, NATIVE_GUARD, clean_env, gnu_libc_version, run
 from _cli import child_cmd, children
 from _elf import glibc_versions, needed_libraries
 from _guard import prog
