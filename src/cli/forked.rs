@@ -27,7 +27,10 @@ pub fn single_threaded() -> bool {
 /// Whether a file named `name` is mapped into this process (e.g. a preloaded library).
 pub fn is_mapped(name: &str) -> bool {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
-    maps.lines().any(|l| l.rsplit('/').next() == Some(name) && l.contains('/'))
+    // A file replaced after it was mapped shows as "<path> (deleted)": still mapped.
+    maps.lines()
+        .map(|l| l.trim_end_matches(" (deleted)"))
+        .any(|l| l.contains('/') && l.rsplit('/').next() == Some(name))
 }
 
 /// How the child is set up.

@@ -66,16 +66,14 @@ pub fn find() -> Result<PathBuf> {
         }
     }
     // A binary installed alone (cargo install, a wheel) carries the library: see embedded.rs.
+    // The first build it carries is the answer; a cache that cannot be used is an error,
+    // never a reason to hand out the other build quietly.
     let mut carried = Vec::new();
     for &b in builds {
         if super::embedded::available(b) {
-            match super::embedded::extract(b) {
-                Ok(p) => return Ok(p),
-                Err(e) => carried.push(e.msg),
-            }
-        } else {
-            carried.push(format!("this binary does not carry {} ({})", b.describe(), super::embedded::HOW));
+            return super::embedded::extract(b);
         }
+        carried.push(format!("this binary does not carry {} ({})", b.describe(), super::embedded::HOW));
     }
     let forced = if choice.forced { format!(" ({GLIBC_VAR} asks for {})", choice.build.describe()) } else { String::new() };
     Err(Error::usage(format!(
