@@ -71,7 +71,13 @@ pub fn find() -> Result<PathBuf> {
     let mut carried = Vec::new();
     for &b in builds {
         if super::embedded::available(b) {
-            return super::embedded::extract(b);
+            match super::embedded::extract(b) {
+                Ok(p) => return Ok(p),
+                Err(e) => {
+                    carried.push(e.msg);
+                    break;
+                }
+            }
         }
         carried.push(format!("this binary does not carry {} ({})", b.describe(), super::embedded::HOW));
     }
