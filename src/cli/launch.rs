@@ -399,12 +399,8 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
 /// without `done` (the launcher died, even by SIGKILL), it kills those groups. It is a
 /// fork of the launcher (`forked.rs`: no exec, so it costs the launcher about what one
 /// rank's fork does), else an exec of `rankguard __reaper`.
-struct Reaper(Option<(ReaperChild, Box<dyn Write>)>);
-
-enum ReaperChild {
-    Forked(super::forked::Child),
-    Exec(Child),
-}
+/// Holds the write end of its pipe (its process is never waited for, see `done`).
+struct Reaper(Option<Box<dyn Write>>);
 
 impl Reaper {
     fn start() -> Reaper {
@@ -418,8 +414,8 @@ impl Reaper {
                     Err(_) => 1,
                 }
             });
-            if let Ok(c) = child {
-                return Reaper(Some((ReaperChild::Forked(c), Box::new(w))));
+            if child.is_ok() {
+                return Reaper(Some(Box::new(w)));
             }
         }
         let spawned = std::env::current_exe().and_then(|exe| {
@@ -433,10 +429,7 @@ impl Reaper {
                 .spawn()
         });
         match spawned {
-            Ok(mut c) => {
-                let pipe = c.stdin.take();
-                Reaper(pipe.map(|p| (ReaperChild::Exec(c), Box::new(p) as Box<dyn Write>)))
-            }
+            Ok(mut c) => Reaper(c.stdin.take().map(|p| Box::new(p) as Box<dyn Write>)),
             Err(e) => {
                 eprintln!("rankguard launch: warning: no reaper ({e}); if the launcher is killed, processes \
                            started by the ranks may outlive it");
@@ -446,19 +439,17 @@ impl Reaper {
     }
 
     fn watch(&mut self, pgid: u32) {
-        if let Some((_, pipe)) = &mut self.0 {
+        if let Some(pipe) = &mut self.0 {
             let _ = writeln!(pipe, "{pgid}");
         }
     }
 
+    /// Tell the reaper the launch is over: it exits on reading `done`. The launcher, about
+    /// to exit itself, does not wait for that (a step a shell loop does not have); the
+    /// reaper is then reaped by init or the nearest subreaper.
     fn done(&mut self) {
-        if let Some((child, mut pipe)) = self.0.take() {
+        if let Some(mut pipe) = self.0.take() {
             let _ = writeln!(pipe, "done");
-            drop(pipe);
-            let _ = match child {
-                ReaperChild::Forked(c) => c.wait().map(|_| ()),
-                ReaperChild::Exec(mut c) => c.wait().map(|_| ()),
-            };
         }
     }
 }
