@@ -69,8 +69,8 @@ fn main() {
         Vec::new() // the glibc floor link, and so the second build, is x86_64's only
     } else if !zig {
         println!("cargo:warning=no glibc 2.34 build of librankguard.so: it is linked with zig (.venv/bin/cargo-zigbuild \
-                  missing, or RANKGUARD_SYSTEM_LINKER set); `rankguard lib` hands out the glibc 2.28 build everywhere. \
-                  Run scripts/setup and rebuild to get it.");
+                  missing, or RANKGUARD_SYSTEM_LINKER set); `rankguard lib` hands out librankguard.so, the one build, \
+                  everywhere. Run scripts/setup and rebuild to get it.");
         Vec::new()
     } else {
         match nested_build(&manifest, &root.join("rankguard-embed-glibc-2.34"), Some("2.34")) {
@@ -80,7 +80,7 @@ fn main() {
             }
             Err(e) => {
                 println!("cargo:warning=no glibc 2.34 build of librankguard.so ({e}); `rankguard lib` hands out \
-                          the glibc 2.28 build everywhere. Run scripts/setup (zig) and rebuild to get it.");
+                          librankguard.so, the one build, everywhere. Run scripts/setup (zig) and rebuild to get it.");
                 Vec::new()
             }
         }

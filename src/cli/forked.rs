@@ -21,12 +21,16 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Whether this process has exactly one thread (`/proc/self/task`).
 pub fn single_threaded() -> bool {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count() == 1).unwrap_or(false)
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count() == 1)
+        .unwrap_or(false)
 }
 
 /// Whether a file named `name` is mapped into this process (e.g. a preloaded library).
 pub fn is_mapped(name: &str) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return true;
+    };
     // A file replaced after it was mapped shows as "<path> (deleted)": still mapped.
     maps.lines()
         .map(|l| l.trim_end_matches(" (deleted)"))
@@ -63,7 +67,11 @@ impl Child {
                 return Err(e);
             }
         }
-        Ok(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) })
+        Ok(if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            128 + libc::WTERMSIG(status)
+        })
     }
 }
 
@@ -71,9 +79,14 @@ impl Child {
 /// Err when this process has more than one thread (see the module doc) or fork fails.
 pub fn spawn(setup: Setup, f: impl FnOnce() -> i32) -> io::Result<Child> {
     if !single_threaded() {
-        return Err(io::Error::other("more than one thread: a fork without exec is not safe here"));
+        return Err(io::Error::other(
+            "more than one thread: a fork without exec is not safe here",
+        ));
     }
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     // SAFETY: this process has one thread (checked above; nothing in this CLI starts one
     // concurrently with this call), so the child may run ordinary Rust code: no lock can
     // be held by a thread that does not exist in it.
@@ -87,8 +100,14 @@ pub fn spawn(setup: Setup, f: impl FnOnce() -> i32) -> io::Result<Child> {
     // The child. Never returns: every path ends in _exit.
     let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let fds = [
-            setup.stdin.as_ref().map_or(null.as_raw_fd(), |f| f.as_raw_fd()),
-            setup.stdout.as_ref().map_or(null.as_raw_fd(), |f| f.as_raw_fd()),
+            setup
+                .stdin
+                .as_ref()
+                .map_or(null.as_raw_fd(), |f| f.as_raw_fd()),
+            setup
+                .stdout
+                .as_ref()
+                .map_or(null.as_raw_fd(), |f| f.as_raw_fd()),
             null.as_raw_fd(),
         ];
         for (target, fd) in fds.into_iter().enumerate() {
@@ -120,12 +139,23 @@ pub fn spawn(setup: Setup, f: impl FnOnce() -> i32) -> io::Result<Child> {
 /// their readers would wait for it).
 fn close_from(low: libc::c_int) {
     // SAFETY: close_range takes integers only; closing descriptors is always allowed.
-    if unsafe { libc::syscall(libc::SYS_close_range, low as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) } == 0 {
+    if unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            low as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        )
+    } == 0
+    {
         return;
     }
     // Kernels before 5.9: close what /proc lists.
     let fds: Vec<libc::c_int> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
         .unwrap_or_default();
     for fd in fds.into_iter().filter(|&fd| fd >= low) {
         // SAFETY: closing a descriptor number; an already-closed one gives EBADF, ignored.

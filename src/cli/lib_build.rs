@@ -63,8 +63,13 @@ pub fn fits(glibc: Option<(u32, u32)>) -> Build {
 
 /// The choice for `RANKGUARD_LIB_GLIBC` (`var`) on a process running `glibc`.
 pub fn choose(var: Option<&OsStr>, glibc: Option<(u32, u32)>) -> Result<Choice> {
-    let value = var.map(|v| v.to_string_lossy().trim().to_string()).unwrap_or_default();
-    let shown = |g: Option<(u32, u32)>| g.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|| "unknown".into());
+    let value = var
+        .map(|v| v.to_string_lossy().trim().to_string())
+        .unwrap_or_default();
+    let shown = |g: Option<(u32, u32)>| {
+        g.map(|(a, b)| format!("{a}.{b}"))
+            .unwrap_or_else(|| "unknown".into())
+    };
     match value.as_str() {
         "" | "auto" => Ok(Choice { build: fits(glibc), forced: false }),
         "2.28" => Ok(Choice { build: Build::Floor, forced: true }),
@@ -104,15 +109,43 @@ mod tests {
     #[test]
     fn the_variable_forces_a_build_or_fails_clearly() {
         let auto = |g| choose(None, g).unwrap();
-        assert_eq!(auto(Some((2, 36))), Choice { build: Build::Native, forced: false });
-        assert_eq!(auto(Some((2, 31))), Choice { build: Build::Floor, forced: false });
+        assert_eq!(
+            auto(Some((2, 36))),
+            Choice {
+                build: Build::Native,
+                forced: false
+            }
+        );
+        assert_eq!(
+            auto(Some((2, 31))),
+            Choice {
+                build: Build::Floor,
+                forced: false
+            }
+        );
         let v = |s: &str, g| choose(Some(OsStr::new(s)), g);
         assert_eq!(v("auto", Some((2, 36))).unwrap().build, Build::Native);
         assert_eq!(v("", Some((2, 36))).unwrap().build, Build::Native);
-        assert_eq!(v("2.28", Some((2, 36))).unwrap(), Choice { build: Build::Floor, forced: true });
-        assert_eq!(v("2.34", Some((2, 36))).unwrap(), Choice { build: Build::Native, forced: true });
+        assert_eq!(
+            v("2.28", Some((2, 36))).unwrap(),
+            Choice {
+                build: Build::Floor,
+                forced: true
+            }
+        );
+        assert_eq!(
+            v("2.34", Some((2, 36))).unwrap(),
+            Choice {
+                build: Build::Native,
+                forced: true
+            }
+        );
         let e = v("2.34", Some((2, 31))).unwrap_err();
-        assert!(e.msg.contains("does not load on this glibc (2.31)") && e.msg.contains("2.28"), "{}", e.msg);
+        assert!(
+            e.msg.contains("does not load on this glibc (2.31)") && e.msg.contains("2.28"),
+            "{}",
+            e.msg
+        );
         let e = v("native", Some((2, 36))).unwrap_err();
         assert!(e.msg.contains("RANKGUARD_LIB_GLIBC='native'"), "{}", e.msg);
     }

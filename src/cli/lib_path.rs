@@ -79,7 +79,11 @@ pub fn find() -> Result<PathBuf> {
                 }
             }
         }
-        carried.push(format!("this binary does not carry {} ({})", b.describe(), super::embedded::HOW));
+        let why = match b {
+            Build::Floor => super::embedded::HOW,
+            Build::Native => "build.rs makes it for x86_64 release builds, with zig: see its cargo warning",
+        };
+        carried.push(format!("this binary does not carry {} ({why})", b.describe()));
     }
     let forced = if choice.forced { format!(" ({GLIBC_VAR} asks for {})", choice.build.describe()) } else { String::new() };
     Err(Error::usage(format!(
