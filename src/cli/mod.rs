@@ -16,6 +16,7 @@ mod json;
 mod launch;
 mod lib_build;
 mod lib_path;
+mod rank_env;
 mod report;
 mod run;
 #[allow(unsafe_code)]
