@@ -86,7 +86,9 @@ def test_run_execs_in_place_and_keeps_identity_and_job():
     (c,) = children(out)
     assert c["pid"] == proc.pid, "run must exec, not fork"
     assert c["env"]["RANKGUARD_RANK_GPU"] == "GPU-12"  # the outer rank's identity is kept
-    assert c["env"]["RANKGUARD_RANK_GPU_UUID"] is None
+    # issue 14 item 8: the guard accepts a prefix only when it can verify it, so run
+    # resolves an inherited identity that lacks its full UUID.
+    assert c["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(2)
     assert c["env"]["RANKGUARD_JOB"] == "job-7"
     c = one(run_rank("--", *child_cmd("--no-cuda"), CUDA_VISIBLE_DEVICES="2", SLURM_JOB_ID="99", SLURM_STEP_ID="1"))
     assert c["env"]["RANKGUARD_JOB"] == "slurm:99.1"  # the guard's own derivation (src/jobid.rs)

@@ -21,6 +21,7 @@ mod report;
 mod run;
 #[allow(unsafe_code)]
 mod sys;
+mod tree;
 
 use std::ffi::OsString;
 use std::fmt;
