@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from _cli import CLI, bus, clean_env, cli, sysroot, uuid
-from conftest import GUARD
+from conftest import GUARD, LIB_GUARD
 
 KEYS = ["format", "version", "ok", "cuda_visible_devices", "mode", "entries", "driver", "guard", "rank_gpu",
         "rank_gpu_matches", "job", "affinity", "omp_num_threads", "problems", "warnings"]
@@ -29,7 +29,7 @@ def test_a_launched_rank_keeps_the_contract():
     assert d["driver"] == {"ok": True, "count": 1, "error": None,
                            "devices": [{"ordinal": 0, "uuid": uuid(3), "bus_id": bus(3), "numa_node": None,
                                         "local_cpus": None}]}
-    assert d["guard"]["preloaded"] and d["guard"]["preload_entry"] == str(GUARD.resolve())
+    assert d["guard"]["preloaded"] and d["guard"]["preload_entry"] == str(LIB_GUARD.resolve())
     assert d["guard"]["mode"] == "enforce"
     assert d["rank_gpu"] == "3" and d["rank_gpu_matches"] is True
     assert d["job"] and d["problems"] == [] and d["warnings"] == []

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from _cli import CLI, alive, bus, child_cmd, children, clean_env, cli, sysroot, uuid, wait_for
-from conftest import GUARD
+from conftest import GUARD, LIB_GUARD
 
 
 def launch(*args, env=None, **kw):
@@ -49,7 +49,7 @@ def test_four_ranks_each_see_their_planned_gpu():
         assert e["MASTER_ADDR"] == "127.0.0.1"
         assert e["RANKGUARD_RANK_GPU"] == str(i)
         assert e["RANKGUARD_RANK_GPU_UUID"] == uuid(i)
-        assert e["LD_PRELOAD"] == str(GUARD.resolve())
+        assert e["LD_PRELOAD"] == str(LIB_GUARD.resolve())
         assert e["OMP_NUM_THREADS"] is None
 
 
@@ -112,7 +112,7 @@ def test_ld_preload_keeps_what_was_there_and_job_is_kept(tmp_path):
     p = launch("--nproc-per-node", "1", "--", *child_cmd("--no-cuda"), env=env)
     assert p.returncode == 0, p.stderr
     (c,) = children(p.stdout)
-    assert c["env"]["LD_PRELOAD"] == f"{GUARD.resolve()}:{other}"
+    assert c["env"]["LD_PRELOAD"] == f"{LIB_GUARD.resolve()}:{other}"
     assert c["env"]["RANKGUARD_JOB"] == "job-42"
 
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from _cli import CLI, child_cmd, children, clean_env, cli, uuid
-from conftest import GUARD
+from conftest import LIB_GUARD
 
 
 def run_rank(*args, **env):
@@ -27,7 +27,7 @@ def test_narrow_by_local_rank_gives_the_right_single_entry():
     assert c["env"]["CUDA_VISIBLE_DEVICES"] == "6"
     assert c["env"]["RANKGUARD_RANK_GPU"] == "6"
     assert c["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(6)
-    assert c["env"]["LD_PRELOAD"] == str(GUARD.resolve())
+    assert c["env"]["LD_PRELOAD"] == str(LIB_GUARD.resolve())
     assert c["guard_loaded"]
     assert c["cuda"]["count"] == 1 and c["cuda"]["devices"][0]["uuid"] == uuid(6)
     # UUID lists narrow to the verbatim entry.

@@ -410,16 +410,35 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
 /// `PR_SET_PDEATHSIG` kills a rank's first process when the launcher dies, but not what
 /// that process started. The reaper, a helper in its own process group that outlives the
 /// launcher, is told every rank's process group through a pipe; when the pipe closes
-/// without `done` (the launcher died, even by SIGKILL), it kills those groups.
-struct Reaper(Option<(Child, std::process::ChildStdin)>);
+/// without `done` (the launcher died, even by SIGKILL), it kills those groups. It is a
+/// fork of the launcher running [`reaper_main`] (`forked.rs`: no exec, so it costs the
+/// launcher about what one rank's fork does), else an exec of `rankguard __reaper`.
+struct Reaper(Option<(ReaperChild, Box<dyn Write>)>);
+
+enum ReaperChild {
+    Forked(super::forked::Child),
+    Exec(Child),
+}
 
 impl Reaper {
     fn start() -> Reaper {
+        let launcher = OsString::from(std::process::id().to_string());
+        if let Ok((r, w)) = std::io::pipe() {
+            let setup = super::forked::Setup { stdin: Some(r.into()), stdout: None, own_group: true };
+            // reaper_main reads fd 0 with read(2) itself (no Stdin buffer copied from us).
+            let arg = launcher.clone();
+            if let Ok(c) = super::forked::spawn(setup, move || match reaper_main(vec![arg]) {
+                Ok(_) => 0,
+                Err(e) => i32::from(e.code),
+            }) {
+                return Reaper(Some((ReaperChild::Forked(c), Box::new(w))));
+            }
+        }
         let spawned = std::env::current_exe().and_then(|exe| {
             use std::os::unix::process::CommandExt;
             Command::new(exe)
                 .arg(super::REAPER)
-                .arg(std::process::id().to_string())
+                .arg(&launcher)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -429,7 +448,7 @@ impl Reaper {
         match spawned {
             Ok(mut c) => {
                 let pipe = c.stdin.take();
-                Reaper(pipe.map(|p| (c, p)))
+                Reaper(pipe.map(|p| (ReaperChild::Exec(c), Box::new(p) as Box<dyn Write>)))
             }
             Err(e) => {
                 eprintln!("rankguard launch: warning: no reaper ({e}); if the launcher is killed, processes \
@@ -445,11 +464,17 @@ impl Reaper {
         }
     }
 
+    /// Tell the reaper the launch is over and wait for it to exit (it does on reading
+    /// `done`; it is already running, so this is one wake-up): it is the launcher's child,
+    /// and `kill_leftovers` must not find it among what the launch left behind.
     fn done(&mut self) {
-        if let Some((mut child, mut pipe)) = self.0.take() {
+        if let Some((child, mut pipe)) = self.0.take() {
             let _ = writeln!(pipe, "done");
             drop(pipe);
-            let _ = child.wait();
+            let _ = match child {
+                ReaperChild::Forked(c) => c.wait().map(|_| ()),
+                ReaperChild::Exec(mut c) => c.wait().map(|_| ()),
+            };
         }
     }
 }

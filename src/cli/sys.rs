@@ -53,6 +53,20 @@ pub fn affinity() -> io::Result<CpuSet> {
     Ok(m.to_set())
 }
 
+/// The version of the glibc this process runs on (`gnu_get_libc_version`), e.g. (2, 36):
+/// which build of librankguard.so fits it (`lib_build.rs`).
+pub fn glibc_version() -> Option<(u32, u32)> {
+    // SAFETY: gnu_get_libc_version takes no arguments and returns a pointer to a static,
+    // NUL-terminated string (glibc's manual); it is never NULL, checked anyway.
+    let p = unsafe { libc::gnu_get_libc_version() };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL, NUL-terminated, static (above).
+    let v = unsafe { CStr::from_ptr(p) };
+    super::lib_build::parse_version(&v.to_string_lossy())
+}
+
 /// Arrange for `cmd`'s child, between fork and exec, to: run on `cpus` (inherited by its
 /// threads and descendants), die with SIGKILL when the launcher dies (`PR_SET_PDEATHSIG`),
 /// lead its own process group (so signals reach the rank's whole tree), and start with an

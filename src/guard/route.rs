@@ -55,9 +55,10 @@ pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
 /// NULL to let the real `dlsym` answer (the trampoline then jumps to it with the caller's
 /// own return address, so `RTLD_NEXT` keeps its meaning).
 ///
-/// Cheap for every name that is not ours: the trampoline itself forwards names that do not
-/// start with `cu`; here at most five byte compares reject `curl_*`, `cudnn*`, `cublas*`
-/// before any table scan. Never loads a library or takes a lock.
+/// Cheap for every name that is not ours: the trampoline itself forwards every name that
+/// is not of the guarded shape (`dlsym.rs`); the same test here covers the process's first
+/// lookup, which reaches this function whatever the name, before any table scan. Never
+/// loads a library or takes a lock.
 pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if symbol.is_null() {
         return std::ptr::null_mut();
