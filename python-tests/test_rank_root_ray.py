@@ -22,7 +22,7 @@ import time
 import pytest
 
 from _ipc import gpu_uuid
-from conftest import CLI, FAKE, GUARD, ROOT, clean_env
+from conftest import CLI, FAKE, LIB_GUARD, ROOT, clean_env
 
 ACTORS = 4
 TIMEOUT = 120
@@ -157,7 +157,7 @@ def cluster(tmp_path_factory):
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    assert ns["lib"] == str(GUARD)
+    assert ns["lib"] == str(LIB_GUARD)          # what `rankguard lib` hands out here
     try:
         yield tmp, ns["Learner"]
     finally:
