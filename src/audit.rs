@@ -297,6 +297,16 @@ pub struct Record {
     pub detail: Option<String>,
     /// R3: who exported the imported handle (`exporter_*` fields, `guard/ipc.rs`).
     pub exporter: Option<Exporter>,
+    /// Where the call came from (`guard/site.rs`): `FILE:LINE in FUNCTION` or
+    /// `OBJECT(SYMBOL+0xOFF)`; absent in records of older guards.
+    pub site: Option<String>,
+    /// Python frames `FILE:LINE in FUNCTION`, outermost first (empty without Python).
+    pub py_stack: Vec<String>,
+    /// Violations this record stands for: 1, or a summary record's `count`.
+    pub count: u64,
+    /// A summary record (`"summary":true`): `count` occurrences after the site's first
+    /// full records, with no arguments of their own.
+    pub summary: bool,
 }
 
 /// The exporter of an IPC/VMM handle, as the guard's provenance record knew it.
@@ -325,6 +335,20 @@ fn opt_int(v: &Json, key: &str) -> Result<Option<i64>, String> {
     }
 }
 
+fn str_list(v: &Json, key: &str) -> Result<Vec<String>, String> {
+    match v.get(key) {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::Arr(items)) => items
+            .iter()
+            .map(|i| match i {
+                Json::Str(s) => Ok(s.clone()),
+                _ => Err(format!("not an audit record: field '{key}' is not a list of strings")),
+            })
+            .collect(),
+        Some(_) => Err(format!("not an audit record: field '{key}' is not a list of strings")),
+    }
+}
+
 fn req_str(v: &Json, key: &str) -> Result<String, String> {
     match opt_str(v, key)? {
         Some(s) if !s.is_empty() => Ok(s),
@@ -349,8 +373,22 @@ pub fn parse_record(line: &str) -> Result<Record, String> {
         Some(Json::Num(n)) if n.is_finite() => Some(*n),
         Some(_) => return Err("not an audit record: field 'ts' is not a number".into()),
     };
+    let summary = match v.get("summary") {
+        None | Some(Json::Null) | Some(Json::Bool(false)) => false,
+        Some(Json::Bool(true)) => true,
+        Some(_) => return Err("not an audit record: field 'summary' is not true or false".into()),
+    };
+    let count = match (summary, opt_int(&v, "count")?) {
+        (false, _) => 1,
+        (true, Some(n)) if n > 0 => n as u64,
+        (true, _) => return Err("not an audit record: a summary without a positive 'count'".into()),
+    };
     Ok(Record {
         ts,
+        site: opt_str(&v, "site")?,
+        py_stack: str_list(&v, "py_stack")?,
+        count,
+        summary,
         call: req_str(&v, "call")?,
         abi: opt_str(&v, "abi")?,
         verdict: req_str(&v, "verdict")?,
@@ -421,11 +459,31 @@ pub struct Group {
     pub warned: usize,
     /// Numbered ranks ascending, then rank "-".
     pub ranks: Vec<RankStats>,
+    /// Call sites, most violations first (ties: site text; records without one last).
+    pub sites: Vec<SiteStats>,
+}
+
+/// The violations of one (rule, call) from one call site, across ranks and processes.
+#[derive(Debug, Clone)]
+pub struct SiteStats {
+    /// `None`: records that name no site (older guards, or none could be found).
+    pub site: Option<String>,
+    pub count: usize,
+    pub denied: usize,
+    pub warned: usize,
+    /// Numbered ranks ascending, then rank "-" (`None`).
+    pub ranks: Vec<Option<i64>>,
+    pub processes: usize,
+    pub first: Record,
+    pub first_at: Origin,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
+    /// Violations: full records plus the counts of summary records.
     pub records: usize,
+    /// Summary records read (each stands for `count` violations).
+    pub summaries: usize,
     pub denied: usize,
     pub warned: usize,
     pub groups: usize,
@@ -462,13 +520,45 @@ struct Acc {
     denied: usize,
     warned: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
+    ranks: BTreeSet<(bool, i64)>,
     first: Option<(Record, Origin, usize)>,
+}
+
+impl Acc {
+    fn add(&mut self, r: &Record, at: &Origin, seq: usize) {
+        let n = r.count as usize;
+        self.count += n;
+        if r.verdict == "deny" {
+            self.denied += n;
+        } else {
+            self.warned += n;
+        }
+        self.procs.insert((r.host.clone(), r.pid));
+        self.ranks.insert(rank_key(r.rank));
+        // A summary record (no arguments of its own) is a first occurrence only where no
+        // full record is known.
+        let earlier = match &self.first {
+            None => true,
+            Some((f, _, _)) if f.summary != r.summary => f.summary,
+            Some((f, _, fseq)) => match (r.ts, f.ts) {
+                (Some(t), Some(ft)) if t != ft => t < ft,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                _ => seq < *fseq,
+            },
+        };
+        if earlier {
+            self.first = Some((r.clone(), at.clone(), seq));
+        }
+    }
 }
 
 /// Builds a [`Summary`] from files' lines, in the order they are given.
 #[derive(Default)]
 pub struct Aggregator {
     acc: BTreeMap<((u32, String), String, (bool, i64)), Acc>,
+    sites: BTreeMap<((u32, String), String, Option<String>), Acc>,
+    summaries: usize,
     problems: Vec<Problem>,
     seq: usize,
     unreadable: usize,
@@ -533,40 +623,42 @@ impl Aggregator {
     pub fn add_record(&mut self, r: Record, at: Origin) {
         self.seq += 1;
         let seq = self.seq;
-        let proc_id = (r.host.clone(), r.pid);
-        self.procs.insert(proc_id.clone());
+        self.procs.insert((r.host.clone(), r.pid));
         self.ranks.insert(rank_key(r.rank));
-        let a = self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(r.rank))).or_default();
-        a.count += 1;
-        if r.verdict == "deny" {
-            a.denied += 1;
-        } else {
-            a.warned += 1;
+        if r.summary {
+            self.summaries += 1;
         }
-        a.procs.insert(proc_id);
-        let earlier = match &a.first {
-            None => true,
-            Some((f, _, fseq)) => match (r.ts, f.ts) {
-                (Some(t), Some(ft)) if t != ft => t < ft,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                _ => seq < *fseq,
-            },
-        };
-        if earlier {
-            a.first = Some((r, at, seq));
-        }
+        self.sites.entry((rule_key(&r.rule), r.call.clone(), r.site.clone())).or_default().add(&r, &at, seq);
+        self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(r.rank))).or_default().add(&r, &at, seq);
     }
 
     pub fn finish(self) -> Summary {
         let mut groups: Vec<Group> = Vec::new();
+        let mut sites: BTreeMap<((u32, String), String), Vec<SiteStats>> = BTreeMap::new();
+        for ((rk, call, site), a) in self.sites {
+            let Some((first, first_at, _)) = a.first else { continue };
+            sites.entry((rk, call)).or_default().push(SiteStats {
+                site,
+                count: a.count,
+                denied: a.denied,
+                warned: a.warned,
+                ranks: a.ranks.iter().map(|&(none, r)| (!none).then_some(r)).collect(),
+                processes: a.procs.len(),
+                first,
+                first_at,
+            });
+        }
+        for v in sites.values_mut() {
+            v.sort_by(|a, b| b.count.cmp(&a.count).then((a.site.is_none(), &a.site).cmp(&(b.site.is_none(), &b.site))));
+        }
         let mut totals = Totals::default();
         for ((rk, call, _), a) in self.acc {
             let Some((first, first_at, _)) = a.first else { continue };
             let rule = first.rule.clone();
             let same = groups.last().is_some_and(|g| rule_key(&g.rule) == rk && g.call == call);
             if !same {
-                groups.push(Group { rule, call, count: 0, denied: 0, warned: 0, ranks: Vec::new() });
+                let s = sites.remove(&(rk.clone(), call.clone())).unwrap_or_default();
+                groups.push(Group { rule, call, count: 0, denied: 0, warned: 0, ranks: Vec::new(), sites: s });
             }
             let g = groups.last_mut().expect("pushed above");
             g.count += a.count;
@@ -589,6 +681,7 @@ impl Aggregator {
         totals.ranks = self.ranks.len();
         totals.processes = self.procs.len();
         totals.problems = self.problems.len();
+        totals.summaries = self.summaries;
         Summary { groups, problems: self.problems, totals, unreadable: self.unreadable }
     }
 }
@@ -712,7 +805,7 @@ mod tests {
         ]);
         let r1 = &s.groups[1].ranks[1];
         assert_eq!((r1.first_at.file.as_str(), r1.first_at.line, r1.processes), ("a", 2, 2));
-        assert_eq!(s.totals, Totals { records: 6, denied: 3, warned: 3, groups: 3, ranks: 4, processes: 5, problems: 0 });
+        assert_eq!(s.totals, Totals { records: 6, summaries: 0, denied: 3, warned: 3, groups: 3, ranks: 4, processes: 5, problems: 0 });
         assert_eq!(s.status(), 1);
     }
 

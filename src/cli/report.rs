@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use super::args::{Lexer, Token};
 use super::json::Value;
 use super::{Error, Result};
-use crate::audit::{self, Aggregator, Group, RankStats, Summary};
+use crate::audit::{self, Aggregator, Group, RankStats, SiteStats, Summary};
 
 const HELP: &str = "\
 Usage: rankguard report [--json] AUDIT...
@@ -219,9 +219,39 @@ fn group_text(o: &mut String, g: &Group) {
         if ranks.len() == 1 { "rank" } else { "ranks" },
         ranks.join(", ")
     );
+    for s in &g.sites {
+        site_text(o, g, s);
+    }
     for r in &g.ranks {
         rank_text(o, g, r);
     }
+}
+
+/// `    at legacy_cfg.py:7 in place_learner: 3 warned in ranks 1, 2, from 3 processes`
+/// and its first occurrence.
+fn site_text(o: &mut String, g: &Group, s: &SiteStats) {
+    let ranks: Vec<String> = s.ranks.iter().map(|r| r.map_or("-".into(), |n| n.to_string())).collect();
+    let _ = writeln!(
+        o,
+        "    at {}: {} in {} {}, from {}",
+        s.site.as_deref().unwrap_or("<site not recorded>"),
+        counts(s.count, s.denied, s.warned),
+        if ranks.len() == 1 { "rank" } else { "ranks" },
+        ranks.join(", "),
+        plural(s.processes, "process", "processes")
+    );
+    let f = &s.first;
+    let _ = writeln!(
+        o,
+        "      first {} {}:{} {}({}) ({}:{})",
+        f.ts.map_or_else(|| "time unknown".to_string(), audit::utc),
+        f.host.as_deref().unwrap_or("?"),
+        f.pid.map_or("?".to_string(), |p| p.to_string()),
+        g.call,
+        f.args.as_deref().unwrap_or(""),
+        s.first_at.file,
+        s.first_at.line
+    );
 }
 
 fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
@@ -290,6 +320,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
                 ("denied", Value::Num(g.denied as i64)),
                 ("warned", Value::Num(g.warned as i64)),
                 ("ranks", Value::Arr(g.ranks.iter().map(rank_json).collect())),
+                ("sites", Value::Arr(g.sites.iter().map(site_json).collect())),
             ])
         })
         .collect();
@@ -311,6 +342,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
             "totals",
             Value::Obj(vec![
                 ("violations", Value::Num(t.records as i64)),
+                ("summary_records", Value::Num(t.summaries as i64)),
                 ("denied", Value::Num(t.denied as i64)),
                 ("warned", Value::Num(t.warned as i64)),
                 ("calls", Value::Num(t.groups as i64)),
@@ -322,6 +354,32 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
         ("groups", Value::Arr(groups)),
         ("problems", Value::Arr(problems)),
         ("status", Value::Num(i64::from(s.status()))),
+    ])
+}
+
+fn site_json(s: &SiteStats) -> Value {
+    let f = &s.first;
+    Value::Obj(vec![
+        ("site", Value::opt_str(s.site.clone())),
+        ("count", Value::Num(s.count as i64)),
+        ("denied", Value::Num(s.denied as i64)),
+        ("warned", Value::Num(s.warned as i64)),
+        ("ranks", Value::Arr(s.ranks.iter().map(|&r| Value::opt_num(r)).collect())),
+        ("processes", Value::Num(s.processes as i64)),
+        (
+            "first",
+            Value::Obj(vec![
+                ("time", Value::opt_str(f.ts.map(audit::utc))),
+                ("ts_us", Value::opt_num(f.ts.map(audit::micros))),
+                ("host", Value::opt_str(f.host.clone())),
+                ("pid", Value::opt_num(f.pid)),
+                ("rank", Value::opt_num(f.rank)),
+                ("args", Value::opt_str(f.args.clone())),
+                ("py_stack", Value::Arr(f.py_stack.iter().map(Value::str).collect())),
+                ("file", Value::str(&s.first_at.file)),
+                ("line", Value::Num(s.first_at.line as i64)),
+            ]),
+        ),
     ])
 }
 

@@ -14,12 +14,16 @@
 #[macro_use]
 pub mod table;
 pub mod dlsym;
+pub mod elfsym;
 pub mod engine;
+pub mod exec;
 pub mod ipc;
 pub mod ffi;
 pub mod internal;
 pub mod real;
 pub mod report;
 pub mod route;
+pub mod site;
 pub mod state;
+pub mod tally;
 pub mod wrappers;

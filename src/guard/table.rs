@@ -172,7 +172,8 @@ macro_rules! gate {
     ($verdict:expr, $($fmt:tt)*) => {{
         let verdict = $verdict;
         if !verdict.is_allow() {
-            if let Err(code) = $crate::guard::engine::on_verdict(ID, verdict, format_args!($($fmt)*)) {
+            let ra = $crate::caller_address!();
+            if let Err(code) = $crate::guard::engine::on_verdict_ra(ID, verdict, format_args!($($fmt)*), ra) {
                 return code;
             }
         }
