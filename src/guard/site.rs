@@ -213,7 +213,8 @@ impl TracebackParser {
     }
 
     fn end_line(&mut self, frame: &mut impl FnMut(&str) -> bool) {
-        let mut out = StackBuf::<FRAME_MAX>::new();
+        // As long as the line: records cap each frame with an explicit "...".
+        let mut out = StackBuf::<1200>::new();
         let text = std::str::from_utf8(self.line.as_bytes()).unwrap_or("");
         if text.trim() == "..." {
             self.cut = true;
