@@ -141,10 +141,11 @@ def test_report_text_is_what_the_demo_showed(demo):
 
 
 def _line_of(pattern: str) -> int:
-    """The line of examples/rl_job.py that makes a planted call."""
+    """The line of examples/rl_job.py, in function fn, that makes a planted call."""
     text = (EXAMPLES / "rl_job.py").read_text().splitlines()
-    [n] = [i for i, line in enumerate(text, 1) if pattern in line]
-    return n
+    fn, pat = pattern
+    start = next(i for i, line in enumerate(text) if line.startswith(f"def {fn}("))
+    return start + 1 + next(i for i, line in enumerate(text[start:]) if pat in line)
 
 
 # Where each planted (rule, call) is made: the function and the line of the call (issue 13).
@@ -158,7 +159,7 @@ PLANTED_SITES = {
 def test_act1_shows_the_site_of_each_planted_violation(demo):
     """Lines, records and the report name the line of rl_job.py each violation came from."""
     script = str(EXAMPLES / "rl_job.py")
-    sites = {k: f"{script}:{_line_of(pat)} in {fn}" for k, (fn, pat) in PLANTED_SITES.items()}
+    sites = {k: f"{script}:{_line_of((fn, pat))} in {fn}" for k, (fn, pat) in PLANTED_SITES.items()}
     for r in demo.records(1):
         assert r["site"] == sites[(r["rule"], r["call"])], r
         assert r["py_stack"][-1] == r["site"] and r["py_stack"][0].endswith(" in <module>"), r
