@@ -106,7 +106,30 @@ pub fn on_verdict<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>
 #[cold]
 #[inline(never)]
 pub fn on_verdict_ra<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, ra: usize) -> Result<(), R> {
+    if let Some(r) = repeated(id, verdict, ra) {
+        return r;
+    }
     on_verdict_at(id, verdict, args, None, ra)
+}
+
+/// The repeated path (issue 19), tried before anything is formatted: a
+/// violation from a return address already recorded in full as its own site is only
+/// counted (one atomic increment: no formatting, no syscall, no allocation, nothing that
+/// can panic). `None`: not such a violation, take [`on_verdict_ra`].
+#[inline(always)]
+fn repeated<R: Code>(id: usize, verdict: Verdict, ra: usize) -> Option<Result<(), R>> {
+    // (ra == 0 never has a return-address slot.)
+    let Verdict::Violation(v) = verdict else { return None };
+    let st = state::try_get()?;
+    let deny = match if st.inert { Mode::Off } else { st.config.mode } {
+        Mode::Warn => false,
+        Mode::Enforce => true,
+        Mode::Abort | Mode::Off => return None,
+    };
+    if !tally::counted_again(id, v.rule, deny, ra) {
+        return None;
+    }
+    Some(if deny { Err(R::denied(v.code)) } else { Ok(()) })
 }
 
 /// [`on_verdict`] with extra report fields (R3 names the exporter).
@@ -121,6 +144,7 @@ pub fn on_verdict_with<R: Code>(
     on_verdict_at(id, verdict, args, extra, 0)
 }
 
+#[inline(never)]
 fn on_verdict_at<R: Code>(
     id: usize,
     verdict: Verdict,

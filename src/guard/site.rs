@@ -66,16 +66,16 @@ macro_rules! caller_address {
 }
 
 /// `[fp + 8]` when `fp` is a plausible frame of the current thread (at or above `sp`, within
-/// 1 MiB, 8-aligned); else 0 (the caller then unwinds instead).
+/// 1 MiB: one unsigned compare); else 0 (the caller then unwinds instead).
 #[inline(always)]
 pub fn frame_return_address(fp: usize, sp: usize) -> usize {
-    if fp < sp || fp - sp > (1 << 20) || fp % 8 != 0 {
+    if fp.wrapping_sub(sp) > (1 << 20) {
         return 0;
     }
     // SAFETY: `fp` lies between the stack pointer and 1 MiB above it, on this thread's
     // stack, where the function's frame record (saved rbp, return address) was pushed by
-    // its prologue; the read is a plain aligned load of mapped stack memory.
-    unsafe { *((fp + 8) as *const usize) }
+    // its prologue; the read is a plain (unaligned-tolerant) load of mapped stack memory.
+    unsafe { ((fp + 8) as *const usize).read_unaligned() }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -104,6 +104,13 @@ fn py_lookup() {
     PY_DUMP.store(dump as usize, Ordering::Relaxed);
     PY_INIT.store(init as usize, Ordering::Relaxed);
     PY_STATE.store(2, Ordering::Release);
+}
+
+/// True once this process is known to have no Python interpreter (looked up at the first
+/// violation): the repeated path may then key on the return address alone.
+#[inline]
+pub fn no_python() -> bool {
+    PY_STATE.load(Ordering::Relaxed) == 1
 }
 
 /// The calling thread's Python thread state, if this is a Python process with an
@@ -582,7 +589,6 @@ mod tests {
     fn frame_return_address_rejects_implausible_frames() {
         assert_eq!(frame_return_address(8, 16), 0);
         assert_eq!(frame_return_address(16 + (2 << 20), 16), 0);
-        assert_eq!(frame_return_address(17, 16), 0);
         let slots = [0usize, 0xabcdef];
         let fp = slots.as_ptr() as usize;
         assert_eq!(frame_return_address(fp, fp), 0xabcdef);

@@ -110,7 +110,8 @@ fn warn_once_config(var: &str, value: &str, what: &str) {
 
 /// Say each invalid configuration value once per process.
 pub fn report_config_errors() {
-    if CONFIG_WARNED.swap(true, Ordering::Relaxed) {
+    // A load first: the violation path calls this each time, a swap would be a locked write.
+    if CONFIG_WARNED.load(Ordering::Relaxed) || CONFIG_WARNED.swap(true, Ordering::Relaxed) {
         return;
     }
     for e in &get().config.errors {

@@ -42,8 +42,11 @@ const SITE_WORDS: usize = SITE_MAX.div_ceil(8);
 const READY: u32 = 1;
 /// A return-address slot whose site lies further out: used only to remember that.
 const CLASSIFY: u32 = 2;
-/// A return-address slot that is the site itself: it counts.
+/// A return-address slot that is the site itself: it counts. Only in processes without
+/// Python (a Python thread's site is its Python line, whatever the return address).
 const DIRECT: u32 = 4;
+/// The slot has had its full records: later occurrences are only counted.
+const SATURATED: u32 = 8;
 
 struct Slot {
     key: AtomicU64,
@@ -148,16 +151,18 @@ fn rule_of(code: u32) -> Rule {
     }
 }
 
-/// FNV-1a over 64-bit words, never 0 (0 marks an empty slot).
-fn mix(words: &[u64]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for w in words {
-        for b in w.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+/// The key of (meta, tag, value): a bijection of `value` for each (meta, tag) (odd
+/// multipliers, xor-shift), a few instructions on the repeated path; never 0 (0 marks an
+/// empty slot).
+#[inline(always)]
+fn key(meta: u32, tag: u64, value: u64) -> u64 {
+    let mut h = value.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (u64::from(meta) << 3 | tag).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    h ^= h >> 31;
+    if h == 0 {
+        1
+    } else {
+        h
     }
-    h | 1
 }
 
 fn hash_bytes(b: &[u8]) -> u64 {
@@ -172,9 +177,9 @@ fn hash_bytes(b: &[u8]) -> u64 {
 /// The slot of `key`, if present.
 #[inline]
 fn find(key: u64) -> Option<&'static Slot> {
-    let start = (key as usize) % SLOTS;
+    let start = key as usize;
     for i in 0..SLOTS {
-        let s = &SLOT_TABLE[(start + i) % SLOTS];
+        let s = &SLOT_TABLE[(start.wrapping_add(i)) & (SLOTS - 1)];
         match s.key.load(Ordering::Acquire) {
             k if k == key => return Some(s),
             0 => return None,
@@ -186,9 +191,9 @@ fn find(key: u64) -> Option<&'static Slot> {
 
 /// The slot of `key`, claiming an empty one; `true` when this call claimed it.
 fn find_or_claim(key: u64) -> (&'static Slot, bool) {
-    let start = (key as usize) % SLOTS;
+    let start = key as usize;
     for i in 0..SLOTS {
-        let s = &SLOT_TABLE[(start + i) % SLOTS];
+        let s = &SLOT_TABLE[(start.wrapping_add(i)) & (SLOTS - 1)];
         loop {
             match s.key.load(Ordering::Acquire) {
                 k if k == key => return (s, false),
@@ -205,15 +210,37 @@ fn find_or_claim(key: u64) -> (&'static Slot, bool) {
     (&OVERFLOW, false)
 }
 
+fn meta_of(id: usize, rule: Rule, deny: bool) -> u32 {
+    (id as u32) << 8 | rule_code(rule) << 1 | u32::from(deny)
+}
+
+/// The repeated path of a process without Python: a violation from a return address that
+/// is its own site and has had its full records. Counted with one atomic increment; false
+/// when it is not such a violation (the caller then takes [`occurrence`]).
+/// (A DIRECT slot exists only in a process without Python, and only once activated; a
+/// fork child's table is empty.)
+#[inline]
+pub fn counted_again(id: usize, rule: Rule, deny: bool, ra: usize) -> bool {
+    let Some(slot) = find(key(meta_of(id, rule, deny), TAG_RA, ra as u64)) else { return false };
+    if slot.flags.load(Ordering::Relaxed) & (DIRECT | SATURATED) != DIRECT | SATURATED {
+        return false;
+    }
+    slot.pending.fetch_add(1, Ordering::Relaxed);
+    if EXITING.load(Ordering::SeqCst) {
+        flush_slot(slot);
+    }
+    true
+}
+
 /// Count one violation of entry `id` and decide whether it gets a full record.
 /// `ra`: the wrapper's return address (0: unknown).
 pub fn occurrence(id: usize, rule: Rule, deny: bool, ra: usize) -> Occ {
     activate();
-    let meta = (id as u32) << 8 | rule_code(rule) << 1 | u32::from(deny);
+    let meta = meta_of(id, rule, deny);
     if let Some(t) = site::python_thread() {
         let mut s = StackBuf::<SITE_MAX>::new();
         if site::python_site(t, &mut s) {
-            let key = mix(&[u64::from(meta), TAG_PY, hash_bytes(s.as_bytes())]);
+            let key = key(meta, TAG_PY, hash_bytes(s.as_bytes()));
             let (slot, claimed) = find_or_claim(key);
             if claimed {
                 publish(slot, meta, s.as_bytes(), 0);
@@ -226,8 +253,8 @@ pub fn occurrence(id: usize, rule: Rule, deny: bool, ra: usize) -> Occ {
 }
 
 fn native(meta: u32, ra: usize) -> Occ {
-    let k0 = mix(&[u64::from(meta), TAG_RA, ra as u64]);
-    if ra != 0 {
+    let k0 = key(meta, TAG_RA, ra as u64);
+    if ra != 0 && site::no_python() {
         if let Some(slot) = find(k0) {
             if slot.flags.load(Ordering::Acquire) & DIRECT != 0 {
                 return count(slot, || site::capture(None));
@@ -238,8 +265,11 @@ fn native(meta: u32, ra: usize) -> Occ {
     let mut ips = [0usize; site::MAX_WALK];
     let n = site::native_ips(&mut ips);
     let site_ip = site::user_frame(&ips[..n]).map_or(0, |i| ips[i]);
-    let direct = ra != 0 && site_ip == ra;
-    if ra != 0 {
+    // Keyed by return address only without Python: in a Python process the same return
+    // address (ctypes, cuda.bindings) serves every Python line.
+    let by_ra = ra != 0 && site::no_python();
+    let direct = by_ra && site_ip == ra;
+    if by_ra {
         let (slot, claimed) = find_or_claim(k0);
         if claimed {
             if direct {
@@ -255,7 +285,7 @@ fn native(meta: u32, ra: usize) -> Occ {
             return count(slot, || site::capture(None));
         }
     }
-    let key = if site_ip != 0 { mix(&[u64::from(meta), TAG_IP, site_ip as u64]) } else { mix(&[u64::from(meta), TAG_NONE]) };
+    let key = if site_ip != 0 { key(meta, TAG_IP, site_ip as u64) } else { key(meta, TAG_NONE, 0) };
     let (slot, claimed) = find_or_claim(key);
     if claimed {
         let mut t = StackBuf::<{ site::FRAME_MAX }>::new();
@@ -303,6 +333,9 @@ fn count(slot: &'static Slot, capture: impl FnOnce() -> Capture) -> Occ {
         }
     }
     slot.pending.fetch_add(1, Ordering::Relaxed);
+    if slot.flags.load(Ordering::Relaxed) & SATURATED == 0 {
+        slot.flags.fetch_or(SATURATED, Ordering::Relaxed);
+    }
     after_count(slot);
     Occ::Counted
 }
@@ -492,11 +525,16 @@ mod tests {
 
     #[test]
     fn keys_are_never_zero_and_differ_by_every_part() {
-        assert_ne!(mix(&[]), 0);
-        let a = mix(&[1, TAG_RA, 0x1000]);
-        assert_ne!(a, mix(&[1, TAG_RA, 0x1001]));
-        assert_ne!(a, mix(&[3, TAG_RA, 0x1000]));
-        assert_ne!(a, mix(&[1, TAG_IP, 0x1000]));
+        let a = key(1, TAG_RA, 0x1000);
+        assert_ne!(a, key(1, TAG_RA, 0x1001));
+        assert_ne!(a, key(3, TAG_RA, 0x1000));
+        assert_ne!(a, key(1, TAG_IP, 0x1000));
+        let mut seen = std::collections::HashSet::new();
+        for v in 0..100_000u64 {
+            let k = key(7, TAG_RA, 0x5555_0000_0000 + v * 5);
+            assert_ne!(k, 0);
+            assert!(seen.insert(k), "collision at {v}");
+        }
     }
 
     #[test]
@@ -515,9 +553,9 @@ mod tests {
 
     #[test]
     fn the_first_n_are_full_then_counted_exactly() {
-        let (slot, claimed) = find_or_claim(mix(&[999, TAG_NONE]));
+        let (slot, claimed) = find_or_claim(key(999, TAG_NONE, 0));
         assert!(claimed);
-        let (again, claimed) = find_or_claim(mix(&[999, TAG_NONE]));
+        let (again, claimed) = find_or_claim(key(999, TAG_NONE, 0));
         assert!(std::ptr::eq(slot, again) && !claimed);
         let mut full = 0;
         let mut first = 0;
