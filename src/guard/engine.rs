@@ -120,15 +120,7 @@ pub fn on_verdict_ra<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<
 fn repeated<R: Code>(id: usize, verdict: Verdict, ra: usize) -> Option<Result<(), R>> {
     // (ra == 0 never has a return-address slot.)
     let Verdict::Violation(v) = verdict else { return None };
-    let st = state::try_get()?;
-    let deny = match if st.inert { Mode::Off } else { st.config.mode } {
-        Mode::Warn => false,
-        Mode::Enforce => true,
-        Mode::Abort | Mode::Off => return None,
-    };
-    if !tally::counted_again(id, v.rule, deny, ra) {
-        return None;
-    }
+    let deny = tally::counted_again(id, v.rule, ra)?;
     Some(if deny { Err(R::denied(v.code)) } else { Ok(()) })
 }
 

@@ -114,6 +114,9 @@ static SLOT_TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
 static OVERFLOW: Slot = Slot::new();
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The mode for the repeated path: 1 warn, 2 enforce, 0 anything else (set at activation;
+/// the mode never changes in a process).
+static FAST_MODE: AtomicU8 = AtomicU8::new(0);
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 /// 0: no flusher in this process; 1: started (or not needed).
 static FLUSHER: AtomicU8 = AtomicU8::new(0);
@@ -220,16 +223,25 @@ fn meta_of(id: usize, rule: Rule, deny: bool) -> u32 {
 /// (A DIRECT slot exists only in a process without Python, and only once activated; a
 /// fork child's table is empty.)
 #[inline]
-pub fn counted_again(id: usize, rule: Rule, deny: bool, ra: usize) -> bool {
-    let Some(slot) = find(key(meta_of(id, rule, deny), TAG_RA, ra as u64)) else { return false };
+pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
+    // The mode of the process, as activation saw it: 1 warn, 2 enforce, else not here.
+    let deny = match FAST_MODE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => return None,
+    };
+    let k = key(meta_of(id, rule, deny), TAG_RA, ra as u64);
+    // First probe inline; a collision walks the table out of line.
+    let first = &SLOT_TABLE[k as usize & (SLOTS - 1)];
+    let slot = if first.key.load(Ordering::Acquire) == k { first } else { find(k)? };
     if slot.flags.load(Ordering::Relaxed) & (DIRECT | SATURATED) != DIRECT | SATURATED {
-        return false;
+        return None;
     }
     slot.pending.fetch_add(1, Ordering::Relaxed);
     if EXITING.load(Ordering::SeqCst) {
         flush_slot(slot);
     }
-    true
+    Some(deny)
 }
 
 /// Count one violation of entry `id` and decide whether it gets a full record.
@@ -372,6 +384,14 @@ fn activate_slow() {
         return;
     }
     OWNER_PID.store(report::pid(), Ordering::Relaxed);
+    FAST_MODE.store(
+        match state::mode() {
+            Mode::Warn => 1,
+            Mode::Enforce => 2,
+            Mode::Abort | Mode::Off => 0,
+        },
+        Ordering::Relaxed,
+    );
     // SAFETY: both handlers are plain extern "C" functions of this library, which is never
     // unloaded once a violation happened in it; they only touch atomics and write(2).
     unsafe {
