@@ -810,6 +810,53 @@ mod tests {
     }
 
     #[test]
+    fn summaries_add_their_counts_and_sites_group_each_call() {
+        let mut a = Aggregator::new();
+        let full = |ts: f64, site: &str, pid: i64| {
+            format!(r#"{{"ts":{ts},"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"args":"ordinal=1","site":"{site}","py_stack":["a.py:1 in <module>","{site}"]}}"#)
+        };
+        let summary = |ts: f64, site: &str, n: u64, pid: i64| {
+            format!(r#"{{"ts":{ts},"summary":true,"count":{n},"since":1.0,"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"site":"{site}"}}"#)
+        };
+        // A summary read before any full record of its site is not its first occurrence.
+        let lines = [
+            summary(0.5, "a.py:7 in f", 199_900, 1),
+            full(1.0, "a.py:7 in f", 1),
+            full(2.0, "a.py:9 in g", 1),
+            summary(3.0, "a.py:7 in f", 50, 2),
+            r#"{"ts":4.0,"call":"cuDeviceGet","verdict":"deny","rule":"R2","pid":3,"host":"h","rank":1}"#.to_string(),
+        ];
+        for (i, l) in lines.iter().enumerate() {
+            a.add_line("f", i + 1, l.as_bytes(), true);
+        }
+        let s = a.finish();
+        assert_eq!((s.totals.records, s.totals.summaries, s.totals.warned, s.totals.denied), (199_953, 2, 199_952, 1));
+        let g = &s.groups[0];
+        assert_eq!(g.count, 199_953);
+        let sites: Vec<(Option<&str>, usize, usize, Vec<Option<i64>>)> =
+            g.sites.iter().map(|x| (x.site.as_deref(), x.count, x.processes, x.ranks.clone())).collect();
+        assert_eq!(sites, vec![
+            (Some("a.py:7 in f"), 199_951, 2, vec![Some(0)]),
+            (Some("a.py:9 in g"), 1, 1, vec![Some(0)]),
+            (None, 1, 1, vec![Some(1)]),
+        ]);
+        assert!(!g.sites[0].first.summary && g.sites[0].first_at.line == 2);
+        assert_eq!(g.sites[0].first.py_stack, ["a.py:1 in <module>", "a.py:7 in f"]);
+        assert_eq!(g.ranks[0].count, 199_952);
+        assert!(!g.ranks[0].first.summary);
+    }
+
+    #[test]
+    fn a_summary_needs_a_positive_count() {
+        for bad in [r#"{"summary":true,"call":"c","verdict":"warn","rule":"R2"}"#, r#"{"summary":true,"count":0,"call":"c","verdict":"warn","rule":"R2"}"#, r#"{"summary":1,"count":3,"call":"c","verdict":"warn","rule":"R2"}"#] {
+            assert!(parse_record(bad).is_err(), "{bad}");
+        }
+        // A count on a record that is not a summary is not a multiplier.
+        assert_eq!(parse_record(r#"{"count":9,"call":"c","verdict":"warn","rule":"R2"}"#).unwrap().count, 1);
+        assert!(parse_record(r#"{"call":"c","verdict":"warn","rule":"R2","py_stack":[1]}"#).is_err());
+    }
+
+    #[test]
     fn equal_or_missing_times_keep_input_order() {
         let mut a = Aggregator::new();
         a.add_line("f", 1, rec(1.0, "c", "R2", "deny", Some(0), 1).as_bytes(), true);
