@@ -425,8 +425,8 @@ pub fn capture(python: Option<*mut c_void>) -> Capture {
             inner.len() < PY_FRAMES
         });
         c.py_cut = cut || seen > inner.len();
-        if let Some(first) = inner.first() {
-            c.site = Some(cut_site(first));
+        if let Some(site) = inner.iter().find(|f| !in_package(f)).or(inner.first()) {
+            c.site = Some(cut_site(site));
         }
         inner.reverse();
         c.py_stack = inner;
@@ -504,19 +504,40 @@ pub fn cut_site(s: &str) -> String {
     s[..end].to_string()
 }
 
-/// The innermost Python frame of `tstate` into `out` (cut at SITE_MAX); false if none.
+/// Whether a frame is in an installed package (`site-packages`, `dist-packages`): framework
+/// code such as `torch/cuda/__init__.py:NNN in set_device`, not the user's line.
+pub fn in_package(frame: &str) -> bool {
+    let file = frame.rsplit_once(" in ").map_or(frame, |(f, _)| f);
+    file.contains("/site-packages/") || file.contains("/dist-packages/")
+}
+
+/// The site of `tstate`'s Python stack into `out` (cut at SITE_MAX): the innermost frame
+/// outside installed packages, else the innermost frame; false if there is no frame.
 /// The repeated-violation path of a Python thread: no allocation.
 pub fn python_site(tstate: *mut c_void, out: &mut StackBuf<SITE_MAX>) -> bool {
     let mut found = false;
+    let mut innermost = StackBuf::<SITE_MAX>::new();
+    let mut n = 0;
     python_frames(tstate, |f| {
+        n += 1;
         let mut end = f.len().min(SITE_MAX);
         while !f.is_char_boundary(end) {
             end -= 1;
+        }
+        if n == 1 {
+            innermost.push_bytes(&f.as_bytes()[..end]);
+        }
+        if in_package(f) {
+            return n < PY_FRAMES;
         }
         out.push_bytes(&f.as_bytes()[..end]);
         found = true;
         false
     });
+    if !found && n > 0 {
+        out.push_bytes(innermost.as_bytes());
+        found = true;
+    }
     found
 }
 
@@ -565,6 +586,14 @@ mod tests {
         let mut b = StackBuf::<128>::new();
         assert!(parse_frame_line("  File \"x.py\", line ???", &mut b));
         assert_eq!(b.as_bytes(), b"x.py:??? in ?");
+    }
+
+    #[test]
+    fn frames_of_installed_packages_are_not_the_site() {
+        assert!(in_package("/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:399 in set_device"));
+        assert!(in_package("/usr/lib/python3/dist-packages/x.py:1 in f"));
+        assert!(!in_package("/home/u/train.py:7 in place_learner"));
+        assert!(!in_package("/home/u/train.py:7 in site-packages/"));
     }
 
     #[test]
