@@ -22,8 +22,10 @@ const HELP: &str = "\
 Usage: rankguard report [--json] AUDIT...
 
 Summarise RANKGUARD_AUDIT files (JSON lines written by librankguard.so; give all ranks'
-files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, per
+files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, then
+by call site (where in the program: FILE:LINE in FUNCTION or OBJECT(SYMBOL+0xOFF)) and per
 rank, with counts and the first occurrence (time, host:pid, call and arguments, why).
+Summary records (counts of a site's violations after its first 100) add into the counts.
 Unreadable files and torn or non-JSON lines are listed as problems and skipped.
 
   --json    a stable JSON document instead of text (format: docs/report.md)
