@@ -1,6 +1,6 @@
 //! `rankguard report AUDIT... [--json]`: what the guard recorded across a job, for a person
 //! debugging a legacy config. Reads the audit files (`RANKGUARD_AUDIT`, one or many: all
-//! ranks of a job) and prints the violations grouped by rule and call, per rank, with counts
+//! ranks of a job) and prints the violations grouped by rule and call, then by call site and per rank, with counts
 //! and the first occurrence; unusable files and lines are listed, never fatal.
 //!
 //! The aggregation is `crate::audit` (pure, unit-tested); this file reads files and renders.
