@@ -89,15 +89,19 @@ def test_two_sites_8_threads_4_processes_on_one_file(tmp_path):
     assert len(per) == 8 and set(per.values()) == {FULL}, per
 
 
-@pytest.mark.parametrize("how", ["return", "exit", "exec"])
+@pytest.mark.parametrize("how", ["return", "exit", "exec", "execl"])
 def test_totals_are_exact_however_the_process_ends(tmp_path, how):
     n = 12345
     args = {"return": ["loop", str(n)], "exit": ["exit", str(n)],
-            "exec": ["exec", str(n), "/bin/sh", "-c", "echo execed"]}[how]
+            "exec": ["exec", str(n), "/bin/sh", "-c", "echo execed"],
+            "execl": ["execl", str(n), "echo execed with $# args: $0"]}[how]
     r = guarded([prog("guard_volume"), *args], tmp_path, cvd="0,1", mode="warn")
     assert r.rc == 0 and f"done n={n}" in r.out, r.out + r.err
     if how == "exec":
         assert "execed" in r.out
+    if how == "execl":
+        # The variadic call's arguments went through the guard's trampoline intact.
+        assert "execed with 0 args: sh" in r.out, r.out
     assert one_site(report_json(next(tmp_path.glob("audit-*.jsonl"))), "guard_volume(site_a+") == n
 
 

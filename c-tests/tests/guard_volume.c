@@ -7,6 +7,8 @@
  *   guard_volume exit N               the same, then exit(0) from a helper
  *   guard_volume _exit N MS           the same, sleep MS milliseconds, then _exit(0)
  *   guard_volume exec N PROG ARGS...  the same, then execv(PROG, [PROG, ARGS...])
+ *   guard_volume execl N SHELL-CMD    the same, then execl("/bin/sh", "sh", "-c", CMD, NULL)
+ *                                     (a variadic exec: its arguments must arrive intact)
  *   guard_volume idle N               the same, then print "idle" and sleep (the test kills it)
  *   guard_volume threads N T          T threads, each N iterations of site_a then site_b
  *   guard_volume deep DEPTH           recurse DEPTH frames, then one violation
@@ -105,6 +107,13 @@ int main(int argc, char **argv) {
         fflush(stdout);
         execv(argv[3], argv + 3);
         perror("execv");
+        return 4;
+    } else if (!strcmp(m, "execl")) {
+        loop(n);
+        printf("done n=%ld\n", made);
+        fflush(stdout);
+        execl("/bin/sh", "sh", "-c", argv[3], (char *)NULL);
+        perror("execl");
         return 4;
     } else if (!strcmp(m, "idle")) {
         loop(n);

@@ -419,6 +419,7 @@ extern "C" fn after_fork_child() {
 
 /// Before `exec*` replaces this process image: write what is pending. Not in a `vfork`
 /// child (it shares the parent's memory and counts), which has another pid.
+#[cfg_attr(test, allow(dead_code))]
 pub fn before_exec() {
     if !ACTIVE.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) != report::pid() {
         return;
