@@ -27,6 +27,16 @@ mod x86 {
         -1
     }
 
+    /// Resolve every real function now (a process's first violation, `tally.rs`), so that a
+    /// `vfork` child's exec never has to call `dlsym` (which takes the loader's lock).
+    pub fn resolve_all() {
+        for (slot, name) in REAL.iter().zip(NAMES) {
+            if slot.load(Ordering::Acquire) == 0 {
+                slot.store(real::lookup(libc::RTLD_NEXT, name) as usize, Ordering::Release);
+            }
+        }
+    }
+
     /// Called by every shim with its index: flush the counts, return the real function.
     /// Never unwinds into the caller.
     extern "C" fn rg_exec_hook(which: usize) -> usize {
@@ -74,4 +84,10 @@ mod x86 {
     exec_shim!(execlp, 5);
     exec_shim!(execle, 6);
     exec_shim!(fexecve, 7);
+}
+
+/// See `x86::resolve_all`; nothing to resolve where nothing is interposed.
+pub fn resolve_all() {
+    #[cfg(target_arch = "x86_64")]
+    x86::resolve_all();
 }
