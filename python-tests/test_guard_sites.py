@@ -129,7 +129,8 @@ def _pythons():
 
 
 CTYPES_ONLY = textwrap.dedent("""\
-    import ctypes, sys
+    import ctypes, sys, threading
+    sys.setrecursionlimit(30000)
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuInit(0)
 
@@ -137,13 +138,28 @@ CTYPES_ONLY = textwrap.dedent("""\
         d = ctypes.c_int()
         return lib.cuDeviceGet(ctypes.byref(d), 1)  # SITE get
 
+    def in_thread():
+        d = ctypes.c_int()
+        return lib.cuDeviceGet(ctypes.byref(d), 2)  # SITE thread
+
+    def down(n):
+        if n == 0:
+            d = ctypes.c_int()
+            return lib.cuDeviceGet(ctypes.byref(d), 3)  # SITE deep
+        return down(n - 1)
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join()
+    down(10000)
     print("rc", legacy(), sys.version_info[:2])
 """)
 
 
-# CPython exports `_Py_DumpTraceback` (faulthandler's GIL-free dump) in these versions only;
-# 3.10 and 3.13+ keep it hidden (README).
-PY_SITE_VERSIONS = {(3, 11), (3, 12)}
+# CPython exports `_Py_DumpTraceback` (faulthandler's GIL-free dump) in 3.11 and 3.12; 3.13
+# hides it but publishes its frame layout (`_PyRuntime.debug_offsets`, src/guard/pyframes.rs).
+# 3.10 has neither (README).
+PY_SITE_VERSIONS = {(3, 11), (3, 12), (3, 13)}
 
 
 @pytest.mark.parametrize("python", _pythons())
@@ -156,6 +172,14 @@ def test_python_site_on_every_cpython_here(tmp_path, python):
     if version in PY_SITE_VERSIONS:
         assert rec["site"] == f"{script}:{site_line(CTYPES_ONLY, 'get')} in legacy", (python, rec)
         assert rec["py_stack"][0].endswith(" in <module>")
+        # Another thread: its own frames, from threading's bootstrap.
+        [t] = by_args(r.audit, "ordinal=2")
+        assert t["site"] == f"{script}:{site_line(CTYPES_ONLY, 'thread')} in in_thread", t
+        assert t["py_stack"][0].endswith(" in _bootstrap"), t["py_stack"]
+        # 10,000 frames deep: cut, never walked whole.
+        [d] = by_args(r.audit, "ordinal=3")
+        assert d["site"] == f"{script}:{site_line(CTYPES_ONLY, 'deep')} in down", d
+        assert len(d["py_stack"]) == 32 and d["py_stack_cut"] is True
     else:
         # No GIL-free traceback here: the native site (ctypes' call), never a crash.
         assert "py_stack" not in rec and rec["site"] and ".py:" not in rec["site"], rec

@@ -20,6 +20,7 @@ pub mod exec;
 pub mod ipc;
 pub mod ffi;
 pub mod internal;
+pub mod pyframes;
 pub mod real;
 pub mod report;
 pub mod route;

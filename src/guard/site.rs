@@ -91,12 +91,25 @@ static PY_TSTATE: AtomicUsize = AtomicUsize::new(0);
 static PY_DUMP: AtomicUsize = AtomicUsize::new(0);
 static PY_INIT: AtomicUsize = AtomicUsize::new(0);
 
+/// CPython 3.13's frame layout, when `_Py_DumpTraceback` is not exported (`pyframes.rs`).
+static PY_OFFSETS: std::sync::OnceLock<crate::guard::pyframes::Offsets> = std::sync::OnceLock::new();
+
 #[cold]
 fn py_lookup() {
     let get = real::lookup(libc::RTLD_DEFAULT, c"PyGILState_GetThisThreadState");
     let dump = real::lookup(libc::RTLD_DEFAULT, c"_Py_DumpTraceback");
     let init = real::lookup(libc::RTLD_DEFAULT, c"Py_IsInitialized");
-    if get.is_null() || dump.is_null() || init.is_null() {
+    if dump.is_null() && !get.is_null() {
+        let runtime = real::lookup(libc::RTLD_DEFAULT, c"_PyRuntime");
+        let code_type = real::lookup(libc::RTLD_DEFAULT, c"PyCode_Type") as usize;
+        let get_line = real::lookup(libc::RTLD_DEFAULT, c"PyUnstable_InterpreterFrame_GetLine") as usize;
+        // SAFETY: `runtime` is CPython's exported _PyRuntime (load checks its cookie and
+        // version before reading the offsets table it starts with).
+        if let Some(o) = unsafe { crate::guard::pyframes::load(runtime, code_type, get_line) } {
+            let _ = PY_OFFSETS.set(o);
+        }
+    }
+    if get.is_null() || init.is_null() || (dump.is_null() && PY_OFFSETS.get().is_none()) {
         PY_STATE.store(1, Ordering::Release);
         return;
     }
@@ -146,7 +159,12 @@ pub fn python_thread() -> Option<*mut c_void> {
 pub fn python_frames(tstate: *mut c_void, mut frame: impl FnMut(&str) -> bool) -> (usize, bool) {
     let dump = PY_DUMP.load(Ordering::Relaxed);
     if dump == 0 {
-        return (0, false);
+        return match PY_OFFSETS.get() {
+            // SAFETY: `tstate` is this thread's live thread state (python_thread), of the
+            // interpreter whose offsets were loaded; the thread is inside the guard.
+            Some(o) => unsafe { crate::guard::pyframes::walk(o, tstate, frame) },
+            None => (0, false),
+        };
     }
     let mut fds = [-1; 2];
     // SAFETY: `fds` is a valid out-array of two ints.
