@@ -19,7 +19,8 @@ import time
 
 VARS = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
         "MASTER_ADDR", "MASTER_PORT", "RANKGUARD_JOB", "RANKGUARD_RANK_GPU", "RANKGUARD_RANK_GPU_UUID", "LD_PRELOAD", "OMP_NUM_THREADS",
-        "GROUP_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]
+        "GROUP_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_STEP_ID"]
 
 
 def opt(name, default=None):
@@ -50,7 +51,7 @@ def cuda_view():
 
 
 def main():
-    rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", "0")))
     pid_dir = opt("--pid-dir")
     if pid_dir:
         with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:

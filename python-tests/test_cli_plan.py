@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
-from _cli import bus, clean_env, cli, sysroot, uuid
+from _cli import CLI, bus, clean_env, cli, sysroot, uuid
 
 
 def plan_json(*args, **env):
@@ -20,18 +21,47 @@ def test_plan_json_is_the_documented_format():
     d = plan_json("--nproc-per-node", "4")
     assert list(d) == ["format", "version", "nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr",
                        "master_port", "device_source", "parent_cuda_visible_devices", "visible_devices",
-                       "launcher_affinity", "cpu_policy", "cpu_note", "ranks"]
+                       "launcher_affinity", "cpu_policy", "cpu_note", "job", "ranks"]
     assert d["format"] == "rankguard-plan" and d["version"] == 1
     assert (d["nnodes"], d["node_rank"], d["nproc_per_node"], d["world_size"]) == (1, 0, 4, 4)
     assert d["device_source"] == "driver" and d["parent_cuda_visible_devices"] is None
     assert d["visible_devices"] == 8 and d["cpu_policy"] == "inherit"
     for i, r in enumerate(d["ranks"]):
         assert list(r) == ["rank", "local_rank", "position", "cuda_visible_devices", "uuid", "bus_id", "numa_node",
-                           "cpus", "omp_num_threads"]
+                           "cpus", "omp_num_threads", "cpu_list"]
         assert (r["rank"], r["local_rank"], r["position"]) == (i, i, i)
         assert r["cuda_visible_devices"] == str(i)
         assert r["uuid"] == uuid(i) and r["bus_id"] == bus(i)
-        assert r["cpus"] is None and r["omp_num_threads"] is None
+        assert r["cpus"] is None and r["omp_num_threads"] is None and r["cpu_list"] is None
+    assert d["job"] is None  # resolved with --env only
+
+
+def test_plan_json_env_is_each_ranks_launch_environment():
+    d = plan_json("--env", "--nproc-per-node", "2", "--cpu-ids", "1,0", "--master-port", "29511", RANKGUARD_JOB="j-9",
+                  RANKGUARD_RANK_GPU_UUID="GPU-stale", LD_PRELOAD="libm.so.6")
+    assert d["job"] == "j-9"
+    for i, r in enumerate(d["ranks"]):
+        assert r["cpu_list"] == [1 - i] and r["cpus"] == str(1 - i)
+        assert list(r["env"]) == ["CUDA_VISIBLE_DEVICES", "RANKGUARD_RANK_GPU", "RANKGUARD_JOB", "LD_PRELOAD", "RANK",
+                                  "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                                  "MASTER_PORT", "RANKGUARD_RANK_GPU_UUID", "OMP_NUM_THREADS"]
+        assert r["env"]["CUDA_VISIBLE_DEVICES"] == r["env"]["RANKGUARD_RANK_GPU"] == str(i)
+        assert r["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(i) and r["env"]["RANKGUARD_JOB"] == "j-9"
+        assert r["env"]["LD_PRELOAD"].endswith("/librankguard.so:libm.so.6")
+        assert (r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"], r["env"]["OMP_NUM_THREADS"]) == \
+            ("127.0.0.1", "29511", "1")
+    # Not valid UTF-8: JSON cannot carry it exactly, so it is refused, not mangled.
+    env = clean_env(FAKECUDA_GPUS="8")
+    env_b = {k.encode(): v.encode() for k, v in env.items()}
+    env_b[b"LD_PRELOAD"] = b"/opt/\xff.so"
+    p = subprocess.run([str(CLI), "plan", "--json", "--env", "--nproc-per-node", "1"], env=env_b,
+                       capture_output=True, text=True, errors="replace", timeout=60)
+    assert p.returncode == 2 and "LD_PRELOAD" in p.stderr and "UTF-8" in p.stderr, p.stderr
+    # --env needs --json, and is plan's alone.
+    p = cli("plan", "--env", env=clean_env(FAKECUDA_GPUS="8"))
+    assert p.returncode == 2 and "add --json" in p.stderr
+    p = cli("launch", "--env", "--", "true", env=clean_env(FAKECUDA_GPUS="8"))
+    assert p.returncode == 2 and "--env belongs to `rankguard plan --json`" in p.stderr
 
 
 def test_plan_table_names_every_rank():

@@ -17,8 +17,8 @@ import zipfile
 
 import pytest
 
-from conftest import ROOT, clean_env, run
-from _cli import child_cmd, children
+from conftest import PYTHON, ROOT, clean_env, run
+from _cli import child_cmd, children, sysroot
 from _guard import prog
 
 # Both builds reuse target/release (already built by scripts/test), so they are quick.
@@ -123,7 +123,8 @@ def test_the_wheel_is_manylinux_2_28_and_carries_the_cli_and_package(wheel_venv)
     whl, _, _ = wheel_venv
     assert whl.name == "rankguard-0.1.0-py3-none-manylinux_2_28_x86_64.whl", whl.name
     names = set(zipfile.ZipFile(whl).namelist())
-    assert {"rankguard/__init__.py", "rankguard/__main__.py", "rankguard-0.1.0.data/scripts/rankguard"} <= names
+    assert {"rankguard/__init__.py", "rankguard/__main__.py", "rankguard/api.py", "rankguard/py.typed",
+            "rankguard-0.1.0.data/scripts/rankguard"} <= names
 
 
 def test_pip_installed_rankguard_check_and_lib_work(wheel_venv):
@@ -163,3 +164,68 @@ def test_pip_installed_rankguard_launch_injects_the_cached_library(wheel_venv):
     assert len(kids) == 2
     for k in kids:
         assert k["env"]["LD_PRELOAD"].split(":")[0] == lib, k["env"]
+
+
+# The rank of the R1 check below: its child keeps the rank's GPU, its other child re-points
+# CUDA_VISIBLE_DEVICES to GPU 7 (the guard must stop it at cuInit, status 78).
+R1_RANK = """
+import os, subprocess, sys
+init = "from cuda.bindings import driver as cu; print(int(cu.cuInit(0)[0]))"
+same = subprocess.run([sys.executable, "-c", init], capture_output=True, text=True)
+other = subprocess.run([sys.executable, "-c", init], env=dict(os.environ, CUDA_VISIBLE_DEVICES="7"),
+                       capture_output=True, text=True)
+print("R1", os.environ["RANK"], same.returncode, same.stdout.strip(), other.returncode,
+      "RANKGUARD" in other.stderr and "R1" in other.stderr, flush=True)
+"""
+
+
+def test_a_launcher_on_the_python_api_starts_ranks_as_launch_does(wheel_venv, tmp_path):
+    """examples/launcher.py (the README's launcher, the API alone) from the installed wheel,
+    against `rankguard launch` of the same wheel: same CVDs, CPU blocks, guard, R1."""
+    _, venv, tmp = wheel_venv
+    launcher = [venv / "bin" / "python", ROOT / "examples" / "launcher.py"]
+    launch = [venv / "bin" / "rankguard", "launch"]
+    env = clean_env(XDG_CACHE_HOME=str(tmp / "cache"), FAKECUDA_GPUS="8", RANKGUARD_JOB="job-api",
+                    PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
+    lib = run([venv / "bin" / "rankguard", "lib"], env=env, check=True).stdout.strip()
+
+    def both(nproc, cpu_ids, cmd, env=env):
+        p = run([*launcher, str(nproc), cpu_ids or "-", *cmd], env=env, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        q = run([*launch, "--nproc-per-node", str(nproc), *(["--cpu-ids", cpu_ids] if cpu_ids else []), "--",
+                 *cmd], env=env, timeout=120)
+        assert q.returncode == 0, q.stdout + q.stderr
+        return p, q
+
+    # 4 ranks: the same environment (MASTER_PORT aside: each launch picks a free one), the
+    # same GPU as cuda:0, the guard loaded.
+    p, q = both(4, None, child_cmd())
+    api, ref = children(p.stdout), children(q.stdout)
+    assert [k["env"]["CUDA_VISIBLE_DEVICES"] for k in api] == ["0", "1", "2", "3"]
+    assert len(ref) == 4
+    for a, b in zip(api, ref):
+        assert a["guard_loaded"] and a["env"]["LD_PRELOAD"].split(":")[0] == lib
+        assert {k: v for k, v in a["env"].items() if k != "MASTER_PORT"} == \
+            {k: v for k, v in b["env"].items() if k != "MASTER_PORT"}
+        assert a["env"]["MASTER_PORT"].isdigit()
+        assert a["cuda"] == b["cuda"] and a["cuda"]["count"] == 1
+        assert a["cpus_allowed_list"] == b["cpus_allowed_list"]
+
+    # CPU blocks (auto, read from a fake topology): the same block per rank, as the kernel
+    # reports the children's affinity.
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "the launcher test needs an affinity of 2 CPUs or more"
+    root = sysroot(tmp_path, FAKECUDA_GPUS="8", FAKECUDA_CPUS=f"{cpus[0]},{cpus[1]}", FAKECUDA_NUMA_NODES="2")
+    p, q = both(2, "auto", child_cmd("--no-cuda"), env=dict(env, RANKGUARD_SYSROOT=str(root)))
+    api, ref = children(p.stdout), children(q.stdout)
+    assert [k["threads_affinity"] for k in api] == [k["threads_affinity"] for k in ref] == [[cpus[0]], [cpus[1]]]
+    assert [k["env"]["OMP_NUM_THREADS"] for k in api] == ["1", "1"]
+
+    # R1: a rank's child re-pointed to another GPU is stopped at cuInit, as under launch.
+    p, q = both(2, None, [PYTHON, "-c", R1_RANK])
+    lines = lambda out: sorted(l for l in out.splitlines() if l.startswith("R1 "))
+    assert lines(p.stdout) == lines(q.stdout) == ["R1 0 0 0 78 True", "R1 1 0 0 78 True"]
+
+    # A conflict is the CLI's refusal, raised as rankguard.ConflictError.
+    p = run([*launcher, "2", "-", "true"], env=dict(env, CUDA_VISIBLE_DEVICES="3"))
+    assert p.returncode == 1 and p.stderr.startswith("launcher: ") and "single-entry" in p.stderr, p.stderr

@@ -7,7 +7,7 @@
 //! - `RANKGUARD_DEBUG`       debug log level: WARN | INFO | DEBUG | TRACE (like NCCL_DEBUG)
 //! - `RANKGUARD_DEBUG_FILE`  debug log file instead of stderr (`%h`, `%p`)
 //! - `RANKGUARD_IPC`         default | strict (deny IPC imports of unknown provenance)
-//! - `RANKGUARD_JOB`         job id (set by `rankguard launch`/`run`)
+//! - `RANKGUARD_JOB`         job id (set by `rankguard launch`/`run`; see `jobid.rs`)
 //! - `RANKGUARD_RANK_GPU`    the CUDA_VISIBLE_DEVICES entry the rank was given
 //! - `RANKGUARD_RANK_GPU_UUID` that entry's full GPU/MIG UUID, resolved by the launcher
 //! - `RANKGUARD_REGISTRY`    directory of the IPC provenance registry
@@ -170,7 +170,7 @@ impl Config {
             debug,
             debug_file: get("RANKGUARD_DEBUG_FILE"),
             ipc,
-            job: job_id(&get),
+            job: crate::jobid::from_lookup(get),
             rank,
             local_rank,
             rank_gpu: get("RANKGUARD_RANK_GPU").map(|s| s.trim().to_string()),
@@ -179,24 +179,6 @@ impl Config {
             errors,
         }
     }
-}
-
-/// The job a process belongs to: the launcher's id, else the engine's.
-fn job_id(get: &impl Fn(&str) -> Option<String>) -> Option<String> {
-    if let Some(j) = get("RANKGUARD_JOB") {
-        return Some(j);
-    }
-    if let Some(j) = get("TORCHELASTIC_RUN_ID") {
-        return Some(format!("torchelastic:{j}"));
-    }
-    if let Some(j) = get("SLURM_JOB_ID") {
-        let step = get("SLURM_STEP_ID").unwrap_or_else(|| "-".into());
-        return Some(format!("slurm:{j}.{step}"));
-    }
-    if let Some(j) = get("OMPI_MCA_ess_base_jobid") {
-        return Some(format!("ompi:{j}"));
-    }
-    None
 }
 
 /// Expand `%h` (host name) and `%p` (pid) in a file name, like NCCL_DEBUG_FILE.

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod cvd;
+pub mod jobid;
 pub mod policy;
 pub mod registry;
 

@@ -13,6 +13,8 @@ mod cvd;
 mod audit;
 mod cli;
 mod cpuset;
+// The job id, derived by the same function as the guard's (`config.rs`).
+mod jobid;
 mod plan;
 mod topology;
 

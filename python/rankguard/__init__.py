@@ -1,5 +1,7 @@
-"""rankguard for Python users: the `rankguard` command installed by this wheel, and `lib()`,
-the path of librankguard.so for `LD_PRELOAD`.
+"""rankguard for Python users: the `rankguard` command installed by this wheel, `lib()`,
+the path of librankguard.so for `LD_PRELOAD`, and the launcher API: `plan()` (the ranks
+`rankguard launch` would start, each with its complete environment and CPU block, for a
+framework that starts its ranks itself) and `check()` (`rankguard check --json`, typed).
 
 The wheel carries one native file, the `rankguard` binary (a script of this distribution);
 the library travels inside it and `rankguard lib` writes it once to the user's cache
@@ -14,7 +16,8 @@ import shutil
 import subprocess
 import sysconfig
 
-__all__ = ["executable", "lib"]
+__all__ = ["CheckResult", "ConflictError", "ContractError", "Rank", "RankguardError", "check", "executable",
+           "lib", "plan"]
 
 
 def executable() -> str:
@@ -48,3 +51,7 @@ def lib() -> str:
     if p.returncode != 0:
         raise RuntimeError(p.stderr.strip() or f"rankguard lib exited {p.returncode}")
     return p.stdout.strip()
+
+
+# The launcher API (after executable(), which it uses).
+from .api import CheckResult, ConflictError, ContractError, Rank, RankguardError, check, plan  # noqa: E402

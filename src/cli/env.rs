@@ -14,7 +14,7 @@ pub const RANK_GPU: &str = "RANKGUARD_RANK_GPU";
 /// compare identities whatever spelling (index, prefix, legacy MIG form) a descendant uses.
 pub const RANK_GPU_UUID: &str = "RANKGUARD_RANK_GPU_UUID";
 /// Unique per launch; kept when already set.
-pub const JOB: &str = "RANKGUARD_JOB";
+pub const JOB: &str = crate::jobid::VAR;
 /// The guard's file name, as `rankguard lib` finds it.
 pub const GUARD_FILE: &str = "librankguard.so";
 
@@ -87,26 +87,12 @@ pub fn job_for_launch() -> String {
     nonempty(JOB).unwrap_or_else(fresh_job_id)
 }
 
-/// The job id of a `run`: the inherited one, else one derived from the engine that started
-/// this rank, so every rank of one torchrun/srun/mpirun job shares it, else a fresh one.
+/// The job id of a `run`: the inherited one, else the one the guard derives from the engine
+/// that started this rank (`crate::jobid`, the same function), so every rank of one
+/// torchrun/srun/mpirun job shares it and agrees with a process of the rank preloaded
+/// directly; else a fresh one.
 pub fn job_for_run() -> String {
-    if let Some(j) = nonempty(JOB) {
-        return j;
-    }
-    if let Some(id) = nonempty("TORCHELASTIC_RUN_ID") {
-        return format!("torchelastic-{id}");
-    }
-    if let Some(id) = nonempty("SLURM_JOB_ID") {
-        let step = nonempty("SLURM_STEP_ID").unwrap_or_else(|| "0".into());
-        return format!("slurm-{id}.{step}");
-    }
-    if let Some(ns) = nonempty("PMIX_NAMESPACE") {
-        return format!("pmix-{ns}");
-    }
-    if let Some(id) = nonempty("OMPI_MCA_ess_base_jobid") {
-        return format!("ompi-{id}");
-    }
-    fresh_job_id()
+    crate::jobid::from_lookup(|k| std::env::var(k).ok()).unwrap_or_else(fresh_job_id)
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -17,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::args::{number, Lexer, Token};
 use super::json::Value;
-use super::{env, gpus, lib_path, sys, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use super::rank_env::Launch;
+use super::{gpus, sys, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
 use crate::cvd;
 use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
 use crate::topology::Topology;
@@ -44,6 +44,8 @@ Options:
   --prefix-output          prefix every output line with [rank R]
   --grace-period SECS      time ranks get to exit after the first failure (default 10)
   --json                   (plan) print the stable JSON form (docs/cli.md)
+  --env                    (plan --json) also resolve what launch would: the guard library,
+                           the job id, MASTER_PORT; print each rank's environment
 ";
 
 /// Validated options of `launch`/`plan`.
@@ -55,6 +57,8 @@ struct Options {
     prefix: bool,
     grace: Duration,
     json: bool,
+    /// `plan --json --env`: each rank's environment, as `launch` would set it.
+    env: bool,
     cmd: Vec<OsString>,
 }
 
@@ -63,7 +67,7 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
     let mut lx = Lexer::new(name, args);
     let (mut nproc, mut devices, mut cpu_ids, mut nnodes, mut node_rank) = (None, None, None, None, None);
     let (mut addr, mut port, mut sysroot, mut grace) = (None, None, None, None);
-    let (mut prefix, mut json) = (false, false);
+    let (mut prefix, mut json, mut with_env) = (false, false, false);
     let mut cmd = Vec::new();
     while let Some(t) = lx.next()? {
         match t {
@@ -83,6 +87,7 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
                 "--grace-period" => grace = Some(lx.value(&f)?),
                 "--prefix-output" => prefix = true,
                 "--json" => json = true,
+                "--env" => with_env = true,
                 _ => return Err(lx.unknown(&f)),
             },
             Token::Word(w) => {
@@ -160,9 +165,14 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
         if json {
             return Err(Error::usage("rankguard launch: --json belongs to `rankguard plan`"));
         }
+        if with_env {
+            return Err(Error::usage("rankguard launch: --env belongs to `rankguard plan --json`"));
+        }
         if cmd.is_empty() {
             return Err(Error::usage("rankguard launch: no command given; add `-- CMD ARGS...` (rankguard launch --help)"));
         }
+    } else if with_env && !json {
+        return Err(Error::usage("rankguard plan: --env prints each rank's environment in the JSON form; add --json"));
     }
     Ok(Some(Options {
         req: Request { nproc, devices, cpus, nnodes, node_rank },
@@ -172,6 +182,7 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
         prefix,
         grace,
         json,
+        env: with_env,
         cmd,
     }))
 }
@@ -215,7 +226,14 @@ pub fn plan_main(args: Vec<OsString>) -> Result<ExitCode> {
     let Some(o) = parse("plan", args)? else { return Ok(ExitCode::SUCCESS) };
     let p = make_plan(&o)?;
     if o.json {
-        super::emit(&plan_json(&p, &o).pretty());
+        let launch = if o.env { Some(Launch::resolve(o.master_addr.as_deref(), o.master_port)?) } else { None };
+        if let Some(bad) = launch.as_ref().filter(|l| l.preload.to_str().is_none()) {
+            // JSON carries text: a lossy copy would not be the environment launch sets.
+            return Err(Error::usage(format!(
+                "rankguard plan --env: LD_PRELOAD '{}' is not valid UTF-8, so it cannot be printed exactly; fix \
+                 LD_PRELOAD", bad.preload.to_string_lossy())));
+        }
+        super::emit(&plan_json(&p, &o, launch.as_ref()).pretty());
     } else {
         super::emit(&plan_table(&p, &o));
     }
@@ -231,12 +249,12 @@ fn source_name(p: &Plan, o: &Options) -> &'static str {
 }
 
 /// The stable `plan --json` form (docs/cli.md, "plan --json").
-fn plan_json(p: &Plan, o: &Options) -> Value {
+fn plan_json(p: &Plan, o: &Options, launch: Option<&Launch>) -> Value {
     let ranks = p
         .ranks
         .iter()
         .map(|r| {
-            Value::Obj(vec![
+            let mut fields = vec![
                 ("rank", Value::Num(r.rank.into())),
                 ("local_rank", Value::Num(r.local_rank.into())),
                 ("position", Value::Num(r.position.into())),
@@ -246,7 +264,14 @@ fn plan_json(p: &Plan, o: &Options) -> Value {
                 ("numa_node", Value::opt_num(r.numa_node)),
                 ("cpus", Value::opt_str(r.cpus.as_ref().map(|c| c.to_string()))),
                 ("omp_num_threads", Value::opt_num(r.cpus.as_ref().map(|c| c.len() as i64))),
-            ])
+                ("cpu_list", r.cpus.as_ref().map_or(Value::Null, |c| Value::Arr(c.iter().map(|n| Value::Num(n.into())).collect()))),
+            ];
+            if let Some(l) = launch {
+                let env = l.rank_env(p, r).into_iter();
+                let env = env.map(|(k, v)| (k, v.map_or(Value::Null, |v| Value::str(v.to_string_lossy()))));
+                fields.push(("env", Value::Obj(env.collect())));
+            }
+            Value::Obj(fields)
         })
         .collect();
     let parent = match &p.host.source {
@@ -268,6 +293,7 @@ fn plan_json(p: &Plan, o: &Options) -> Value {
         ("launcher_affinity", Value::str(p.affinity.to_string())),
         ("cpu_policy", Value::str(p.cpu_policy.name())),
         ("cpu_note", Value::str(p.cpu_note.clone())),
+        ("job", Value::opt_str(launch.map(|l| l.job.clone()))),
         ("ranks", Value::Arr(ranks)),
     ])
 }
@@ -306,20 +332,12 @@ fn plan_table(p: &Plan, o: &Options) -> String {
 pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let Some(o) = parse("launch", args)? else { return Ok(ExitCode::SUCCESS) };
     let p = make_plan(&o)?;
-    let guard = lib_path::find()?;
-    let job = env::job_for_launch();
-    let port = match o.master_port {
-        Some(p) => p,
-        None => free_port()?,
-    };
-    let addr = o.master_addr.clone().unwrap_or_else(|| "127.0.0.1".to_string());
+    let launch = Launch::resolve(o.master_addr.as_deref(), o.master_port)?;
     if matches!(p.cpu_policy, plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous) {
         eprintln!("rankguard launch: cpu: {}", p.cpu_note);
     }
     // Block the signals we wait for before any thread exists, so every thread inherits it.
     let signals = sys::Signals::block().map_err(|e| Error::usage(format!("cannot block signals: {e}")))?;
-    let user_omp = std::env::var_os("OMP_NUM_THREADS").is_some();
-    let preload = env::preload_with_guard(&guard, std::env::var_os("LD_PRELOAD").as_deref());
 
     let mut reaper = Reaper::start();
     let mut ranks: Vec<Rank> = Vec::new();
@@ -327,24 +345,11 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     for r in &p.ranks {
         let mut cmd = Command::new(&o.cmd[0]);
         cmd.args(&o.cmd[1..]);
-        let entry = r.device.entry.text();
-        cmd.env(cvd::VAR, &entry)
-            .env(env::RANK_GPU, &entry)
-            .env(env::JOB, &job)
-            .env("LD_PRELOAD", &preload)
-            .env("RANK", r.rank.to_string())
-            .env("LOCAL_RANK", r.local_rank.to_string())
-            .env("WORLD_SIZE", p.world_size.to_string())
-            .env("LOCAL_WORLD_SIZE", p.nproc.to_string())
-            .env("GROUP_RANK", p.node_rank.to_string())
-            .env("MASTER_ADDR", &addr)
-            .env("MASTER_PORT", port.to_string());
-        match &r.device.uuid {
-            Some(u) => cmd.env(env::RANK_GPU_UUID, u),
-            None => cmd.env_remove(env::RANK_GPU_UUID),
-        };
-        if let (Some(c), false) = (&r.cpus, user_omp) {
-            cmd.env("OMP_NUM_THREADS", c.len().to_string());
+        for (k, v) in launch.rank_env(&p, r) {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
         }
         // Children lead their own process groups; reading a terminal from a background group
         // stops the process, so ranks get no stdin.
@@ -462,15 +467,6 @@ struct Rank {
     pid: u32,
     child: Child,
     status: Option<ExitStatus>,
-}
-
-fn free_port() -> Result<u16> {
-    // Bound on every interface, then released: the same race as torchrun's
-    // `_get_free_port`, acceptable for a single-node rendezvous.
-    TcpListener::bind(("0.0.0.0", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| Error::usage(format!("cannot find a free port for MASTER_PORT: {e}; pass --master-port")))
 }
 
 /// Copy a child's stream to ours, line by line, each line led by `tag`.

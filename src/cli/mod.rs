@@ -14,6 +14,7 @@ mod gpus;
 mod json;
 mod launch;
 mod lib_path;
+mod rank_env;
 mod report;
 mod run;
 #[allow(unsafe_code)]
