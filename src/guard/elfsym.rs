@@ -25,12 +25,23 @@ static CACHE: Mutex<Option<Syms>> = Mutex::new(None);
 /// The function containing `addr` (loaded at `base`) in the object file at `path`: its name
 /// into `out`, and `addr`'s offset from its start.
 pub fn lookup<W: Write>(path: &str, base: usize, addr: usize, out: &mut W) -> Option<usize> {
-    let Ok(mut guard) = CACHE.try_lock() else { return None };
+    let Ok(mut guard) = CACHE.try_lock() else {
+        return None;
+    };
     if guard.as_ref().is_none_or(|s| s.path != path) {
-        *guard = Some(read(path).unwrap_or(Syms { path: path.to_string(), exec: false, funcs: Vec::new(), strtab: Vec::new() }));
+        *guard = Some(read(path).unwrap_or(Syms {
+            path: path.to_string(),
+            exec: false,
+            funcs: Vec::new(),
+            strtab: Vec::new(),
+        }));
     }
     let s = guard.as_ref()?;
-    let target = if s.exec { addr as u64 } else { (addr as u64).wrapping_sub(base as u64) };
+    let target = if s.exec {
+        addr as u64
+    } else {
+        (addr as u64).wrapping_sub(base as u64)
+    };
     let i = s.funcs.partition_point(|&(start, _, _)| start <= target);
     let &(start, size, name) = s.funcs.get(i.checked_sub(1)?)?;
     if target >= start.saturating_add(size) {
@@ -79,7 +90,12 @@ fn read(path: &str) -> Option<Syms> {
     let sec = |i: u64| -> Option<(u64, u64, u64, u64)> {
         let o = (i * shentsize) as usize;
         // (type, offset, size, link)
-        Some((u32_at(&sh, o + 4)?, u64_at(&sh, o + 24)?, u64_at(&sh, o + 32)?, u32_at(&sh, o + 40)?))
+        Some((
+            u32_at(&sh, o + 4)?,
+            u64_at(&sh, o + 24)?,
+            u64_at(&sh, o + 32)?,
+            u32_at(&sh, o + 40)?,
+        ))
     };
     let symtab = (0..shnum).find(|&i| sec(i).is_some_and(|s| s.0 == 2))?;
     let (_, off, size, link) = sec(symtab)?;
@@ -96,7 +112,12 @@ fn read(path: &str) -> Option<Syms> {
         }
     }
     funcs.sort_unstable();
-    Some(Syms { path: path.to_string(), exec, funcs, strtab })
+    Some(Syms {
+        path: path.to_string(),
+        exec,
+        funcs,
+        strtab,
+    })
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ mod x86 {
 
     use crate::guard::{real, tally};
 
-    const NAMES: [&CStr; 8] = [c"execve", c"execv", c"execvp", c"execvpe", c"execl", c"execlp", c"execle", c"fexecve"];
+    const NAMES: [&CStr; 8] = [
+        c"execve", c"execv", c"execvp", c"execvpe", c"execl", c"execlp", c"execle", c"fexecve",
+    ];
     static REAL: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
 
     /// A real function that cannot be found: fail the call the way exec fails.
@@ -32,7 +34,10 @@ mod x86 {
     pub fn resolve_all() {
         for (slot, name) in REAL.iter().zip(NAMES) {
             if slot.load(Ordering::Acquire) == 0 {
-                slot.store(real::lookup(libc::RTLD_NEXT, name) as usize, Ordering::Release);
+                slot.store(
+                    real::lookup(libc::RTLD_NEXT, name) as usize,
+                    Ordering::Release,
+                );
             }
         }
     }
@@ -41,7 +46,9 @@ mod x86 {
     /// Never unwinds into the caller.
     extern "C" fn rg_exec_hook(which: usize) -> usize {
         let _ = std::panic::catch_unwind(tally::before_exec);
-        let Some(slot) = REAL.get(which) else { return missing as *const () as usize };
+        let Some(slot) = REAL.get(which) else {
+            return missing as *const () as usize;
+        };
         let mut p = slot.load(Ordering::Acquire);
         if p == 0 {
             p = real::lookup(libc::RTLD_NEXT, NAMES[which]) as usize;

@@ -72,7 +72,10 @@ pub unsafe fn load(runtime: *const c_void, code_type: usize, get_line: usize) ->
     };
     // Sanity: the sizes this layout implies (an interpreter frame, an ASCII string header).
     let frame_size = w(28) as usize;
-    if !(32..=256).contains(&frame_size) || !(24..=64).contains(&o.u_ascii_size) || o.owner >= frame_size {
+    if !(32..=256).contains(&frame_size)
+        || !(24..=64).contains(&o.u_ascii_size)
+        || o.owner >= frame_size
+    {
         return None;
     }
     Some(o)
@@ -84,7 +87,11 @@ pub unsafe fn load(runtime: *const c_void, code_type: usize, get_line: usize) ->
 /// # Safety
 /// `tstate` is the calling thread's live `PyThreadState` of the interpreter `o` was read
 /// from, and the thread is not running Python code (it is inside the guard).
-pub unsafe fn walk(o: &Offsets, tstate: *mut c_void, mut frame: impl FnMut(&str) -> bool) -> (usize, bool) {
+pub unsafe fn walk(
+    o: &Offsets,
+    tstate: *mut c_void,
+    mut frame: impl FnMut(&str) -> bool,
+) -> (usize, bool) {
     type GetLine = unsafe extern "C" fn(*mut c_void) -> i32;
     // SAFETY: `get_line` is PyUnstable_InterpreterFrame_GetLine, whose signature this is.
     let get_line: GetLine = unsafe { std::mem::transmute::<usize, GetLine>(o.get_line) };
@@ -130,7 +137,12 @@ fn string<const N: usize>(o: &Offsets, s: usize, out: &mut StackBuf<N>) {
     }
     // SAFETY: `s` is a live str object (a code object's filename or name); the state word
     // and length are fields at the offsets CPython published.
-    let (state, len) = unsafe { (((s + o.u_state) as *const u32).read_unaligned(), ((s + o.u_length) as *const isize).read_unaligned()) };
+    let (state, len) = unsafe {
+        (
+            ((s + o.u_state) as *const u32).read_unaligned(),
+            ((s + o.u_length) as *const isize).read_unaligned(),
+        )
+    };
     let kind = (state >> 2) & 7;
     let compact = (state >> 5) & 1 == 1;
     let ascii = (state >> 6) & 1 == 1;

@@ -92,7 +92,8 @@ static PY_DUMP: AtomicUsize = AtomicUsize::new(0);
 static PY_INIT: AtomicUsize = AtomicUsize::new(0);
 
 /// CPython 3.13's frame layout, when `_Py_DumpTraceback` is not exported (`pyframes.rs`).
-static PY_OFFSETS: std::sync::OnceLock<crate::guard::pyframes::Offsets> = std::sync::OnceLock::new();
+static PY_OFFSETS: std::sync::OnceLock<crate::guard::pyframes::Offsets> =
+    std::sync::OnceLock::new();
 
 #[cold]
 fn py_lookup() {
@@ -102,7 +103,8 @@ fn py_lookup() {
     if dump.is_null() && !get.is_null() {
         let runtime = real::lookup(libc::RTLD_DEFAULT, c"_PyRuntime");
         let code_type = real::lookup(libc::RTLD_DEFAULT, c"PyCode_Type") as usize;
-        let get_line = real::lookup(libc::RTLD_DEFAULT, c"PyUnstable_InterpreterFrame_GetLine") as usize;
+        let get_line =
+            real::lookup(libc::RTLD_DEFAULT, c"PyUnstable_InterpreterFrame_GetLine") as usize;
         // SAFETY: `runtime` is CPython's exported _PyRuntime (load checks its cookie and
         // version before reading the offsets table it starts with).
         if let Some(o) = unsafe { crate::guard::pyframes::load(runtime, code_type, get_line) } {
@@ -147,7 +149,8 @@ pub fn python_thread() -> Option<*mut c_void> {
         if init() == 0 {
             return None;
         }
-        let get: GetTstate = std::mem::transmute::<usize, GetTstate>(PY_TSTATE.load(Ordering::Relaxed));
+        let get: GetTstate =
+            std::mem::transmute::<usize, GetTstate>(PY_TSTATE.load(Ordering::Relaxed));
         let t = get();
         (!t.is_null()).then_some(t)
     }
@@ -208,7 +211,12 @@ pub struct TracebackParser {
 
 impl Default for TracebackParser {
     fn default() -> Self {
-        TracebackParser { line: StackBuf::new(), frames: 0, cut: false, stopped: false }
+        TracebackParser {
+            line: StackBuf::new(),
+            frames: 0,
+            cut: false,
+            stopped: false,
+        }
     }
 }
 
@@ -255,8 +263,12 @@ impl TracebackParser {
 
 /// `  File "x.py", line 7 in f` -> `x.py:7 in f`. False for any other line.
 pub fn parse_frame_line<W: Write>(line: &str, out: &mut W) -> bool {
-    let Some(rest) = line.trim_start().strip_prefix("File \"") else { return false };
-    let Some(q) = rest.rfind("\", line ") else { return false };
+    let Some(rest) = line.trim_start().strip_prefix("File \"") else {
+        return false;
+    };
+    let Some(q) = rest.rfind("\", line ") else {
+        return false;
+    };
     let file = &rest[..q];
     let tail = &rest[q + "\", line ".len()..];
     let (lineno, func) = match tail.split_once(" in ") {
@@ -308,7 +320,10 @@ extern "C" fn walk_frame(ctx: *mut UnwindContext, arg: *mut c_void) -> c_int {
 /// The return addresses of the calling thread's frames, innermost first, at most
 /// [`MAX_WALK`], with this library's own frames removed from the top.
 pub fn native_ips(out: &mut [usize; MAX_WALK]) -> usize {
-    let mut w = Walk { ips: [0; MAX_WALK], n: 0 };
+    let mut w = Walk {
+        ips: [0; MAX_WALK],
+        n: 0,
+    };
     // SAFETY: the callback only writes into `w`, which outlives the call; the unwinder
     // walks this thread's own stack.
     unsafe { _Unwind_Backtrace(walk_frame, (&mut w as *mut Walk).cast()) };
@@ -328,7 +343,12 @@ pub fn native_ips(out: &mut [usize; MAX_WALK]) -> usize {
 
 /// (load base, file name) of the object holding `ip`; (0, "") when none does.
 fn object_of(ip: usize) -> (usize, &'static str) {
-    let mut info = libc::Dl_info { dli_fname: std::ptr::null(), dli_fbase: std::ptr::null_mut(), dli_sname: std::ptr::null(), dli_saddr: std::ptr::null_mut() };
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
     // SAFETY: dladdr only reads the loader's tables and writes `info`.
     if unsafe { libc::dladdr(ip.saturating_sub(1) as *const c_void, &mut info) } == 0 {
         return (0, "");
@@ -379,7 +399,12 @@ pub fn user_frame(ips: &[usize]) -> Option<usize> {
 
 /// `OBJECT(SYMBOL+0xOFF)` or `OBJECT+0xOFF` for one return address.
 pub fn describe_ip<W: Write>(w: &mut W, ip: usize) {
-    let mut info = libc::Dl_info { dli_fname: std::ptr::null(), dli_fbase: std::ptr::null_mut(), dli_sname: std::ptr::null(), dli_saddr: std::ptr::null_mut() };
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
     // SAFETY: as in object_of.
     if unsafe { libc::dladdr(ip.saturating_sub(1) as *const c_void, &mut info) } == 0 {
         let _ = write!(w, "?+{ip:#x}");
@@ -393,12 +418,22 @@ pub fn describe_ip<W: Write>(w: &mut W, ip: usize) {
     }
     let obj = basename(path);
     if !info.dli_sname.is_null() && !info.dli_saddr.is_null() {
-        let _ = write!(w, "{obj}({}+{:#x})", cstr(info.dli_sname), ip - info.dli_saddr as usize);
+        let _ = write!(
+            w,
+            "{obj}({}+{:#x})",
+            cstr(info.dli_sname),
+            ip - info.dli_saddr as usize
+        );
         return;
     }
     let mut name = StackBuf::<256>::new();
     if let Some(off) = crate::guard::elfsym::lookup(path, base, ip.saturating_sub(1), &mut name) {
-        let _ = write!(w, "{obj}({}+{:#x})", std::str::from_utf8(name.as_bytes()).unwrap_or("?"), off + 1);
+        let _ = write!(
+            w,
+            "{obj}({}+{:#x})",
+            std::str::from_utf8(name.as_bytes()).unwrap_or("?"),
+            off + 1
+        );
         return;
     }
     let _ = write!(w, "{obj}+{:#x}", ip - base);
@@ -407,7 +442,13 @@ pub fn describe_ip<W: Write>(w: &mut W, ip: usize) {
 fn self_exe(buf: &mut StackBuf<512>) -> &str {
     let mut raw = [0u8; 500];
     // SAFETY: readlink writes at most `len` bytes into the buffer we own.
-    let n = unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), raw.as_mut_ptr().cast(), raw.len()) };
+    let n = unsafe {
+        libc::readlink(
+            c"/proc/self/exe".as_ptr(),
+            raw.as_mut_ptr().cast(),
+            raw.len(),
+        )
+    };
     if n > 0 {
         buf.push_bytes(&raw[..n as usize]);
     }
@@ -455,7 +496,8 @@ pub fn capture(python: Option<*mut c_void>) -> Capture {
     for &ip in ips.iter().take(NATIVE_FRAMES) {
         let mut b = StackBuf::<FRAME_MAX>::new();
         describe_ip(&mut b, ip);
-        c.native_stack.push(String::from_utf8_lossy(b.as_bytes()).into_owned());
+        c.native_stack
+            .push(String::from_utf8_lossy(b.as_bytes()).into_owned());
     }
     c.native_cut = n > NATIVE_FRAMES;
     if c.site.is_none() {
@@ -585,7 +627,14 @@ mod tests {
         let text = "Stack (most recent call first):\n  File \"/a b/legacy_cfg.py\", line 7 in place_learner\n  File \"x.py\", line 12 in <module>\n";
         for chunk in [1, 3, 7, 4096] {
             let (f, n, cut) = frames(text, chunk, 32);
-            assert_eq!(f, ["/a b/legacy_cfg.py:7 in place_learner", "x.py:12 in <module>"], "chunk {chunk}");
+            assert_eq!(
+                f,
+                [
+                    "/a b/legacy_cfg.py:7 in place_learner",
+                    "x.py:12 in <module>"
+                ],
+                "chunk {chunk}"
+            );
             assert_eq!((n, cut), (2, false));
         }
         let (f, _, _) = frames(text, 5, 1);
@@ -595,11 +644,20 @@ mod tests {
     #[test]
     fn marks_a_cut_stack_and_ignores_other_lines() {
         let text = "Stack (most recent call first):\n  File \"r.py\", line 3 in r\n  ...\n";
-        assert_eq!(frames(text, 4096, 32), (vec!["r.py:3 in r".to_string()], 1, true));
-        assert_eq!(frames("  <no Python frame>\n", 4096, 32), (vec![], 0, false));
+        assert_eq!(
+            frames(text, 4096, 32),
+            (vec!["r.py:3 in r".to_string()], 1, true)
+        );
+        assert_eq!(
+            frames("  <no Python frame>\n", 4096, 32),
+            (vec![], 0, false)
+        );
         // A file name with the separator in it: the last one wins.
         let mut b = StackBuf::<128>::new();
-        assert!(parse_frame_line("  File \"we\", line 1\", line 9 in f", &mut b));
+        assert!(parse_frame_line(
+            "  File \"we\", line 1\", line 9 in f",
+            &mut b
+        ));
         assert_eq!(b.as_bytes(), b"we\", line 1:9 in f");
         let mut b = StackBuf::<128>::new();
         assert!(parse_frame_line("  File \"x.py\", line ???", &mut b));
@@ -608,7 +666,9 @@ mod tests {
 
     #[test]
     fn frames_of_installed_packages_are_not_the_site() {
-        assert!(in_package("/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:399 in set_device"));
+        assert!(in_package(
+            "/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:399 in set_device"
+        ));
         assert!(in_package("/usr/lib/python3/dist-packages/x.py:1 in f"));
         assert!(!in_package("/home/u/train.py:7 in place_learner"));
         assert!(!in_package("/home/u/train.py:7 in site-packages/"));
@@ -624,7 +684,11 @@ mod tests {
 
     #[test]
     fn cuda_libraries_are_recognised_by_name() {
-        for n in ["/usr/lib/libcuda.so.1", "libcudart.so.12", "/x/libcuda.so.570.1"] {
+        for n in [
+            "/usr/lib/libcuda.so.1",
+            "libcudart.so.12",
+            "/x/libcuda.so.570.1",
+        ] {
             assert!(is_cuda_library(n), "{n}");
         }
         for n in ["libcudnn.so.9", "/bin/python3", "libcublas.so.12", ""] {

@@ -159,7 +159,8 @@ fn rule_of(code: u32) -> Rule {
 /// empty slot).
 #[inline(always)]
 fn key(meta: u32, tag: u64, value: u64) -> u64 {
-    let mut h = value.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (u64::from(meta) << 3 | tag).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    let mut h = value.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (u64::from(meta) << 3 | tag).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
     h ^= h >> 31;
     if h == 0 {
         1
@@ -201,7 +202,10 @@ fn find_or_claim(key: u64) -> (&'static Slot, bool) {
             match s.key.load(Ordering::Acquire) {
                 k if k == key => return (s, false),
                 0 => {
-                    if s.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    if s.key
+                        .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
                         return (s, true);
                     }
                     // Someone claimed it meanwhile: look at what they put there.
@@ -233,7 +237,11 @@ pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
     let k = key(meta_of(id, rule, deny), TAG_RA, ra as u64);
     // First probe inline; a collision walks the table out of line.
     let first = &SLOT_TABLE[k as usize & (SLOTS - 1)];
-    let slot = if first.key.load(Ordering::Acquire) == k { first } else { find(k)? };
+    let slot = if first.key.load(Ordering::Acquire) == k {
+        first
+    } else {
+        find(k)?
+    };
     if slot.flags.load(Ordering::Relaxed) & (DIRECT | SATURATED) != DIRECT | SATURATED {
         return None;
     }
@@ -297,7 +305,11 @@ fn native(meta: u32, ra: usize) -> Occ {
             return count(slot, || site::capture(None));
         }
     }
-    let key = if site_ip != 0 { key(meta, TAG_IP, site_ip as u64) } else { key(meta, TAG_NONE, 0) };
+    let key = if site_ip != 0 {
+        key(meta, TAG_IP, site_ip as u64)
+    } else {
+        key(meta, TAG_NONE, 0)
+    };
     let (slot, claimed) = find_or_claim(key);
     if claimed {
         let mut t = StackBuf::<{ site::FRAME_MAX }>::new();
@@ -362,7 +374,10 @@ fn after_count(slot: &'static Slot) {
         // write this one now.
         flush_slot(slot);
     }
-    tracing::trace!(pending = slot.pending.load(Ordering::Relaxed), "violation counted (site already recorded {FULL_PER_SITE} times)");
+    tracing::trace!(
+        pending = slot.pending.load(Ordering::Relaxed),
+        "violation counted (site already recorded {FULL_PER_SITE} times)"
+    );
 }
 
 fn now_us() -> u64 {
@@ -436,21 +451,28 @@ fn start_flusher() {
     if state::try_get().is_none_or(|s| s.audit_fd < 0) {
         return; // nothing to write summaries to
     }
-    let spawned = std::thread::Builder::new().name("rankguard-flush".into()).spawn(|| loop {
-        std::thread::sleep(std::time::Duration::from_millis(INTERVAL_MS));
-        if EXITING.load(Ordering::SeqCst) {
-            return;
-        }
-        let _ = std::panic::catch_unwind(flush_all);
-    });
+    let spawned = std::thread::Builder::new()
+        .name("rankguard-flush".into())
+        .spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_millis(INTERVAL_MS));
+            if EXITING.load(Ordering::SeqCst) {
+                return;
+            }
+            let _ = std::panic::catch_unwind(flush_all);
+        });
     if spawned.is_err() {
-        tracing::warn!("cannot start the summary thread: counted violations are written at exit only");
+        tracing::warn!(
+            "cannot start the summary thread: counted violations are written at exit only"
+        );
     }
 }
 
 fn lock() -> bool {
     for _ in 0..2000 {
-        if FLUSH_LOCK.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        if FLUSH_LOCK
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
             return true;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -492,14 +514,24 @@ fn flush_slot(s: &Slot) {
     let since = s.last_us.swap(until, Ordering::Relaxed);
     let mut site_text = StackBuf::<SITE_MAX>::new();
     s.site_into(&mut site_text);
-    let site_text = std::str::from_utf8(site_text.as_bytes()).ok().filter(|t| !t.is_empty());
+    let site_text = std::str::from_utf8(site_text.as_bytes())
+        .ok()
+        .filter(|t| !t.is_empty());
     let mut j = StackBuf::<2048>::new();
     let _ = summary_record(&mut j, meta, d, since, until, site_text, st);
     report::write_all(st.audit_fd, j.as_bytes());
 }
 
 /// `{"ts":..,"summary":true,"count":N,"since":..,"call":..,..,"site":..}` plus newline.
-fn summary_record<W: Write>(j: &mut W, meta: u32, count: u64, since_us: u64, until_us: u64, site: Option<&str>, st: &state::State) -> std::fmt::Result {
+fn summary_record<W: Write>(
+    j: &mut W,
+    meta: u32,
+    count: u64,
+    since_us: u64,
+    until_us: u64,
+    site: Option<&str>,
+    st: &state::State,
+) -> std::fmt::Result {
     let id = (meta >> 8) as usize;
     let e = TABLE.get(id);
     let rule = rule_of((meta >> 1) & 0x7f);
@@ -507,7 +539,12 @@ fn summary_record<W: Write>(j: &mut W, meta: u32, count: u64, since_us: u64, unt
     let mode = if st.inert { Mode::Off } else { st.config.mode };
     let mut host = [0u8; 64];
     let host = report::hostname(&mut host);
-    write!(j, "{{\"ts\":{}.{:06},\"summary\":true,\"count\":{count},\"since\":", until_us / 1_000_000, until_us % 1_000_000)?;
+    write!(
+        j,
+        "{{\"ts\":{}.{:06},\"summary\":true,\"count\":{count},\"since\":",
+        until_us / 1_000_000,
+        until_us % 1_000_000
+    )?;
     if since_us == 0 {
         j.write_str("null")?;
     } else {
