@@ -106,18 +106,16 @@ pub fn on_verdict<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>
 #[cold]
 #[inline(never)]
 pub fn on_verdict_ra<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, ra: usize) -> Result<(), R> {
-    if let Some(r) = repeated(id, verdict, ra) {
-        return r;
-    }
     on_verdict_at(id, verdict, args, None, ra)
 }
 
-/// The repeated path (issue 19), tried before anything is formatted: a
+/// The repeated path (issue 19), inlined into each wrapper by `gate!` before anything is
+/// formatted (a call into the engine would cost as much as the whole allowed call): a
 /// violation from a return address already recorded in full as its own site is only
 /// counted (one atomic increment: no formatting, no syscall, no allocation, nothing that
 /// can panic). `None`: not such a violation, take [`on_verdict_ra`].
 #[inline(always)]
-fn repeated<R: Code>(id: usize, verdict: Verdict, ra: usize) -> Option<Result<(), R>> {
+pub fn repeated<R: Code>(id: usize, verdict: Verdict, ra: usize) -> Option<Result<(), R>> {
     // (ra == 0 never has a return-address slot.)
     let Verdict::Violation(v) = verdict else { return None };
     let deny = tally::counted_again(id, v.rule, ra)?;

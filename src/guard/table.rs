@@ -173,8 +173,14 @@ macro_rules! gate {
         let verdict = $verdict;
         if !verdict.is_allow() {
             let ra = $crate::caller_address!();
-            if let Err(code) = $crate::guard::engine::on_verdict_ra(ID, verdict, format_args!($($fmt)*), ra) {
-                return code;
+            match $crate::guard::engine::repeated(ID, verdict, ra) {
+                Some(Ok(())) => {}
+                Some(Err(code)) => return code,
+                None => {
+                    if let Err(code) = $crate::guard::engine::on_verdict_ra(ID, verdict, format_args!($($fmt)*), ra) {
+                        return code;
+                    }
+                }
             }
         }
     }};
