@@ -1,9 +1,9 @@
 //! A function's name from an object file's own `.symtab`, for addresses `dladdr` cannot
 //! name (a program's `main` is in `.symtab` but not in the dynamic symbol table).
 //!
-//! Cold path only (a full violation record). The last object read is cached; the cache is
-//! taken with `try_lock`, so a thread that finds it busy (or a fork child that inherited it
-//! locked) just goes without the name.
+//! Cold path only (a full violation record, a site's first sight). The last object read is
+//! cached; the cache is taken with `try_lock`, so a thread that finds it busy (or a fork
+//! child that inherited it locked) never waits: it reads the file itself.
 use std::fmt::Write;
 use std::io::Read;
 use std::sync::Mutex;
@@ -23,10 +23,12 @@ struct Syms {
 static CACHE: Mutex<Option<Syms>> = Mutex::new(None);
 
 /// The function containing `addr` (loaded at `base`) in the object file at `path`: its name
-/// into `out`, and `addr`'s offset from its start.
+/// into `out`, and `addr`'s offset from its start. The same answer whoever asks: a thread
+/// that finds the cache busy reads the file itself rather than going without the name (a
+/// site's text must not depend on timing: the report groups by it).
 pub fn lookup<W: Write>(path: &str, base: usize, addr: usize, out: &mut W) -> Option<usize> {
     let Ok(mut guard) = CACHE.try_lock() else {
-        return None;
+        return find(&read(path)?, base, addr, out);
     };
     if guard.as_ref().is_none_or(|s| s.path != path) {
         *guard = Some(read(path).unwrap_or(Syms {
@@ -36,7 +38,10 @@ pub fn lookup<W: Write>(path: &str, base: usize, addr: usize, out: &mut W) -> Op
             strtab: Vec::new(),
         }));
     }
-    let s = guard.as_ref()?;
+    find(guard.as_ref()?, base, addr, out)
+}
+
+fn find<W: Write>(s: &Syms, base: usize, addr: usize, out: &mut W) -> Option<usize> {
     let target = if s.exec {
         addr as u64
     } else {
