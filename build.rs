@@ -5,16 +5,24 @@
 //! the cdylib of its own package (artifact dependencies are unstable), so this script builds
 //! the library with a nested `cargo build --release --lib` and the CLI `include_bytes!` it.
 //!
-//! Cost (2 cores): the nested build has its own target directory (`<target>/rankguard-embed`,
-//! beside cargo's profile directories, as substrate's wasm-builder does), so after the first
-//! time it recompiles only this crate's library when `src/` changes (~20 s). To keep
-//! developers' edit-compile loops fast it runs for the release profile only (what
-//! `cargo install` and the wheel use); other profiles embed nothing and `rankguard lib` says
-//! so. `RANKGUARD_EMBED=0` turns it off, `=1` forces it for any profile.
+//! Two builds are carried (docs/install.md, "Two builds"): the glibc 2.28 build (the same
+//! `.cargo/config.toml` linker wrapper as the outer build) and, on x86_64, the glibc 2.34
+//! build (the wrapper with `RANKGUARD_LINK_GLIBC=2.34`: no libdl/libpthread dependency).
+//! The 2.34 build is also copied to `<profile dir>/glibc-2.34/librankguard.so` (e.g.
+//! `target/release/glibc-2.34/`), beside the outer build's `librankguard.so`, where
+//! `rankguard lib` of a checkout finds it. It needs zig: without it (no `scripts/setup`, or
+//! `RANKGUARD_SYSTEM_LINKER=1`) a warning says so, nothing is carried or copied for it, and
+//! `rankguard lib` hands out the 2.28 build everywhere.
 //!
-//! The nested build uses the same `.cargo/config.toml` (the glibc 2.28 linker wrapper) as
-//! the outer one, so the embedded library is the floor-respecting one whenever the outer
-//! build is. The nested cargo is told by `RANKGUARD_NESTED_BUILD` not to nest again.
+//! Cost (2 cores): each nested build has its own target directory
+//! (`<target>/rankguard-embed`, `<target>/rankguard-embed-glibc-2.34`, beside cargo's profile
+//! directories, as substrate's wasm-builder does), so after the first time each recompiles
+//! only this crate's library when `src/` changes (~20 s each). To keep developers'
+//! edit-compile loops fast it runs for the release profile only (what `cargo install` and
+//! the wheel use); other profiles embed nothing and `rankguard lib` says so.
+//! `RANKGUARD_EMBED=0` turns it off, `=1` forces it for any profile.
+//!
+//! The nested cargo is told by `RANKGUARD_NESTED_BUILD` not to nest again.
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -27,11 +35,13 @@ fn main() {
     frame_pointer_cfg();
     println!("cargo:rerun-if-env-changed=RANKGUARD_EMBED");
     println!("cargo:rerun-if-env-changed={NESTED}");
+    println!("cargo:rerun-if-env-changed=RANKGUARD_SYSTEM_LINKER");
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let dest = out.join("librankguard.so.embedded");
 
     if env::var_os(NESTED).is_some() {
         // Inside the nested build: only the library is compiled; nothing to embed.
+        embed_native(&out.join("librankguard.so.embedded-glibc-2.34"), &[]);
         return embed(&dest, &[], "nothing (nested build)");
     }
     let profile = env::var("PROFILE").unwrap_or_default();
@@ -41,21 +51,60 @@ fn main() {
         _ => profile == "release",
     };
     if !wanted {
+        embed_native(&out.join("librankguard.so.embedded-glibc-2.34"), &[]);
         return embed(&dest, &[], "nothing: this is not a release build (RANKGUARD_EMBED=1 embeds anyway)");
     }
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    for p in ["src", "Cargo.toml", "Cargo.lock", ".cargo/config.toml", "scripts/link-glibc-2.28"] {
+    for p in ["src", "Cargo.toml", "Cargo.lock", ".cargo/config.toml", "scripts/link-glibc-2.28", ".venv/bin/cargo-zigbuild"] {
         println!("cargo:rerun-if-changed={}", manifest.join(p).display());
     }
-    let target_dir = target_root(&out).join("rankguard-embed");
+    let root = target_root(&out);
+    let floor = nested_build(&manifest, &root.join("rankguard-embed"), None)
+        .unwrap_or_else(|e| panic!("{e}. RANKGUARD_EMBED=0 builds the CLI without the embedded library"));
+    let native_dest = out.join("librankguard.so.embedded-glibc-2.34");
+    // The wrapper links the 2.34 build with zig only (scripts/link-glibc-2.28); without it
+    // the nested build would compile everything and then fail to link.
+    let zig = manifest.join(".venv").join("bin").join("cargo-zigbuild").is_file()
+        && env::var_os("RANKGUARD_SYSTEM_LINKER").is_none_or(|v| v.is_empty());
+    let native = if env::var("CARGO_CFG_TARGET_ARCH").as_deref() != Ok("x86_64") {
+        Vec::new() // the glibc floor link, and so the second build, is x86_64's only
+    } else if !zig {
+        println!("cargo:warning=no glibc 2.34 build of librankguard.so: it is linked with zig (.venv/bin/cargo-zigbuild \
+                  missing, or RANKGUARD_SYSTEM_LINKER set); `rankguard lib` hands out librankguard.so, the one build, \
+                  everywhere. Run scripts/setup and rebuild to get it.");
+        Vec::new()
+    } else {
+        match nested_build(&manifest, &root.join("rankguard-embed-glibc-2.34"), Some("2.34")) {
+            Ok(bytes) => {
+                install_native(&out, &bytes);
+                bytes
+            }
+            Err(e) => {
+                println!("cargo:warning=no glibc 2.34 build of librankguard.so ({e}); `rankguard lib` hands out \
+                          librankguard.so, the one build, everywhere. Run scripts/setup (zig) and rebuild to get it.");
+                Vec::new()
+            }
+        }
+    };
+    embed_native(&native_dest, &native);
+    embed(&dest, &floor, "the release library, built by build.rs with this checkout's linker settings");
+}
+
+/// `cargo build --release --lib` into `target_dir`, linked for `glibc` (None: the outer
+/// build's setting); the library's bytes.
+fn nested_build(manifest: &Path, target_dir: &Path, glibc: Option<&str>) -> Result<Vec<u8>, String> {
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&manifest)
+    cmd.current_dir(manifest)
         .args(["build", "--release", "--lib", "--target-dir"])
-        .arg(&target_dir)
+        .arg(target_dir)
         .env(NESTED, "1")
         // Debug info is for developers' builds; the shipped copy keeps its dynamic symbols.
         .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
+    match glibc {
+        Some(v) => cmd.env("RANKGUARD_LINK_GLIBC", v),
+        None => cmd.env_remove("RANKGUARD_LINK_GLIBC"),
+    };
     if Path::new(&manifest.join("Cargo.lock")).exists() {
         cmd.arg("--locked");
     }
@@ -72,22 +121,58 @@ fn main() {
             cmd.env_remove(k.as_ref());
         }
     }
-    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run the nested cargo build of librankguard.so: {e}"));
+    let what = match glibc {
+        Some(v) => format!("the nested glibc {v} build of librankguard.so"),
+        None => "the nested build of librankguard.so".to_string(),
+    };
+    // The 2.34 build's errors are expected without zig: keep them out of the outer output.
+    if glibc.is_some() {
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    }
+    let status = cmd.status().map_err(|e| format!("cannot run {what}: {e}"))?;
     if !status.success() {
-        panic!(
-            "the nested build of librankguard.so failed ({status}); its errors are above. \
-             RANKGUARD_EMBED=0 builds the CLI without the embedded library"
-        );
+        return Err(format!("{what} failed ({status}){}",
+                           if glibc.is_some() { "" } else { "; its errors are above" }));
     }
     let lib = target_dir.join("release").join("librankguard.so");
-    let bytes = fs::read(&lib).unwrap_or_else(|e| panic!("nested build left no {}: {e}", lib.display()));
-    embed(&dest, &bytes, "the release library, built by build.rs with this checkout's linker settings");
+    fs::read(&lib).map_err(|e| format!("{what} left no {}: {e}", lib.display()))
+}
+
+/// Put the glibc 2.34 build beside the outer build's library: `<profile dir>/glibc-2.34/`
+/// (OUT_DIR is `<profile dir>/build/<pkg>-<hash>/out`). Written to a temporary name and
+/// renamed, so a test or rank reading the old one never sees half a file.
+fn install_native(out: &Path, bytes: &[u8]) {
+    let Some(profile) = out.ancestors().nth(3) else { return };
+    let dir = profile.join("glibc-2.34");
+    let dest = dir.join("librankguard.so");
+    if fs::read(&dest).is_ok_and(|b| b == bytes) {
+        return;
+    }
+    let tmp = dir.join(format!(".librankguard.so.{}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::create_dir_all(&dir)?;
+        // 0755 like the linker's output beside it.
+        fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o755).open(&tmp)?.write_all(bytes)?;
+        fs::rename(&tmp, &dest)
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        println!("cargo:warning=cannot write the glibc 2.34 build to {}: {e}", dest.display());
+    }
 }
 
 /// The root of cargo's target directory: the nearest ancestor of OUT_DIR holding the
 /// CACHEDIR.TAG cargo writes there (OUT_DIR itself if none, e.g. an unusual layout).
 fn target_root(out: &Path) -> PathBuf {
     out.ancestors().find(|a| a.join("CACHEDIR.TAG").is_file()).unwrap_or(out).to_path_buf()
+}
+
+fn embed_native(dest: &Path, bytes: &[u8]) {
+    fs::write(dest, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
+    println!("cargo:rustc-env=RANKGUARD_EMBEDDED_NATIVE_LIB={}", dest.display());
+    println!("cargo:rustc-env=RANKGUARD_EMBEDDED_NATIVE_HASH={:016x}", fnv1a64(bytes));
 }
 
 fn embed(dest: &Path, bytes: &[u8], how: &str) {

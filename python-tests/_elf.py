@@ -60,3 +60,35 @@ def glibc_versions(path: pathlib.Path) -> list[tuple[int, ...]]:
             if m:
                 found.add(tuple(int(x) for x in m.group(1).split(".")))
     return sorted(found)
+
+
+SHT_DYNAMIC = 6
+DT_NULL, DT_NEEDED = 0, 1
+
+
+def needed_libraries(path: pathlib.Path) -> list[str]:
+    """The DT_NEEDED entries of an ELF-64 LE file's dynamic section, in order: the
+    libraries the loader maps with it (`readelf -d`'s "NEEDED" lines)."""
+    data = pathlib.Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path}: not an ELF-64 little-endian file")
+    e_shoff, = struct.unpack_from("<Q", data, 0x28)
+    e_shentsize, e_shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = []
+    for i in range(e_shnum):
+        _, sh_type, _, _, sh_offset, sh_size, sh_link, _ = struct.unpack_from(
+            "<IIQQQQII", data, e_shoff + i * e_shentsize)
+        sections.append((sh_type, sh_offset, sh_size, sh_link))
+    out = []
+    for sh_type, sh_offset, sh_size, sh_link in sections:
+        if sh_type != SHT_DYNAMIC:
+            continue
+        strtab = sections[sh_link][1]
+        for off in range(sh_offset, sh_offset + sh_size, 16):  # Elf64_Dyn: d_tag, d_val
+            tag, val = struct.unpack_from("<qQ", data, off)
+            if tag == DT_NULL:
+                break
+            if tag == DT_NEEDED:
+                end = data.index(b"\0", strtab + val)
+                out.append(data[strtab + val:end].decode())
+    return out

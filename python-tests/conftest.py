@@ -19,6 +19,17 @@ FAKE = ROOT / "c-tests" / "build" / "fakecuda"
 TESTS = ROOT / "c-tests" / "build" / "tests"
 GUARD = ROOT / "target" / "release" / "librankguard.so"
 CLI = ROOT / "target" / "release" / "rankguard"
+# The glibc 2.34 build (docs/install.md, "Two builds"), which build.rs puts beside GUARD.
+NATIVE_GUARD = ROOT / "target" / "release" / "glibc-2.34" / "librankguard.so"
+
+
+def gnu_libc_version() -> tuple[int, ...]:
+    return tuple(int(x) for x in os.confstr("CS_GNU_LIBC_VERSION").split()[1].split("."))
+
+
+# What `rankguard lib` (and so `launch`/`run`) hands out by default here: the build that fits
+# this glibc (src/cli/lib_build.rs). test_two_builds.py checks that the 2.34 build exists.
+LIB_GUARD = NATIVE_GUARD if gnu_libc_version() >= (2, 34) and NATIVE_GUARD.exists() else GUARD
 PYTHON = sys.executable
 
 # Variables of the outer world that would change what a test sees.

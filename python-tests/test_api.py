@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from _cli import CLI, child_cmd, children, clean_env, cli, run, uuid
-from conftest import PYTHON, ROOT
+from conftest import LIB_GUARD, PYTHON, ROOT
 
 
 def api_env(**extra):
@@ -62,7 +62,7 @@ def test_plan_makes_the_clis_decisions(kw, flags, extra):
         # Complete: the launcher's environment is kept, the rank's variables set over it.
         assert e["FAKECUDA_GPUS"] == "8" and e["PYTHONPATH"] == env["PYTHONPATH"]
         assert e["CUDA_VISIBLE_DEVICES"] == e["RANKGUARD_RANK_GPU"] == r["cvd"]
-        assert e["LD_PRELOAD"].split(":")[0] == str(CLI.parent / "librankguard.so")
+        assert e["LD_PRELOAD"].split(":")[0] == str(LIB_GUARD)  # what `rankguard lib` picks
         assert e["RANK"] == str(r["rank"]) and e["LOCAL_RANK"] == str(r["local_rank"])
     assert len({r["env"]["RANKGUARD_JOB"] for r in ranks}) == 1
 

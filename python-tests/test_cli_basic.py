@@ -5,12 +5,12 @@ import os
 import shutil
 
 from _cli import CLI, clean_env, cli
-from conftest import GUARD, run
+from conftest import GUARD, LIB_GUARD, run
 
 
 def test_lib_prints_the_guard_next_to_the_executable():
     p = cli("lib", check=True)
-    assert p.stdout.strip() == str(GUARD.resolve())
+    assert p.stdout.strip() == str(LIB_GUARD.resolve())
     assert os.path.isabs(p.stdout.strip())
 
 

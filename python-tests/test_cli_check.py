@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from _cli import CLI, bus, clean_env, cli, sysroot, uuid
-from conftest import GUARD
+from conftest import GUARD, LIB_GUARD
 
 KEYS = ["format", "version", "ok", "cuda_visible_devices", "mode", "entries", "driver", "guard", "rank_gpu",
         "rank_gpu_matches", "job", "affinity", "omp_num_threads", "problems", "warnings"]
@@ -29,7 +29,7 @@ def test_a_launched_rank_keeps_the_contract():
     assert d["driver"] == {"ok": True, "count": 1, "error": None,
                            "devices": [{"ordinal": 0, "uuid": uuid(3), "bus_id": bus(3), "numa_node": None,
                                         "local_cpus": None}]}
-    assert d["guard"]["preloaded"] and d["guard"]["preload_entry"] == str(GUARD.resolve())
+    assert d["guard"]["preloaded"] and d["guard"]["preload_entry"] == str(LIB_GUARD.resolve())
     assert d["guard"]["mode"] == "enforce"
     assert d["rank_gpu"] == "3" and d["rank_gpu_matches"] is True
     assert d["job"] and d["problems"] == [] and d["warnings"] == []
@@ -50,7 +50,9 @@ def test_violations_exit_1_and_say_why():
         ({"CUDA_VISIBLE_DEVICES": ""}, "makes no GPU visible"),
         ({"CUDA_VISIBLE_DEVICES": "0,2,-1"}, "malformed"),
         ({"CUDA_VISIBLE_DEVICES": "9"}, "the driver enumerates 0 devices"),
-        ({"CUDA_VISIBLE_DEVICES": "2", "RANKGUARD_RANK_GPU": "GPU-13"}, "its rank owns RANKGUARD_RANK_GPU='GPU-13'"),
+        ({"CUDA_VISIBLE_DEVICES": "2", "RANKGUARD_RANK_GPU": uuid(3)}, f"its rank owns RANKGUARD_RANK_GPU='{uuid(3)}'"),
+        # a prefix that is not this process's own entry cannot be proven to name one GPU
+        ({"CUDA_VISIBLE_DEVICES": "2", "RANKGUARD_RANK_GPU": "GPU-13"}, "RANKGUARD_RANK_GPU='GPU-13' names no single GPU"),
     ]
     for env, needle in cases:
         rc, d = check(LD_PRELOAD=str(GUARD), **env)
@@ -59,9 +61,16 @@ def test_violations_exit_1_and_say_why():
 
 
 def test_rank_gpu_is_compared_by_identity():
-    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="GPU-12", LD_PRELOAD=str(GUARD))
+    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU=uuid(2), LD_PRELOAD=str(GUARD))
     assert rc == 0, d["problems"]
     assert d["rank_gpu_matches"] is True
+    # A prefix counts when it is the process's own entry (the driver resolved that text to
+    # the one device it sees); another prefix cannot be proven unique here (issue 14).
+    rc, d = check(CUDA_VISIBLE_DEVICES="GPU-12", RANKGUARD_RANK_GPU="GPU-12", LD_PRELOAD=str(GUARD))
+    assert rc == 0 and d["rank_gpu_matches"] is True, d["problems"]
+    rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="GPU-12", LD_PRELOAD=str(GUARD))
+    assert rc == 1 and d["rank_gpu_matches"] is False
+    assert any("names no single GPU" in p for p in d["problems"]), d["problems"]
     rc, d = check(CUDA_VISIBLE_DEVICES="2", RANKGUARD_RANK_GPU="3", LD_PRELOAD=str(GUARD))
     assert rc == 1 and d["rank_gpu_matches"] is False
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from _cli import CLI, alive, bus, child_cmd, children, clean_env, cli, sysroot, uuid, wait_for
-from conftest import GUARD
+from conftest import GUARD, LIB_GUARD
 
 
 def launch(*args, env=None, **kw):
@@ -49,7 +49,7 @@ def test_four_ranks_each_see_their_planned_gpu():
         assert e["MASTER_ADDR"] == "127.0.0.1"
         assert e["RANKGUARD_RANK_GPU"] == str(i)
         assert e["RANKGUARD_RANK_GPU_UUID"] == uuid(i)
-        assert e["LD_PRELOAD"] == str(GUARD.resolve())
+        assert e["LD_PRELOAD"] == str(LIB_GUARD.resolve())
         assert e["OMP_NUM_THREADS"] is None
 
 
@@ -112,7 +112,7 @@ def test_ld_preload_keeps_what_was_there_and_job_is_kept(tmp_path):
     p = launch("--nproc-per-node", "1", "--", *child_cmd("--no-cuda"), env=env)
     assert p.returncode == 0, p.stderr
     (c,) = children(p.stdout)
-    assert c["env"]["LD_PRELOAD"] == f"{GUARD.resolve()}:{other}"
+    assert c["env"]["LD_PRELOAD"] == f"{LIB_GUARD.resolve()}:{other}"
     assert c["env"]["RANKGUARD_JOB"] == "job-42"
 
 
@@ -288,3 +288,81 @@ def test_plan_into_a_closed_pipe_does_not_panic():
     p = subprocess.run(f"'{CLI}' plan --nproc-per-node 8 | head -c 1", shell=True, env=clean_env(FAKECUDA_GPUS="8"),
                        capture_output=True, text=True, timeout=60)
     assert "panicked" not in p.stderr
+
+
+def _start_with_escapee(tmp_path):
+    """Two ranks; each starts a helper in a new session (setsid: outside the rank's process
+    group, as daemons do) whose pid it records, then sleeps. Issue 14, item 11."""
+    script = (f'setsid sh -c \'echo $$ > {tmp_path}/$RANK.escapee; exec sleep 302\' & '
+              f'echo $$ > {tmp_path}/$RANK.pid; sleep 600')
+    proc = subprocess.Popen([str(CLI), "launch", "--nproc-per-node", "2", "--grace-period", "2", "--",
+                             "sh", "-c", script],
+                            env=clean_env(FAKECUDA_GPUS="8"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    assert wait_for(lambda: len(list(tmp_path.glob("*.escapee"))) == 2 and len(list(tmp_path.glob("*.pid"))) == 2), \
+        "ranks did not start"
+    time.sleep(0.5)  # let the reaper see the escapees at least once
+    escapees = _pids(tmp_path, "*.escapee")
+    assert all(alive(p) for p in escapees)
+    # They really left the ranks' process groups.
+    assert all(os.getpgid(e) == e for e in escapees)
+    return proc, _pids(tmp_path), escapees
+
+
+def _kill_leftovers(pids):
+    """A failing test must not leave its escapees running on the machine."""
+    for p in pids:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_ends_descendants_in_other_sessions(tmp_path, sig):
+    proc, pids, escapees = _start_with_escapee(tmp_path)
+    try:
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+        assert wait_for(lambda: not any(alive(p) for p in pids + escapees), timeout=10), \
+            "an escapee outlived the launcher"
+    finally:
+        _kill_leftovers(escapees)
+
+
+def test_sigkill_of_the_launcher_ends_descendants_in_other_sessions(tmp_path):
+    proc, pids, escapees = _start_with_escapee(tmp_path)
+    try:
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_for(lambda: not any(alive(p) for p in pids), timeout=10), "a rank outlived the launcher"
+        assert wait_for(lambda: not any(alive(p) for p in escapees), timeout=10), "an escapee outlived the launcher"
+    finally:
+        _kill_leftovers(escapees)
+
+
+def test_an_orphaned_escapee_is_ended_when_the_job_ends(tmp_path):
+    """The rank exits normally right after starting a setsid helper: the helper is orphaned
+    (re-parented to the launcher, a child subreaper) and ended with the job."""
+    script = f'setsid sh -c \'echo $$ > {tmp_path}/$RANK.escapee; exec sleep 302\' & sleep 0.5'
+    p = launch("--nproc-per-node", "1", "--", "sh", "-c", script, timeout=60)
+    assert p.returncode == 0, p.stderr
+    (escapee,) = _pids(tmp_path, "*.escapee")
+    try:
+        assert wait_for(lambda: not alive(escapee), timeout=10), "an escapee outlived a finished job"
+    finally:
+        _kill_leftovers([escapee])
+
+
+def test_the_reaper_only_ever_kills_descendants_of_its_live_launcher():
+    """Safety of the escapee memory: a reaper whose named launcher is not its parent (the
+    launcher died before it started, or a reused pid) must kill nothing when its pipe
+    closes; here its parent is this test process, whose other child must survive."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        reaper = subprocess.Popen([str(CLI), "__reaper", "1"], stdin=subprocess.PIPE, env=clean_env())
+        time.sleep(0.5)  # several 100 ms rounds of the reaper's look at the tree
+        reaper.stdin.close()
+        assert reaper.wait(timeout=10) == 0
+        assert alive(bystander.pid), "the reaper killed a process that was not its launcher's"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from _cli import CLI, child_cmd, children, clean_env, cli, uuid
-from conftest import GUARD
+from conftest import LIB_GUARD
 
 
 def run_rank(*args, **env):
@@ -27,7 +27,7 @@ def test_narrow_by_local_rank_gives_the_right_single_entry():
     assert c["env"]["CUDA_VISIBLE_DEVICES"] == "6"
     assert c["env"]["RANKGUARD_RANK_GPU"] == "6"
     assert c["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(6)
-    assert c["env"]["LD_PRELOAD"] == str(GUARD.resolve())
+    assert c["env"]["LD_PRELOAD"] == str(LIB_GUARD.resolve())
     assert c["guard_loaded"]
     assert c["cuda"]["count"] == 1 and c["cuda"]["devices"][0]["uuid"] == uuid(6)
     # UUID lists narrow to the verbatim entry.
@@ -86,7 +86,9 @@ def test_run_execs_in_place_and_keeps_identity_and_job():
     (c,) = children(out)
     assert c["pid"] == proc.pid, "run must exec, not fork"
     assert c["env"]["RANKGUARD_RANK_GPU"] == "GPU-12"  # the outer rank's identity is kept
-    assert c["env"]["RANKGUARD_RANK_GPU_UUID"] is None
+    # issue 14 item 8: the guard accepts a prefix only when it can verify it, so run
+    # resolves an inherited identity that lacks its full UUID.
+    assert c["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(2)
     assert c["env"]["RANKGUARD_JOB"] == "job-7"
     c = one(run_rank("--", *child_cmd("--no-cuda"), CUDA_VISIBLE_DEVICES="2", SLURM_JOB_ID="99", SLURM_STEP_ID="1"))
     assert c["env"]["RANKGUARD_JOB"] == "slurm:99.1"  # the guard's own derivation (src/jobid.rs)

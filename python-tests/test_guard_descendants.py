@@ -108,10 +108,12 @@ def test_without_rank_gpu_nothing_changes(tmp_path):
 
 @pytest.mark.parametrize("rank_entry", ["2", "GPU-12", GPU2])
 def test_rank_entry_forms_without_uuid_variable(tmp_path, rank_entry):
-    """Only RANKGUARD_RANK_GPU: a UUID or prefix entry compares by identity; an index
-    entry compares with the process's own entry (the launcher always adds the UUID)."""
+    """Only RANKGUARD_RANK_GPU: a full UUID compares by identity; an index or a UUID prefix
+    counts only as the process's own entry (the launcher always adds the UUID; a prefix
+    elsewhere cannot be proven to name one GPU, issue 14)."""
     prog = "from cuda.bindings import driver as cu; print(int(cu.cuInit(0)[0]))"
-    ok = guarded([PYTHON, "-c", prog], tmp_path, cvd="2", RANKGUARD_RANK_GPU=rank_entry)
+    own = "GPU-12" if rank_entry == "GPU-12" else "2"
+    ok = guarded([PYTHON, "-c", prog], tmp_path, cvd=own, RANKGUARD_RANK_GPU=rank_entry)
     assert ok.rc == 0, ok.err
     bad = guarded([PYTHON, "-c", prog], tmp_path, cvd="5", RANKGUARD_RANK_GPU=rank_entry)
     assert bad.rc == 78, bad.err

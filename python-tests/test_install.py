@@ -166,6 +166,27 @@ def test_pip_installed_rankguard_launch_injects_the_cached_library(wheel_venv):
         assert k["env"]["LD_PRELOAD"].split(":")[0] == lib, k["env"]
 
 
+def test_pip_installed_rankguard_lib_picks_the_build_for_this_glibc(wheel_venv):
+    """The wheel's binary carries both builds (test_two_builds.py): `python -m rankguard lib`
+    hands out the glibc 2.34 one on glibc 2.34+, the 2.28 one when forced or on older glibc."""
+    from conftest import gnu_libc_version
+    from _elf import needed_libraries
+    _, venv, tmp = wheel_venv
+    env = clean_env(XDG_CACHE_HOME=str(tmp / "cache-builds"))
+    py = venv / "bin" / "python"
+    auto = pathlib.Path(run([py, "-m", "rankguard", "lib"], env=env, check=True).stdout.strip())
+    floor = pathlib.Path(run([py, "-m", "rankguard", "lib"], env=dict(env, RANKGUARD_LIB_GLIBC="2.28"),
+                             check=True).stdout.strip())
+    split = {"libdl.so.2", "libpthread.so.0"}
+    assert split <= set(needed_libraries(floor))
+    if gnu_libc_version() >= (2, 34):
+        assert auto != floor and not split & set(needed_libraries(auto)), needed_libraries(auto)
+        _guard_works(auto, tmp)
+    else:
+        assert auto == floor
+    _guard_works(floor, tmp)
+
+
 # The rank of the R1 check below: its child keeps the rank's GPU, its other child re-points
 # CUDA_VISIBLE_DEVICES to GPU 7 (the guard must stop it at cuInit, status 78).
 R1_RANK = """

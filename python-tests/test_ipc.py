@@ -379,3 +379,43 @@ def test_sixteen_processes_lose_no_record_and_see_none_torn(tmp_path, ipc):
     assert all(r["exporter_pid"] is not None and r["exporter_gpu"] != r["gpu"] for r in recs)
     names = [f.name for f in (tmp_path / "registry").iterdir()]
     assert not [x for x in names if x.startswith(".tmp")], "no temporary left behind"
+
+
+# ------------------------------------------------------------------ the default registry path
+
+def test_a_squatted_default_registry_falls_back_to_a_private_working_one(tmp_path):
+    """Issue 14, item 5: another user created the default registry directory first. The
+    guard must not fall to "unknown provenance" (R3 silently off): every process of the user
+    uses the same private fallback under the user's home, and R3 still works.
+
+    Runs in a private mount namespace (a fresh /dev/shm, and the home's .cache on a fresh
+    tmpfs), so the machine's real default registry is never touched."""
+    import pwd
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        pytest.skip("needs root, unshare(1) and nsenter(1) for a private mount namespace")
+    if run(["unshare", "-m", "true"]).returncode != 0:
+        pytest.skip("mount namespaces are not available here (unshare -m failed)")
+    home = pwd.getpwuid(os.geteuid()).pw_dir
+    cache = os.path.join(home, ".cache")
+    os.makedirs(cache, exist_ok=True)
+    squat = f"/dev/shm/rankguard-{os.geteuid()}"
+    setup = (f'mount --make-rprivate / && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && '
+             f'mkdir -m 0777 {squat} && chown 65534:65534 {squat} && '
+             f'mount -t tmpfs -o mode=0700 tmpfs "{cache}" && echo ready && exec sleep 300')
+    holder = subprocess.Popen(["unshare", "-m", "sh", "-c", setup], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        enter = ["nsenter", "-t", str(holder.pid), "-m", "--"]
+        env_x = guard_env(tmp_path, "0", 0, RANKGUARD_REGISTRY=None)
+        with exporter(tmp_path, "mem", env_x, cmd=[*enter, PEER, "export", "mem", tmp_path / "x"]) as ex:
+            p = run([*enter, PEER, "import", "mem", ex.dir, "deny"], env=guard_env(tmp_path, "1", 0, RANKGUARD_REGISTRY=None))
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "import-rc 800" in p.stdout, p.stdout + p.stderr
+        (rec,) = r3_records(tmp_path)
+        assert rec["verdict"] == "deny" and rec["exporter_pid"] == ex.pid
+        line = _say_once(ex.stderr, "private fallback")
+        assert squat in line and "owned by uid 65534" in line
+        assert f"{cache}/rankguard/registry-" in line
+    finally:
+        holder.kill()
+        holder.wait()

@@ -326,3 +326,59 @@ def test_clean_audit_exits_0_and_usage_errors_exit_2(tmp_path):
     assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr
     r = report("--help")
     assert r.returncode == 0 and "Exit 0: no violations" in r.stdout
+
+
+def test_a_directory_is_walked_and_what_is_not_read_is_said(planted, tmp_path):
+    """Issue 14, item 6: a subdirectory's violations are found (recursed), and a FIFO or a
+    symbolic link to a directory inside is listed as not read: never "no violations"."""
+    import os
+    import shutil
+    d, files, runs = planted
+    top = tmp_path / "audits"
+    (top / "node7" / "step1").mkdir(parents=True)
+    for f in files:
+        shutil.copy(f, top / "node7" / "step1" / pathlib.Path(f).name)
+    os.mkfifo(top / "pipe.jsonl")
+    (top / "loop").symlink_to(top, target_is_directory=True)
+    r = run([CLI, "report", "--json", top], env=clean_env(), timeout=30)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert doc["totals"]["violations"] == 11
+    whys = {pathlib.Path(p["file"]).name: p["why"] for p in doc["problems"]}
+    assert "FIFO" in whys["pipe.jsonl"] and "not read" in whys["pipe.jsonl"], whys
+    assert "not followed" in whys["loop"], whys
+    # Only unread entries and no violation: inconclusive, exit 2.
+    only = tmp_path / "only"
+    only.mkdir()
+    os.mkfifo(only / "p")
+    (only / "clean.jsonl").write_text("")
+    r = run([CLI, "report", only], env=clean_env(), timeout=30)
+    assert r.returncode == 2 and "not read" in r.stdout, r.stdout
+
+
+def test_lines_longer_than_a_record_are_skipped_in_bounded_memory(planted, tmp_path):
+    """Issue 14, item 7: a 200 MB line is skipped and counted, the records after it are
+    read; /dev/zero (no newline, ever) does not grow memory."""
+    import subprocess
+    import time
+    d, files, runs = planted
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(b"x" * (200 << 20) + b"\n")
+        f.write(pathlib.Path(files[0]).read_bytes())
+    r = run(["/usr/bin/env", "bash", "-c", f"ulimit -v 262144; exec {CLI} report --json {big}"],
+            env=clean_env(), timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["totals"]["violations"] >= 1
+    assert any("longer than 64 KiB skipped" in p["why"] and p["line"] == 1 for p in doc["problems"]), doc["problems"]
+    p = subprocess.Popen([str(CLI), "report", "/dev/zero"], stdout=subprocess.DEVNULL, env=clean_env())
+    try:
+        time.sleep(1.5)
+        rss1 = int(next(x for x in open(f"/proc/{p.pid}/status") if x.startswith("VmRSS")).split()[1])
+        time.sleep(1.5)
+        rss2 = int(next(x for x in open(f"/proc/{p.pid}/status") if x.startswith("VmRSS")).split()[1])
+    finally:
+        p.kill()
+        p.wait()
+    assert rss2 < 64 * 1024 and rss2 - rss1 < 1024, (rss1, rss2)

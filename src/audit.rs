@@ -577,6 +577,11 @@ impl Aggregator {
         self.problems.push(Problem { file: file.to_string(), line: None, why });
     }
 
+    /// Lines of a file that were skipped unread (too long to be records), from line `first`.
+    pub fn skipped_lines(&mut self, file: &str, first: usize, why: String) {
+        self.problems.push(Problem { file: file.to_string(), line: Some(first), why });
+    }
+
     /// The whole content of one file (the command streams lines with `add_line`).
     #[cfg(test)]
     pub fn add_file(&mut self, file: &str, bytes: &[u8]) {

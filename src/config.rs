@@ -147,6 +147,18 @@ impl Config {
                 }
             },
         };
+        // A path read lossily from a value that is not UTF-8 names another file: refused.
+        let mut path = |var: &'static str| -> Option<String> {
+            let v = get(var)?;
+            if v.contains('\u{FFFD}') {
+                errors.push(ConfigError { var, value: v, expected: "a path in UTF-8 (ignoring it)" });
+                return None;
+            }
+            Some(v)
+        };
+        let audit = path("RANKGUARD_AUDIT");
+        let debug_file = path("RANKGUARD_DEBUG_FILE");
+        let registry = path("RANKGUARD_REGISTRY");
         let mut rank_of = |vars: &[&'static str]| -> Option<u32> {
             for var in vars {
                 if let Some(v) = get(var) {
@@ -166,16 +178,16 @@ impl Config {
         let local_rank = rank_of(&LOCAL_RANK_VARS);
         Config {
             mode,
-            audit: get("RANKGUARD_AUDIT"),
+            audit,
             debug,
-            debug_file: get("RANKGUARD_DEBUG_FILE"),
+            debug_file,
             ipc,
             job: crate::jobid::from_lookup(get),
             rank,
             local_rank,
             rank_gpu: get("RANKGUARD_RANK_GPU").map(|s| s.trim().to_string()),
             rank_gpu_uuid: get("RANKGUARD_RANK_GPU_UUID").map(|s| s.trim().to_string()),
-            registry: get("RANKGUARD_REGISTRY"),
+            registry,
             errors,
         }
     }
@@ -231,6 +243,14 @@ mod tests {
         assert_eq!(c.ipc, IpcPolicy::Strict);
         assert_eq!(c.errors.len(), 2);
         assert!(c.errors[0].to_string().contains("RANKGUARD_MODE=\"warning\""));
+    }
+
+    #[test]
+    fn lossy_values_are_invalid() {
+        let c = cfg(&[("RANKGUARD_MODE", "\u{FFFD}"), ("RANKGUARD_AUDIT", "/tmp/a\u{FFFD}")]);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.audit, None);
+        assert_eq!(c.errors.len(), 2);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod config;
 pub mod cvd;
 pub mod jobid;
 pub mod policy;
+pub mod rankgpu;
 pub mod registry;
 
 #[allow(unsafe_code)]

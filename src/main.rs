@@ -16,6 +16,8 @@ mod cpuset;
 // The job id, derived by the same function as the guard's (`config.rs`).
 mod jobid;
 mod plan;
+// Whether a process sees its rank's GPU: the guard's R1 decision, shared with `check`.
+mod rankgpu;
 mod topology;
 
 fn main() -> std::process::ExitCode {

@@ -267,14 +267,6 @@ pub fn init(f: InitFacts) -> Verdict {
     Verdict::Allow
 }
 
-/// Whether a UUID (`GPU-...`/`MIG-...`, full) is the GPU a rank entry names: a full UUID
-/// or a unique prefix of it (the driver already checked uniqueness when the rank resolved
-/// it). Index entries cannot be compared here: the launcher resolves them to a UUID.
-pub fn uuid_matches(entry: &str, uuid: &str) -> bool {
-    let e = entry.trim();
-    (e.starts_with("GPU-") || e.starts_with("MIG-")) && uuid.starts_with(e)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,14 +329,5 @@ mod tests {
         assert!(matches!(init(f), Verdict::Violation(v) if v.detail == Detail::NotRankGpu));
         f.is_rank_gpu = Some(true);
         assert!(init(f).is_allow());
-    }
-
-    #[test]
-    fn rank_gpu_identity() {
-        let u = "GPU-12c0ffee-0000-4000-8000-000000000002";
-        assert!(uuid_matches(u, u));
-        assert!(uuid_matches("GPU-12", u));
-        assert!(!uuid_matches("GPU-15", u));
-        assert!(!uuid_matches("2", u));
     }
 }

@@ -585,6 +585,19 @@ pub fn default_dir(uid: u32) -> PathBuf {
     }
 }
 
+/// Where the registry lives when the default directory is taken by someone else (another
+/// user created it first, or left it with the wrong mode): a directory under the user's own
+/// home, which no other user can create, one per host (a home on a network file system is
+/// shared between hosts; records are only meaningful on their own host). Every process of
+/// the user on the host derives the same path, so the registry keeps working.
+pub fn fallback_dir(home: &Path, host: &str) -> PathBuf {
+    let host: String = host
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .collect();
+    home.join(".cache").join("rankguard").join(format!("registry-{host}"))
+}
+
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn now_secs() -> u64 {
@@ -1060,6 +1073,13 @@ mod tests {
         assert!(own_start_time().is_some());
         let me = ProcFs.info(std::process::id()).unwrap();
         assert_eq!(Some(me.start), own_start_time());
+    }
+
+    #[test]
+    fn the_fallback_is_private_and_per_host() {
+        let f = fallback_dir(Path::new("/home/ann"), "node7.cluster/x y");
+        assert_eq!(f, PathBuf::from("/home/ann/.cache/rankguard/registry-node7.cluster_x_y"));
+        assert_ne!(fallback_dir(Path::new("/h"), "a"), fallback_dir(Path::new("/h"), "b"));
     }
 
     #[test]

@@ -17,6 +17,8 @@ use super::launch::SYSROOT_VAR;
 use super::{env, gpus, lib_path, sys, Error, Result, EXIT_VIOLATION};
 use crate::cvd::{self, Entry, Visibility};
 use crate::plan::DriverGpu;
+use crate::rankgpu::{self, RankGpu};
+use std::os::unix::ffi::OsStrExt;
 use crate::topology::Topology;
 
 const HELP: &str = "\
@@ -77,6 +79,8 @@ struct Report {
     guard_mode: String,
     rank_gpu: Option<String>,
     rank_gpu_matches: Option<bool>,
+    /// The rank's GPU is named in a form this process cannot verify.
+    rank_gpu_unverifiable: bool,
     job: Option<String>,
     affinity: Option<String>,
     omp_num_threads: Option<String>,
@@ -142,37 +146,30 @@ fn gather(sysroot: &std::path::Path) -> Report {
         Err(e) => problems.push(format!("cannot ask the driver which GPU is visible: {e}")),
     }
 
-    let rank_gpu = std::env::var(env::RANK_GPU).ok().filter(|v| !v.is_empty());
+    // Decided exactly as the guard decides it at cuInit (crate::rankgpu, one function):
+    // a value that names no single GPU the process can verify fails closed.
+    let rank_gpu_raw = std::env::var_os(env::RANK_GPU);
+    let rank_gpu = rank_gpu_raw.as_ref().map(|v| v.to_string_lossy().into_owned());
     let mut rank_gpu_matches = None;
-    if let (Some(rg), Ok(d)) = (&rank_gpu, &driver) {
+    let mut rank_gpu_unverifiable = false;
+    if let (Some(rg), Ok(d)) = (&rank_gpu_raw, &driver) {
         if d.len() == 1 {
-            // The launcher's resolved UUID when it gave one (as the guard does), else the
-            // same entry text, else the driver's answer for the rank's entry.
-            let resolved = std::env::var(env::RANK_GPU_UUID).ok().filter(|v| !v.trim().is_empty());
-            let same = if let Some(full) = resolved {
-                full.trim().eq_ignore_ascii_case(&d[0].gpu.uuid)
-            } else if entries.len() == 1 && entries[0].text() == *rg {
-                true
-            } else {
-                match gpus::query(Some(Some(rg))) {
-                    Ok(owner) if owner.len() == 1 => owner[0].uuid.eq_ignore_ascii_case(&d[0].gpu.uuid),
-                    Ok(owner) => {
-                        problems.push(format!("{}='{rg}' names {} devices, not one", env::RANK_GPU, owner.len()));
-                        false
-                    }
-                    Err(e) => {
-                        problems.push(format!("cannot resolve {}='{rg}': {e}", env::RANK_GPU));
-                        false
-                    }
-                }
-            };
-            if !same {
-                problems.push(format!(
-                    "this process sees {} ({var}='{}') but its rank owns {}='{rg}': every process of a rank must \
+            let resolved = std::env::var_os(env::RANK_GPU_UUID).filter(|v| !v.as_bytes().trim_ascii().is_empty());
+            let decided = rankgpu::decide(rg.as_bytes(), resolved.as_ref().map(|v| v.as_bytes()), &d[0].gpu.uuid,
+                                          vis.entries());
+            let shown = rg.to_string_lossy();
+            match decided {
+                RankGpu::Same => {}
+                RankGpu::Other => problems.push(format!(
+                    "this process sees {} ({var}='{}') but its rank owns {}='{shown}': every process of a rank must \
                      see the rank's GPU; stop re-pointing {var} in this process tree",
-                    d[0].gpu.uuid, raw.as_deref().unwrap_or(""), env::RANK_GPU));
+                    d[0].gpu.uuid, raw.as_deref().unwrap_or(""), env::RANK_GPU)),
+                RankGpu::Unverifiable(why) => problems.push(format!(
+                    "{}='{shown}' names no single GPU this process can verify: {why}; the guard stops this \
+                     process at cuInit (R1)", env::RANK_GPU)),
             }
-            rank_gpu_matches = Some(same);
+            rank_gpu_matches = Some(decided.is_same());
+            rank_gpu_unverifiable = matches!(decided, RankGpu::Unverifiable(_));
         }
     }
 
@@ -204,6 +201,7 @@ fn gather(sysroot: &std::path::Path) -> Report {
         guard_mode,
         rank_gpu,
         rank_gpu_matches,
+        rank_gpu_unverifiable,
         job: std::env::var(env::JOB).ok(),
         affinity: sys::affinity().ok().map(|a| a.to_string()),
         omp_num_threads: std::env::var("OMP_NUM_THREADS").ok(),
@@ -278,6 +276,7 @@ impl Report {
                             self.guard_preloaded.as_ref().map_or("not in LD_PRELOAD".to_string(), |p| format!("in LD_PRELOAD ({p})")),
                             self.guard_mode, dash(&self.guard_lib)));
         let matches = match self.rank_gpu_matches {
+            Some(false) if self.rank_gpu_unverifiable => " (names no single GPU this process can verify)",
             Some(true) => " (this process sees it)",
             Some(false) => " (this process sees ANOTHER GPU)",
             None => "",

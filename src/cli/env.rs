@@ -62,12 +62,7 @@ pub fn preloaded_guard(existing: Option<&OsStr>) -> Option<String> {
 pub fn full_uuid(entry: &crate::cvd::Entry) -> Option<String> {
     use crate::cvd::Entry;
     let (Entry::Uuid(s) | Entry::Mig(s)) = entry else { return None };
-    let body = s.get(4..)?;
-    let groups: Vec<&str> = body.split('-').collect();
-    let lens = [8, 4, 4, 4, 12];
-    let ok = groups.len() == 5
-        && groups.iter().zip(lens).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
-    ok.then(|| s.clone())
+    crate::rankgpu::is_full_uuid(s).then(|| s.clone())
 }
 
 fn nonempty(var: &str) -> Option<String> {

@@ -1,6 +1,6 @@
 //! Asking the driver which GPUs this environment makes visible.
 //!
-//! The query runs in a helper process (`rankguard __driver-query`) rather than in the CLI:
+//! The query runs in a helper process rather than in the CLI:
 //!   - the guard may be in the CLI's own `LD_PRELOAD` (`rankguard check` inside a rank, a
 //!     launcher started under the guard); a process that initialises CUDA with several GPUs
 //!     visible is what the guard terminates, so the helper runs with the guard removed from
@@ -11,8 +11,16 @@
 //!
 //! The driver is found as `libcuda.so.1` on the normal search path, exactly as the CUDA
 //! runtime finds it, so the fake platform on `LD_LIBRARY_PATH` is honoured in tests.
+//!
+//! The helper is a `fork` of the CLI that asks the driver and `_exit`s (`forked.rs`: no
+//! `exec`, no loader, so it costs a fraction of one rank's start; `launch` asks once per
+//! launch, whatever the number of ranks). Where that is not possible (the CLI has the
+//! guard mapped, i.e. it runs under it; or more than one thread) it is an `exec` of
+//! `rankguard __driver-query` with the guard removed from `LD_PRELOAD`, as before. Both
+//! speak the same lines (`gpu<TAB>uuid<TAB>bus id`, or the error on stderr).
 
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::process::{Command, ExitCode};
 
 use super::{env, sys, Error, Result};
@@ -26,51 +34,78 @@ fn format_uuid(prefix: &str, b: &[u8; 16]) -> String {
             h[10..16].concat())
 }
 
-/// The hidden `__driver-query` subcommand: one `gpu<TAB>uuid<TAB>bus id` line per device.
+/// The helper's answer: one `gpu<TAB>uuid<TAB>bus id` line per device, or the error.
+fn answer() -> std::result::Result<String, String> {
+    let gpus = sys::driver_gpus()?;
+    Ok(gpus.iter().map(|g| format!("gpu\t{}\t{}\n", format_uuid("GPU", &g.uuid), g.bus_id.trim())).collect())
+}
+
+/// The hidden `__driver-query` subcommand (the exec'ed helper).
 pub fn helper_main(_args: Vec<OsString>) -> Result<ExitCode> {
-    match sys::driver_gpus() {
-        Ok(gpus) => {
-            for g in gpus {
-                println!("gpu\t{}\t{}", format_uuid("GPU", &g.uuid), g.bus_id.trim());
-            }
+    match answer() {
+        Ok(lines) => {
+            print!("{lines}");
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => Err(Error { msg: e, code: 1 }),
     }
 }
 
+/// The helper forked (see the module doc): its answer. None when a forked helper cannot be
+/// used here.
+fn query_forked(cvd_override: Option<Option<&str>>) -> Option<std::result::Result<String, String>> {
+    use std::io::{Read, Write};
+    if super::forked::is_mapped(super::env::GUARD_FILE) {
+        return None;
+    }
+    let (mut out_r, out_w) = std::io::pipe().ok()?;
+    let setup = super::forked::Setup { stdin: None, stdout: Some(out_w.into()), own_group: false };
+    let child = super::forked::spawn(setup, move || {
+        match cvd_override {
+            None => {}
+            Some(Some(v)) => std::env::set_var(cvd::VAR, v),
+            Some(None) => std::env::remove_var(cvd::VAR),
+        }
+        // One write to fd 1 itself: Rust's Stdout buffer is a copy of the parent's.
+        let (text, code) = match answer() {
+            Ok(lines) => (lines, 0),
+            Err(e) => (format!("error\t{}\n", e.replace('\n', " ")), 1),
+        };
+        let written = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(|fd| std::fs::File::from(fd).write_all(text.as_bytes()));
+        if written.is_ok() { code } else { 1 }
+    })
+    .ok()?;
+    let mut out = String::new();
+    let read = out_r.read_to_string(&mut out);
+    let status = child.wait();
+    let error = out.lines().find_map(|l| l.strip_prefix("error\t")).map(str::to_string);
+    Some(match (read, status, error) {
+        (Ok(_), Ok(0), None) => Ok(out),
+        (Ok(_), Ok(_), Some(e)) => Err(e),
+        (Ok(_), Ok(s), None) => Err(format!("the driver query helper failed (status {s})")),
+        (Err(e), _, _) | (_, Err(e), _) => Err(format!("the driver query helper: {e}")),
+    })
+}
+
 /// What the driver enumerates, in ordinal order. `cvd`: None = this process's own
 /// `CUDA_VISIBLE_DEVICES`; Some(None) = unset; Some(Some(v)) = as if it were `v`.
 pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<DriverGpu>, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the rankguard executable: {e}"))?;
-    let mut cmd = Command::new(exe);
-    cmd.arg(super::DRIVER_QUERY);
-    match env::preload_without_guard(std::env::var_os("LD_PRELOAD").as_deref()) {
-        Some(p) => cmd.env("LD_PRELOAD", p),
-        None => cmd.env_remove("LD_PRELOAD"),
-    };
-    cmd.env("RANKGUARD_MODE", "off");
     let effective: Option<String> = match cvd_override {
         None => std::env::var(cvd::VAR).ok(),
-        Some(v) => {
-            match v {
-                Some(v) => cmd.env(cvd::VAR, v),
-                None => cmd.env_remove(cvd::VAR),
-            };
-            v.map(str::to_string)
-        }
+        Some(v) => v.map(str::to_string),
     };
-    let out = cmd.output().map_err(|e| format!("cannot run the driver query helper: {e}"))?;
-    if !out.status.success() {
-        let msg = String::from_utf8_lossy(&out.stderr);
-        let msg = msg.trim().trim_start_matches("rankguard: error: ");
-        return Err(if msg.is_empty() { format!("the driver query helper failed ({})", out.status) } else { msg.to_string() });
-    }
+    let stdout = match query_forked(cvd_override) {
+        Some(answer) => answer?,
+        None => query_exec(cvd_override)?,
+    };
     // Under a MIG-mode CVD the driver enumerates MIG instances and cuDeviceGetUuid_v2 gives
     // their UUIDs, which nvidia-smi spells `MIG-...`.
     let mig = matches!(cvd::parse(effective.as_deref()), Visibility::Entries(e) if matches!(e.first(), Some(Entry::Mig(_))));
     let mut gpus = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in stdout.lines() {
         let f: Vec<&str> = line.split('\t').collect();
         if f.len() == 3 && f[0] == "gpu" {
             let uuid = if mig { f[1].replacen("GPU-", "MIG-", 1) } else { f[1].to_string() };
@@ -79,6 +114,34 @@ pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<Driv
         }
     }
     Ok(gpus)
+}
+
+/// The exec'ed helper, `rankguard __driver-query` without the guard: its stdout.
+fn query_exec(cvd_override: Option<Option<&str>>) -> std::result::Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the rankguard executable: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(super::DRIVER_QUERY);
+    match env::preload_without_guard(std::env::var_os("LD_PRELOAD").as_deref()) {
+        Some(p) => cmd.env("LD_PRELOAD", p),
+        None => cmd.env_remove("LD_PRELOAD"),
+    };
+    cmd.env("RANKGUARD_MODE", "off");
+    match cvd_override {
+        None => {}
+        Some(Some(v)) => {
+            cmd.env(cvd::VAR, v);
+        }
+        Some(None) => {
+            cmd.env_remove(cvd::VAR);
+        }
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run the driver query helper: {e}"))?;
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        let msg = msg.trim().trim_start_matches("rankguard: error: ");
+        return Err(if msg.is_empty() { format!("the driver query helper failed ({})", out.status) } else { msg.to_string() });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

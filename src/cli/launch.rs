@@ -4,7 +4,8 @@
 //!
 //! The decisions live in `crate::plan` (pure); this file gathers its inputs (environment,
 //! driver, affinity, topology), prints plans, and supervises the children: output prefixes,
-//! signal forwarding, first-failure shutdown with a grace period, `PR_SET_PDEATHSIG`.
+//! signal forwarding, first-failure shutdown with a grace period, `PR_SET_PDEATHSIG`, and a
+//! child subreaper plus a reaper helper so that nothing a launch started outlives it.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::args::{number, Lexer, Token};
 use super::json::Value;
 use super::rank_env::Launch;
-use super::{gpus, sys, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use super::{gpus, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
 use crate::cvd;
 use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
 use crate::topology::Topology;
@@ -338,6 +339,12 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     }
     // Block the signals we wait for before any thread exists, so every thread inherits it.
     let signals = sys::Signals::block().map_err(|e| Error::usage(format!("cannot block signals: {e}")))?;
+    // Descendants that leave the ranks' process groups (setsid) are re-parented to us when
+    // orphaned, so they are still found and killed at the end (issue 14).
+    if let Err(e) = sys::become_subreaper() {
+        eprintln!("rankguard launch: warning: cannot become a child subreaper ({e}); processes that ranks \
+                   start in a new session may outlive the launcher");
+    }
 
     let mut reaper = Reaper::start();
     let mut ranks: Vec<Rank> = Vec::new();
@@ -378,6 +385,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                     let _ = rk.child.wait();
                 }
                 reaper.done();
+                kill_leftovers();
                 let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXECUTE };
                 return Err(Error {
                     msg: format!("rankguard launch: cannot start rank {} ('{}'): {e}; no rank was left running",
@@ -389,6 +397,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     }
     let code = supervise(&mut ranks, &signals, o.grace);
     reaper.done();
+    kill_leftovers();
     // The relays end at EOF, which a descendant still holding a rank's pipe can delay
     // forever; give them a moment to flush, then exit regardless.
     let until = Instant::now() + Duration::from_secs(2);
@@ -401,15 +410,35 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
 /// `PR_SET_PDEATHSIG` kills a rank's first process when the launcher dies, but not what
 /// that process started. The reaper, a helper in its own process group that outlives the
 /// launcher, is told every rank's process group through a pipe; when the pipe closes
-/// without `done` (the launcher died, even by SIGKILL), it kills those groups.
-struct Reaper(Option<(Child, std::process::ChildStdin)>);
+/// without `done` (the launcher died, even by SIGKILL), it kills those groups. It is a
+/// fork of the launcher running [`reaper_main`] (`forked.rs`: no exec, so it costs the
+/// launcher about what one rank's fork does), else an exec of `rankguard __reaper`.
+struct Reaper(Option<(ReaperChild, Box<dyn Write>)>);
+
+enum ReaperChild {
+    Forked(super::forked::Child),
+    Exec(Child),
+}
 
 impl Reaper {
     fn start() -> Reaper {
+        let launcher = OsString::from(std::process::id().to_string());
+        if let Ok((r, w)) = std::io::pipe() {
+            let setup = super::forked::Setup { stdin: Some(r.into()), stdout: None, own_group: true };
+            // reaper_main reads fd 0 with read(2) itself (no Stdin buffer copied from us).
+            let arg = launcher.clone();
+            if let Ok(c) = super::forked::spawn(setup, move || match reaper_main(vec![arg]) {
+                Ok(_) => 0,
+                Err(e) => i32::from(e.code),
+            }) {
+                return Reaper(Some((ReaperChild::Forked(c), Box::new(w))));
+            }
+        }
         let spawned = std::env::current_exe().and_then(|exe| {
             use std::os::unix::process::CommandExt;
             Command::new(exe)
                 .arg(super::REAPER)
+                .arg(&launcher)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -419,7 +448,7 @@ impl Reaper {
         match spawned {
             Ok(mut c) => {
                 let pipe = c.stdin.take();
-                Reaper(pipe.map(|p| (c, p)))
+                Reaper(pipe.map(|p| (ReaperChild::Exec(c), Box::new(p) as Box<dyn Write>)))
             }
             Err(e) => {
                 eprintln!("rankguard launch: warning: no reaper ({e}); if the launcher is killed, processes \
@@ -435,31 +464,94 @@ impl Reaper {
         }
     }
 
+    /// Tell the reaper the launch is over and wait for it to exit (it does on reading
+    /// `done`; it is already running, so this is one wake-up): it is the launcher's child,
+    /// and `kill_leftovers` must not find it among what the launch left behind.
     fn done(&mut self) {
-        if let Some((mut child, mut pipe)) = self.0.take() {
+        if let Some((child, mut pipe)) = self.0.take() {
             let _ = writeln!(pipe, "done");
             drop(pipe);
-            let _ = child.wait();
+            let _ = match child {
+                ReaperChild::Forked(c) => c.wait().map(|_| ()),
+                ReaperChild::Exec(mut c) => c.wait().map(|_| ()),
+            };
         }
     }
 }
 
-/// The hidden `__reaper` subcommand (see [`Reaper`]).
-pub fn reaper_main(_args: Vec<OsString>) -> Result<ExitCode> {
+/// The hidden `__reaper` subcommand (see [`Reaper`]). Besides the ranks' process groups it
+/// remembers, every 100 ms, every descendant of the launcher (by pid and start time): the
+/// moment the launcher dies they are re-parented to init and can no longer be told apart,
+/// so those that left the groups (`setsid`) are killed from that memory, with whatever
+/// they started since. Limits: a process started and detached in the last 100 ms before
+/// the launcher's death can be missed; and when the reaper is killed with the launcher,
+/// only the ranks themselves die (PR_SET_PDEATHSIG).
+pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
+    let me = std::process::id();
+    // The launcher's pid, and proof that it is alive: it is our parent. Descendants are
+    // only ever looked up while it is (never those of pid 1, or of a reused pid).
+    let launcher: Option<u32> = args.first().and_then(|a| a.to_str()).and_then(|a| a.parse().ok());
+    let launcher_alive = || launcher.is_some_and(|l| std::os::unix::process::parent_id() == l);
     let mut groups: Vec<u32> = Vec::new();
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        if line == "done" {
-            return Ok(ExitCode::SUCCESS);
+    let mut known: Vec<tree::Proc> = Vec::new();
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        if sys::wait_readable(0, Duration::from_millis(100)) {
+            let mut chunk = [0u8; 512];
+            match sys::read_fd(0, &mut chunk) {
+                Ok(0) => break,
+                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+            while let Some(i) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=i).collect();
+                let line = String::from_utf8_lossy(&line[..i]);
+                if line.trim() == "done" {
+                    return Ok(ExitCode::SUCCESS);
+                }
+                if let Ok(g) = line.trim().parse() {
+                    groups.push(g);
+                }
+            }
         }
-        if let Ok(g) = line.trim().parse() {
-            groups.push(g);
+        known.retain(|&(p, s)| tree::start_time(p) == Some(s));
+        if let (Some(l), true) = (launcher, launcher_alive()) {
+            for p in tree::descendants(&[l], me) {
+                if !known.contains(&p) {
+                    known.push(p);
+                }
+            }
         }
     }
+    // The launcher is gone without saying done (killed, even by SIGKILL).
     for g in groups {
         let _ = sys::signal_group(g, sys::SIGKILL);
     }
+    let alive = tree::still_alive(&known);
+    let later = tree::descendants(&alive, me);
+    for p in alive.into_iter().chain(later.into_iter().map(|(p, _)| p)) {
+        let _ = sys::signal_pid(p, sys::SIGKILL);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Kill whatever this launch started that is still running once the ranks are done:
+/// descendants that left the ranks' process groups (found by parentage; orphans were
+/// re-parented to us as subreaper), then reap them.
+fn kill_leftovers() {
+    let me = std::process::id();
+    for _ in 0..20 {
+        let left = tree::descendants(&[me], 0);
+        if left.is_empty() {
+            break;
+        }
+        for (p, _) in left {
+            let _ = sys::signal_pid(p, sys::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        sys::reap_others(&[]);
+    }
 }
 
 struct Rank {
@@ -529,7 +621,10 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     let mut newly_failed = false;
+    let rank_pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
     loop {
+        // Orphans adopted as subreaper that exited: reap them (never a rank: its Child does).
+        sys::reap_others(&rank_pids);
         for r in ranks.iter_mut() {
             if r.status.is_some() {
                 continue;

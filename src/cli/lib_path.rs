@@ -4,17 +4,38 @@
 //! Search order (first hit wins): `$RANKGUARD_LIB` (must name an existing file: a wrong
 //! explicit setting is an error, not a reason to look elsewhere), the executable's own
 //! directory (cargo's target/release layout), then `<exe dir>/../lib/` (a prefix install), then
-//! the copy carried in the binary (`embedded.rs`: `cargo install`, the wheel).
+//! the copies carried in the binary (`embedded.rs`: `cargo install`, the wheel). In each
+//! place the build that fits the running glibc is taken (`lib_build.rs`): the glibc 2.34
+//! build from `glibc-2.34/librankguard.so` where it exists and glibc is 2.34+, else the
+//! glibc 2.28 build, `librankguard.so`; `RANKGUARD_LIB_GLIBC` forces one.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::args::{Lexer, Token};
 use super::env::GUARD_FILE;
+use super::lib_build::{self, Build, Choice, GLIBC_VAR, NATIVE_DIR};
 use super::{Error, Result};
 
 pub const LIB_VAR: &str = "RANKGUARD_LIB";
+
+/// The file of `build` in a directory that holds the library.
+fn file_in(dir: &Path, build: Build) -> PathBuf {
+    match build {
+        Build::Floor => dir.join(GUARD_FILE),
+        Build::Native => dir.join(NATIVE_DIR).join(GUARD_FILE),
+    }
+}
+
+/// The builds to accept, best first.
+fn acceptable(c: Choice) -> &'static [Build] {
+    match (c.build, c.forced) {
+        (Build::Native, false) => &[Build::Native, Build::Floor],
+        (Build::Native, true) => &[Build::Native],
+        (Build::Floor, _) => &[Build::Floor],
+    }
+}
 
 /// The absolute path of the guard library.
 pub fn find() -> Result<PathBuf> {
@@ -27,29 +48,48 @@ pub fn find() -> Result<PathBuf> {
                 p.display()))),
         };
     }
+    let choice = lib_build::choose(std::env::var_os(GLIBC_VAR).as_deref(), super::sys::glibc_version())?;
+    let builds = acceptable(choice);
     let exe = std::env::current_exe()
         .and_then(std::fs::canonicalize)
         .map_err(|e| Error::usage(format!("cannot locate the rankguard executable to find {GUARD_FILE}: {e}")))?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    let candidates = [dir.join(GUARD_FILE), dir.join("..").join("lib").join(GUARD_FILE)];
-    for c in &candidates {
-        if c.is_file() {
-            return std::fs::canonicalize(c).map_err(|e| Error::usage(format!("{}: {e}", c.display())));
+    let dirs = [dir.clone(), dir.join("..").join("lib")];
+    let mut looked = Vec::new();
+    for d in &dirs {
+        for &b in builds {
+            let c = file_in(d, b);
+            if c.is_file() {
+                return std::fs::canonicalize(&c).map_err(|e| Error::usage(format!("{}: {e}", c.display())));
+            }
+            looked.push(c.display().to_string());
         }
     }
     // A binary installed alone (cargo install, a wheel) carries the library: see embedded.rs.
-    let embedded = if super::embedded::available() {
-        match super::embedded::extract() {
-            Ok(p) => return Ok(p),
-            Err(e) => e.msg,
+    // The first build it carries is the answer; a cache that cannot be used is an error,
+    // never a reason to hand out the other build quietly.
+    let mut carried = Vec::new();
+    for &b in builds {
+        if super::embedded::available(b) {
+            match super::embedded::extract(b) {
+                Ok(p) => return Ok(p),
+                Err(e) => {
+                    carried.push(e.msg);
+                    break;
+                }
+            }
         }
-    } else {
-        format!("this binary carries {}", super::embedded::HOW)
-    };
+        let why = match b {
+            Build::Floor => super::embedded::HOW,
+            Build::Native => "build.rs makes it for x86_64 release builds, with zig: see its cargo warning",
+        };
+        carried.push(format!("this binary does not carry {} ({why})", b.describe()));
+    }
+    let forced = if choice.forced { format!(" ({GLIBC_VAR} asks for {})", choice.build.describe()) } else { String::new() };
     Err(Error::usage(format!(
-        "cannot find {GUARD_FILE}: looked in ${LIB_VAR} (unset), {} and {}; {embedded}; build it \
+        "cannot find {GUARD_FILE}{forced}: looked in ${LIB_VAR} (unset), {}; {}; build it \
          (cargo build --release) or set {LIB_VAR} to its path",
-        candidates[0].display(), candidates[1].display())))
+        looked.join(", "), carried.join("; "))))
 }
 
 pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
@@ -59,8 +99,11 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             Token::Flag(f) if f == "-h" || f == "--help" => {
                 super::emit(&format!("Usage: rankguard lib\n\nPrints the absolute path of {GUARD_FILE}:\n  \
                         LD_PRELOAD=$(rankguard lib) python train.py\nSearch order: ${LIB_VAR}, the directory \
-                        of the rankguard executable, <that directory>/../lib/, then the copy carried in the \
-                        binary (written once to $XDG_CACHE_HOME/rankguard/).\n"));
+                        of the rankguard executable, <that directory>/../lib/, then the copies carried in the \
+                        binary (written once to $XDG_CACHE_HOME/rankguard/).\nTwo builds: the glibc 2.28 build \
+                        ({GUARD_FILE}, loads on glibc 2.28+) and the glibc 2.34 build ({NATIVE_DIR}/{GUARD_FILE}, \
+                        glibc 2.34+, no libdl/libpthread dependency: cheaper process start-up). The one that \
+                        fits the running glibc is printed; ${GLIBC_VAR}=2.28|2.34|auto forces one.\n"));
                 return Ok(ExitCode::SUCCESS);
             }
             Token::Flag(f) => return Err(lx.unknown(&f)),

@@ -10,15 +10,18 @@ pub mod args;
 mod check;
 mod embedded;
 mod env;
+mod forked;
 mod gpus;
 mod json;
 mod launch;
+mod lib_build;
 mod lib_path;
 mod rank_env;
 mod report;
 mod run;
 #[allow(unsafe_code)]
 mod sys;
+mod tree;
 
 use std::ffi::OsString;
 use std::fmt;

@@ -26,7 +26,10 @@ files of a job, a directory holding them, or - for standard input): violations g
 by call site (where in the program: FILE:LINE in FUNCTION or OBJECT(SYMBOL+0xOFF)) and per
 rank, with counts and the first occurrence (time, host:pid, call and arguments, why).
 Summary records (counts of a site's violations after its first 100) add into the counts.
-Unreadable files and torn or non-JSON lines are listed as problems and skipped.
+Unreadable files and torn or non-JSON lines are listed as problems and skipped. A
+directory is walked recursively (regular files, not through symbolic links to directories);
+FIFOs, sockets and devices inside it are listed as not read. Lines longer than 64 KiB are
+skipped and counted.
 
   --json    a stable JSON document instead of text (format: docs/report.md)
 
@@ -92,27 +95,75 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     Ok(ExitCode::from(summary.status()))
 }
 
-/// One named input: a file, or a directory's regular files in name order (an audit
-/// directory of `%h.%p` files is the common case). A directory that cannot be listed or
-/// holds no file is a problem.
+/// One named input: a file (read whatever it is: `<(...)`, `/dev/stdin`), or a directory
+/// walked by a fixed rule (docs/report.md): its regular files at any depth, in path order;
+/// subdirectories are entered, but not through a symbolic link (it could loop) nor deeper
+/// than [`MAX_DEPTH`]; anything else inside (FIFO, socket, device: opening a FIFO can block
+/// forever) is listed as not read. Whatever was not read is a problem, never silence.
 fn expand(p: &Path, agg: &mut Aggregator) -> Vec<PathBuf> {
     if !p.is_dir() {
         return vec![p.to_path_buf()];
     }
-    let name = p.display().to_string();
-    let entries = match std::fs::read_dir(p) {
+    let mut out = Vec::new();
+    walk(p, 0, agg, &mut out);
+    if out.is_empty() {
+        agg.unreadable(&p.display().to_string(), "a directory with no files in it; name the audit files".into());
+    }
+    out
+}
+
+/// How deep a directory argument is walked.
+const MAX_DEPTH: usize = 16;
+
+fn walk(dir: &Path, depth: usize, agg: &mut Aggregator, out: &mut Vec<PathBuf>) {
+    let name = dir.display().to_string();
+    let entries = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) => {
             agg.unreadable(&name, format!("cannot list the directory: {e}"));
-            return Vec::new();
+            return;
         }
     };
-    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect();
-    paths.sort();
-    if paths.is_empty() {
-        agg.unreadable(&name, "a directory with no files in it; name the audit files".into());
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for e in entries {
+        match e {
+            Ok(e) => paths.push(e.path()),
+            Err(e) => agg.unreadable(&name, format!("cannot list the directory entirely: {e}")),
+        }
     }
-    paths
+    paths.sort();
+    for path in paths {
+        let shown = path.display().to_string();
+        let Ok(md) = std::fs::symlink_metadata(&path) else {
+            agg.unreadable(&shown, "vanished or cannot be examined; not read".into());
+            continue;
+        };
+        let ft = md.file_type();
+        if ft.is_dir() {
+            if depth + 1 >= MAX_DEPTH {
+                agg.unreadable(&shown, format!("a directory deeper than {MAX_DEPTH} levels; not read (name it)"));
+            } else {
+                walk(&path, depth + 1, agg, out);
+            }
+        } else if ft.is_file() {
+            out.push(path);
+        } else if ft.is_symlink() {
+            match std::fs::metadata(&path) {
+                Ok(t) if t.is_file() => out.push(path),
+                Ok(t) if t.is_dir() => agg.unreadable(
+                    &shown,
+                    "a symbolic link to a directory; not followed (it could loop), name the directory itself".into(),
+                ),
+                Ok(_) => agg.unreadable(&shown, "a symbolic link to something that is not a regular file; not read".into()),
+                Err(e) => agg.unreadable(&shown, format!("a broken symbolic link ({e}); not read")),
+            }
+        } else {
+            agg.unreadable(
+                &shown,
+                "not a regular file (a FIFO, socket or device); not read inside a directory (name it to read it)".into(),
+            );
+        }
+    }
 }
 
 /// Stream one file's lines into the aggregator (audit files of a legacy job in warn mode
@@ -121,20 +172,83 @@ fn feed(p: &Path, name: &str, agg: &mut Aggregator) -> std::io::Result<()> {
     feed_from(BufReader::new(File::open(p)?), name, agg)
 }
 
+/// The longest line kept: far beyond any record the guard writes (4 KiB), so that a longer
+/// one is not a record. Longer lines are skipped (and counted) without being held: memory
+/// stays bounded whatever the input (`/dev/zero`, a 200 MB line).
+pub const MAX_LINE: usize = 64 * 1024;
+
 fn feed_from(mut r: impl BufRead, name: &str, agg: &mut Aggregator) -> std::io::Result<()> {
-    let mut line = Vec::new();
+    let mut line: Vec<u8> = Vec::new();
     let mut n = 0;
+    let mut too_long = false;
+    let mut skipped = 0usize;
+    let mut first_skipped = 0usize;
     loop {
-        line.clear();
-        if r.read_until(b'\n', &mut line)? == 0 {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                note_skipped(agg, name, skipped, first_skipped);
+                return Err(e);
+            }
+        };
+        if buf.is_empty() {
+            // End of input: a last line without a newline.
+            if too_long {
+                n += 1;
+                skipped += 1;
+                if first_skipped == 0 {
+                    first_skipped = n;
+                }
+            } else if !line.is_empty() {
+                n += 1;
+                agg.add_line(name, n, &line, false);
+            }
+            note_skipped(agg, name, skipped, first_skipped);
             return Ok(());
         }
-        n += 1;
-        let complete = line.last() == Some(&b'\n');
-        if complete {
-            line.pop();
+        let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, false),
+        };
+        if !too_long {
+            if line.len() + chunk.len() > MAX_LINE {
+                too_long = true;
+                line.clear();
+                line.shrink_to(MAX_LINE);
+            } else {
+                line.extend_from_slice(chunk);
+            }
         }
-        agg.add_line(name, n, &line, complete);
+        let used = chunk.len() + usize::from(newline);
+        r.consume(used);
+        if newline {
+            n += 1;
+            if too_long {
+                skipped += 1;
+                if first_skipped == 0 {
+                    first_skipped = n;
+                }
+            } else {
+                agg.add_line(name, n, &line, true);
+            }
+            line.clear();
+            too_long = false;
+        }
+    }
+}
+
+fn note_skipped(agg: &mut Aggregator, name: &str, skipped: usize, first: usize) {
+    if skipped > 0 {
+        agg.skipped_lines(
+            name,
+            first,
+            format!(
+                "{} longer than {} KiB skipped (no audit record is that long: not an audit file?)",
+                plural(skipped, "line", "lines"),
+                MAX_LINE / 1024
+            ),
+        );
     }
 }
 

@@ -176,6 +176,16 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             Some(u) => c.env(env::RANK_GPU_UUID, u),
             None => c.env_remove(env::RANK_GPU_UUID),
         };
+    } else if std::env::var_os(env::RANK_GPU_UUID).is_none_or(|v| v.is_empty()) {
+        // An inherited identity without its resolved UUID (set by hand): resolve it once
+        // here, since the guard accepts a UUID prefix or index only when it can prove it
+        // names the one GPU the process sees (crate::rankgpu).
+        let inherited = std::env::var(env::RANK_GPU).ok().map(|v| cvd::parse(Some(v.trim())));
+        if let Some(Some([outer])) = inherited.as_ref().map(|v| v.entries()) {
+            if let Some(u) = resolve_uuid(outer) {
+                c.env(env::RANK_GPU_UUID, u);
+            }
+        }
     }
     let e = c.exec();
     let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXECUTE };

@@ -53,6 +53,20 @@ pub fn affinity() -> io::Result<CpuSet> {
     Ok(m.to_set())
 }
 
+/// The version of the glibc this process runs on (`gnu_get_libc_version`), e.g. (2, 36):
+/// which build of librankguard.so fits it (`lib_build.rs`).
+pub fn glibc_version() -> Option<(u32, u32)> {
+    // SAFETY: gnu_get_libc_version takes no arguments and returns a pointer to a static,
+    // NUL-terminated string (glibc's manual); it is never NULL, checked anyway.
+    let p = unsafe { libc::gnu_get_libc_version() };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL, NUL-terminated, static (above).
+    let v = unsafe { CStr::from_ptr(p) };
+    super::lib_build::parse_version(&v.to_string_lossy())
+}
+
 /// Arrange for `cmd`'s child, between fork and exec, to: run on `cpus` (inherited by its
 /// threads and descendants), die with SIGKILL when the launcher dies (`PR_SET_PDEATHSIG`),
 /// lead its own process group (so signals reach the rank's whole tree), and start with an
@@ -102,6 +116,63 @@ pub fn prepare_rank_child(cmd: &mut Command, cpus: Option<&CpuSet>) {
     unsafe {
         cmd.pre_exec(hook);
     }
+}
+
+/// Make this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant orphaned
+/// by its parent (a rank's `setsid` helper whose parent exited) becomes our child instead
+/// of init's, so it can still be found, signalled and reaped.
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes integers only.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reap exited children that are not in `keep` (orphans adopted as subreaper), without
+/// touching the exit status of those in `keep` (the ranks, whose `Child` reaps them).
+pub fn reap_others(keep: &[u32]) {
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid with WNOWAIT only peeks at a child that
+        // has exited, writing into `info`.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+        // SAFETY: si_pid is valid to read after waitid filled `info` (0 when none exited).
+        let pid = unsafe { info.si_pid() };
+        if rc != 0 || pid <= 0 || keep.contains(&(pid as u32)) {
+            return;
+        }
+        let mut status = 0;
+        // SAFETY: reaps exactly this exited child; `status` is a valid out-pointer.
+        unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    }
+}
+
+/// Send `sig` to one process.
+pub fn signal_pid(pid: u32, sig: i32) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
+    // SAFETY: kill takes integers only.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Wait up to `timeout` for `fd` to be readable (or at end of file).
+pub fn wait_readable(fd: i32, timeout: Duration) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: `p` is one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) > 0 }
+}
+
+/// One `read(2)` from `fd` into `buf`.
+pub fn read_fd(fd: i32, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is writable for its full length, which is what we pass.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// Send `sig` to the process group `pgid` (a rank child and its descendants).

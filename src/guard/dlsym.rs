@@ -1,5 +1,6 @@
-//! Our `dlsym`: a naked trampoline that asks [`route::dlsym_decide`] and otherwise
-//! *jumps* to the real `dlsym`.
+//! Our `dlsym`: a naked trampoline that rejects every name that cannot be guarded in a few
+//! byte compares and *jumps* to the real `dlsym`; only names of the guarded shape ask
+//! [`route::dlsym_decide`].
 //!
 //! glibc decides what `RTLD_NEXT` means from the caller's return address. A plain Rust
 //! override that called the real `dlsym` would make every library's `dlsym(RTLD_NEXT, ..)`
@@ -8,26 +9,72 @@
 //! it saves the arguments, calls the decision function, restores them, and either returns
 //! the wrapper or tail-jumps to the real `dlsym` with the original return address intact.
 //!
-//! `REAL_DLSYM` must stay unexported (a PC-relative reference to an exported static fails
-//! to link in a cdylib: `R_X86_64_PC32`), and `dlsym_decide` must ensure it is set.
+//! Fast reject (docs/benchmarks.md, figure 2): every guarded name is `cu<Upper>...` or
+//! `cuda<Upper>...` ([`table::guarded_shape`]). The trampoline tests exactly that, byte by
+//! byte (byte i is read only once bytes 0..i matched, so never past the NUL), with
+//! [`SHAPE`] classifying bytes 2 and 4, and jumps through [`FORWARD`] for every other name:
+//! `curl_easy_init`, `cudnnCreate`, `cublasCreate_v2` and any name not starting with `cu`
+//! cost 3 to 12 instructions and never enter Rust. `FORWARD` starts as the slow path (which
+//! resolves the real `dlsym` and then stores it there), so the fast path needs no "is it
+//! resolved yet" test. A NULL name is not tested for: glibc's own `dlsym` faults on it, and
+//! so does the trampoline, at the same call.
+//!
+//! `REAL_DLSYM`, `FORWARD` and `SHAPE` must stay unexported (a PC-relative reference to an
+//! exported static fails to link in a cdylib: `R_X86_64_PC32`), and `rg_dlsym_decide` must
+//! ensure `REAL_DLSYM` is set and stored in `FORWARD` before it returns.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::guard::real::{init_real_dlsym, REAL_DLSYM};
 use crate::guard::route;
+#[cfg(test)]
+use crate::guard::table;
 
-/// Called by the trampoline. Returns the wrapper to hand out, or NULL to forward.
+/// Where the fast path forwards a name it rejected: the real `dlsym` once known, until
+/// then the slow path, which resolves it. Read by the trampoline with a plain load: either
+/// value is a correct target, so no ordering is needed beyond the store's atomicity.
+static FORWARD: AtomicPtr<c_void> = AtomicPtr::new(rg_dlsym_slow as *mut c_void);
+
+/// `SHAPE[b]`: 1 if byte `b` is an ASCII capital (`cu<Upper>`, `cuda<Upper>`), 2 if it is
+/// `d` (`cud...`, maybe `cuda<Upper>`), 0 for every other byte (NUL included).
+static SHAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = b'A';
+    while b <= b'Z' {
+        t[b as usize] = 1;
+        b += 1;
+    }
+    t[b'd' as usize] = 2;
+    t
+};
+
+#[cfg(test)]
+thread_local! {
+    /// Calls of the decision function from this thread (tests of the fast reject).
+    static DECIDED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Called by the slow path. Returns the wrapper to hand out, or NULL to forward.
 /// Never unwinds (nothing in it panics on any input: no indexing beyond checked lengths,
-/// no allocation), and always leaves `REAL_DLSYM` set when it returns NULL.
+/// no allocation), and always leaves `REAL_DLSYM` set, and in `FORWARD`, when it returns.
 extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    if REAL_DLSYM.load(Ordering::Acquire) == 0 && init_real_dlsym() == 0 {
+    #[cfg(test)]
+    DECIDED.with(|c| c.set(c.get() + 1));
+    let mut real = REAL_DLSYM.load(Ordering::Acquire);
+    if real == 0 {
+        real = init_real_dlsym();
+    }
+    if real == 0 {
         // No real dlsym to jump to: glibc without versioned dlsym is not supported, and
         // jumping to 0 would crash. Say so and abort with a clear reason instead.
         crate::guard::report::write_all(2, b"RANKGUARD: cannot find the real dlsym (dlvsym failed for GLIBC_2.34 and the base version); librankguard.so needs glibc\n");
         // SAFETY: abort has no preconditions.
         unsafe { libc::abort() }
+    }
+    if FORWARD.load(Ordering::Relaxed) as usize != real {
+        FORWARD.store(real as *mut c_void, Ordering::Release);
     }
     route::dlsym_decide(handle, symbol)
 }
@@ -38,22 +85,43 @@ extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mu
 /// # Safety
 /// Same contract as glibc's `dlsym`.
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // Fast path first: once the real dlsym is known, a name that does not start with "cu"
-    // (almost every name a process looks up) jumps straight to it without a call into Rust.
-    // Byte 1 is read only after byte 0 matched 'c', so never past the NUL.
-    // Slow path: at entry rsp = 8 mod 16 (return address pushed); two pushes and 8 bytes of
-    // padding bring it to 0 mod 16 for the call, as the SysV ABI requires.
+    // rdi = handle, rsi = symbol; rcx and rdx are scratch (dlsym takes two arguments).
+    // `curl_easy_init`: 10 instructions, the last one the jump to the real dlsym.
     core::arch::naked_asm!(
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 3f",
-        "test rsi, rsi",
-        "jz 3f",
-        "cmp byte ptr [rsi], 0x63",
-        "jne 4f",
-        "cmp byte ptr [rsi + 1], 0x75",
-        "jne 4f",
+        "cmp byte ptr [rsi], 0x63",        // 'c'
+        "jne 2f",
+        "cmp byte ptr [rsi + 1], 0x75",    // 'u'
+        "jne 2f",
+        "movzx ecx, byte ptr [rsi + 2]",
+        "lea rdx, [rip + {shape}]",
+        "cmp byte ptr [rdx + rcx], 1",
+        "je {slow}",                        // cu<Upper>
+        "ja 3f",                            // cud
+        "2:",
+        "jmp qword ptr [rip + {forward}]",
         "3:",
+        "cmp byte ptr [rsi + 3], 0x61",    // 'a'
+        "jne 2b",
+        "movzx ecx, byte ptr [rsi + 4]",
+        "cmp byte ptr [rdx + rcx], 1",
+        "je {slow}",                        // cuda<Upper>
+        "jmp qword ptr [rip + {forward}]",
+        shape = sym SHAPE,
+        forward = sym FORWARD,
+        slow = sym rg_dlsym_slow,
+    )
+}
+
+/// The slow path, reached by a jump from [`dlsym`] (names of the guarded shape) or through
+/// [`FORWARD`] before the real `dlsym` is known: asks [`rg_dlsym_decide`], then returns
+/// its wrapper or tail-jumps to the real `dlsym`.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+unsafe extern "C" fn rg_dlsym_slow(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // At entry rsp = 8 mod 16 (the caller's return address, reached by jumps only); two
+    // pushes and 8 bytes of padding bring it to 0 mod 16 for the call, as the SysV ABI
+    // requires.
+    core::arch::naked_asm!(
         "push rdi",
         "push rsi",
         "sub rsp, 8",
@@ -66,8 +134,6 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "ret",
         "2:",
         "jmp qword ptr [rip + {real}]",
-        "4:",
-        "jmp rax",
         decide = sym rg_dlsym_decide,
         real = sym REAL_DLSYM,
     )
@@ -79,6 +145,45 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 /// # Safety
 /// Same contract as glibc's `dlsym`.
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // x0 = handle, x1 = symbol; x16, x17 (IP0, IP1) are scratch at a function's entry.
+    core::arch::naked_asm!(
+        "ldrb w16, [x1]",
+        "cmp w16, #0x63",                   // 'c'
+        "b.ne 2f",
+        "ldrb w16, [x1, #1]",
+        "cmp w16, #0x75",                   // 'u'
+        "b.ne 2f",
+        "ldrb w16, [x1, #2]",
+        "adrp x17, {shape}",
+        "add x17, x17, :lo12:{shape}",
+        "ldrb w16, [x17, x16]",
+        "cmp w16, #1",
+        "b.eq 4f",                          // cu<Upper>
+        "b.hi 3f",                          // cud
+        "2:",
+        "adrp x16, {forward}",
+        "ldr x16, [x16, :lo12:{forward}]",
+        "br x16",
+        "3:",
+        "ldrb w16, [x1, #3]",
+        "cmp w16, #0x61",                   // 'a'
+        "b.ne 2b",
+        "ldrb w16, [x1, #4]",
+        "ldrb w16, [x17, x16]",
+        "cmp w16, #1",
+        "b.ne 2b",                          // not cuda<Upper>
+        "4:",
+        "b {slow}",
+        shape = sym SHAPE,
+        forward = sym FORWARD,
+        slow = sym rg_dlsym_slow,
+    )
+}
+
+/// The slow path (see the x86_64 one).
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+unsafe extern "C" fn rg_dlsym_slow(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     // Save x0, x1 and the link register (x30) in a 32-byte frame, call the decision
     // function, restore, then return its answer or branch (not call) to the real dlsym,
     // so x30 still holds the caller's return address.
@@ -99,4 +204,82 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         decide = sym rg_dlsym_decide,
         real = sym REAL_DLSYM,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    /// The first lookup of the process goes through the slow path, which resolves the
+    /// real dlsym and stores it in FORWARD; every test starts after that.
+    fn prime() {
+        through_trampoline(b"cuInit");
+        assert_ne!(FORWARD.load(Ordering::Acquire), rg_dlsym_slow as *mut c_void);
+    }
+
+    /// Look `name` up through the trampoline; whether it entered the decision function.
+    fn through_trampoline(name: &[u8]) -> (*mut c_void, bool) {
+        let c = CString::new(name).expect("test names have no NUL");
+        let before = DECIDED.with(|d| d.get());
+        // SAFETY: a valid pseudo-handle and a NUL-terminated name: dlsym's contract.
+        let p = unsafe { dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
+        (p, DECIDED.with(|d| d.get()) != before)
+    }
+
+    fn real(name: &[u8]) -> *mut c_void {
+        let c = CString::new(name).expect("test names have no NUL");
+        crate::guard::real::lookup(libc::RTLD_DEFAULT, &c)
+    }
+
+    fn shape(name: &[u8]) -> bool {
+        table::guarded_shape(|i| name.get(i).copied().unwrap_or(0))
+    }
+
+    /// The trampoline enters Rust exactly for names of the guarded shape, deciding on each
+    /// byte of the first five: every byte value at positions 0 to 4 after a matching prefix.
+    #[test]
+    fn only_names_of_the_guarded_shape_enter_rust() {
+        prime();
+        for prefix in [&b""[..], b"c", b"cu", b"cud", b"cuda"] {
+            for b in 1..=255u8 {
+                for tail in [&b""[..], b"Init", b"_x"] {
+                    let name = [prefix, &[b], tail].concat();
+                    let (_, decided) = through_trampoline(&name);
+                    assert_eq!(decided, shape(&name), "{:?}", String::from_utf8_lossy(&name));
+                }
+            }
+        }
+        for name in [&b""[..], b"c", b"cu", b"cud", b"cuda", b"curl_easy_init", b"cudnnCreate", b"cublasCreate_v2"] {
+            assert!(!through_trampoline(name).1, "{:?}", String::from_utf8_lossy(name));
+        }
+        for name in [&b"cuInit"[..], b"cuDeviceGet", b"cudaSetDevice", b"cuX", b"cudaX"] {
+            assert!(through_trampoline(name).1, "{:?}", String::from_utf8_lossy(name));
+        }
+    }
+
+    /// A rejected name gets exactly what the real dlsym answers (here libc's `cuserid`,
+    /// a real function whose name starts with "cu", and a name found nowhere).
+    #[test]
+    fn rejected_names_get_the_real_answer() {
+        prime();
+        for name in [&b"cuserid"[..], b"curl_easy_init_not_here", b"strlen"] {
+            let (p, decided) = through_trampoline(name);
+            assert!(!decided);
+            assert_eq!(p, real(name), "{:?}", String::from_utf8_lossy(name));
+        }
+        assert!(!through_trampoline(b"cuserid").0.is_null(), "libc exports cuserid");
+    }
+
+    #[test]
+    fn shape_table_is_guarded_shape_at_bytes_2_and_4() {
+        for b in 0..=255u8 {
+            let at2 = match SHAPE[b as usize] {
+                1 => b.is_ascii_uppercase(),
+                2 => b == b'd',
+                _ => !b.is_ascii_uppercase() && b != b'd',
+            };
+            assert!(at2, "SHAPE[{b}] = {}", SHAPE[b as usize]);
+        }
+    }
 }

@@ -7,18 +7,18 @@ use std::ffi::c_void;
 use std::fmt::{self, Write};
 use std::sync::atomic::Ordering;
 
-use once_cell::sync::OnceCell;
-
 use crate::config::Mode;
 use crate::cvd;
 use crate::guard::ffi::{CUdevice, CUuuid, CuResult, CudaError};
 use crate::guard::internal;
+use crate::guard::once::ForkSafeOnce;
 use crate::guard::real;
 use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
 use crate::guard::state;
 use crate::guard::table::{Id, TABLE};
 use crate::guard::{site, tally};
 use crate::policy::{self, DenyCode, InitFacts, Rule, Verdict, Violation};
+use crate::rankgpu;
 
 /// Exit status of a process terminated by R1 in enforce mode (sysexits' EX_CONFIG: the
 /// process was started with a configuration that breaks the contract).
@@ -229,7 +229,13 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
 pub fn emit_at(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>, cap: &site::Capture, first: bool) {
     let e = &TABLE[id];
     let st = state::get();
-    let cvd_now = report::getenv(c"CUDA_VISIBLE_DEVICES");
+    let cvd_raw = report::getenv_bytes("CUDA_VISIBLE_DEVICES");
+    // A value that is not UTF-8 is shown with its bytes escaped (`\xff`), never as unset.
+    let mut cvd_buf = StackBuf::<512>::new();
+    let cvd_now = cvd_raw.map(|b| {
+        let _ = report::escape_bytes(&mut cvd_buf, b);
+        std::str::from_utf8(cvd_buf.as_bytes()).unwrap_or("?")
+    });
     let gpu = state::owned_gpu();
     // The rank's GPU: the launcher's identity when there is one (a descendant that breaks
     // R1 sees another GPU than its rank owns), else the one this process sees.
@@ -262,12 +268,13 @@ pub fn emit_at(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::A
         tracing::warn!("{}", String::from_utf8_lossy(line.as_bytes()).trim_end());
     }
 
-    if st.audit_fd >= 0 {
+    if state::audit_on() {
         let mut j = String::with_capacity(4096);
         let _ = audit_record(&mut j, e.call, e.abi(), v, verdict, mode, args, cvd_now, gpu, &st.config, extra.as_ref().map(|x| x.json));
         site::record_fields(&mut j, cap);
-        j.push_str("}\n");
-        report::write_all(st.audit_fd, j.as_bytes());
+        j.push_str("}
+");
+        state::write_audit(j.as_bytes());
     }
 }
 
@@ -339,16 +346,17 @@ fn audit_record<W: Write>(
 // ---------------------------------------------------------------------------------------
 // R1 at CUDA initialisation
 
-static INIT_CHECK: OnceCell<()> = OnceCell::new();
+static INIT_CHECK: ForkSafeOnce = ForkSafeOnce::new();
 
 /// Called by the `cuInit` wrapper after the real `cuInit` returned `rc`. The first call in
 /// the process runs the R1 check; concurrent first calls wait for it, so no thread uses
-/// CUDA before the verdict. A violation in enforce mode terminates the process here.
+/// CUDA before the verdict (a child forked in the middle of its parent's check runs its
+/// own). A violation in enforce mode terminates the process here.
 pub fn after_init(rc: CuResult) {
-    if INIT_CHECK.get().is_some() {
+    if INIT_CHECK.is_done() {
         return;
     }
-    INIT_CHECK.get_or_init(|| {
+    INIT_CHECK.call(|| {
         // As in on_verdict_with: never unwind into the caller of cuInit. A check that
         // could not finish fails closed: in enforce mode the process is stopped as for
         // any R1 violation, since its visibility was not verified.
@@ -369,7 +377,6 @@ fn check_init(rc: CuResult) {
     if mode == Mode::Off {
         return;
     }
-    let cfg = &state::get().config;
     let cvd_text = report::getenv(c"CUDA_VISIBLE_DEVICES");
     let vis = cvd::parse(cvd_text);
     let entries = vis.entries().map_or(0, <[cvd::Entry]>::len);
@@ -388,10 +395,11 @@ fn check_init(rc: CuResult) {
         }
     }
     let own_uuid = own_uuid.as_str();
-    let is_rank_gpu = cfg
-        .rank_gpu
-        .as_deref()
-        .map(|rank_entry| is_rank_gpu(rank_entry, cfg.rank_gpu_uuid.as_deref(), own_uuid, &vis));
+    // The raw values: an empty, non-UTF-8 or unverifiable rank GPU fails closed, exactly
+    // as `rankguard check` decides it (one shared function).
+    let rank_uuid = report::getenv_bytes("RANKGUARD_RANK_GPU_UUID").filter(|u| !u.trim_ascii().is_empty());
+    let is_rank_gpu = report::getenv_bytes("RANKGUARD_RANK_GPU")
+        .map(|entry| rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same());
     let facts = InitFacts { cvd_set: cvd_text.is_some(), entries, devices, is_rank_gpu };
     tracing::debug!(?facts, uuid = own_uuid, "R1 check at cuInit");
     let Verdict::Violation(v) = policy::init(facts) else {
@@ -431,21 +439,6 @@ fn check_init(rc: CuResult) {
             unsafe { libc::_exit(EXIT_R1) }
         }
     }
-}
-
-/// Whether the one GPU this process sees is the rank's, by identity (issue 8): the
-/// launcher's resolved UUID when it gave one; else a UUID or prefix entry matched against
-/// the driver's UUID of device 0; else (an index entry, nothing to resolve it with) only the
-/// same entry text counts, failing closed on anything else.
-fn is_rank_gpu(rank_entry: &str, rank_uuid: Option<&str>, own_uuid: &str, vis: &cvd::Visibility) -> bool {
-    if let Some(full) = rank_uuid {
-        return !own_uuid.is_empty() && full.eq_ignore_ascii_case(own_uuid);
-    }
-    if policy::uuid_matches(rank_entry, own_uuid) {
-        return true;
-    }
-    let rank = cvd::parse(Some(rank_entry));
-    matches!((vis.entries(), rank.entries()), (Some([mine]), Some([theirs])) if mine == theirs)
 }
 
 fn driver_count() -> Option<i32> {

@@ -71,9 +71,25 @@ pub fn json_opt_str<W: Write>(w: &mut W, s: Option<&str>, cap: usize) -> fmt::Re
     }
 }
 
-/// Write all of `bytes` to `fd`, retrying on EINTR and short writes.
+/// Write all of `bytes` to `fd` (stderr: the program's descriptor, whose blocking mode is
+/// not ours to change), retrying on EINTR and short writes, but never waiting more than
+/// [`WRITE_WAIT_MS`] for it to become writable: a stderr pipe nobody reads loses the line
+/// instead of hanging the program.
 pub fn write_all(fd: i32, mut bytes: &[u8]) {
     while !bytes.is_empty() {
+        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        // SAFETY: `p` is one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, WRITE_WAIT_MS) };
+        if r == 0 {
+            return;
+        }
+        if r < 0 {
+            // SAFETY: __errno_location always returns a valid thread-local pointer.
+            if unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            return;
+        }
         // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes from it.
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n < 0 {
@@ -89,6 +105,9 @@ pub fn write_all(fd: i32, mut bytes: &[u8]) {
         bytes = &bytes[n as usize..];
     }
 }
+
+/// The longest [`write_all`] waits for its descriptor to become writable.
+pub const WRITE_WAIT_MS: i32 = 2000;
 
 /// The host name, into a stack buffer (as NCCL prints it: up to the first dot).
 pub fn hostname(out: &mut [u8; 64]) -> &str {
@@ -124,6 +143,36 @@ pub fn getenv(name: &CStr) -> Option<&'static str> {
     }
     // SAFETY: a non-NULL getenv result is a NUL-terminated string.
     unsafe { CStr::from_ptr(p) }.to_str().ok()
+}
+
+/// The raw bytes of an environment variable (`name` without NUL), however encoded, without
+/// allocating or taking std's environment lock.
+pub fn getenv_bytes(name: &str) -> Option<&'static [u8]> {
+    let mut key = [0u8; 64];
+    if name.len() >= key.len() || name.as_bytes().contains(&0) {
+        return None;
+    }
+    key[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: `key` is NUL-terminated (zero-filled past the name); getenv returns NULL or
+    // a pointer into the environment block, used at once as by every C caller of getenv.
+    let p: *const c_char = unsafe { libc::getenv(key.as_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL getenv result is a NUL-terminated string.
+    Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Bytes as text: UTF-8 as it is, every byte of an invalid sequence as `\xNN` (so a value
+/// that is not UTF-8 is shown as it is, not as "unset").
+pub fn escape_bytes<W: Write>(w: &mut W, bytes: &[u8]) -> fmt::Result {
+    for chunk in bytes.utf8_chunks() {
+        w.write_str(chunk.valid())?;
+        for b in chunk.invalid() {
+            write!(w, "\\x{b:02x}")?;
+        }
+    }
+    Ok(())
 }
 
 /// Seconds since the epoch, with microseconds.

@@ -11,8 +11,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::Ordering;
 
-use once_cell::sync::OnceCell;
-
+use crate::guard::once::ForkSafeOnce;
 use crate::guard::real;
 use crate::guard::table::{self, Lib, TABLE};
 
@@ -27,14 +26,14 @@ pub enum Routed {
     Unknown,
 }
 
-static DRIVER_ROUTES: OnceCell<()> = OnceCell::new();
+static DRIVER_ROUTES: ForkSafeOnce = ForkSafeOnce::new();
 
 /// Route a driver function pointer returned for `symbol`.
 pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
     if p.is_null() || real::is_own(p) {
         return Routed::Keep;
     }
-    DRIVER_ROUTES.get_or_init(real::resolve_all_driver);
+    DRIVER_ROUTES.call(real::resolve_all_driver);
     for e in TABLE.iter() {
         if e.lib == Lib::Driver && e.real.load(Ordering::Acquire) == p {
             return Routed::Wrap(e.wrapper() as *mut c_void);
@@ -56,9 +55,10 @@ pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
 /// NULL to let the real `dlsym` answer (the trampoline then jumps to it with the caller's
 /// own return address, so `RTLD_NEXT` keeps its meaning).
 ///
-/// Cheap for every name that is not ours: the trampoline itself forwards names that do not
-/// start with `cu`; here at most five byte compares reject `curl_*`, `cudnn*`, `cublas*`
-/// before any table scan. Never loads a library or takes a lock.
+/// Cheap for every name that is not ours: the trampoline itself forwards every name that
+/// is not of the guarded shape (`dlsym.rs`); the same test here covers the process's first
+/// lookup, which reaches this function whatever the name, before any table scan. Never
+/// loads a library or takes a lock.
 pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if symbol.is_null() {
         return std::ptr::null_mut();

@@ -518,36 +518,62 @@ pub fn line_suffix(line: &mut String, cap: &Capture) {
     line.push('\n');
 }
 
+/// Longest record the guard writes, in bytes: stacks are cut (outermost Python frames
+/// first, then outer native frames) to stay within it; `rankguard report` skips lines over
+/// 64 KiB.
+pub const RECORD_MAX: usize = 48 * 1024;
+
 /// The record's site members: `"site"`, `"py_stack"` (outermost first; absent without
 /// Python frames), `"py_stack_cut"` when outer frames were left out, `"native_stack"`, and
-/// `"native_stack_cut"`. Every frame is capped at FRAME_MAX bytes, so a record stays a few
-/// tens of KiB at most and is written whole.
+/// `"native_stack_cut"`. Every frame is capped at FRAME_MAX source bytes and the whole
+/// record at [`RECORD_MAX`], so it is written whole in one `write(2)`, never torn or cut
+/// into invalid JSON.
 pub fn record_fields(j: &mut String, cap: &Capture) {
     use crate::guard::report::{json_opt_str, json_str};
     j.push_str(",\"site\":");
     let _ = json_opt_str(j, cap.site.as_deref(), SITE_MAX);
-    if !cap.py_stack.is_empty() {
-        j.push_str(",\"py_stack\":[");
-        for (i, f) in cap.py_stack.iter().enumerate() {
-            if i > 0 {
-                j.push(',');
-            }
-            let _ = json_str(j, f, FRAME_MAX);
+    let quoted = |f: &str| {
+        let mut q = String::new();
+        let _ = json_str(&mut q, f, FRAME_MAX);
+        q
+    };
+    // Room left for the stacks, with the closing "}\n" and the members' names.
+    let mut room = RECORD_MAX.saturating_sub(j.len() + 96);
+    let mut py: Vec<String> = Vec::new();
+    let mut py_cut = cap.py_cut;
+    for f in cap.py_stack.iter().rev() {
+        let q = quoted(f);
+        if q.len() + 1 > room {
+            py_cut = true;
+            break;
         }
+        room -= q.len() + 1;
+        py.push(q);
+    }
+    let mut native: Vec<String> = Vec::new();
+    let mut native_cut = cap.native_cut;
+    for f in &cap.native_stack {
+        let q = quoted(f);
+        if q.len() + 1 > room {
+            native_cut = true;
+            break;
+        }
+        room -= q.len() + 1;
+        native.push(q);
+    }
+    if !cap.py_stack.is_empty() {
+        py.reverse();
+        j.push_str(",\"py_stack\":[");
+        j.push_str(&py.join(","));
         j.push(']');
-        if cap.py_cut {
+        if py_cut {
             j.push_str(",\"py_stack_cut\":true");
         }
     }
     j.push_str(",\"native_stack\":[");
-    for (i, f) in cap.native_stack.iter().enumerate() {
-        if i > 0 {
-            j.push(',');
-        }
-        let _ = json_str(j, f, FRAME_MAX);
-    }
+    j.push_str(&native.join(","));
     j.push(']');
-    if cap.native_cut {
+    if native_cut {
         j.push_str(",\"native_stack_cut\":true");
     }
 }
@@ -672,6 +698,32 @@ mod tests {
         assert!(in_package("/usr/lib/python3/dist-packages/x.py:1 in f"));
         assert!(!in_package("/home/u/train.py:7 in place_learner"));
         assert!(!in_package("/home/u/train.py:7 in site-packages/"));
+    }
+
+    #[test]
+    fn a_record_stays_within_its_limit_and_valid() {
+        // Frames of control characters: each escapes to six bytes per source byte.
+        let nasty = "\u{1}".repeat(FRAME_MAX);
+        let cap = Capture {
+            site: Some("x.py:1 in f".into()),
+            py_stack: vec![nasty.clone(); PY_FRAMES],
+            native_stack: vec![nasty; NATIVE_FRAMES],
+            ..Capture::default()
+        };
+        let mut j = String::from("{\"call\":\"c\"");
+        record_fields(&mut j, &cap);
+        j.push('}');
+        assert!(j.len() <= RECORD_MAX, "{}", j.len());
+        assert!(j.contains("\"py_stack_cut\":true") && j.contains("\"native_stack_cut\":true"));
+        assert!(j.ends_with("}") && !j.contains(",,") && !j.contains("[,"));
+        // A small capture keeps everything.
+        let cap = Capture {
+            py_stack: vec!["a.py:1 in <module>".into(), "a.py:2 in f".into()],
+            ..Capture::default()
+        };
+        let mut j = String::new();
+        record_fields(&mut j, &cap);
+        assert_eq!(j, ",\"site\":null,\"py_stack\":[\"a.py:1 in <module>\",\"a.py:2 in f\"],\"native_stack\":[]");
     }
 
     #[test]

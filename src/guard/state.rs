@@ -1,32 +1,34 @@
 //! Per-process state: the configuration (read at the first guarded call, never in a
 //! constructor), the audit and debug sinks, and the identity the R1 check established.
 //!
-//! All of it lives in `OnceCell`s: set once, read lock-free afterwards. Nothing depends on
-//! the pid (reports call getpid each time), so a forked child needs no reset: it inherits a
-//! finished state, and its reports carry its own pid.
+//! All of it lives in fork-safe one-time cells ([`crate::guard::once`]): set once, read
+//! lock-free afterwards, and a child forked while another thread of its parent was setting
+//! one up does the set-up itself instead of waiting forever for a thread it does not have.
+//! Nothing depends on the pid (reports call getpid each time; the sinks check their
+//! descriptor before each write), so a forked child inherits a finished state, and its
+//! reports carry its own pid.
 #![allow(unsafe_code)]
 
-use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use once_cell::sync::OnceCell;
-
-use crate::config::{self, Config, Level, Mode};
+use crate::config::{Config, Level, Mode};
+use crate::guard::once::ForkSafeCell;
+use crate::guard::real;
 use crate::guard::report::{self, StackBuf};
+use crate::guard::sink;
+use crate::guard::table::{Id, TABLE};
 
 pub struct State {
     pub config: Config,
-    /// Audit file descriptor (O_APPEND), or -1.
-    pub audit_fd: i32,
     /// True in secure-execution (setuid/setgid) processes: the guard stays inert there,
     /// since it must not act on an environment an unprivileged user controls.
     pub inert: bool,
 }
 
-static STATE: OnceCell<State> = OnceCell::new();
+static STATE: ForkSafeCell<State> = ForkSafeCell::new();
 
 /// The identity of this process's one GPU, once R1 was checked.
-static OWNED_GPU: OnceCell<String> = OnceCell::new();
+static OWNED_GPU: ForkSafeCell<String> = ForkSafeCell::new();
 
 /// The state, initialising it on first use.
 #[inline]
@@ -56,49 +58,96 @@ pub fn mode() -> Mode {
 
 #[cold]
 fn init() -> &'static State {
-    STATE.get_or_init(|| {
+    let s = STATE.get_or_init(|| {
         // SAFETY: getauxval has no preconditions; AT_SECURE is set by the kernel for
         // setuid/setgid/capability-raising executions.
-        let inert = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+        let secure = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+        // dlopen()ed by the program instead of preloaded: the program's own CUDA calls
+        // never reach the wrappers (only calls through that handle would), so guarding
+        // them would be a false promise. Stay inert and say so once (issue 14, item 12).
+        let dlopened = !secure && !interposing();
+        if dlopened {
+            let mut b = StackBuf::<512>::new();
+            engine::prefix(&mut b, "WARN");
+            let _ = std::fmt::Write::write_str(
+                &mut b,
+                "librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)\n",
+            );
+            report::write_all(2, b.as_bytes());
+        }
+        let inert = secure || dlopened;
+        // A value that is not UTF-8 is read lossily: an invalid mode is then reported as
+        // invalid (and means enforce), an invalid path is refused (config.rs).
         let config = Config::from_lookup(|k| {
-            let key = CString::new(k).ok()?;
-            report::getenv(&key).map(str::to_string)
+            report::getenv_bytes(k).map(|b| String::from_utf8_lossy(b).into_owned())
         });
-        let mut host = [0u8; 64];
-        let host = report::hostname(&mut host).to_string();
-        let audit_fd = match &config.audit {
-            Some(t) if !inert => open_append(&config::expand_path(t, &host, report::pid())),
-            _ => -1,
-        };
-        let state = State { config, audit_fd, inert };
+        let state = State { config, inert };
         if !inert {
-            init_debug(&state.config, &host);
+            if let Some(t) = &state.config.audit {
+                sink::AUDIT.open_now(t);
+            }
         }
         state
-    })
+    });
+    if !s.inert {
+        init_debug(&s.config);
+    }
+    s
 }
 
-fn open_append(path: &str) -> i32 {
-    let Ok(c) = CString::new(path) else {
-        warn_once_config("RANKGUARD_AUDIT", path, "contains a NUL byte");
-        return -1;
-    };
-    // SAFETY: `c` is NUL-terminated; the flags ask for an append-only descriptor that is
-    // not inherited across exec (children open their own).
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
-            0o644,
+/// Whether the program's own symbol lookups can reach our wrappers. The global scope (the
+/// main program's handle) resolves `cuInit` to ours when the library is preloaded; to
+/// nothing, or to the driver's own, when it was dlopen()ed (RTLD_LOCAL, or RTLD_GLOBAL after
+/// the driver). Any other answer is an interposer preloaded in front of us (HAMi-core and
+/// the like), whose calls reach us through RTLD_NEXT: still interposing.
+fn interposing() -> bool {
+    let ours = TABLE[Id::cuInit as usize].wrapper();
+    // SAFETY: dlopen(NULL) returns the main program's handle, whose lookups search the
+    // global scope only (RTLD_DEFAULT from here would also search our own local scope).
+    let main = unsafe { libc::dlopen(std::ptr::null(), libc::RTLD_LAZY) };
+    if main.is_null() {
+        return true;
+    }
+    let global = real::lookup(main, c"cuInit") as *const std::ffi::c_void;
+    if global == ours {
+        return true;
+    }
+    if global.is_null() {
+        return false;
+    }
+    // SAFETY: RTLD_NOLOAD only returns a handle of an already loaded libcuda.so.1 (loading
+    // nothing); the name is NUL-terminated.
+    let drv = unsafe {
+        libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
         )
     };
-    if fd < 0 {
-        warn_once_config("RANKGUARD_AUDIT", path, "cannot be opened for appending; no audit records will be written");
+    if drv.is_null() {
+        return true;
     }
-    fd
+    let real_init = real::lookup(drv, c"cuInit") as *const std::ffi::c_void;
+    // SAFETY: `drv` came from dlopen above; this drops the reference RTLD_NOLOAD added.
+    unsafe { libc::dlclose(drv) };
+    global != real_init
 }
 
-static CONFIG_WARNED: AtomicBool = AtomicBool::new(false);
+/// Append one audit record (see [`sink`]).
+pub fn write_audit(bytes: &[u8]) {
+    let s = get();
+    if s.inert {
+        return;
+    }
+    if let Some(t) = &s.config.audit {
+        sink::AUDIT.write(t, bytes);
+    }
+}
+
+/// Whether audit records are configured (and the guard is not inert).
+pub fn audit_on() -> bool {
+    let s = get();
+    !s.inert && s.config.audit.is_some()
+}
 
 /// A configuration problem, said on stderr.
 fn warn_once_config(var: &str, value: &str, what: &str) {
@@ -108,53 +157,57 @@ fn warn_once_config(var: &str, value: &str, what: &str) {
     report::write_all(2, b.as_bytes());
 }
 
+static CONFIG_WARNED: AtomicU32 = AtomicU32::new(0);
+
 /// Say each invalid configuration value once per process.
 pub fn report_config_errors() {
     // A load first: the violation path calls this each time, a swap would be a locked write.
-    if CONFIG_WARNED.load(Ordering::Relaxed) || CONFIG_WARNED.swap(true, Ordering::Relaxed) {
+    if CONFIG_WARNED.load(Ordering::Relaxed) != 0 || CONFIG_WARNED.swap(1, Ordering::Relaxed) != 0 {
         return;
     }
     for e in &get().config.errors {
-        warn_once_config(e.var, &e.value, &format!("is not valid: expected {}", e.expected));
+        warn_once_config(
+            e.var,
+            &e.value,
+            &format!("is not valid: expected {}", e.expected),
+        );
     }
 }
 
-fn init_debug(cfg: &Config, host: &str) {
+static DEBUG_INSTALLED: AtomicU32 = AtomicU32::new(0);
+
+fn init_debug(cfg: &'static Config) {
     let Some(level) = cfg.debug else { return };
+    if DEBUG_INSTALLED.swap(1, Ordering::AcqRel) != 0 {
+        return;
+    }
     let max = match level {
         Level::Warn => tracing::Level::WARN,
         Level::Info => tracing::Level::INFO,
         Level::Debug => tracing::Level::DEBUG,
         Level::Trace => tracing::Level::TRACE,
     };
-    let builder = tracing_subscriber::fmt()
+    // Open the debug file now, so that a problem with it is said up front.
+    if let Some(t) = &cfg.debug_file {
+        sink::DEBUG.open_now(t);
+    }
+    // The subscriber lives in this library's own copy of `tracing`: the host process's
+    // logging (Rust or not) is untouched. Its writer takes no lock (sink::DebugWriter).
+    let subscriber = tracing_subscriber::fmt()
         .with_max_level(max)
         .with_target(false)
         .with_ansi(false)
-        .with_thread_ids(true);
-    // The subscriber lives in this library's own copy of `tracing`: the host process's
-    // logging (Rust or not) is untouched.
-    let result = match &cfg.debug_file {
-        Some(t) => {
-            let path = config::expand_path(t, host, report::pid());
-            match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
-                Ok(f) => tracing::subscriber::set_global_default(
-                    builder.with_writer(std::sync::Mutex::new(f)).finish(),
-                ),
-                Err(_) => {
-                    warn_once_config("RANKGUARD_DEBUG_FILE", &path, "cannot be opened; debug log goes to stderr");
-                    tracing::subscriber::set_global_default(builder.with_writer(std::io::stderr).finish())
-                }
-            }
-        }
-        None => tracing::subscriber::set_global_default(builder.with_writer(std::io::stderr).finish()),
-    };
-    let _ = result;
+        .with_thread_ids(true)
+        .with_writer(sink::MakeDebugWriter {
+            template: cfg.debug_file.as_deref(),
+        })
+        .finish();
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
 /// Remember the identity of the process's GPU (set once by the R1 check).
 pub fn set_owned_gpu(uuid: String) {
-    let _ = OWNED_GPU.set(uuid);
+    OWNED_GPU.set(uuid);
 }
 
 pub fn owned_gpu() -> Option<&'static str> {

@@ -448,7 +448,7 @@ fn start_flusher() {
     if FLUSHER.swap(1, Ordering::AcqRel) != 0 {
         return;
     }
-    if state::try_get().is_none_or(|s| s.audit_fd < 0) {
+    if state::try_get().is_none() || !state::audit_on() {
         return; // nothing to write summaries to
     }
     let spawned = std::thread::Builder::new()
@@ -501,7 +501,7 @@ fn flush_slot(s: &Slot) {
         return;
     }
     let Some(st) = state::try_get() else { return };
-    if st.audit_fd < 0 {
+    if !state::audit_on() {
         s.pending.store(0, Ordering::Relaxed);
         return;
     }
@@ -519,7 +519,7 @@ fn flush_slot(s: &Slot) {
         .filter(|t| !t.is_empty());
     let mut j = StackBuf::<2048>::new();
     let _ = summary_record(&mut j, meta, d, since, until, site_text, st);
-    report::write_all(st.audit_fd, j.as_bytes());
+    state::write_audit(j.as_bytes());
 }
 
 /// `{"ts":..,"summary":true,"count":N,"since":..,"call":..,..,"site":..}` plus newline.
