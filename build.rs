@@ -32,6 +32,7 @@ const NESTED: &str = "RANKGUARD_NESTED_BUILD";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    frame_pointer_cfg();
     println!("cargo:rerun-if-env-changed=RANKGUARD_EMBED");
     println!("cargo:rerun-if-env-changed={NESTED}");
     println!("cargo:rerun-if-env-changed=RANKGUARD_SYSTEM_LINKER");
@@ -190,4 +191,25 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// The guard keys a repeated violation on its wrapper's return address, read through the
+/// frame pointer (`guard/site.rs`). `.cargo/config.toml` turns frame pointers on; a build
+/// whose RUSTFLAGS replaced that (cargo then ignores the config's flags) must not read
+/// `[rbp+8]`, so the read is compiled in only when the flag is really there.
+fn frame_pointer_cfg() {
+    println!("cargo:rustc-check-cfg=cfg(rankguard_frame_pointers)");
+    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let mut on = false;
+    let mut it = flags.split('\x1f').peekable();
+    while let Some(f) = it.next() {
+        let v = if f == "-C" { it.next().unwrap_or("") } else { f.strip_prefix("-C").unwrap_or("") };
+        if let Some(val) = v.strip_prefix("force-frame-pointers") {
+            on = matches!(val, "" | "=yes" | "=y" | "=on" | "=true");
+        }
+    }
+    if on {
+        println!("cargo:rustc-cfg=rankguard_frame_pointers");
+    }
 }

@@ -140,6 +140,39 @@ def test_report_text_is_what_the_demo_showed(demo):
     assert "total: 11 violations (0 denied, 11 warned)" in text, text
 
 
+def _line_of(pattern: str) -> int:
+    """The line of examples/rl_job.py, in function fn, that makes a planted call."""
+    text = (EXAMPLES / "rl_job.py").read_text().splitlines()
+    fn, pat = pattern
+    start = next(i for i, line in enumerate(text) if line.startswith(f"def {fn}("))
+    return start + 1 + next(i for i, line in enumerate(text[start:]) if pat in line)
+
+
+# Where each planted (rule, call) is made: the function and the line of the call (issue 13).
+PLANTED_SITES = {
+    ("R1", "cuInit"): ("open_device", 'ok(cu.cuInit(0), "cuInit")'),
+    ("R2", "cuDeviceGet"): ("learner_main", "err, dev = cu.cuDeviceGet(g)"),
+    ("R3", "cuIpcOpenMemHandle"): ("import_", "cu.cuIpcOpenMemHandle(h, FLAGS)"),
+}
+
+
+def test_act1_shows_the_site_of_each_planted_violation(demo):
+    """Lines, records and the report name the line of rl_job.py each violation came from."""
+    script = str(EXAMPLES / "rl_job.py")
+    sites = {k: f"{script}:{_line_of((fn, pat))} in {fn}" for k, (fn, pat) in PLANTED_SITES.items()}
+    for r in demo.records(1):
+        assert r["site"] == sites[(r["rule"], r["call"])], r
+        assert r["py_stack"][-1] == r["site"] and r["py_stack"][0].endswith(" in <module>"), r
+    out = demo.act_output(1)
+    for (rule, call), site in sites.items():
+        said = [ln for ln in out.splitlines() if "RANKGUARD WARN" in ln and f" {call}(" in ln]
+        assert said and all(ln.endswith(f" at {site}") for ln in said), (call, said)
+    text = demo.out.split("Act 1: the audit summary", 1)[1].split("Act 2/3", 1)[0]
+    for (rule, call), site in sites.items():
+        n = sum(v for (rank, ru, c), v in PLANTED.items() if (ru, c) == (rule, call))
+        assert f"\n    at {site}: {n} warned in ranks " in text, (site, text)
+
+
 def test_act2_legacy_enforce_is_refused_and_the_job_stopped(demo):
     assert demo.launcher_status(2) == 78, demo.out
     out = demo.act_output(2)

@@ -108,3 +108,59 @@ def test_every_check_script_compiles():
         compile(mod.PRELUDE + body, f"gpu-check:{name}", "exec")
     compile(mod.PROBE, "gpu-check:probe", "exec")
     assert set(mod.CHECKS) == set(mod.NEEDS)
+
+
+# A stand-in for PyTorch on the fake node: torch.cuda.set_device(n) is the runtime's
+# cudaSetDevice(n), as in PyTorch (c10::cuda::set_device), through the fake libcudart.
+STUB_TORCH = '''
+import ctypes
+_rt = ctypes.CDLL("libcudart.so.12")
+class cuda:
+    @staticmethod
+    def set_device(n):
+        rc = _rt.cudaSetDevice(n)
+        if rc:
+            raise RuntimeError(f"CUDA error: invalid device ordinal ({rc})")
+def zeros(*args, **kwargs):
+    raise RuntimeError("stub torch: no tensors")
+'''
+
+
+def _warn_check(tmp_path, preload):
+    mod = load_gpu_check()
+    # Installed like the real one, under site-packages: its frames are not the user's site.
+    stub = tmp_path / "stub" / "site-packages" / "torch"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(STUB_TORCH)
+    script = tmp_path / "warn_audit.py"
+    import textwrap
+    script.write_text(mod.PRELUDE + textwrap.dedent(mod.CHECKS["warn_audit"]))
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    env = clean_env(RANKGUARD_MODE="warn", RANKGUARD_AUDIT=str(audit / "audit.%p.jsonl"),
+                    GPU_CHECK_AUDIT_DIR=str(audit), CUDA_VISIBLE_DEVICES="0",
+                    PYTHONPATH=str(tmp_path / "stub" / "site-packages"))
+    if preload:
+        env["LD_PRELOAD"] = str(preload)
+    p = run([PYTHON, script], env=env, timeout=60)
+    [res] = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    return script, p, res
+
+
+def test_warn_check_names_the_users_set_device_line(tmp_path):
+    """Issue 13's GPU check, run here with a stand-in torch: the warn check passes only when
+    the record's site is the snippet's own `torch.cuda.set_device(legacy_device)` line."""
+    script, p, res = _warn_check(tmp_path, GUARD)
+    assert res["status"] == "pass", (res, p.stderr)
+    n = next(i for i, l in enumerate(script.read_text().splitlines(), 1)
+             if l.strip() == "torch.cuda.set_device(legacy_device)")
+    assert res["site"] == f"{script}:{n} in <module>"
+    # The framework's own frame is still in the record's stack, innermost.
+    assert "site-packages/torch/__init__.py" in res["records"][0]["py_stack"][-1], res["records"][0]
+    line = next(l for l in p.stderr.splitlines() if "RANKGUARD WARN cudaSetDevice(" in l)
+    assert line.endswith(f" at {script}:{n} in <module>"), line
+
+
+def test_warn_check_fails_without_records(tmp_path):
+    _, p, res = _warn_check(tmp_path, TESTS / "libnext_a.so")
+    assert res["status"] == "fail" and "no audit record" in res["detail"], res

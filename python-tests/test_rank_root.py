@@ -339,3 +339,29 @@ def test_the_walk_stops_at_another_users_process(tmp_path, drop, status):
             env=env_for(tmp_path, "0"), timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == f"child {status}", p.stdout + p.stderr
+
+
+VOLUME = """
+import os
+from cuda.bindings import driver as d
+d.cuInit(0)
+for _ in range(150):
+    d.cuDeviceGet(1)
+print("pid", os.getpid())
+"""
+
+
+def test_summary_records_name_the_rank_root_too(tmp_path):
+    """Past a site's first 100 violations the guard writes summary records (counts): they
+    carry the rank root as the full records do, so the report keeps one rank and exact
+    totals."""
+    p = run([PYTHON, "-c", VOLUME], env=env_for(tmp_path, "0", "warn"), timeout=60)
+    assert p.returncode == 0, p.stderr
+    pid = int(p.stdout.split()[1])
+    recs = audit(tmp_path)
+    assert any(r.get("summary") for r in recs), recs[-1]
+    assert {r["rank_root"]["pid"] for r in recs} == {pid}
+    q = run([CLI, "report", "--json", tmp_path / "audit.jsonl"], env=clean_env())
+    (g,) = json.loads(q.stdout)["groups"]
+    (r,) = g["ranks"]
+    assert r["rank_root"]["pid"] == pid and r["count"] == 150

@@ -106,7 +106,25 @@ def expected_json(files, runs, extra_files=(), problems=()):
             ranks.add(rank_v)
             g = groups.setdefault((int(rule[1:]), call), {
                 "rule": rule, "rule_name": RULE_NAMES[rule], "call": call,
-                "count": 0, "denied": 0, "warned": 0, "ranks": {}})
+                "count": 0, "denied": 0, "warned": 0, "ranks": {}, "sites": {}})
+            # Issue 13: every record names its call site (a function of guard_call).
+            site = rec["site"]
+            assert site.startswith("guard_call("), rec
+            st = g["sites"].get(site)
+            if st is None:
+                st = g["sites"][site] = {
+                    "site": site, "count": 0, "denied": 0, "warned": 0, "ranks": set(),
+                    "processes": set(),
+                    "first": {"time": _utc(rec["ts"]), "ts_us": round(rec["ts"] * 1e6),
+                              "host": host, "pid": pid, "rank": rank_v, "args": rec["args"],
+                              "py_stack": [], "file": str(files[FILE_ORDER.index(name)]),
+                              "line": lines[(pid, call)]}}
+            elif rec["ts"] < st["first"]["ts_us"] / 1e6:
+                raise AssertionError("the plan runs each site's first record first")
+            st["count"] += 1
+            st["denied" if verdict == "deny" else "warned"] += 1
+            st["ranks"].add(rank_v)
+            st["processes"].add(pid)
             g["count"] += 1
             g["denied" if verdict == "deny" else "warned"] += 1
             r = g["ranks"].get(rank_v)
@@ -131,6 +149,9 @@ def expected_json(files, runs, extra_files=(), problems=()):
         g = groups[key]
         rk = sorted(g["ranks"], key=lambda r: (r is None, r or 0))
         g["ranks"] = [dict(g["ranks"][r], processes=len(g["ranks"][r]["processes"])) for r in rk]
+        sites = sorted(g["sites"].values(), key=lambda x: (-x["count"], x["site"]))
+        g["sites"] = [dict(x, ranks=sorted(x["ranks"], key=lambda r: (r is None, r or 0)),
+                           processes=len(x["processes"])) for x in sites]
         out_groups.append(g)
     total = sum(g["count"] for g in out_groups)
     denied = sum(g["denied"] for g in out_groups)
@@ -138,7 +159,7 @@ def expected_json(files, runs, extra_files=(), problems=()):
     return {
         "version": 1,
         "files": [str(f) for f in list(files) + list(extra_files)],
-        "totals": {"violations": total, "denied": denied, "warned": total - denied,
+        "totals": {"violations": total, "summary_records": 0, "denied": denied, "warned": total - denied,
                    "calls": len(out_groups), "ranks": len(ranks), "processes": len(procs),
                    "problems": len(problems)},
         "groups": out_groups,
@@ -169,6 +190,14 @@ def render_text(doc, unreadable=0) -> str:
         labels = [name(r) for r in g["ranks"]]
         out.append(f"  {g['call']}: {counts(g['count'], g['denied'], g['warned'])} in "
                    f"{'rank' if len(labels) == 1 else 'ranks'} {', '.join(labels)}")
+        for st in g["sites"]:
+            sl = ["-" if r is None else str(r) for r in st["ranks"]]
+            f = st["first"]
+            out.append(f"    at {st['site']}: {counts(st['count'], st['denied'], st['warned'])} in "
+                       f"{'rank' if len(sl) == 1 else 'ranks'} {', '.join(sl)}, from "
+                       f"{n(st['processes'], 'process', 'processes')}")
+            out.append(f"      first {f['time']} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
+                       f"({f['file']}:{f['line']})")
         for r in g["ranks"]:
             f = r["first"]
             label = f"rank {name(r)}"
@@ -238,7 +267,7 @@ def test_report_json_matches_the_planted_violations_exactly(planted):
     ]
     first0 = got["groups"][2]["ranks"][0]["first"]
     assert first0["pid"] == runs[0][0] and first0["file"].endswith("rank0.jsonl")
-    assert got["totals"] == {"violations": 11, "denied": 9, "warned": 2, "calls": 6,
+    assert got["totals"] == {"violations": 11, "summary_records": 0, "denied": 9, "warned": 2, "calls": 6,
                              "ranks": 5, "processes": 11, "problems": 0}
 
 

@@ -301,6 +301,16 @@ pub struct Record {
     pub detail: Option<String>,
     /// R3: who exported the imported handle (`exporter_*` fields, `guard/ipc.rs`).
     pub exporter: Option<Exporter>,
+    /// Where the call came from (`guard/site.rs`): `FILE:LINE in FUNCTION` or
+    /// `OBJECT(SYMBOL+0xOFF)`; absent in records of older guards.
+    pub site: Option<String>,
+    /// Python frames `FILE:LINE in FUNCTION`, outermost first (empty without Python).
+    pub py_stack: Vec<String>,
+    /// Violations this record stands for: 1, or a summary record's `count`.
+    pub count: u64,
+    /// A summary record (`"summary":true`): `count` occurrences after the site's first
+    /// full records, with no arguments of their own.
+    pub summary: bool,
 }
 
 /// The exporter of an IPC/VMM handle, as the guard's provenance record knew it.
@@ -358,6 +368,20 @@ fn opt_int(v: &Json, key: &str) -> Result<Option<i64>, String> {
     }
 }
 
+fn str_list(v: &Json, key: &str) -> Result<Vec<String>, String> {
+    match v.get(key) {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::Arr(items)) => items
+            .iter()
+            .map(|i| match i {
+                Json::Str(s) => Ok(s.clone()),
+                _ => Err(format!("not an audit record: field '{key}' is not a list of strings")),
+            })
+            .collect(),
+        Some(_) => Err(format!("not an audit record: field '{key}' is not a list of strings")),
+    }
+}
+
 fn req_str(v: &Json, key: &str) -> Result<String, String> {
     match opt_str(v, key)? {
         Some(s) if !s.is_empty() => Ok(s),
@@ -382,8 +406,22 @@ pub fn parse_record(line: &str) -> Result<Record, String> {
         Some(Json::Num(n)) if n.is_finite() => Some(*n),
         Some(_) => return Err("not an audit record: field 'ts' is not a number".into()),
     };
+    let summary = match v.get("summary") {
+        None | Some(Json::Null) | Some(Json::Bool(false)) => false,
+        Some(Json::Bool(true)) => true,
+        Some(_) => return Err("not an audit record: field 'summary' is not true or false".into()),
+    };
+    let count = match (summary, opt_int(&v, "count")?) {
+        (false, _) => 1,
+        (true, Some(n)) if n > 0 => n as u64,
+        (true, _) => return Err("not an audit record: a summary without a positive 'count'".into()),
+    };
     Ok(Record {
         ts,
+        site: opt_str(&v, "site")?,
+        py_stack: str_list(&v, "py_stack")?,
+        count,
+        summary,
         call: req_str(&v, "call")?,
         abi: opt_str(&v, "abi")?,
         verdict: req_str(&v, "verdict")?,
@@ -458,11 +496,31 @@ pub struct Group {
     pub warned: usize,
     /// Numbered ranks ascending, then rank roots, then rank "-".
     pub ranks: Vec<RankStats>,
+    /// Call sites, most violations first (ties: site text; records without one last).
+    pub sites: Vec<SiteStats>,
+}
+
+/// The violations of one (rule, call) from one call site, across ranks and processes.
+#[derive(Debug, Clone)]
+pub struct SiteStats {
+    /// `None`: records that name no site (older guards, or none could be found).
+    pub site: Option<String>,
+    pub count: usize,
+    pub denied: usize,
+    pub warned: usize,
+    /// Numbered ranks ascending, then rank "-" (`None`).
+    pub ranks: Vec<Option<i64>>,
+    pub processes: usize,
+    pub first: Record,
+    pub first_at: Origin,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
+    /// Violations: full records plus the counts of summary records.
     pub records: usize,
+    /// Summary records read (each stands for `count` violations).
+    pub summaries: usize,
     pub denied: usize,
     pub warned: usize,
     pub groups: usize,
@@ -511,13 +569,46 @@ struct Acc {
     denied: usize,
     warned: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
+    ranks: BTreeSet<(bool, i64)>,
     first: Option<(Record, Origin, usize)>,
+}
+
+impl Acc {
+    fn add(&mut self, r: &Record, at: &Origin, seq: usize) {
+        let n = r.count as usize;
+        self.count += n;
+        if r.verdict == "deny" {
+            self.denied += n;
+        } else {
+            self.warned += n;
+        }
+        self.procs.insert((r.host.clone(), r.pid));
+        // numbered ranks, then "-" (a site lists rank numbers; rank roots are per rank)
+        self.ranks.insert((r.rank.is_none(), r.rank.unwrap_or(0)));
+        // A summary record (no arguments of its own) is a first occurrence only where no
+        // full record is known.
+        let earlier = match &self.first {
+            None => true,
+            Some((f, _, _)) if f.summary != r.summary => f.summary,
+            Some((f, _, fseq)) => match (r.ts, f.ts) {
+                (Some(t), Some(ft)) if t != ft => t < ft,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                _ => seq < *fseq,
+            },
+        };
+        if earlier {
+            self.first = Some((r.clone(), at.clone(), seq));
+        }
+    }
 }
 
 /// Builds a [`Summary`] from files' lines, in the order they are given.
 #[derive(Default)]
 pub struct Aggregator {
     acc: BTreeMap<((u32, String), String, RankKey), Acc>,
+    sites: BTreeMap<((u32, String), String, Option<String>), Acc>,
+    summaries: usize,
     problems: Vec<Problem>,
     seq: usize,
     unreadable: usize,
@@ -587,40 +678,42 @@ impl Aggregator {
     pub fn add_record(&mut self, r: Record, at: Origin) {
         self.seq += 1;
         let seq = self.seq;
-        let proc_id = (r.host.clone(), r.pid);
-        self.procs.insert(proc_id.clone());
+        self.procs.insert((r.host.clone(), r.pid));
         self.ranks.insert(rank_key(&r));
-        let a = self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(&r))).or_default();
-        a.count += 1;
-        if r.verdict == "deny" {
-            a.denied += 1;
-        } else {
-            a.warned += 1;
+        if r.summary {
+            self.summaries += 1;
         }
-        a.procs.insert(proc_id);
-        let earlier = match &a.first {
-            None => true,
-            Some((f, _, fseq)) => match (r.ts, f.ts) {
-                (Some(t), Some(ft)) if t != ft => t < ft,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                _ => seq < *fseq,
-            },
-        };
-        if earlier {
-            a.first = Some((r, at, seq));
-        }
+        self.sites.entry((rule_key(&r.rule), r.call.clone(), r.site.clone())).or_default().add(&r, &at, seq);
+        self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(&r))).or_default().add(&r, &at, seq);
     }
 
     pub fn finish(self) -> Summary {
         let mut groups: Vec<Group> = Vec::new();
+        let mut sites: BTreeMap<((u32, String), String), Vec<SiteStats>> = BTreeMap::new();
+        for ((rk, call, site), a) in self.sites {
+            let Some((first, first_at, _)) = a.first else { continue };
+            sites.entry((rk, call)).or_default().push(SiteStats {
+                site,
+                count: a.count,
+                denied: a.denied,
+                warned: a.warned,
+                ranks: a.ranks.iter().map(|&(none, r)| (!none).then_some(r)).collect(),
+                processes: a.procs.len(),
+                first,
+                first_at,
+            });
+        }
+        for v in sites.values_mut() {
+            v.sort_by(|a, b| b.count.cmp(&a.count).then((a.site.is_none(), &a.site).cmp(&(b.site.is_none(), &b.site))));
+        }
         let mut totals = Totals::default();
         for ((rk, call, _), a) in self.acc {
             let Some((first, first_at, _)) = a.first else { continue };
             let rule = first.rule.clone();
             let same = groups.last().is_some_and(|g| rule_key(&g.rule) == rk && g.call == call);
             if !same {
-                groups.push(Group { rule, call, count: 0, denied: 0, warned: 0, ranks: Vec::new() });
+                let s = sites.remove(&(rk.clone(), call.clone())).unwrap_or_default();
+                groups.push(Group { rule, call, count: 0, denied: 0, warned: 0, ranks: Vec::new(), sites: s });
             }
             let g = groups.last_mut().expect("pushed above");
             g.count += a.count;
@@ -644,6 +737,7 @@ impl Aggregator {
         totals.ranks = self.ranks.len();
         totals.processes = self.procs.len();
         totals.problems = self.problems.len();
+        totals.summaries = self.summaries;
         Summary { groups, problems: self.problems, totals, unreadable: self.unreadable }
     }
 }
@@ -767,7 +861,7 @@ mod tests {
         ]);
         let r1 = &s.groups[1].ranks[1];
         assert_eq!((r1.first_at.file.as_str(), r1.first_at.line, r1.processes), ("a", 2, 2));
-        assert_eq!(s.totals, Totals { records: 6, denied: 3, warned: 3, groups: 3, ranks: 4, processes: 5, problems: 0 });
+        assert_eq!(s.totals, Totals { records: 6, summaries: 0, denied: 3, warned: 3, groups: 3, ranks: 4, processes: 5, problems: 0 });
         assert_eq!(s.status(), 1);
     }
 
@@ -800,6 +894,53 @@ mod tests {
         let s = a.finish();
         assert_eq!(s.problems.len(), 2);
         assert!(s.problems[0].why.contains("'rank_root'"), "{:?}", s.problems);
+    }
+
+    #[test]
+    fn summaries_add_their_counts_and_sites_group_each_call() {
+        let mut a = Aggregator::new();
+        let full = |ts: f64, site: &str, pid: i64| {
+            format!(r#"{{"ts":{ts},"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"args":"ordinal=1","site":"{site}","py_stack":["a.py:1 in <module>","{site}"]}}"#)
+        };
+        let summary = |ts: f64, site: &str, n: u64, pid: i64| {
+            format!(r#"{{"ts":{ts},"summary":true,"count":{n},"since":1.0,"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"site":"{site}"}}"#)
+        };
+        // A summary read before any full record of its site is not its first occurrence.
+        let lines = [
+            summary(0.5, "a.py:7 in f", 199_900, 1),
+            full(1.0, "a.py:7 in f", 1),
+            full(2.0, "a.py:9 in g", 1),
+            summary(3.0, "a.py:7 in f", 50, 2),
+            r#"{"ts":4.0,"call":"cuDeviceGet","verdict":"deny","rule":"R2","pid":3,"host":"h","rank":1}"#.to_string(),
+        ];
+        for (i, l) in lines.iter().enumerate() {
+            a.add_line("f", i + 1, l.as_bytes(), true);
+        }
+        let s = a.finish();
+        assert_eq!((s.totals.records, s.totals.summaries, s.totals.warned, s.totals.denied), (199_953, 2, 199_952, 1));
+        let g = &s.groups[0];
+        assert_eq!(g.count, 199_953);
+        let sites: Vec<(Option<&str>, usize, usize, Vec<Option<i64>>)> =
+            g.sites.iter().map(|x| (x.site.as_deref(), x.count, x.processes, x.ranks.clone())).collect();
+        assert_eq!(sites, vec![
+            (Some("a.py:7 in f"), 199_951, 2, vec![Some(0)]),
+            (Some("a.py:9 in g"), 1, 1, vec![Some(0)]),
+            (None, 1, 1, vec![Some(1)]),
+        ]);
+        assert!(!g.sites[0].first.summary && g.sites[0].first_at.line == 2);
+        assert_eq!(g.sites[0].first.py_stack, ["a.py:1 in <module>", "a.py:7 in f"]);
+        assert_eq!(g.ranks[0].count, 199_952);
+        assert!(!g.ranks[0].first.summary);
+    }
+
+    #[test]
+    fn a_summary_needs_a_positive_count() {
+        for bad in [r#"{"summary":true,"call":"c","verdict":"warn","rule":"R2"}"#, r#"{"summary":true,"count":0,"call":"c","verdict":"warn","rule":"R2"}"#, r#"{"summary":1,"count":3,"call":"c","verdict":"warn","rule":"R2"}"#] {
+            assert!(parse_record(bad).is_err(), "{bad}");
+        }
+        // A count on a record that is not a summary is not a multiplier.
+        assert_eq!(parse_record(r#"{"count":9,"call":"c","verdict":"warn","rule":"R2"}"#).unwrap().count, 1);
+        assert!(parse_record(r#"{"call":"c","verdict":"warn","rule":"R2","py_stack":[1]}"#).is_err());
     }
 
     #[test]

@@ -9,6 +9,9 @@
  *       rt-set     cudaSetDevice(0) through the (fake) runtime (linked -lcudart)
  *       drv-wrap   cuDeviceGetCount(&n): a guarded wrapper with no policy check
  *       drv-pass   cuDriverGetVersion(&v): a driver call the guard does not interpose
+ *       drv-repeat cuDeviceGet(&d, 1) from one call site, again and again: under the guard in
+ *                  warn mode with CUDA_VISIBLE_DEVICES=0,1, a repeated violation (the warm-up
+ *                  takes the site's full records; every timed call is only counted)
  * Timed with the thread's CPU clock, after 1000 warm-up calls, in 10 chunks of N/10 calls:
  * the figure is the fastest chunk (see TIMED). N must be a multiple of 10.
  * Output: "case=<CASE> calls=<N> ns_per_call=<x>". Exit 0 on success, 1 if a call
@@ -76,11 +79,14 @@ static int run(const char *c, long n, double *ns)
     } else if (!strcmp(c, "drv-wrap")) {
         LOOP(1000, cuDeviceGetCount(&v));
         TIMED(n, cuDeviceGetCount(&v));
+    } else if (!strcmp(c, "drv-repeat")) {
+        LOOP(1000, cuDeviceGet(&d, 1));
+        TIMED(n, cuDeviceGet(&d, 1));
     } else if (!strcmp(c, "drv-pass")) {
         LOOP(1000, cuDriverGetVersion(&v));
         TIMED(n, cuDriverGetVersion(&v));
     } else {
-        fprintf(stderr, "bench_calls: unknown case '%s' (drv-link, drv-gpa2, rt-set, drv-wrap, drv-pass)\n", c);
+        fprintf(stderr, "bench_calls: unknown case '%s' (drv-link, drv-gpa2, rt-set, drv-wrap, drv-pass, drv-repeat)\n", c);
         return 2;
     }
     if (rc != 0) {

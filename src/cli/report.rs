@@ -1,6 +1,6 @@
 //! `rankguard report AUDIT... [--json]`: what the guard recorded across a job, for a person
 //! debugging a legacy config. Reads the audit files (`RANKGUARD_AUDIT`, one or many: all
-//! ranks of a job) and prints the violations grouped by rule and call, per rank, with counts
+//! ranks of a job) and prints the violations grouped by rule and call, then by call site and per rank, with counts
 //! and the first occurrence; unusable files and lines are listed, never fatal.
 //!
 //! The aggregation is `crate::audit` (pure, unit-tested); this file reads files and renders.
@@ -16,15 +16,17 @@ use std::process::ExitCode;
 use super::args::{Lexer, Token};
 use super::json::Value;
 use super::{Error, Result};
-use crate::audit::{self, Aggregator, Group, RankStats, Summary};
+use crate::audit::{self, Aggregator, Group, RankStats, SiteStats, Summary};
 
 const HELP: &str = "\
 Usage: rankguard report [--json] AUDIT...
 
 Summarise RANKGUARD_AUDIT files (JSON lines written by librankguard.so; give all ranks'
-files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, per
+files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, then
+by call site (where in the program: FILE:LINE in FUNCTION or OBJECT(SYMBOL+0xOFF)) and per
 rank (a rank with no number by its rank root, host:pid), with counts and the first occurrence (time,
 host:pid, call and arguments, why).
+Summary records (counts of a site's violations after its first 100) add into the counts.
 Unreadable files and torn or non-JSON lines are listed as problems and skipped. A
 directory is walked recursively (regular files, not through symbolic links to directories);
 FIFOs, sockets and devices inside it are listed as not read. Lines longer than 64 KiB are
@@ -343,9 +345,39 @@ fn group_text(o: &mut String, g: &Group) {
         if ranks.len() == 1 { "rank" } else { "ranks" },
         ranks.join(", ")
     );
+    for s in &g.sites {
+        site_text(o, g, s);
+    }
     for r in &g.ranks {
         rank_text(o, g, r);
     }
+}
+
+/// `    at legacy_cfg.py:7 in place_learner: 3 warned in ranks 1, 2, from 3 processes`
+/// and its first occurrence.
+fn site_text(o: &mut String, g: &Group, s: &SiteStats) {
+    let ranks: Vec<String> = s.ranks.iter().map(|r| r.map_or("-".into(), |n| n.to_string())).collect();
+    let _ = writeln!(
+        o,
+        "    at {}: {} in {} {}, from {}",
+        s.site.as_deref().unwrap_or("<site not recorded>"),
+        counts(s.count, s.denied, s.warned),
+        if ranks.len() == 1 { "rank" } else { "ranks" },
+        ranks.join(", "),
+        plural(s.processes, "process", "processes")
+    );
+    let f = &s.first;
+    let _ = writeln!(
+        o,
+        "      first {} {}:{} {}({}) ({}:{})",
+        f.ts.map_or_else(|| "time unknown".to_string(), audit::utc),
+        f.host.as_deref().unwrap_or("?"),
+        f.pid.map_or("?".to_string(), |p| p.to_string()),
+        g.call,
+        f.args.as_deref().unwrap_or(""),
+        s.first_at.file,
+        s.first_at.line
+    );
 }
 
 fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
@@ -414,6 +446,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
                 ("denied", Value::Num(g.denied as i64)),
                 ("warned", Value::Num(g.warned as i64)),
                 ("ranks", Value::Arr(g.ranks.iter().map(rank_json).collect())),
+                ("sites", Value::Arr(g.sites.iter().map(site_json).collect())),
             ])
         })
         .collect();
@@ -435,6 +468,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
             "totals",
             Value::Obj(vec![
                 ("violations", Value::Num(t.records as i64)),
+                ("summary_records", Value::Num(t.summaries as i64)),
                 ("denied", Value::Num(t.denied as i64)),
                 ("warned", Value::Num(t.warned as i64)),
                 ("calls", Value::Num(t.groups as i64)),
@@ -457,6 +491,32 @@ fn root_json(root: Option<&audit::RootRef>) -> Value {
             ("host", Value::opt_str(x.host.clone())),
         ])
     })
+}
+
+fn site_json(s: &SiteStats) -> Value {
+    let f = &s.first;
+    Value::Obj(vec![
+        ("site", Value::opt_str(s.site.clone())),
+        ("count", Value::Num(s.count as i64)),
+        ("denied", Value::Num(s.denied as i64)),
+        ("warned", Value::Num(s.warned as i64)),
+        ("ranks", Value::Arr(s.ranks.iter().map(|&r| Value::opt_num(r)).collect())),
+        ("processes", Value::Num(s.processes as i64)),
+        (
+            "first",
+            Value::Obj(vec![
+                ("time", Value::opt_str(f.ts.map(audit::utc))),
+                ("ts_us", Value::opt_num(f.ts.map(audit::micros))),
+                ("host", Value::opt_str(f.host.clone())),
+                ("pid", Value::opt_num(f.pid)),
+                ("rank", Value::opt_num(f.rank)),
+                ("args", Value::opt_str(f.args.clone())),
+                ("py_stack", Value::Arr(f.py_stack.iter().map(Value::str).collect())),
+                ("file", Value::str(&s.first_at.file)),
+                ("line", Value::Num(s.first_at.line as i64)),
+            ]),
+        ),
+    ])
 }
 
 fn rank_json(r: &RankStats) -> Value {

@@ -17,6 +17,7 @@ use crate::guard::real;
 use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
 use crate::guard::state;
 use crate::guard::table::{Id, TABLE};
+use crate::guard::{site, tally};
 use crate::policy::{self, DenyCode, InitFacts, Rule, Verdict, Violation};
 use crate::rankgpu;
 
@@ -99,8 +100,30 @@ pub fn missing<R: Code>(id: usize) -> R {
 /// return `code` to the caller.
 #[cold]
 #[inline(never)]
+#[allow(dead_code)]
 pub fn on_verdict<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>) -> Result<(), R> {
-    on_verdict_with(id, verdict, args, None)
+    on_verdict_at(id, verdict, args, None, 0)
+}
+
+/// [`on_verdict`] from a wrapper that knows its return address `ra` (`caller_address!`;
+/// 0 = unknown): the key of a repeated violation's site (`tally.rs`).
+#[cold]
+#[inline(never)]
+pub fn on_verdict_ra<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, ra: usize) -> Result<(), R> {
+    on_verdict_at(id, verdict, args, None, ra)
+}
+
+/// The repeated path (issue 19), inlined into each wrapper by `gate!` before anything is
+/// formatted (a call into the engine would cost as much as the whole allowed call): a
+/// violation from a return address already recorded in full as its own site is only
+/// counted (one atomic increment: no formatting, no syscall, no allocation, nothing that
+/// can panic). `None`: not such a violation, take [`on_verdict_ra`].
+#[inline(always)]
+pub fn repeated<R: Code>(id: usize, verdict: Verdict, ra: usize) -> Option<Result<(), R>> {
+    // (ra == 0 never has a return-address slot.)
+    let Verdict::Violation(v) = verdict else { return None };
+    let deny = tally::counted_again(id, v.rule, ra)?;
+    Some(if deny { Err(R::denied(v.code)) } else { Ok(()) })
 }
 
 /// [`on_verdict`] with extra report fields (R3 names the exporter).
@@ -112,10 +135,21 @@ pub fn on_verdict_with<R: Code>(
     args: fmt::Arguments<'_>,
     extra: Option<Extra<'_>>,
 ) -> Result<(), R> {
+    on_verdict_at(id, verdict, args, extra, 0)
+}
+
+#[inline(never)]
+fn on_verdict_at<R: Code>(
+    id: usize,
+    verdict: Verdict,
+    args: fmt::Arguments<'_>,
+    extra: Option<Extra<'_>>,
+    ra: usize,
+) -> Result<(), R> {
     // Nothing below should panic, but this runs inside someone else's process behind an
     // FFI boundary: a panic in reporting must not unwind into C (Rust would abort the host
     // process), and must not let a violating call through. Fail closed instead.
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(id, verdict, args, extra))) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(id, verdict, args, extra, ra))) {
         Ok(r) => r,
         Err(_) => match verdict {
             Verdict::Violation(v) if !matches!(state::mode(), Mode::Warn | Mode::Off) => {
@@ -126,7 +160,7 @@ pub fn on_verdict_with<R: Code>(
     }
 }
 
-fn act<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>) -> Result<(), R> {
+fn act<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>, ra: usize) -> Result<(), R> {
     let mode = state::mode();
     state::report_config_errors();
     match verdict {
@@ -139,12 +173,17 @@ fn act<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, extra: Op
         }
         Verdict::Violation(v) => match mode {
             Mode::Off => Ok(()),
+            // Every violation is counted; the first ones per site are written in full.
             Mode::Warn => {
-                emit(id, &v, "warn", mode, args, extra);
+                if let tally::Occ::Full { first, cap } = tally::occurrence(id, v.rule, false, ra) {
+                    emit_at(id, &v, "warn", mode, args, extra, &cap, first);
+                }
                 Ok(())
             }
             Mode::Enforce => {
-                emit(id, &v, "deny", mode, args, extra);
+                if let tally::Occ::Full { first, cap } = tally::occurrence(id, v.rule, true, ra) {
+                    emit_at(id, &v, "deny", mode, args, extra, &cap, first);
+                }
                 Err(R::denied(v.code))
             }
             Mode::Abort => {
@@ -181,8 +220,17 @@ pub struct Extra<'a> {
 }
 
 /// Write the stderr line (first occurrence per symbol; the rest at debug level) and the
-/// audit record for one decision.
+/// audit record for one decision, capturing its site here.
 pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>) {
+    let cap = site::capture(site::python_thread());
+    let first = TABLE[id].first_said(report::pid());
+    emit_at(id, v, verdict, mode, args, extra, &cap, first);
+}
+
+/// [`emit`] with the site already captured; `first`: the first line of this (rule, call,
+/// site) in this process (`tally.rs`), said on stderr; later ones go to the debug log.
+#[allow(clippy::too_many_arguments)]
+pub fn emit_at(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>, cap: &site::Capture, first: bool) {
     let e = &TABLE[id];
     let st = state::get();
     let _ = rank_root::ensure(&st.config);
@@ -197,18 +245,18 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
     // The rank's GPU: the launcher's identity when there is one (a descendant that breaks
     // R1 sees another GPU than its rank owns), else the one this process sees.
     let rank_gpu = st.config.rank_gpu_uuid.as_deref().or(st.config.rank_gpu.as_deref()).or(rank_root::rank_gpu()).or(gpu);
-    let first = e.first_said(report::pid());
     let verdict_word = match (verdict, mode) {
         ("deny", Mode::Abort) => "aborting",
         ("deny", _) => "denied",
         _ => "allowed (warn mode)",
     };
 
-    let mut line = StackBuf::<2048>::new();
+    // Heap buffers (this is the cold path): a long site or stack is never cut mid-record.
+    let mut line = String::with_capacity(1024);
     prefix(&mut line, "WARN");
     let _ = write!(
         line,
-        "{}({args}) {verdict_word} [{} {}]: {}; CUDA_VISIBLE_DEVICES={}, rank GPU {}{}; fix: {}\n",
+        "{}({args}) {verdict_word} [{} {}]: {}; CUDA_VISIBLE_DEVICES={}, rank GPU {}{}; fix: {}",
         e.call,
         v.rule.as_str(),
         rule_name(v.rule),
@@ -218,6 +266,7 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
         extra.as_ref().map_or("", |x| x.human),
         v.rule.fix(),
     );
+    site::line_suffix(&mut line, cap);
     if first || mode == Mode::Abort || v.rule == Rule::R1 {
         report::write_all(2, line.as_bytes());
     } else {
@@ -225,9 +274,11 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
     }
 
     if state::audit_on() {
-        let mut j = StackBuf::<4096>::new();
+        let mut j = String::with_capacity(4096);
         let _ = audit_record(&mut j, e.call, e.abi(), v, verdict, mode, args, cvd_now, gpu, &st.config, extra.as_ref().map(|x| x.json));
-        let _ = j.write_str("}\n");
+        site::record_fields(&mut j, cap);
+        j.push_str("}
+");
         state::write_audit(j.as_bytes());
     }
 }

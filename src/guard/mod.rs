@@ -14,15 +14,20 @@
 #[macro_use]
 pub mod table;
 pub mod dlsym;
+pub mod elfsym;
 pub mod engine;
+pub mod exec;
 pub mod ipc;
 pub mod rank_root;
 pub mod ffi;
 pub mod internal;
 pub mod once;
+pub mod pyframes;
 pub mod real;
 pub mod report;
 pub mod route;
 pub mod sink;
+pub mod site;
 pub mod state;
+pub mod tally;
 pub mod wrappers;

@@ -161,7 +161,8 @@ static CONFIG_WARNED: AtomicU32 = AtomicU32::new(0);
 
 /// Say each invalid configuration value once per process.
 pub fn report_config_errors() {
-    if CONFIG_WARNED.swap(1, Ordering::Relaxed) != 0 {
+    // A load first: the violation path calls this each time, a swap would be a locked write.
+    if CONFIG_WARNED.load(Ordering::Relaxed) != 0 || CONFIG_WARNED.swap(1, Ordering::Relaxed) != 0 {
         return;
     }
     for e in &get().config.errors {

@@ -172,8 +172,15 @@ macro_rules! gate {
     ($verdict:expr, $($fmt:tt)*) => {{
         let verdict = $verdict;
         if !verdict.is_allow() {
-            if let Err(code) = $crate::guard::engine::on_verdict(ID, verdict, format_args!($($fmt)*)) {
-                return code;
+            let ra = $crate::caller_address!();
+            match $crate::guard::engine::repeated(ID, verdict, ra) {
+                Some(Ok(())) => {}
+                Some(Err(code)) => return code,
+                None => {
+                    if let Err(code) = $crate::guard::engine::on_verdict_ra(ID, verdict, format_args!($($fmt)*), ra) {
+                        return code;
+                    }
+                }
             }
         }
     }};

@@ -1,0 +1,642 @@
+//! Warn mode at production volume (issue 19): every violation is counted, the first
+//! [`FULL_PER_SITE`] per (rule, call, site) in each process are recorded in full, later ones
+//! are counted in a fixed lock-free table and written as summary records.
+//!
+//! - **Key.** A violation from a Python thread is keyed by its innermost Python frame
+//!   (`site.rs`: one traceback dump per violation, the cost of a Python site). Otherwise by
+//!   the guarded wrapper's return address: when that lies outside the CUDA libraries it *is*
+//!   the site, and a repeated violation costs a hash probe and one atomic increment (no
+//!   syscall, no allocation, no lock). A return address inside `libcudart` (the runtime
+//!   calling the driver for its caller) is remembered as such, and those violations are
+//!   keyed by the first frame outside the CUDA libraries (one bounded unwind each).
+//! - **Table.** [`SLOTS`] slots of atomics, open addressing; a slot is claimed with one
+//!   compare-and-swap and never freed. Sites beyond the table are still counted, under one
+//!   overflow slot with no site.
+//! - **Summaries.** `pending` holds the occurrences not yet written; a writer takes them
+//!   with `swap(0)`, so a count is written exactly once whoever writes it. Writers: a
+//!   flusher thread started at the first counted-only violation (every [`INTERVAL_MS`]), the
+//!   process's exit (`atexit`), an `exec*` call (`exec.rs`), and, after exit began, the
+//!   violating thread itself. A SIGKILL or `_exit` loses at most the last interval.
+//! - **fork.** The child starts with an empty table and no flusher (`pthread_atfork`); the
+//!   parent writes what it counted.
+#![allow(unsafe_code)]
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+use crate::config::Mode;
+use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
+use crate::guard::site::{self, Capture, SITE_MAX};
+use crate::guard::state;
+use crate::guard::table::TABLE;
+use crate::policy::Rule;
+
+/// Occurrences per (rule, call, site) and process written as full records.
+pub const FULL_PER_SITE: u64 = 100;
+/// Longest time counted occurrences wait before a summary record.
+pub const INTERVAL_MS: u64 = 1000;
+/// Distinct sites a process can count separately.
+pub const SLOTS: usize = 512;
+
+const SITE_WORDS: usize = SITE_MAX.div_ceil(8);
+const READY: u32 = 1;
+/// A return-address slot whose site lies further out: used only to remember that.
+const CLASSIFY: u32 = 2;
+/// A return-address slot that is the site itself: it counts. Only in processes without
+/// Python (a Python thread's site is its Python line, whatever the return address).
+const DIRECT: u32 = 4;
+/// The slot has had its full records: later occurrences are only counted.
+const SATURATED: u32 = 8;
+
+struct Slot {
+    key: AtomicU64,
+    flags: AtomicU32,
+    /// `id << 8 | rule << 1 | deny`.
+    meta: AtomicU32,
+    seen: AtomicU64,
+    pending: AtomicU64,
+    /// Time (µs since the epoch) of the last record written for this slot.
+    last_us: AtomicU64,
+    site_len: AtomicU32,
+    site: [AtomicU64; SITE_WORDS],
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            key: AtomicU64::new(0),
+            flags: AtomicU32::new(0),
+            meta: AtomicU32::new(0),
+            seen: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+            last_us: AtomicU64::new(0),
+            site_len: AtomicU32::new(0),
+            site: [const { AtomicU64::new(0) }; SITE_WORDS],
+        }
+    }
+
+    fn reset(&self) {
+        self.key.store(0, Ordering::Relaxed);
+        self.flags.store(0, Ordering::Relaxed);
+        self.meta.store(0, Ordering::Relaxed);
+        self.seen.store(0, Ordering::Relaxed);
+        self.pending.store(0, Ordering::Relaxed);
+        self.last_us.store(0, Ordering::Relaxed);
+        self.site_len.store(0, Ordering::Relaxed);
+    }
+
+    fn set_site(&self, text: &[u8]) {
+        let n = text.len().min(SITE_MAX);
+        for (i, w) in self.site.iter().enumerate() {
+            let mut b = [0u8; 8];
+            for (j, x) in b.iter_mut().enumerate() {
+                if let Some(&c) = text[..n].get(i * 8 + j) {
+                    *x = c;
+                }
+            }
+            w.store(u64::from_le_bytes(b), Ordering::Relaxed);
+        }
+        self.site_len.store(n as u32, Ordering::Relaxed);
+    }
+
+    fn site_into(&self, out: &mut StackBuf<SITE_MAX>) {
+        let n = self.site_len.load(Ordering::Relaxed) as usize;
+        let mut bytes = [0u8; SITE_WORDS * 8];
+        for (i, w) in self.site.iter().enumerate() {
+            bytes[i * 8..i * 8 + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        out.push_bytes(&bytes[..n.min(SITE_MAX)]);
+    }
+}
+
+static SLOT_TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
+/// Sites that found the table full: counted here, summarised with no site.
+static OVERFLOW: Slot = Slot::new();
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The mode for the repeated path: 1 warn, 2 enforce, 0 anything else (set at activation;
+/// the mode never changes in a process).
+static FAST_MODE: AtomicU8 = AtomicU8::new(0);
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+/// 0: no flusher in this process; 1: started (or not needed).
+static FLUSHER: AtomicU8 = AtomicU8::new(0);
+static EXITING: AtomicBool = AtomicBool::new(false);
+static FLUSH_LOCK: AtomicBool = AtomicBool::new(false);
+
+const TAG_RA: u64 = 1;
+const TAG_IP: u64 = 2;
+const TAG_PY: u64 = 3;
+const TAG_NONE: u64 = 4;
+
+/// What the engine does with one violation.
+pub enum Occ {
+    /// Counted; a summary record will carry it. Nothing else to do.
+    Counted,
+    /// Write the full record (and the stderr line when `first`).
+    Full { first: bool, cap: Capture },
+}
+
+fn rule_code(r: Rule) -> u32 {
+    match r {
+        Rule::R1 => 1,
+        Rule::R2 => 2,
+        Rule::R3 => 3,
+        Rule::R4 => 4,
+    }
+}
+
+fn rule_of(code: u32) -> Rule {
+    match code {
+        1 => Rule::R1,
+        2 => Rule::R2,
+        3 => Rule::R3,
+        _ => Rule::R4,
+    }
+}
+
+/// The key of (meta, tag, value): a bijection of `value` for each (meta, tag) (odd
+/// multipliers, xor-shift), a few instructions on the repeated path; never 0 (0 marks an
+/// empty slot).
+#[inline(always)]
+fn key(meta: u32, tag: u64, value: u64) -> u64 {
+    let mut h = value.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (u64::from(meta) << 3 | tag).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    h ^= h >> 31;
+    if h == 0 {
+        1
+    } else {
+        h
+    }
+}
+
+fn hash_bytes(b: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &x in b {
+        h ^= u64::from(x);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The slot of `key`, if present.
+#[inline]
+fn find(key: u64) -> Option<&'static Slot> {
+    let start = key as usize;
+    for i in 0..SLOTS {
+        let s = &SLOT_TABLE[(start.wrapping_add(i)) & (SLOTS - 1)];
+        match s.key.load(Ordering::Acquire) {
+            k if k == key => return Some(s),
+            0 => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The slot of `key`, claiming an empty one; `true` when this call claimed it.
+fn find_or_claim(key: u64) -> (&'static Slot, bool) {
+    let start = key as usize;
+    for i in 0..SLOTS {
+        let s = &SLOT_TABLE[(start.wrapping_add(i)) & (SLOTS - 1)];
+        loop {
+            match s.key.load(Ordering::Acquire) {
+                k if k == key => return (s, false),
+                0 => {
+                    if s.key
+                        .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return (s, true);
+                    }
+                    // Someone claimed it meanwhile: look at what they put there.
+                }
+                _ => break,
+            }
+        }
+    }
+    (&OVERFLOW, false)
+}
+
+fn meta_of(id: usize, rule: Rule, deny: bool) -> u32 {
+    (id as u32) << 8 | rule_code(rule) << 1 | u32::from(deny)
+}
+
+/// The repeated path of a process without Python: a violation from a return address that
+/// is its own site and has had its full records. Counted with one atomic increment; false
+/// when it is not such a violation (the caller then takes [`occurrence`]).
+/// (A DIRECT slot exists only in a process without Python, and only once activated; a
+/// fork child's table is empty.)
+#[inline]
+pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
+    // The mode of the process, as activation saw it: 1 warn, 2 enforce, else not here.
+    let deny = match FAST_MODE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => return None,
+    };
+    let k = key(meta_of(id, rule, deny), TAG_RA, ra as u64);
+    // First probe inline; a collision walks the table out of line.
+    let first = &SLOT_TABLE[k as usize & (SLOTS - 1)];
+    let slot = if first.key.load(Ordering::Acquire) == k {
+        first
+    } else {
+        find(k)?
+    };
+    if slot.flags.load(Ordering::Relaxed) & (DIRECT | SATURATED) != DIRECT | SATURATED {
+        return None;
+    }
+    slot.pending.fetch_add(1, Ordering::Relaxed);
+    if EXITING.load(Ordering::SeqCst) {
+        flush_slot(slot);
+    }
+    Some(deny)
+}
+
+/// Count one violation of entry `id` and decide whether it gets a full record.
+/// `ra`: the wrapper's return address (0: unknown).
+pub fn occurrence(id: usize, rule: Rule, deny: bool, ra: usize) -> Occ {
+    activate();
+    let meta = meta_of(id, rule, deny);
+    if let Some(t) = site::python_thread() {
+        let mut s = StackBuf::<SITE_MAX>::new();
+        if site::python_site(t, &mut s) {
+            let key = key(meta, TAG_PY, hash_bytes(s.as_bytes()));
+            let (slot, claimed) = find_or_claim(key);
+            if claimed {
+                publish(slot, meta, s.as_bytes(), 0);
+            }
+            return count(slot, || site::capture(Some(t)));
+        }
+        // A thread of a Python process running no Python code: a native site.
+    }
+    native(meta, ra)
+}
+
+fn native(meta: u32, ra: usize) -> Occ {
+    let k0 = key(meta, TAG_RA, ra as u64);
+    if ra != 0 && site::no_python() {
+        if let Some(slot) = find(k0) {
+            if slot.flags.load(Ordering::Acquire) & DIRECT != 0 {
+                return count(slot, || site::capture(None));
+            }
+        }
+    }
+    // First time at this return address, or one inside the CUDA libraries: unwind.
+    let mut ips = [0usize; site::MAX_WALK];
+    let n = site::native_ips(&mut ips);
+    let site_ip = site::user_frame(&ips[..n]).map_or(0, |i| ips[i]);
+    // Keyed by return address only without Python: in a Python process the same return
+    // address (ctypes, cuda.bindings) serves every Python line.
+    let by_ra = ra != 0 && site::no_python();
+    let direct = by_ra && site_ip == ra;
+    if by_ra {
+        let (slot, claimed) = find_or_claim(k0);
+        if claimed {
+            if direct {
+                let mut t = StackBuf::<{ site::FRAME_MAX }>::new();
+                site::describe_ip(&mut t, ra);
+                publish(slot, meta, cut(t.as_bytes()), DIRECT);
+            } else {
+                slot.meta.store(meta, Ordering::Relaxed);
+                slot.flags.store(READY | CLASSIFY, Ordering::Release);
+            }
+        }
+        if direct {
+            return count(slot, || site::capture(None));
+        }
+    }
+    let key = if site_ip != 0 {
+        key(meta, TAG_IP, site_ip as u64)
+    } else {
+        key(meta, TAG_NONE, 0)
+    };
+    let (slot, claimed) = find_or_claim(key);
+    if claimed {
+        let mut t = StackBuf::<{ site::FRAME_MAX }>::new();
+        if site_ip != 0 {
+            site::describe_ip(&mut t, site_ip);
+        }
+        publish(slot, meta, cut(t.as_bytes()), 0);
+    }
+    count(slot, || site::capture(None))
+}
+
+fn cut(b: &[u8]) -> &[u8] {
+    let mut n = b.len().min(SITE_MAX);
+    while n > 0 && n < b.len() && (b[n] & 0xc0) == 0x80 {
+        n -= 1;
+    }
+    &b[..n]
+}
+
+fn publish(slot: &Slot, meta: u32, site_text: &[u8], flags: u32) {
+    slot.meta.store(meta, Ordering::Relaxed);
+    slot.set_site(site_text);
+    slot.flags.store(READY | flags, Ordering::Release);
+}
+
+/// The repeated path: one load and one increment once the site has had its full records.
+#[inline]
+fn count(slot: &'static Slot, capture: impl FnOnce() -> Capture) -> Occ {
+    if slot.seen.load(Ordering::Relaxed) < FULL_PER_SITE {
+        let n = slot.seen.fetch_add(1, Ordering::Relaxed);
+        if n < FULL_PER_SITE {
+            let mut cap = capture();
+            // The slot's text is the site's name for summaries too: records use the same.
+            if slot.flags.load(Ordering::Acquire) & READY != 0 && !std::ptr::eq(slot, &OVERFLOW) {
+                let mut s = StackBuf::<SITE_MAX>::new();
+                slot.site_into(&mut s);
+                if !s.as_bytes().is_empty() {
+                    cap.site = Some(String::from_utf8_lossy(s.as_bytes()).into_owned());
+                }
+            }
+            if n + 1 == FULL_PER_SITE {
+                slot.last_us.store(now_us(), Ordering::Relaxed);
+            }
+            return Occ::Full { first: n == 0, cap };
+        }
+    }
+    slot.pending.fetch_add(1, Ordering::Relaxed);
+    if slot.flags.load(Ordering::Relaxed) & SATURATED == 0 {
+        slot.flags.fetch_or(SATURATED, Ordering::Relaxed);
+    }
+    after_count(slot);
+    Occ::Counted
+}
+
+#[inline]
+fn after_count(slot: &'static Slot) {
+    if FLUSHER.load(Ordering::Relaxed) == 0 {
+        start_flusher();
+    }
+    if EXITING.load(Ordering::SeqCst) {
+        // The exit flush already ran (another atexit handler or destructor is violating):
+        // write this one now.
+        flush_slot(slot);
+    }
+    tracing::trace!(
+        pending = slot.pending.load(Ordering::Relaxed),
+        "violation counted (site already recorded {FULL_PER_SITE} times)"
+    );
+}
+
+fn now_us() -> u64 {
+    (report::now() * 1e6) as u64
+}
+
+/// First violation in this process image: register the exit and fork handlers.
+#[inline]
+fn activate() {
+    if ACTIVE.load(Ordering::Acquire) {
+        return;
+    }
+    activate_slow();
+}
+
+#[cold]
+fn activate_slow() {
+    if ACTIVE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    OWNER_PID.store(report::pid(), Ordering::Relaxed);
+    FAST_MODE.store(
+        match state::mode() {
+            Mode::Warn => 1,
+            Mode::Enforce => 2,
+            Mode::Abort | Mode::Off => 0,
+        },
+        Ordering::Relaxed,
+    );
+    crate::guard::exec::resolve_all();
+    // SAFETY: both handlers are plain extern "C" functions of this library, which is never
+    // unloaded once a violation happened in it; they only touch atomics and write(2).
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(after_fork_child));
+    }
+}
+
+extern "C" fn at_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    let _ = std::panic::catch_unwind(flush_all);
+}
+
+extern "C" fn after_fork_child() {
+    for s in SLOT_TABLE.iter() {
+        if s.key.load(Ordering::Relaxed) != 0 {
+            s.reset();
+        }
+    }
+    OVERFLOW.reset();
+    FLUSHER.store(0, Ordering::Relaxed);
+    FLUSH_LOCK.store(false, Ordering::Relaxed);
+    OWNER_PID.store(report::pid(), Ordering::Relaxed);
+}
+
+/// Before `exec*` replaces this process image: write what is pending. Not in a `vfork`
+/// child (it shares the parent's memory and counts), which has another pid.
+#[cfg_attr(test, allow(dead_code))]
+pub fn before_exec() {
+    if !ACTIVE.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) != report::pid() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(flush_all);
+}
+
+#[cold]
+fn start_flusher() {
+    if FLUSHER.swap(1, Ordering::AcqRel) != 0 {
+        return;
+    }
+    if state::try_get().is_none() || !state::audit_on() {
+        return; // nothing to write summaries to
+    }
+    let spawned = std::thread::Builder::new()
+        .name("rankguard-flush".into())
+        .spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_millis(INTERVAL_MS));
+            if EXITING.load(Ordering::SeqCst) {
+                return;
+            }
+            let _ = std::panic::catch_unwind(flush_all);
+        });
+    if spawned.is_err() {
+        tracing::warn!(
+            "cannot start the summary thread: counted violations are written at exit only"
+        );
+    }
+}
+
+fn lock() -> bool {
+    for _ in 0..2000 {
+        if FLUSH_LOCK
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
+}
+
+/// Write a summary for every slot with pending counts. Serialised, so that the exit path
+/// waits for a flusher that took counts and has not written them yet.
+fn flush_all() {
+    let locked = lock();
+    for s in SLOT_TABLE.iter() {
+        let f = s.flags.load(Ordering::Acquire);
+        if f & READY != 0 && f & CLASSIFY == 0 {
+            flush_slot(s);
+        }
+    }
+    flush_slot(&OVERFLOW);
+    if locked {
+        FLUSH_LOCK.store(false, Ordering::Release);
+    }
+}
+
+fn flush_slot(s: &Slot) {
+    if s.pending.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let Some(st) = state::try_get() else { return };
+    if !state::audit_on() {
+        s.pending.store(0, Ordering::Relaxed);
+        return;
+    }
+    let meta = s.meta.load(Ordering::Relaxed);
+    let d = s.pending.swap(0, Ordering::AcqRel);
+    if d == 0 {
+        return;
+    }
+    let until = now_us();
+    let since = s.last_us.swap(until, Ordering::Relaxed);
+    let mut site_text = StackBuf::<SITE_MAX>::new();
+    s.site_into(&mut site_text);
+    let site_text = std::str::from_utf8(site_text.as_bytes())
+        .ok()
+        .filter(|t| !t.is_empty());
+    let mut j = StackBuf::<2048>::new();
+    let _ = summary_record(&mut j, meta, d, since, until, site_text, st);
+    state::write_audit(j.as_bytes());
+}
+
+/// `{"ts":..,"summary":true,"count":N,"since":..,"call":..,..,"site":..}` plus newline.
+fn summary_record<W: Write>(
+    j: &mut W,
+    meta: u32,
+    count: u64,
+    since_us: u64,
+    until_us: u64,
+    site: Option<&str>,
+    st: &state::State,
+) -> std::fmt::Result {
+    let id = (meta >> 8) as usize;
+    let e = TABLE.get(id);
+    let rule = rule_of((meta >> 1) & 0x7f);
+    let deny = meta & 1 != 0;
+    let mode = if st.inert { Mode::Off } else { st.config.mode };
+    let mut host = [0u8; 64];
+    let host = report::hostname(&mut host);
+    write!(
+        j,
+        "{{\"ts\":{}.{:06},\"summary\":true,\"count\":{count},\"since\":",
+        until_us / 1_000_000,
+        until_us % 1_000_000
+    )?;
+    if since_us == 0 {
+        j.write_str("null")?;
+    } else {
+        write!(j, "{}.{:06}", since_us / 1_000_000, since_us % 1_000_000)?;
+    }
+    j.write_str(",\"call\":")?;
+    json_str(j, e.map_or("?", |e| e.call), 64)?;
+    j.write_str(",\"abi\":")?;
+    json_str(j, e.map_or("?", |e| e.abi()), 64)?;
+    write!(
+        j,
+        ",\"verdict\":\"{}\",\"rule\":\"{}\",\"mode\":\"{}\",\"pid\":{},\"host\":",
+        if deny { "deny" } else { "warn" },
+        rule.as_str(),
+        mode.as_str(),
+        report::pid()
+    )?;
+    json_str(j, host, 64)?;
+    match st.config.rank {
+        Some(r) => write!(j, ",\"rank\":{r}")?,
+        None => j.write_str(",\"rank\":null")?,
+    }
+    match st.config.local_rank {
+        Some(r) => write!(j, ",\"local_rank\":{r}")?,
+        None => j.write_str(",\"local_rank\":null")?,
+    }
+    j.write_str(",\"job\":")?;
+    json_opt_str(j, st.config.job.as_deref(), 128)?;
+    // the rank root the full records of this process named (an atomic load)
+    crate::guard::rank_root::write_json(j, crate::guard::rank_root::current())?;
+    j.write_str(",\"site\":")?;
+    json_opt_str(j, site, SITE_MAX)?;
+    j.write_str("}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_never_zero_and_differ_by_every_part() {
+        let a = key(1, TAG_RA, 0x1000);
+        assert_ne!(a, key(1, TAG_RA, 0x1001));
+        assert_ne!(a, key(3, TAG_RA, 0x1000));
+        assert_ne!(a, key(1, TAG_IP, 0x1000));
+        let mut seen = std::collections::HashSet::new();
+        for v in 0..100_000u64 {
+            let k = key(7, TAG_RA, 0x5555_0000_0000 + v * 5);
+            assert_ne!(k, 0);
+            assert!(seen.insert(k), "collision at {v}");
+        }
+    }
+
+    #[test]
+    fn slots_keep_their_site_text() {
+        let s = Slot::new();
+        s.set_site("legacy_cfg.py:7 in place_learner".as_bytes());
+        let mut b = StackBuf::<SITE_MAX>::new();
+        s.site_into(&mut b);
+        assert_eq!(b.as_bytes(), b"legacy_cfg.py:7 in place_learner");
+        let long = vec![b'x'; SITE_MAX + 50];
+        s.set_site(&long);
+        let mut b = StackBuf::<SITE_MAX>::new();
+        s.site_into(&mut b);
+        assert_eq!(b.as_bytes().len(), SITE_MAX);
+    }
+
+    #[test]
+    fn the_first_n_are_full_then_counted_exactly() {
+        let (slot, claimed) = find_or_claim(key(999, TAG_NONE, 0));
+        assert!(claimed);
+        let (again, claimed) = find_or_claim(key(999, TAG_NONE, 0));
+        assert!(std::ptr::eq(slot, again) && !claimed);
+        let mut full = 0;
+        let mut first = 0;
+        for _ in 0..(FULL_PER_SITE + 250) {
+            match count(slot, Capture::default) {
+                Occ::Full { first: f, .. } => {
+                    full += 1;
+                    first += u64::from(f);
+                }
+                Occ::Counted => {}
+            }
+        }
+        assert_eq!((full, first), (FULL_PER_SITE, 1));
+        assert_eq!(slot.pending.swap(0, Ordering::Relaxed), 250);
+    }
+
+    #[test]
+    fn utf8_cut_stays_on_a_boundary() {
+        let t = "é".repeat(SITE_MAX);
+        let c = cut(t.as_bytes());
+        assert!(std::str::from_utf8(c).is_ok() && c.len() <= SITE_MAX);
+    }
+}
