@@ -1,5 +1,5 @@
 """rankguard plan: the rank -> GPU entry -> CPU block mapping, its stable JSON form, and
-every device-precedence conflict (DESIGN.md R5), checked without starting anything."""
+every device-precedence conflict (docs/design.md R5), checked without starting anything."""
 from __future__ import annotations
 
 import json

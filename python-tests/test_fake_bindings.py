@@ -1,7 +1,7 @@
 """NVIDIA's real `cuda-bindings` (`from cuda.bindings import driver`) against the fake driver.
 
 cuda.bindings dlopen()s libcuda.so.1 by name, makes one dlsym (cuGetProcAddress_v2) and
-then hundreds of cuGetProcAddress_v2 calls (DESIGN.md section 5), so this checks the fake's
+then hundreds of cuGetProcAddress_v2 calls (docs/design.md §5), so this checks the fake's
 entry-point table with a real client. Each scenario runs in a fresh interpreter with the
 scrubbed environment (LD_LIBRARY_PATH = the fake), because the driver reads its
 environment once, at cuInit.

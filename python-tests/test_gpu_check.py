@@ -78,7 +78,7 @@ def test_checks_on_the_fake_node_pass_or_skip(tmp_path):
     p, report, checks = fake_gpu_run(tmp_path, "--guard", GUARD)
     assert p.returncode == 0, p.stdout + p.stderr
     assert report["status"] == "passed"
-    # cuda-bindings runs fully on the fake driver (DESIGN.md §5): a real pass, with the
+    # cuda-bindings runs fully on the fake driver (docs/design.md §5): a real pass, with the
     # guard's own line for the refused cuDeviceGet(1).
     assert checks["cuda_bindings"]["status"] == "pass", checks["cuda_bindings"]
     assert "RANKGUARD" in checks["cuda_bindings"]["guard_line"]

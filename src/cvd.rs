@@ -1,7 +1,7 @@
 //! `CUDA_VISIBLE_DEVICES`: what a value means, parsed the way the CUDA driver parses it.
 //!
 //! Two layers, because a process cannot know the whole node:
-//! - [`parse`] applies the rules that need nothing but the text (DESIGN.md §3: CUDA
+//! - [`parse`] applies the rules that need nothing but the text (docs/design.md §3: CUDA
 //!   Programming Guide, env vars section; PyTorch `_parse_visible_devices`, checked against
 //!   a real driver in pytorch#92315): empty -> none, the first invalid entry truncates, the
 //!   first entry's form decides the mode, integers parse like `strtoul` with a sign and

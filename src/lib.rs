@@ -1,5 +1,5 @@
 //! librankguard.so: preloaded into every process of a rank (`LD_PRELOAD`), it enforces the
-//! one-rank-one-GPU contract (DESIGN.md §1) on every path a program reaches CUDA by.
+//! one-rank-one-GPU contract (docs/design.md §1) on every path a program reaches CUDA by.
 //!
 //! Safe, pure modules hold the logic (`cvd`, `config`, `policy`); only `guard`, the
 //! interposition layer, contains `unsafe`. Nothing runs at load time: a process that never

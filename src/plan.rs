@@ -2,7 +2,7 @@
 //!
 //! Pure: the CLI gathers the inputs (the parent's `CUDA_VISIBLE_DEVICES`, the driver's GPU
 //! list, the launcher's own affinity, the topology files) and this module decides, so every
-//! rule of DESIGN.md R5 (device precedence) and R6 (CPU blocks) lives here, once, with a
+//! rule of docs/design.md R5 (device precedence) and R6 (CPU blocks) lives here, once, with a
 //! unit test. `rankguard plan` prints the result; `rankguard launch` executes it.
 //!
 //! Decisions the issue leaves open (listed in docs/cli.md, "Decisions"):

@@ -2,7 +2,7 @@
 //!
 //! Pure and allocation-free: the interposer calls these on every guarded call, so a
 //! verdict is plain data, and what a violation says is rendered only when one is reported.
-//! Each check names the rule it enforces (DESIGN.md §1) and the CUDA error code a denial
+//! Each check names the rule it enforces (docs/design.md §1) and the CUDA error code a denial
 //! returns: an ordinal other than 0 gets the code the driver itself gives for an invisible
 //! device (`CUDA_ERROR_INVALID_DEVICE`/`cudaErrorInvalidDevice`, 101); every other denial
 //! gets `CUDA_ERROR_NOT_PERMITTED`/`cudaErrorNotPermitted` (800).

@@ -924,7 +924,7 @@ pub fn same_gpu(a: &str, b: &str) -> bool {
 /// driver says about the imported memory after the fact, where it can (VMM allocation
 /// properties), else None.
 ///
-/// Decided here (the docs are silent; DESIGN.md §1 R3 only fixes the cases):
+/// Decided here (the docs are silent; docs/design.md §1 R3 only fixes the cases):
 /// - host memory, by the record or by the driver, is always allowed;
 /// - the job is compared first: different jobs (or a job on one side only) are not the
 ///   same rank; no job on both sides counts as the same job (one user's node);

@@ -2,7 +2,7 @@
  * CUDA driver.
  *
  * Why it exists: the fake libcudart.so.12 must reach the driver exactly like NVIDIA's
- * (DESIGN.md section 3): one dlsym(h, "cuGetProcAddress_v2"), then every entry point through
+ * (docs/design.md §3): one dlsym(h, "cuGetProcAddress_v2"), then every entry point through
  * that pointer with an explicit version, and flags 2 for the per-thread ones. This probe
  * logs, one line each, to the file named by FAKE_RT_DLSYM_LOG (appending, with write(2)):
  *   dlsym <TAB> <calling object's file name> <TAB> <symbol>
@@ -10,7 +10,7 @@
  * Every dlsym of "cuGetProcAddress_v2" gets a logging wrapper that forwards to the driver's
  * function, which is also how a guard substitutes its own wrapper at that dlsym, so the
  * gpa lines show every request that went through the pointer the caller holds.
- * Limits: a plain C dlsym override resolves RTLD_NEXT relative to this probe (DESIGN.md
+ * Limits: a plain C dlsym override resolves RTLD_NEXT relative to this probe (docs/design.md
  * section 4); the programs run under it do not use RTLD_NEXT.
  */
 #define _GNU_SOURCE

@@ -1,7 +1,7 @@
 /* fake_rt_entry: cudaGetDriverEntryPoint / cudaGetDriverEntryPointByVersion (and their
  * `_ptsz` exports) of the fake libcudart.so.12 return the driver's own ABI functions.
  *
- * Why it exists: PyTorch and NCCL fetch driver functions this way (DESIGN.md section 2,
+ * Why it exists: PyTorch and NCCL fetch driver functions this way (docs/design.md §2,
  * layer 4); the runtime must answer with the variant the version and flags select, the
  * same pointer dlsym() finds under the ABI name in libcuda.so.1.
  */

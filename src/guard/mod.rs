@@ -1,6 +1,6 @@
 //! The interposer: everything that runs inside other people's processes.
 //!
-//! Layers (DESIGN.md §2), all handing out the same wrappers from one table
+//! Layers (docs/design.md §2), all handing out the same wrappers from one table
 //! ([`table`]): exported symbols, the `dlsym` override ([`dlsym`]), `cuGetProcAddress`
 //! and `cuGetProcAddress_v2`, and `cudaGetDriverEntryPoint(ByVersion)` (routing in
 //! [`route`]).

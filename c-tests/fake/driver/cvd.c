@@ -1,7 +1,7 @@
 /* CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER resolution: the ONE place the fake decides
  * which devices a process enumerates, and in what order. Read once, at cuInit.
  *
- * Rules (shared/DESIGN.md section 3: CUDA Programming Guide "CUDA Environment Variables";
+ * Rules (docs/design.md §3: CUDA Programming Guide "CUDA Environment Variables";
  * PyTorch torch/cuda/__init__.py _parse_visible_devices, checked against a real driver in
  * pytorch#92315); every row of c-tests/cvd-vectors.tsv exercises one:
  *   R-unset   unset: every device, in CUDA_DEVICE_ORDER;

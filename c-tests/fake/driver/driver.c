@@ -6,7 +6,7 @@
  * __CUDA_API_VERSION_INTERNAL declares them all). The library is linked with -Bsymbolic
  * and cuGetProcAddress answers from the generated static table, never through dlsym: a
  * preloaded guard exports the same names, and resolving ourselves through dlsym would hand
- * back its wrapper (DESIGN.md section 4). One mutex guards all state: it is a fake. */
+ * back its wrapper (docs/design.md §4). One mutex guards all state: it is a fake. */
 #include "fake.h"
 #include "fakecuda_routes.h"
 

@@ -3,7 +3,7 @@
 
 Why: cuGetProcAddress maps (base name, CUDA version, per-thread flag) to one exported ABI
 symbol (cuCtxCreate at 3020 -> cuCtxCreate_v2). Writing that table by hand is how earlier
-interposers returned the wrong variant (DESIGN.md section 4), so it is derived here from
+interposers returned the wrong variant (docs/design.md §4), so it is derived here from
 cudaTypedefs.h, whose `PFN_<name>_v<version>[_ptds|_ptsz]` typedefs (including the
 __CUDA_API_VERSION_INTERNAL section) list every variant and the version it appeared in.
 

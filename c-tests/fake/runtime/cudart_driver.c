@@ -1,7 +1,7 @@
 /* cudart_driver.c: how the fake libcudart.so.12 reaches the driver, and its lazy init.
  *
  * Why it exists: rankguard interposes the driver on the paths the real runtime uses, so
- * this fake must use exactly those paths (DESIGN.md section 3): dlopen("libcuda.so.1"),
+ * this fake must use exactly those paths (docs/design.md §3): dlopen("libcuda.so.1"),
  * ONE dlsym(h, "cuGetProcAddress_v2"), then every driver function through that pointer
  * with an explicit ABI version and flags 1 (legacy stream) or 2 (per-thread stream, for
  * the entry points behind the `_ptds`/`_ptsz` exports). The library is never linked
