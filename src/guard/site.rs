@@ -343,6 +343,14 @@ pub fn native_ips(out: &mut [usize; MAX_WALK]) -> usize {
 
 /// (load base, file name) of the object holding `ip`; (0, "") when none does.
 fn object_of(ip: usize) -> (usize, &'static str) {
+    match dladdr(ip) {
+        Some(info) => (info.dli_fbase as usize, cstr(info.dli_fname)),
+        None => (0, ""),
+    }
+}
+
+/// What the loader knows of the instruction before return address `ip` (the call).
+fn dladdr(ip: usize) -> Option<libc::Dl_info> {
     let mut info = libc::Dl_info {
         dli_fname: std::ptr::null(),
         dli_fbase: std::ptr::null_mut(),
@@ -350,10 +358,7 @@ fn object_of(ip: usize) -> (usize, &'static str) {
         dli_saddr: std::ptr::null_mut(),
     };
     // SAFETY: dladdr only reads the loader's tables and writes `info`.
-    if unsafe { libc::dladdr(ip.saturating_sub(1) as *const c_void, &mut info) } == 0 {
-        return (0, "");
-    }
-    (info.dli_fbase as usize, cstr(info.dli_fname))
+    (unsafe { libc::dladdr(ip.saturating_sub(1) as *const c_void, &mut info) } != 0).then_some(info)
 }
 
 fn cstr(p: *const c_char) -> &'static str {
@@ -399,17 +404,10 @@ pub fn user_frame(ips: &[usize]) -> Option<usize> {
 
 /// `OBJECT(SYMBOL+0xOFF)` or `OBJECT+0xOFF` for one return address.
 pub fn describe_ip<W: Write>(w: &mut W, ip: usize) {
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: as in object_of.
-    if unsafe { libc::dladdr(ip.saturating_sub(1) as *const c_void, &mut info) } == 0 {
+    let Some(info) = dladdr(ip) else {
         let _ = write!(w, "?+{ip:#x}");
         return;
-    }
+    };
     let base = info.dli_fbase as usize;
     let mut path = cstr(info.dli_fname);
     let mut exe = StackBuf::<512>::new();
