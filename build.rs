@@ -52,19 +52,36 @@ fn main() {
     };
     if !wanted {
         embed_native(&out.join("librankguard.so.embedded-glibc-2.34"), &[]);
-        return embed(&dest, &[], "nothing: this is not a release build (RANKGUARD_EMBED=1 embeds anyway)");
+        return embed(
+            &dest,
+            &[],
+            "nothing: this is not a release build (RANKGUARD_EMBED=1 embeds anyway)",
+        );
     }
-    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    for p in ["src", "Cargo.toml", "Cargo.lock", ".cargo/config.toml", "scripts/link-glibc-2.28", ".venv/bin/cargo-zigbuild"] {
+    let manifest =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    for p in [
+        "src",
+        "Cargo.toml",
+        "Cargo.lock",
+        ".cargo/config.toml",
+        "scripts/link-glibc-2.28",
+        ".venv/bin/cargo-zigbuild",
+    ] {
         println!("cargo:rerun-if-changed={}", manifest.join(p).display());
     }
     let root = target_root(&out);
-    let floor = nested_build(&manifest, &root.join("rankguard-embed"), None)
-        .unwrap_or_else(|e| panic!("{e}. RANKGUARD_EMBED=0 builds the CLI without the embedded library"));
+    let floor = nested_build(&manifest, &root.join("rankguard-embed"), None).unwrap_or_else(|e| {
+        panic!("{e}. RANKGUARD_EMBED=0 builds the CLI without the embedded library")
+    });
     let native_dest = out.join("librankguard.so.embedded-glibc-2.34");
     // The wrapper links the 2.34 build with zig only (scripts/link-glibc-2.28); without it
     // the nested build would compile everything and then fail to link.
-    let zig = manifest.join(".venv").join("bin").join("cargo-zigbuild").is_file()
+    let zig = manifest
+        .join(".venv")
+        .join("bin")
+        .join("cargo-zigbuild")
+        .is_file()
         && env::var_os("RANKGUARD_SYSTEM_LINKER").is_none_or(|v| v.is_empty());
     let native = if env::var("CARGO_CFG_TARGET_ARCH").as_deref() != Ok("x86_64") {
         Vec::new() // the glibc floor link, and so the second build, is x86_64's only
@@ -74,7 +91,11 @@ fn main() {
                   everywhere. Run scripts/setup and rebuild to get it.");
         Vec::new()
     } else {
-        match nested_build(&manifest, &root.join("rankguard-embed-glibc-2.34"), Some("2.34")) {
+        match nested_build(
+            &manifest,
+            &root.join("rankguard-embed-glibc-2.34"),
+            Some("2.34"),
+        ) {
             Ok(bytes) => {
                 install_native(&out, &bytes);
                 bytes
@@ -87,12 +108,20 @@ fn main() {
         }
     };
     embed_native(&native_dest, &native);
-    embed(&dest, &floor, "the release library, built by build.rs with this checkout's linker settings");
+    embed(
+        &dest,
+        &floor,
+        "the release library, built by build.rs with this checkout's linker settings",
+    );
 }
 
 /// `cargo build --release --lib` into `target_dir`, linked for `glibc` (None: the outer
 /// build's setting); the library's bytes.
-fn nested_build(manifest: &Path, target_dir: &Path, glibc: Option<&str>) -> Result<Vec<u8>, String> {
+fn nested_build(
+    manifest: &Path,
+    target_dir: &Path,
+    glibc: Option<&str>,
+) -> Result<Vec<u8>, String> {
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(manifest)
@@ -113,8 +142,12 @@ fn nested_build(manifest: &Path, target_dir: &Path, glibc: Option<&str>) -> Resu
         let k = k.to_string_lossy();
         if matches!(
             k.as_ref(),
-            "CARGO_TARGET_DIR" | "CARGO_BUILD_TARGET_DIR" | "CARGO_BUILD_TARGET" | "CARGO_ENCODED_RUSTFLAGS"
-                | "CARGO_PRIMARY_PACKAGE" | "RUSTC_WORKSPACE_WRAPPER"
+            "CARGO_TARGET_DIR"
+                | "CARGO_BUILD_TARGET_DIR"
+                | "CARGO_BUILD_TARGET"
+                | "CARGO_ENCODED_RUSTFLAGS"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "RUSTC_WORKSPACE_WRAPPER"
         ) || k.starts_with("CARGO_FEATURE_")
             || k.starts_with("CARGO_CFG_")
         {
@@ -127,12 +160,21 @@ fn nested_build(manifest: &Path, target_dir: &Path, glibc: Option<&str>) -> Resu
     };
     // The 2.34 build's errors are expected without zig: keep them out of the outer output.
     if glibc.is_some() {
-        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
     }
-    let status = cmd.status().map_err(|e| format!("cannot run {what}: {e}"))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
     if !status.success() {
-        return Err(format!("{what} failed ({status}){}",
-                           if glibc.is_some() { "" } else { "; its errors are above" }));
+        return Err(format!(
+            "{what} failed ({status}){}",
+            if glibc.is_some() {
+                ""
+            } else {
+                "; its errors are above"
+            }
+        ));
     }
     let lib = target_dir.join("release").join("librankguard.so");
     fs::read(&lib).map_err(|e| format!("{what} left no {}: {e}", lib.display()))
@@ -142,7 +184,9 @@ fn nested_build(manifest: &Path, target_dir: &Path, glibc: Option<&str>) -> Resu
 /// (OUT_DIR is `<profile dir>/build/<pkg>-<hash>/out`). Written to a temporary name and
 /// renamed, so a test or rank reading the old one never sees half a file.
 fn install_native(out: &Path, bytes: &[u8]) {
-    let Some(profile) = out.ancestors().nth(3) else { return };
+    let Some(profile) = out.ancestors().nth(3) else {
+        return;
+    };
     let dir = profile.join("glibc-2.34");
     let dest = dir.join("librankguard.so");
     if fs::read(&dest).is_ok_and(|b| b == bytes) {
@@ -154,31 +198,52 @@ fn install_native(out: &Path, bytes: &[u8]) {
         use std::os::unix::fs::OpenOptionsExt;
         fs::create_dir_all(&dir)?;
         // 0755 like the linker's output beside it.
-        fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o755).open(&tmp)?.write_all(bytes)?;
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o755)
+            .open(&tmp)?
+            .write_all(bytes)?;
         fs::rename(&tmp, &dest)
     };
     if let Err(e) = write() {
         let _ = fs::remove_file(&tmp);
-        println!("cargo:warning=cannot write the glibc 2.34 build to {}: {e}", dest.display());
+        println!(
+            "cargo:warning=cannot write the glibc 2.34 build to {}: {e}",
+            dest.display()
+        );
     }
 }
 
 /// The root of cargo's target directory: the nearest ancestor of OUT_DIR holding the
 /// CACHEDIR.TAG cargo writes there (OUT_DIR itself if none, e.g. an unusual layout).
 fn target_root(out: &Path) -> PathBuf {
-    out.ancestors().find(|a| a.join("CACHEDIR.TAG").is_file()).unwrap_or(out).to_path_buf()
+    out.ancestors()
+        .find(|a| a.join("CACHEDIR.TAG").is_file())
+        .unwrap_or(out)
+        .to_path_buf()
 }
 
 fn embed_native(dest: &Path, bytes: &[u8]) {
     fs::write(dest, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
-    println!("cargo:rustc-env=RANKGUARD_EMBEDDED_NATIVE_LIB={}", dest.display());
-    println!("cargo:rustc-env=RANKGUARD_EMBEDDED_NATIVE_HASH={:016x}", fnv1a64(bytes));
+    println!(
+        "cargo:rustc-env=RANKGUARD_EMBEDDED_NATIVE_LIB={}",
+        dest.display()
+    );
+    println!(
+        "cargo:rustc-env=RANKGUARD_EMBEDDED_NATIVE_HASH={:016x}",
+        fnv1a64(bytes)
+    );
 }
 
 fn embed(dest: &Path, bytes: &[u8], how: &str) {
     fs::write(dest, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
     println!("cargo:rustc-env=RANKGUARD_EMBEDDED_LIB={}", dest.display());
-    println!("cargo:rustc-env=RANKGUARD_EMBEDDED_HASH={:016x}", fnv1a64(bytes));
+    println!(
+        "cargo:rustc-env=RANKGUARD_EMBEDDED_HASH={:016x}",
+        fnv1a64(bytes)
+    );
     println!("cargo:rustc-env=RANKGUARD_EMBEDDED_HOW={how}");
 }
 
@@ -204,7 +269,11 @@ fn frame_pointer_cfg() {
     let mut on = false;
     let mut it = flags.split('\x1f').peekable();
     while let Some(f) = it.next() {
-        let v = if f == "-C" { it.next().unwrap_or("") } else { f.strip_prefix("-C").unwrap_or("") };
+        let v = if f == "-C" {
+            it.next().unwrap_or("")
+        } else {
+            f.strip_prefix("-C").unwrap_or("")
+        };
         if let Some(val) = v.strip_prefix("force-frame-pointers") {
             on = matches!(val, "" | "=yes" | "=y" | "=on" | "=true");
         }

@@ -64,12 +64,19 @@ const MAX_DEPTH: usize = 32;
 
 /// Parse one complete JSON value (surrounding whitespace allowed, nothing after it).
 pub fn parse_json(text: &str) -> Result<Json, String> {
-    let mut p = Parser { s: text.as_bytes(), i: 0 };
+    let mut p = Parser {
+        s: text.as_bytes(),
+        i: 0,
+    };
     p.ws();
     let v = p.value(0)?;
     p.ws();
     if p.i != p.s.len() {
-        return Err(format!("unexpected '{}' after the JSON value at byte {}", p.peek_char(), p.i + 1));
+        return Err(format!(
+            "unexpected '{}' after the JSON value at byte {}",
+            p.peek_char(),
+            p.i + 1
+        ));
     }
     Ok(v)
 }
@@ -86,7 +93,10 @@ impl Parser<'_> {
         }
     }
     fn peek_char(&self) -> char {
-        std::str::from_utf8(&self.s[self.i..]).ok().and_then(|t| t.chars().next()).unwrap_or('?')
+        std::str::from_utf8(&self.s[self.i..])
+            .ok()
+            .and_then(|t| t.chars().next())
+            .unwrap_or('?')
     }
     fn eof(&self) -> String {
         "the line ends inside a JSON value".to_string()
@@ -97,7 +107,12 @@ impl Parser<'_> {
                 self.i += 1;
                 Ok(())
             }
-            Some(_) => Err(format!("expected '{}' at byte {}, found '{}'", b as char, self.i + 1, self.peek_char())),
+            Some(_) => Err(format!(
+                "expected '{}' at byte {}, found '{}'",
+                b as char,
+                self.i + 1,
+                self.peek_char()
+            )),
             None => Err(self.eof()),
         }
     }
@@ -114,7 +129,11 @@ impl Parser<'_> {
             Some(b'f') => self.word("false", Json::Bool(false)),
             Some(b'n') => self.word("null", Json::Null),
             Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(_) => Err(format!("unexpected '{}' at byte {}", self.peek_char(), self.i + 1)),
+            Some(_) => Err(format!(
+                "unexpected '{}' at byte {}",
+                self.peek_char(),
+                self.i + 1
+            )),
         }
     }
     fn word(&mut self, w: &str, v: Json) -> Result<Json, String> {
@@ -125,7 +144,11 @@ impl Parser<'_> {
         } else if end > self.s.len() && w.as_bytes().starts_with(&self.s[self.i..]) {
             Err(self.eof())
         } else {
-            Err(format!("unexpected '{}' at byte {}", self.peek_char(), self.i + 1))
+            Err(format!(
+                "unexpected '{}' at byte {}",
+                self.peek_char(),
+                self.i + 1
+            ))
         }
     }
     fn number(&mut self) -> Result<Json, String> {
@@ -160,13 +183,16 @@ impl Parser<'_> {
         }
         // The slice is ASCII digits, signs, '.', 'e': valid UTF-8 and a valid f64 literal.
         let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
-        text.parse::<f64>().map(Json::Num).map_err(|e| format!("malformed number '{text}': {e}"))
+        text.parse::<f64>()
+            .map(Json::Num)
+            .map_err(|e| format!("malformed number '{text}': {e}"))
     }
     fn hex4(&mut self) -> Result<u32, String> {
         if self.i + 4 > self.s.len() {
             return Err(self.eof());
         }
-        let t = std::str::from_utf8(&self.s[self.i..self.i + 4]).map_err(|_| "bad \\u escape".to_string())?;
+        let t = std::str::from_utf8(&self.s[self.i..self.i + 4])
+            .map_err(|_| "bad \\u escape".to_string())?;
         let v = u32::from_str_radix(t, 16).map_err(|_| format!("bad \\u escape '\\u{t}'"))?;
         self.i += 4;
         Ok(v)
@@ -176,10 +202,16 @@ impl Parser<'_> {
         let mut out = String::new();
         loop {
             let start = self.i;
-            while self.i < self.s.len() && !matches!(self.s[self.i], b'"' | b'\\') && self.s[self.i] >= 0x20 {
+            while self.i < self.s.len()
+                && !matches!(self.s[self.i], b'"' | b'\\')
+                && self.s[self.i] >= 0x20
+            {
                 self.i += 1;
             }
-            out.push_str(std::str::from_utf8(&self.s[start..self.i]).map_err(|_| "a string is not valid UTF-8".to_string())?);
+            out.push_str(
+                std::str::from_utf8(&self.s[start..self.i])
+                    .map_err(|_| "a string is not valid UTF-8".to_string())?,
+            );
             match self.s.get(self.i) {
                 None => return Err(self.eof()),
                 Some(b'"') => {
@@ -188,7 +220,9 @@ impl Parser<'_> {
                 }
                 Some(b'\\') => {
                     self.i += 1;
-                    let Some(&e) = self.s.get(self.i) else { return Err(self.eof()) };
+                    let Some(&e) = self.s.get(self.i) else {
+                        return Err(self.eof());
+                    };
                     self.i += 1;
                     match e {
                         b'"' => out.push('"'),
@@ -202,7 +236,9 @@ impl Parser<'_> {
                         b'u' => {
                             let hi = self.hex4()?;
                             let c = if (0xD800..0xDC00).contains(&hi) {
-                                if self.s.get(self.i) != Some(&b'\\') || self.s.get(self.i + 1) != Some(&b'u') {
+                                if self.s.get(self.i) != Some(&b'\\')
+                                    || self.s.get(self.i + 1) != Some(&b'u')
+                                {
                                     return Err("unpaired surrogate in a \\u escape".into());
                                 }
                                 self.i += 2;
@@ -216,10 +252,17 @@ impl Parser<'_> {
                             };
                             out.push(c.ok_or("invalid \\u escape")?);
                         }
-                        _ => return Err(format!("bad escape '\\{}' at byte {}", e as char, self.i)),
+                        _ => {
+                            return Err(format!("bad escape '\\{}' at byte {}", e as char, self.i))
+                        }
                     }
                 }
-                Some(_) => return Err(format!("raw control character in a string at byte {}", self.i + 1)),
+                Some(_) => {
+                    return Err(format!(
+                        "raw control character in a string at byte {}",
+                        self.i + 1
+                    ))
+                }
             }
         }
     }
@@ -340,7 +383,8 @@ impl RootRef {
 }
 
 fn opt_root(v: &Json, key: &str) -> Result<Option<RootRef>, String> {
-    let bad = || format!("not an audit record: field '{key}' is not a rank root {{pid, start, host}}");
+    let bad =
+        || format!("not an audit record: field '{key}' is not a rank root {{pid, start, host}}");
     match v.get(key) {
         None | Some(Json::Null) => Ok(None),
         Some(o @ Json::Obj(_)) => Ok(Some(RootRef {
@@ -356,7 +400,9 @@ fn opt_str(v: &Json, key: &str) -> Result<Option<String>, String> {
     match v.get(key) {
         None | Some(Json::Null) => Ok(None),
         Some(Json::Str(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(format!("not an audit record: field '{key}' is not a string")),
+        Some(_) => Err(format!(
+            "not an audit record: field '{key}' is not a string"
+        )),
     }
 }
 
@@ -364,7 +410,9 @@ fn opt_int(v: &Json, key: &str) -> Result<Option<i64>, String> {
     match v.get(key) {
         None | Some(Json::Null) => Ok(None),
         Some(Json::Num(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => Ok(Some(*n as i64)),
-        Some(_) => Err(format!("not an audit record: field '{key}' is not an integer")),
+        Some(_) => Err(format!(
+            "not an audit record: field '{key}' is not an integer"
+        )),
     }
 }
 
@@ -375,10 +423,14 @@ fn str_list(v: &Json, key: &str) -> Result<Vec<String>, String> {
             .iter()
             .map(|i| match i {
                 Json::Str(s) => Ok(s.clone()),
-                _ => Err(format!("not an audit record: field '{key}' is not a list of strings")),
+                _ => Err(format!(
+                    "not an audit record: field '{key}' is not a list of strings"
+                )),
             })
             .collect(),
-        Some(_) => Err(format!("not an audit record: field '{key}' is not a list of strings")),
+        Some(_) => Err(format!(
+            "not an audit record: field '{key}' is not a list of strings"
+        )),
     }
 }
 
@@ -603,11 +655,14 @@ impl Acc {
     }
 }
 
+/// A rule as the report sorts it: (order, name).
+type RuleKey = (u32, String);
+
 /// Builds a [`Summary`] from files' lines, in the order they are given.
 #[derive(Default)]
 pub struct Aggregator {
-    acc: BTreeMap<((u32, String), String, RankKey), Acc>,
-    sites: BTreeMap<((u32, String), String, Option<String>), Acc>,
+    acc: BTreeMap<(RuleKey, String, RankKey), Acc>,
+    sites: BTreeMap<(RuleKey, String, Option<String>), Acc>,
     summaries: usize,
     problems: Vec<Problem>,
     seq: usize,
@@ -624,12 +679,20 @@ impl Aggregator {
     /// A file that could not be read at all.
     pub fn unreadable(&mut self, file: &str, why: String) {
         self.unreadable += 1;
-        self.problems.push(Problem { file: file.to_string(), line: None, why });
+        self.problems.push(Problem {
+            file: file.to_string(),
+            line: None,
+            why,
+        });
     }
 
     /// Lines of a file that were skipped unread (too long to be records), from line `first`.
     pub fn skipped_lines(&mut self, file: &str, first: usize, why: String) {
-        self.problems.push(Problem { file: file.to_string(), line: Some(first), why });
+        self.problems.push(Problem {
+            file: file.to_string(),
+            line: Some(first),
+            why,
+        });
     }
 
     /// The whole content of one file (the command streams lines with `add_line`).
@@ -657,9 +720,15 @@ impl Aggregator {
 
     /// One line (without its newline); `complete` is false for a last line that had none.
     pub fn add_line(&mut self, file: &str, n: usize, line: &[u8], complete: bool) {
-        let problem = |why: String| Problem { file: file.to_string(), line: Some(n), why };
+        let problem = |why: String| Problem {
+            file: file.to_string(),
+            line: Some(n),
+            why,
+        };
         let Ok(text) = std::str::from_utf8(line) else {
-            self.problems.push(problem("not UTF-8 text (a binary file, or a corrupted write?)".into()));
+            self.problems.push(problem(
+                "not UTF-8 text (a binary file, or a corrupted write?)".into(),
+            ));
             return;
         };
         if text.trim().is_empty() {
@@ -683,37 +752,67 @@ impl Aggregator {
         if r.summary {
             self.summaries += 1;
         }
-        self.sites.entry((rule_key(&r.rule), r.call.clone(), r.site.clone())).or_default().add(&r, &at, seq);
-        self.acc.entry((rule_key(&r.rule), r.call.clone(), rank_key(&r))).or_default().add(&r, &at, seq);
+        self.sites
+            .entry((rule_key(&r.rule), r.call.clone(), r.site.clone()))
+            .or_default()
+            .add(&r, &at, seq);
+        self.acc
+            .entry((rule_key(&r.rule), r.call.clone(), rank_key(&r)))
+            .or_default()
+            .add(&r, &at, seq);
     }
 
     pub fn finish(self) -> Summary {
         let mut groups: Vec<Group> = Vec::new();
         let mut sites: BTreeMap<((u32, String), String), Vec<SiteStats>> = BTreeMap::new();
         for ((rk, call, site), a) in self.sites {
-            let Some((first, first_at, _)) = a.first else { continue };
+            let Some((first, first_at, _)) = a.first else {
+                continue;
+            };
             sites.entry((rk, call)).or_default().push(SiteStats {
                 site,
                 count: a.count,
                 denied: a.denied,
                 warned: a.warned,
-                ranks: a.ranks.iter().map(|&(none, r)| (!none).then_some(r)).collect(),
+                ranks: a
+                    .ranks
+                    .iter()
+                    .map(|&(none, r)| (!none).then_some(r))
+                    .collect(),
                 processes: a.procs.len(),
                 first,
                 first_at,
             });
         }
         for v in sites.values_mut() {
-            v.sort_by(|a, b| b.count.cmp(&a.count).then((a.site.is_none(), &a.site).cmp(&(b.site.is_none(), &b.site))));
+            v.sort_by(|a, b| {
+                b.count
+                    .cmp(&a.count)
+                    .then((a.site.is_none(), &a.site).cmp(&(b.site.is_none(), &b.site)))
+            });
         }
         let mut totals = Totals::default();
         for ((rk, call, _), a) in self.acc {
-            let Some((first, first_at, _)) = a.first else { continue };
+            let Some((first, first_at, _)) = a.first else {
+                continue;
+            };
             let rule = first.rule.clone();
-            let same = groups.last().is_some_and(|g| rule_key(&g.rule) == rk && g.call == call);
+            let same = groups
+                .last()
+                .is_some_and(|g| rule_key(&g.rule) == rk && g.call == call);
             if !same {
-                let s = sites.remove(&(rk.clone(), call.clone())).unwrap_or_default();
-                groups.push(Group { rule, call, count: 0, denied: 0, warned: 0, ranks: Vec::new(), sites: s });
+                let s = sites
+                    .remove(&(rk.clone(), call.clone()))
+                    .unwrap_or_default();
+                groups.push(Group {
+                    rule,
+                    call,
+                    count: 0,
+                    denied: 0,
+                    warned: 0,
+                    ranks: Vec::new(),
+                    sites: s,
+                });
             }
             let g = groups.last_mut().expect("pushed above");
             g.count += a.count;
@@ -724,7 +823,11 @@ impl Aggregator {
             totals.warned += a.warned;
             g.ranks.push(RankStats {
                 rank: first.rank,
-                rank_root: if first.rank.is_none() { first.rank_root.clone() } else { None },
+                rank_root: if first.rank.is_none() {
+                    first.rank_root.clone()
+                } else {
+                    None
+                },
                 count: a.count,
                 denied: a.denied,
                 warned: a.warned,
@@ -738,7 +841,12 @@ impl Aggregator {
         totals.processes = self.procs.len();
         totals.problems = self.problems.len();
         totals.summaries = self.summaries;
-        Summary { groups, problems: self.problems, totals, unreadable: self.unreadable }
+        Summary {
+            groups,
+            problems: self.problems,
+            totals,
+            unreadable: self.unreadable,
+        }
     }
 }
 
@@ -768,7 +876,12 @@ pub fn utc(ts: f64) -> String {
     let days = secs.div_euclid(86_400);
     let sod = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{frac:06}Z", sod / 3600, sod % 3600 / 60, sod % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{frac:06}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
 }
 
 /// Microseconds since the epoch, the integer form `--json` prints.
@@ -791,6 +904,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 #[cfg(test)]
+#[allow(clippy::type_complexity)] // tuples spelled out so each test shows what it compares
 mod tests {
     use super::*;
 
@@ -803,11 +917,35 @@ mod tests {
 
     #[test]
     fn parses_json_values() {
-        assert_eq!(parse_json(r#" {"a":[1,-2.5e1,true,null],"b":"x\"\u00e9\ud83d\ude00"} "#).unwrap(), Json::Obj(vec![
-            ("a".into(), Json::Arr(vec![Json::Num(1.0), Json::Num(-25.0), Json::Bool(true), Json::Null])),
-            ("b".into(), Json::Str("x\"é😀".into())),
-        ]));
-        for bad in ["", "{", r#"{"a":1"#, r#"{"a":tru"#, "[1,]", "01x", r#"{"a":1}x"#, r#""\ud800""#, "\"a\u{1}\"", "-", "1.", "{1:2}"] {
+        assert_eq!(
+            parse_json(r#" {"a":[1,-2.5e1,true,null],"b":"x\"\u00e9\ud83d\ude00"} "#).unwrap(),
+            Json::Obj(vec![
+                (
+                    "a".into(),
+                    Json::Arr(vec![
+                        Json::Num(1.0),
+                        Json::Num(-25.0),
+                        Json::Bool(true),
+                        Json::Null
+                    ])
+                ),
+                ("b".into(), Json::Str("x\"é😀".into())),
+            ])
+        );
+        for bad in [
+            "",
+            "{",
+            r#"{"a":1"#,
+            r#"{"a":tru"#,
+            "[1,]",
+            "01x",
+            r#"{"a":1}x"#,
+            r#""\ud800""#,
+            "\"a\u{1}\"",
+            "-",
+            "1.",
+            "{1:2}",
+        ] {
             assert!(parse_json(bad).is_err(), "{bad:?} parsed");
         }
         let deep = "[".repeat(100) + &"]".repeat(100);
@@ -817,18 +955,51 @@ mod tests {
     #[test]
     fn a_record_needs_call_rule_verdict_and_typed_fields() {
         let r = parse_record(&rec(1.5, "cuDeviceGet", "R2", "deny", Some(3), 10)).unwrap();
-        assert_eq!((r.call.as_str(), r.rule.as_str(), r.verdict.as_str(), r.rank, r.pid), ("cuDeviceGet", "R2", "deny", Some(3), Some(10)));
+        assert_eq!(
+            (
+                r.call.as_str(),
+                r.rule.as_str(),
+                r.verdict.as_str(),
+                r.rank,
+                r.pid
+            ),
+            ("cuDeviceGet", "R2", "deny", Some(3), Some(10))
+        );
         assert_eq!(r.ordinal, Some(1));
-        assert!(parse_record(r#"{"call":"x","verdict":"deny"}"#).unwrap_err().contains("'rule'"));
-        assert!(parse_record(r#"{"call":"x","verdict":"deny","rule":"R2","pid":"7"}"#).unwrap_err().contains("'pid'"));
+        assert!(parse_record(r#"{"call":"x","verdict":"deny"}"#)
+            .unwrap_err()
+            .contains("'rule'"));
+        assert!(
+            parse_record(r#"{"call":"x","verdict":"deny","rule":"R2","pid":"7"}"#)
+                .unwrap_err()
+                .contains("'pid'")
+        );
         assert!(parse_record("[1]").unwrap_err().contains("not an object"));
         // Unknown fields are ignored; missing optional ones are None.
-        let r = parse_record(r#"{"call":"x","verdict":"warn","rule":"R9","handle":"mem","new":[1]}"#).unwrap();
-        assert_eq!((r.rank, r.ts, r.rule.as_str(), r.exporter.is_none()), (None, None, "R9", true));
+        let r =
+            parse_record(r#"{"call":"x","verdict":"warn","rule":"R9","handle":"mem","new":[1]}"#)
+                .unwrap();
+        assert_eq!(
+            (r.rank, r.ts, r.rule.as_str(), r.exporter.is_none()),
+            (None, None, "R9", true)
+        );
         // R3's exporter fields.
         let r = parse_record(r#"{"call":"cuIpcOpenMemHandle","verdict":"deny","rule":"R3","exporter_pid":4,"exporter_rank":1,"exporter_job":null,"exporter_gpu":"GPU-1","exporter_location":"device"}"#).unwrap();
-        assert_eq!(r.exporter, Some(Exporter { pid: Some(4), rank: Some(1), job: None, gpu: Some("GPU-1".into()), location: Some("device".into()), rank_root: None }));
-        let r = parse_record(r#"{"call":"c","verdict":"deny","rule":"R3","exporter_pid":null,"exporter_gpu":null}"#).unwrap();
+        assert_eq!(
+            r.exporter,
+            Some(Exporter {
+                pid: Some(4),
+                rank: Some(1),
+                job: None,
+                gpu: Some("GPU-1".into()),
+                location: Some("device".into()),
+                rank_root: None
+            })
+        );
+        let r = parse_record(
+            r#"{"call":"c","verdict":"deny","rule":"R3","exporter_pid":null,"exporter_gpu":null}"#,
+        )
+        .unwrap();
         assert_eq!(r.exporter, Some(Exporter::default()));
     }
 
@@ -843,7 +1014,12 @@ mod tests {
         ]
         .join("\n")
             + "\n";
-        let f2 = [rec(2.0, "cuDeviceGet", "R2", "warn", Some(0), 10), rec(9.0, "cuDeviceGet", "R2", "deny", Some(10), 14)].join("\n") + "\n";
+        let f2 = [
+            rec(2.0, "cuDeviceGet", "R2", "warn", Some(0), 10),
+            rec(9.0, "cuDeviceGet", "R2", "deny", Some(10), 14),
+        ]
+        .join("\n")
+            + "\n";
         a.add_file("a", f1.as_bytes());
         a.add_file("b", f2.as_bytes());
         let s = a.finish();
@@ -851,25 +1027,67 @@ mod tests {
             .groups
             .iter()
             .map(|g| {
-                (g.rule.clone(), g.call.clone(), g.ranks.iter().map(|r| (r.rank, r.count, r.denied, r.warned, r.first.pid.unwrap())).collect())
+                (
+                    g.rule.clone(),
+                    g.call.clone(),
+                    g.ranks
+                        .iter()
+                        .map(|r| (r.rank, r.count, r.denied, r.warned, r.first.pid.unwrap()))
+                        .collect(),
+                )
             })
             .collect();
-        assert_eq!(shape, vec![
-            ("R1".into(), "cuInit".into(), vec![(None, 1, 0, 1, 13)]),
-            ("R2".into(), "cuDeviceGet".into(), vec![(Some(0), 1, 0, 1, 10), (Some(1), 2, 2, 0, 12), (Some(10), 1, 1, 0, 14)]),
-            ("R4".into(), "cudaDeviceEnablePeerAccess".into(), vec![(Some(0), 1, 0, 1, 10)]),
-        ]);
+        assert_eq!(
+            shape,
+            vec![
+                ("R1".into(), "cuInit".into(), vec![(None, 1, 0, 1, 13)]),
+                (
+                    "R2".into(),
+                    "cuDeviceGet".into(),
+                    vec![
+                        (Some(0), 1, 0, 1, 10),
+                        (Some(1), 2, 2, 0, 12),
+                        (Some(10), 1, 1, 0, 14)
+                    ]
+                ),
+                (
+                    "R4".into(),
+                    "cudaDeviceEnablePeerAccess".into(),
+                    vec![(Some(0), 1, 0, 1, 10)]
+                ),
+            ]
+        );
         let r1 = &s.groups[1].ranks[1];
-        assert_eq!((r1.first_at.file.as_str(), r1.first_at.line, r1.processes), ("a", 2, 2));
-        assert_eq!(s.totals, Totals { records: 6, summaries: 0, denied: 3, warned: 3, groups: 3, ranks: 4, processes: 5, problems: 0 });
+        assert_eq!(
+            (r1.first_at.file.as_str(), r1.first_at.line, r1.processes),
+            ("a", 2, 2)
+        );
+        assert_eq!(
+            s.totals,
+            Totals {
+                records: 6,
+                summaries: 0,
+                denied: 3,
+                warned: 3,
+                groups: 3,
+                ranks: 4,
+                processes: 5,
+                problems: 0
+            }
+        );
         assert_eq!(s.status(), 1);
     }
 
     #[test]
     fn ranks_without_a_number_are_grouped_by_rank_root() {
         let with_root = |ts: f64, pid: i64, root: Option<(i64, i64)>| {
-            let root = root.map_or("null".to_string(), |(p, t)| format!(r#"{{"pid":{p},"start":{t},"host":"h"}}"#));
-            rec(ts, "cuDeviceGet", "R2", "warn", None, pid).replace(r#""rank":null"#, &format!(r#""rank":null,"rank_root":{root}"#))
+            let root = root.map_or("null".to_string(), |(p, t)| {
+                format!(r#"{{"pid":{p},"start":{t},"host":"h"}}"#)
+            });
+            rec(ts, "cuDeviceGet", "R2", "warn", None, pid).replace(
+                r#""rank":null"#,
+                &format!(r#""rank":null,"rank_root":{root}"#),
+            )
         };
         let mut a = Aggregator::new();
         let lines = [
@@ -883,27 +1101,64 @@ mod tests {
         a.add_file("f", lines.as_bytes());
         let s = a.finish();
         let g = &s.groups[0];
-        let got: Vec<_> = g.ranks.iter().map(|r| (r.rank, r.rank_root.as_ref().map(|x| (x.pid, x.start)), r.count, r.processes)).collect();
-        assert_eq!(got, vec![(Some(2), None, 1, 1), (None, Some((20, 5)), 2, 2), (None, Some((20, 9)), 1, 1), (None, None, 1, 1)]);
+        let got: Vec<_> = g
+            .ranks
+            .iter()
+            .map(|r| {
+                (
+                    r.rank,
+                    r.rank_root.as_ref().map(|x| (x.pid, x.start)),
+                    r.count,
+                    r.processes,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some(2), None, 1, 1),
+                (None, Some((20, 5)), 2, 2),
+                (None, Some((20, 9)), 1, 1),
+                (None, None, 1, 1)
+            ]
+        );
         assert_eq!(s.totals.ranks, 4);
         assert_eq!(g.ranks[1].rank_root.as_ref().unwrap().label(), "h:20");
         // a malformed root is a problem, not a crash
         let mut a = Aggregator::new();
-        a.add_line("f", 1, br#"{"call":"x","verdict":"deny","rule":"R2","rank_root":{"pid":"1"}}"#, true);
-        a.add_line("f", 2, br#"{"call":"x","verdict":"deny","rule":"R2","rank_root":7}"#, true);
+        a.add_line(
+            "f",
+            1,
+            br#"{"call":"x","verdict":"deny","rule":"R2","rank_root":{"pid":"1"}}"#,
+            true,
+        );
+        a.add_line(
+            "f",
+            2,
+            br#"{"call":"x","verdict":"deny","rule":"R2","rank_root":7}"#,
+            true,
+        );
         let s = a.finish();
         assert_eq!(s.problems.len(), 2);
-        assert!(s.problems[0].why.contains("'rank_root'"), "{:?}", s.problems);
+        assert!(
+            s.problems[0].why.contains("'rank_root'"),
+            "{:?}",
+            s.problems
+        );
     }
 
     #[test]
     fn summaries_add_their_counts_and_sites_group_each_call() {
         let mut a = Aggregator::new();
         let full = |ts: f64, site: &str, pid: i64| {
-            format!(r#"{{"ts":{ts},"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"args":"ordinal=1","site":"{site}","py_stack":["a.py:1 in <module>","{site}"]}}"#)
+            format!(
+                r#"{{"ts":{ts},"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"args":"ordinal=1","site":"{site}","py_stack":["a.py:1 in <module>","{site}"]}}"#
+            )
         };
         let summary = |ts: f64, site: &str, n: u64, pid: i64| {
-            format!(r#"{{"ts":{ts},"summary":true,"count":{n},"since":1.0,"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"site":"{site}"}}"#)
+            format!(
+                r#"{{"ts":{ts},"summary":true,"count":{n},"since":1.0,"call":"cuDeviceGet","verdict":"warn","rule":"R2","pid":{pid},"host":"h","rank":0,"site":"{site}"}}"#
+            )
         };
         // A summary read before any full record of its site is not its first occurrence.
         let lines = [
@@ -917,38 +1172,81 @@ mod tests {
             a.add_line("f", i + 1, l.as_bytes(), true);
         }
         let s = a.finish();
-        assert_eq!((s.totals.records, s.totals.summaries, s.totals.warned, s.totals.denied), (199_953, 2, 199_952, 1));
+        assert_eq!(
+            (
+                s.totals.records,
+                s.totals.summaries,
+                s.totals.warned,
+                s.totals.denied
+            ),
+            (199_953, 2, 199_952, 1)
+        );
         let g = &s.groups[0];
         assert_eq!(g.count, 199_953);
-        let sites: Vec<(Option<&str>, usize, usize, Vec<Option<i64>>)> =
-            g.sites.iter().map(|x| (x.site.as_deref(), x.count, x.processes, x.ranks.clone())).collect();
-        assert_eq!(sites, vec![
-            (Some("a.py:7 in f"), 199_951, 2, vec![Some(0)]),
-            (Some("a.py:9 in g"), 1, 1, vec![Some(0)]),
-            (None, 1, 1, vec![Some(1)]),
-        ]);
+        let sites: Vec<(Option<&str>, usize, usize, Vec<Option<i64>>)> = g
+            .sites
+            .iter()
+            .map(|x| (x.site.as_deref(), x.count, x.processes, x.ranks.clone()))
+            .collect();
+        assert_eq!(
+            sites,
+            vec![
+                (Some("a.py:7 in f"), 199_951, 2, vec![Some(0)]),
+                (Some("a.py:9 in g"), 1, 1, vec![Some(0)]),
+                (None, 1, 1, vec![Some(1)]),
+            ]
+        );
         assert!(!g.sites[0].first.summary && g.sites[0].first_at.line == 2);
-        assert_eq!(g.sites[0].first.py_stack, ["a.py:1 in <module>", "a.py:7 in f"]);
+        assert_eq!(
+            g.sites[0].first.py_stack,
+            ["a.py:1 in <module>", "a.py:7 in f"]
+        );
         assert_eq!(g.ranks[0].count, 199_952);
         assert!(!g.ranks[0].first.summary);
     }
 
     #[test]
     fn a_summary_needs_a_positive_count() {
-        for bad in [r#"{"summary":true,"call":"c","verdict":"warn","rule":"R2"}"#, r#"{"summary":true,"count":0,"call":"c","verdict":"warn","rule":"R2"}"#, r#"{"summary":1,"count":3,"call":"c","verdict":"warn","rule":"R2"}"#] {
+        for bad in [
+            r#"{"summary":true,"call":"c","verdict":"warn","rule":"R2"}"#,
+            r#"{"summary":true,"count":0,"call":"c","verdict":"warn","rule":"R2"}"#,
+            r#"{"summary":1,"count":3,"call":"c","verdict":"warn","rule":"R2"}"#,
+        ] {
             assert!(parse_record(bad).is_err(), "{bad}");
         }
         // A count on a record that is not a summary is not a multiplier.
-        assert_eq!(parse_record(r#"{"count":9,"call":"c","verdict":"warn","rule":"R2"}"#).unwrap().count, 1);
-        assert!(parse_record(r#"{"call":"c","verdict":"warn","rule":"R2","py_stack":[1]}"#).is_err());
+        assert_eq!(
+            parse_record(r#"{"count":9,"call":"c","verdict":"warn","rule":"R2"}"#)
+                .unwrap()
+                .count,
+            1
+        );
+        assert!(
+            parse_record(r#"{"call":"c","verdict":"warn","rule":"R2","py_stack":[1]}"#).is_err()
+        );
     }
 
     #[test]
     fn equal_or_missing_times_keep_input_order() {
         let mut a = Aggregator::new();
-        a.add_line("f", 1, rec(1.0, "c", "R2", "deny", Some(0), 1).as_bytes(), true);
-        a.add_line("f", 2, rec(1.0, "c", "R2", "deny", Some(0), 2).as_bytes(), true);
-        a.add_line("f", 3, br#"{"call":"c","verdict":"deny","rule":"R2","rank":0,"pid":3}"#, true);
+        a.add_line(
+            "f",
+            1,
+            rec(1.0, "c", "R2", "deny", Some(0), 1).as_bytes(),
+            true,
+        );
+        a.add_line(
+            "f",
+            2,
+            rec(1.0, "c", "R2", "deny", Some(0), 2).as_bytes(),
+            true,
+        );
+        a.add_line(
+            "f",
+            3,
+            br#"{"call":"c","verdict":"deny","rule":"R2","rank":0,"pid":3}"#,
+            true,
+        );
         let s = a.finish();
         assert_eq!(s.groups[0].ranks[0].first.pid, Some(1));
     }
@@ -957,7 +1255,11 @@ mod tests {
     fn bad_lines_are_problems_not_errors() {
         let mut a = Aggregator::new();
         let good = rec(1.0, "c", "R2", "deny", Some(0), 1);
-        let text = format!("{good}\n\n{}\nhello\n\u{0}\u{ff}\n{{\"call\":1}}\n{}", &good[..40], &good[..30]);
+        let text = format!(
+            "{good}\n\n{}\nhello\n\u{0}\u{ff}\n{{\"call\":1}}\n{}",
+            &good[..40],
+            &good[..30]
+        );
         let mut bytes = text.into_bytes();
         bytes.extend_from_slice(b"");
         a.add_file("f", &bytes);
@@ -965,20 +1267,45 @@ mod tests {
         a.unreadable("missing", "cannot read: No such file or directory".into());
         let s = a.finish();
         assert_eq!(s.totals.records, 1);
-        let lines: Vec<(String, Option<usize>)> = s.problems.iter().map(|p| (p.file.clone(), p.line)).collect();
-        assert_eq!(lines, vec![
-            ("f".into(), Some(3)),
-            ("f".into(), Some(4)),
-            ("f".into(), Some(5)),
-            ("f".into(), Some(6)),
-            ("f".into(), Some(7)),
-            ("g".into(), Some(1)),
-            ("missing".into(), None),
-        ]);
-        assert!(s.problems[0].why.starts_with("partial record"), "{}", s.problems[0].why);
-        assert!(s.problems[1].why.starts_with("not JSON: unexpected 'h'"), "{}", s.problems[1].why);
-        assert!(s.problems[3].why.starts_with("not an audit record: field 'call'"), "{}", s.problems[3].why);
-        assert!(s.problems[4].why.starts_with("torn"), "{}", s.problems[4].why);
+        let lines: Vec<(String, Option<usize>)> = s
+            .problems
+            .iter()
+            .map(|p| (p.file.clone(), p.line))
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                ("f".into(), Some(3)),
+                ("f".into(), Some(4)),
+                ("f".into(), Some(5)),
+                ("f".into(), Some(6)),
+                ("f".into(), Some(7)),
+                ("g".into(), Some(1)),
+                ("missing".into(), None),
+            ]
+        );
+        assert!(
+            s.problems[0].why.starts_with("partial record"),
+            "{}",
+            s.problems[0].why
+        );
+        assert!(
+            s.problems[1].why.starts_with("not JSON: unexpected 'h'"),
+            "{}",
+            s.problems[1].why
+        );
+        assert!(
+            s.problems[3]
+                .why
+                .starts_with("not an audit record: field 'call'"),
+            "{}",
+            s.problems[3].why
+        );
+        assert!(
+            s.problems[4].why.starts_with("torn"),
+            "{}",
+            s.problems[4].why
+        );
         assert!(s.problems[5].why.contains("UTF-8"));
         assert_eq!(s.unreadable, 1);
         assert_eq!(s.status(), 1);
@@ -996,7 +1323,12 @@ mod tests {
     fn rule_order_is_numeric() {
         let mut a = Aggregator::new();
         for (i, rule) in ["R10", "Rx", "R2", "R1"].iter().enumerate() {
-            a.add_line("f", i + 1, rec(1.0, "c", rule, "warn", Some(0), 1).as_bytes(), true);
+            a.add_line(
+                "f",
+                i + 1,
+                rec(1.0, "c", rule, "warn", Some(0), 1).as_bytes(),
+                true,
+            );
         }
         let rules: Vec<String> = a.finish().groups.into_iter().map(|g| g.rule).collect();
         assert_eq!(rules, ["R1", "R2", "R10", "Rx"]);

@@ -65,7 +65,11 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={:?} is not valid: expected {}", self.var, self.value, self.expected)
+        write!(
+            f,
+            "{}={:?} is not valid: expected {}",
+            self.var, self.value, self.expected
+        )
     }
 }
 
@@ -89,8 +93,12 @@ pub struct Config {
 }
 
 const RANK_VARS: [&str; 4] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"];
-const LOCAL_RANK_VARS: [&str; 4] =
-    ["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"];
+const LOCAL_RANK_VARS: [&str; 4] = [
+    "LOCAL_RANK",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+];
 
 impl Config {
     /// Build from a lookup (`std::env::var`-like; None = unset). Empty values count as
@@ -151,7 +159,11 @@ impl Config {
         let mut path = |var: &'static str| -> Option<String> {
             let v = get(var)?;
             if v.contains('\u{FFFD}') {
-                errors.push(ConfigError { var, value: v, expected: "a path in UTF-8 (ignoring it)" });
+                errors.push(ConfigError {
+                    var,
+                    value: v,
+                    expected: "a path in UTF-8 (ignoring it)",
+                });
                 return None;
             }
             Some(v)
@@ -222,8 +234,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn cfg(vars: &[(&str, &str)]) -> Config {
-        let m: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| m.get(k).cloned())
     }
 
@@ -242,12 +256,17 @@ mod tests {
         assert_eq!(c.mode, Mode::Enforce);
         assert_eq!(c.ipc, IpcPolicy::Strict);
         assert_eq!(c.errors.len(), 2);
-        assert!(c.errors[0].to_string().contains("RANKGUARD_MODE=\"warning\""));
+        assert!(c.errors[0]
+            .to_string()
+            .contains("RANKGUARD_MODE=\"warning\""));
     }
 
     #[test]
     fn lossy_values_are_invalid() {
-        let c = cfg(&[("RANKGUARD_MODE", "\u{FFFD}"), ("RANKGUARD_AUDIT", "/tmp/a\u{FFFD}")]);
+        let c = cfg(&[
+            ("RANKGUARD_MODE", "\u{FFFD}"),
+            ("RANKGUARD_AUDIT", "/tmp/a\u{FFFD}"),
+        ]);
         assert_eq!(c.mode, Mode::Enforce);
         assert_eq!(c.audit, None);
         assert_eq!(c.errors.len(), 2);
@@ -275,16 +294,24 @@ mod tests {
     fn job_ids_are_namespaced_by_engine() {
         assert_eq!(cfg(&[("RANKGUARD_JOB", "j1")]).job.as_deref(), Some("j1"));
         assert_eq!(
-            cfg(&[("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")]).job.as_deref(),
+            cfg(&[("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")])
+                .job
+                .as_deref(),
             Some("slurm:77.0")
         );
-        assert_eq!(cfg(&[("TORCHELASTIC_RUN_ID", "r")]).job.as_deref(), Some("torchelastic:r"));
+        assert_eq!(
+            cfg(&[("TORCHELASTIC_RUN_ID", "r")]).job.as_deref(),
+            Some("torchelastic:r")
+        );
         assert_eq!(cfg(&[]).job, None);
     }
 
     #[test]
     fn paths_expand_host_and_pid() {
-        assert_eq!(expand_path("/tmp/a.%h.%p.jsonl", "n1", 42), "/tmp/a.n1.42.jsonl");
+        assert_eq!(
+            expand_path("/tmp/a.%h.%p.jsonl", "n1", 42),
+            "/tmp/a.n1.42.jsonl"
+        );
         assert_eq!(expand_path("100%%-%x%", "n", 1), "100%-%x%");
     }
 }

@@ -30,8 +30,11 @@ pub struct ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid CPU list '{}': {} (expected ids and ranges such as 0-3,8,10-11)",
-               self.input, self.reason)
+        write!(
+            f,
+            "invalid CPU list '{}': {} (expected ids and ranges such as 0-3,8,10-11)",
+            self.input, self.reason
+        )
     }
 }
 
@@ -44,7 +47,10 @@ impl CpuSet {
 
     /// Parse a cpulist (`0-3,8`).
     pub fn parse(text: &str) -> Result<CpuSet, ParseError> {
-        let err = |reason: String| ParseError { input: text.trim().to_string(), reason };
+        let err = |reason: String| ParseError {
+            input: text.trim().to_string(),
+            reason,
+        };
         let mut set = BTreeSet::new();
         let body = text.trim();
         if body.is_empty() {
@@ -56,10 +62,15 @@ impl CpuSet {
                 return Err(err("empty item between commas".into()));
             }
             if item.contains(':') || item.contains('/') {
-                return Err(err(format!("'{item}': the stride form a-b:n/m is not supported")));
+                return Err(err(format!(
+                    "'{item}': the stride form a-b:n/m is not supported"
+                )));
             }
             let (lo, hi) = match item.split_once('-') {
-                Some((a, b)) => (parse_id(a, item).map_err(err)?, parse_id(b, item).map_err(err)?),
+                Some((a, b)) => (
+                    parse_id(a, item).map_err(err)?,
+                    parse_id(b, item).map_err(err)?,
+                ),
                 None => {
                     let v = parse_id(item, item).map_err(err)?;
                     (v, v)
@@ -172,7 +183,10 @@ mod tests {
 
     #[test]
     fn parses_ids_and_ranges() {
-        assert_eq!(s("0-3,8,10-11").iter().collect::<Vec<_>>(), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(
+            s("0-3,8,10-11").iter().collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 8, 10, 11]
+        );
         assert_eq!(s(" 5 \n").iter().collect::<Vec<_>>(), vec![5]);
         assert_eq!(s("3,1,2").to_string(), "1-3");
         assert_eq!(s("0-0").to_string(), "0");
@@ -202,9 +216,16 @@ mod tests {
 
     #[test]
     fn refuses_bad_input_with_the_piece_named() {
-        for (t, piece) in [("0-", "'0-'"), ("a", "'a'"), ("1,,2", "empty item"), ("3-1", "reversed"),
-                           ("0-7:2/4", "stride"), ("-1", "'-1'"), ("99999", "maximum"),
-                           ("0-4294967295", "maximum")] {
+        for (t, piece) in [
+            ("0-", "'0-'"),
+            ("a", "'a'"),
+            ("1,,2", "empty item"),
+            ("3-1", "reversed"),
+            ("0-7:2/4", "stride"),
+            ("-1", "'-1'"),
+            ("99999", "maximum"),
+            ("0-4294967295", "maximum"),
+        ] {
             let e = CpuSet::parse(t).unwrap_err();
             assert!(e.to_string().contains(piece), "{t}: {e}");
         }

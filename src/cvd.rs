@@ -96,7 +96,9 @@ pub fn parse(value: Option<&str>) -> Visibility {
     let mut entries: Vec<Entry> = Vec::new();
     let mut mode = None;
     for token in value.split(',') {
-        let Some(entry) = parse_entry(token) else { break };
+        let Some(entry) = parse_entry(token) else {
+            break;
+        };
         // The first entry's form decides the mode; an entry of another form is invalid
         // and truncates the list like any other invalid entry.
         match mode {
@@ -235,7 +237,10 @@ pub fn resolve(vis: &Visibility, node: &dyn Node) -> Vec<Device> {
 }
 
 /// The only candidate whose UUID starts with `prefix`; none or several -> `None`.
-fn unique_match(prefix: &str, candidates: impl Iterator<Item = (Device, String)>) -> Option<Device> {
+fn unique_match(
+    prefix: &str,
+    candidates: impl Iterator<Item = (Device, String)>,
+) -> Option<Device> {
     let mut hit = None;
     for (dev, uuid) in candidates {
         if uuid.starts_with(prefix) {
@@ -260,13 +265,20 @@ fn resolve_mig(text: &str, node: &dyn Node) -> Option<Device> {
         }
         let Device::Gpu(gpu) = unique_match(
             &gpu_prefix,
-            node.gpu_uuids().into_iter().enumerate().map(|(i, u)| (Device::Gpu(i), u)),
+            node.gpu_uuids()
+                .into_iter()
+                .enumerate()
+                .map(|(i, u)| (Device::Gpu(i), u)),
         )?
         else {
             return None;
         };
         let dev = Device::Mig { gpu, instance: gi };
-        return node.mig_uuids().iter().any(|(d, _)| *d == dev).then_some(dev);
+        return node
+            .mig_uuids()
+            .iter()
+            .any(|(d, _)| *d == dev)
+            .then_some(dev);
     }
     unique_match(text, node.mig_uuids().into_iter())
 }
@@ -355,7 +367,11 @@ mod tests {
             d.sort_by_key(|dev| match dev {
                 Device::Gpu(_) => (0, 0),
                 Device::Mig { gpu, .. } => {
-                    let n = self.mig.iter().find(|(g, _)| g == gpu).map_or(1, |(_, n)| *n);
+                    let n = self
+                        .mig
+                        .iter()
+                        .find(|(g, _)| g == gpu)
+                        .map_or(1, |(_, n)| *n);
                     (1, -((7 / n) as i64))
                 }
             });
@@ -415,7 +431,12 @@ mod tests {
                 continue;
             }
             let cols: Vec<&str> = line.split('\t').collect();
-            assert_eq!(cols.len(), 4, "cvd-vectors.tsv line {}: want 4 columns: {line:?}", n + 1);
+            assert_eq!(
+                cols.len(),
+                4,
+                "cvd-vectors.tsv line {}: want 4 columns: {line:?}",
+                n + 1
+            );
             let node = FakeNode::parse(cols[0], cols[1]);
             let value = match cols[2] {
                 "<unset>" => None,
@@ -423,7 +444,13 @@ mod tests {
                 v => Some(v),
             };
             let got = render(&resolve(&parse(value), &node));
-            assert_eq!(got, cols[3], "cvd-vectors.tsv line {}: CVD={:?}", n + 1, cols[2]);
+            assert_eq!(
+                got,
+                cols[3],
+                "cvd-vectors.tsv line {}: CVD={:?}",
+                n + 1,
+                cols[2]
+            );
             cases += 1;
         }
         assert!(cases >= 20, "only {cases} vectors");

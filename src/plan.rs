@@ -75,16 +75,27 @@ impl HostView {
     /// (2 visible, positions 0-1)`.
     pub fn describe(&self) -> String {
         let n = self.devices.len();
-        let pos = if n == 1 { "position 0".to_string() } else { format!("positions 0-{}", n - 1) };
+        let pos = if n == 1 {
+            "position 0".to_string()
+        } else {
+            format!("positions 0-{}", n - 1)
+        };
         match &self.source {
             Source::ParentCvd(raw) => format!("{}='{raw}' ({n} visible, {pos})", cvd::VAR),
-            Source::Driver => format!("the driver ({n} GPU{}, {pos}; {} unset)", if n == 1 { "" } else { "s" }, cvd::VAR),
+            Source::Driver => format!(
+                "the driver ({n} GPU{}, {pos}; {} unset)",
+                if n == 1 { "" } else { "s" },
+                cvd::VAR
+            ),
         }
     }
 }
 
 /// Build the host view from the parent's CVD and the driver's answer (under that CVD).
-pub fn host_view(cvd_raw: Option<&str>, driver: Result<&[DriverGpu], &str>) -> Result<HostView, PlanError> {
+pub fn host_view(
+    cvd_raw: Option<&str>,
+    driver: Result<&[DriverGpu], &str>,
+) -> Result<HostView, PlanError> {
     let var = cvd::VAR;
     let Some(raw) = cvd_raw else {
         let gpus = match driver {
@@ -96,7 +107,9 @@ pub fn host_view(cvd_raw: Option<&str>, driver: Result<&[DriverGpu], &str>) -> R
             }
         };
         if gpus.is_empty() {
-            return err(format!("the driver reports no GPU on this node ({var} is unset): nothing to launch on"));
+            return err(format!(
+                "the driver reports no GPU on this node ({var} is unset): nothing to launch on"
+            ));
         }
         let devices = gpus
             .iter()
@@ -107,7 +120,10 @@ pub fn host_view(cvd_raw: Option<&str>, driver: Result<&[DriverGpu], &str>) -> R
                 bus_id: Some(g.bus_id.clone()),
             })
             .collect();
-        return Ok(HostView { source: Source::Driver, devices });
+        return Ok(HostView {
+            source: Source::Driver,
+            devices,
+        });
     };
     let items: Vec<&str> = raw.split(',').collect();
     let entries = match cvd::parse(Some(raw)) {
@@ -129,7 +145,11 @@ pub fn host_view(cvd_raw: Option<&str>, driver: Result<&[DriverGpu], &str>) -> R
     }
     let mut devices: Vec<Device> = entries
         .into_iter()
-        .map(|entry| Device { entry, uuid: None, bus_id: None })
+        .map(|entry| Device {
+            entry,
+            uuid: None,
+            bus_id: None,
+        })
         .collect();
     if let Ok(gpus) = driver {
         if gpus.len() < devices.len() {
@@ -144,7 +164,10 @@ pub fn host_view(cvd_raw: Option<&str>, driver: Result<&[DriverGpu], &str>) -> R
             d.bus_id = Some(g.bus_id.clone());
         }
     }
-    Ok(HostView { source: Source::ParentCvd(raw.to_string()), devices })
+    Ok(HostView {
+        source: Source::ParentCvd(raw.to_string()),
+        devices,
+    })
 }
 
 /// `--nproc-per-node`.
@@ -177,12 +200,19 @@ pub fn parse_cpu_ids(text: &str) -> Result<CpuRequest, PlanError> {
     if t == "auto" {
         return Ok(CpuRequest::Auto);
     }
-    let parts: Vec<&str> = if t.contains('/') { t.split('/').collect() } else { t.split(',').collect() };
+    let parts: Vec<&str> = if t.contains('/') {
+        t.split('/').collect()
+    } else {
+        t.split(',').collect()
+    };
     let mut blocks = Vec::new();
     for (i, p) in parts.iter().enumerate() {
-        let set = CpuSet::parse(p).map_err(|e| PlanError(format!("--cpu-ids '{text}': block {i}: {e}")))?;
+        let set = CpuSet::parse(p)
+            .map_err(|e| PlanError(format!("--cpu-ids '{text}': block {i}: {e}")))?;
         if set.is_empty() {
-            return err(format!("--cpu-ids '{text}': block {i} is empty; give one non-empty block per rank"));
+            return err(format!(
+                "--cpu-ids '{text}': block {i} is empty; give one non-empty block per rank"
+            ));
         }
         blocks.push(set);
     }
@@ -202,7 +232,11 @@ pub fn parse_devices(text: &str) -> Result<Vec<u32>, PlanError> {
         let item = item.trim();
         let num = |s: &str| -> Option<u32> {
             let s = s.trim();
-            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) { None } else { s.parse().ok() }
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                None
+            } else {
+                s.parse().ok()
+            }
         };
         match item.split_once('-') {
             Some((a, b)) => match (num(a), num(b)) {
@@ -276,8 +310,12 @@ pub struct Plan {
 }
 
 /// Plan this node's ranks. `topology` is only consulted for NUMA nodes and `--cpu-ids auto`.
-pub fn plan(req: &Request, host: &HostView, affinity: &CpuSet, topology: Result<&Topology, &str>)
-    -> Result<Plan, PlanError> {
+pub fn plan(
+    req: &Request,
+    host: &HostView,
+    affinity: &CpuSet,
+    topology: Result<&Topology, &str>,
+) -> Result<Plan, PlanError> {
     let visible = host.devices.len() as u32;
     let hdesc = host.describe();
     let single_external = matches!(host.source, Source::ParentCvd(_)) && visible == 1;
@@ -286,8 +324,12 @@ pub fn plan(req: &Request, host: &HostView, affinity: &CpuSet, topology: Result<
         return err("--nnodes 0: a job needs at least one node");
     }
     if req.node_rank >= req.nnodes {
-        return err(format!("--node-rank {} is outside --nnodes {} (node ranks are 0-{})",
-                           req.node_rank, req.nnodes, req.nnodes - 1));
+        return err(format!(
+            "--node-rank {} is outside --nnodes {} (node ranks are 0-{})",
+            req.node_rank,
+            req.nnodes,
+            req.nnodes - 1
+        ));
     }
 
     // R5: device precedence. An external single-entry CVD is authoritative for one rank.
@@ -325,13 +367,20 @@ pub fn plan(req: &Request, host: &HostView, affinity: &CpuSet, topology: Result<
         Nproc::Unspecified => match &req.devices {
             Some((_, p)) => p.len() as u32,
             None if single_external => 1,
-            None => return err(format!(
-                "give --nproc-per-node N (or 'gpu' for one rank per visible GPU); {hdesc}")),
+            None => {
+                return err(format!(
+                    "give --nproc-per-node N (or 'gpu' for one rank per visible GPU); {hdesc}"
+                ))
+            }
         },
     };
     if let Some((text, positions)) = &req.devices {
         if nproc as usize != positions.len() {
-            let what = if nproc as usize > positions.len() { "asks for more ranks than" } else { "does not match" };
+            let what = if nproc as usize > positions.len() {
+                "asks for more ranks than"
+            } else {
+                "does not match"
+            };
             return err(format!(
                 "--nproc-per-node {nproc} {what} --devices '{text}' ({} device{}, from {hdesc}): list exactly one \
                  device per rank", positions.len(), if positions.len() == 1 { "" } else { "s" }));
@@ -342,7 +391,9 @@ pub fn plan(req: &Request, host: &HostView, affinity: &CpuSet, topology: Result<
         } else {
             "launch fewer ranks or make more GPUs visible".to_string()
         };
-        return err(format!("--nproc-per-node {nproc} asks for more ranks than devices: {hdesc}; {hint}"));
+        return err(format!(
+            "--nproc-per-node {nproc} asks for more ranks than devices: {hdesc}; {hint}"
+        ));
     }
 
     let topo = topology.ok();
@@ -350,7 +401,9 @@ pub fn plan(req: &Request, host: &HostView, affinity: &CpuSet, topology: Result<
         .map(|local| {
             let position = pool[local as usize];
             let device = host.devices[position as usize].clone();
-            let numa_node = topo.and_then(|t| gpu_info(t, &device)).and_then(|g| g.numa_node);
+            let numa_node = topo
+                .and_then(|t| gpu_info(t, &device))
+                .and_then(|g| g.numa_node);
             RankPlan {
                 rank: req.node_rank * nproc + local,
                 local_rank: local,
@@ -377,15 +430,25 @@ pub fn plan(req: &Request, host: &HostView, affinity: &CpuSet, topology: Result<
 }
 
 fn gpu_info<'t>(t: &'t Topology, d: &Device) -> Option<&'t crate::topology::GpuInfo> {
-    d.bus_id.as_deref().and_then(|b| t.by_bus_id(b)).or_else(|| d.uuid.as_deref().and_then(|u| t.by_uuid(u)))
+    d.bus_id
+        .as_deref()
+        .and_then(|b| t.by_bus_id(b))
+        .or_else(|| d.uuid.as_deref().and_then(|u| t.by_uuid(u)))
 }
 
 /// R6: fill in each rank's CPU block.
-fn assign_cpus(req: &CpuRequest, ranks: &mut [RankPlan], affinity: &CpuSet, topology: Result<&Topology, &str>)
-    -> Result<(CpuPolicy, String), PlanError> {
+fn assign_cpus(
+    req: &CpuRequest,
+    ranks: &mut [RankPlan],
+    affinity: &CpuSet,
+    topology: Result<&Topology, &str>,
+) -> Result<(CpuPolicy, String), PlanError> {
     let n = ranks.len();
     match req {
-        CpuRequest::Inherit => Ok((CpuPolicy::Inherit, format!("ranks inherit the launcher's affinity ({affinity})"))),
+        CpuRequest::Inherit => Ok((
+            CpuPolicy::Inherit,
+            format!("ranks inherit the launcher's affinity ({affinity})"),
+        )),
         CpuRequest::Explicit(blocks) => {
             if blocks.len() != n {
                 return err(format!(
@@ -411,7 +474,10 @@ fn assign_cpus(req: &CpuRequest, ranks: &mut [RankPlan], affinity: &CpuSet, topo
             for (r, b) in ranks.iter_mut().zip(blocks) {
                 r.cpus = Some(b.clone());
             }
-            Ok((CpuPolicy::Explicit, "explicit blocks from --cpu-ids".to_string()))
+            Ok((
+                CpuPolicy::Explicit,
+                "explicit blocks from --cpu-ids".to_string(),
+            ))
         }
         CpuRequest::Auto => {
             if affinity.len() < n {
@@ -451,24 +517,41 @@ fn assign_cpus(req: &CpuRequest, ranks: &mut [RankPlan], affinity: &CpuSet, topo
 }
 
 /// NUMA-local equal blocks, or the reason they cannot be made.
-fn numa_blocks(ranks: &[RankPlan], affinity: &CpuSet, topology: Result<&Topology, &str>)
-    -> Result<(Vec<CpuSet>, usize), String> {
+fn numa_blocks(
+    ranks: &[RankPlan],
+    affinity: &CpuSet,
+    topology: Result<&Topology, &str>,
+) -> Result<(Vec<CpuSet>, usize), String> {
     let topo = topology.map_err(|e| format!("topology not readable ({e})"))?;
     // Each rank's locality set; ranks sharing a set form a group.
     let mut locals: Vec<CpuSet> = Vec::with_capacity(ranks.len());
     for r in ranks {
         let d = &r.device;
-        let name = d.bus_id.clone().or_else(|| d.uuid.clone()).unwrap_or_else(|| d.entry.text());
+        let name = d
+            .bus_id
+            .clone()
+            .or_else(|| d.uuid.clone())
+            .unwrap_or_else(|| d.entry.text());
         if d.bus_id.is_none() && d.uuid.is_none() {
-            return Err(format!("the driver could not be asked which GPU '{}' is", d.entry));
+            return Err(format!(
+                "the driver could not be asked which GPU '{}' is",
+                d.entry
+            ));
         }
-        let g = gpu_info(topo, d).ok_or_else(|| format!("no /proc/driver/nvidia/gpus entry for GPU {name}"))?;
-        let l = topo.local_cpus(g).ok_or_else(|| format!("no NUMA node or local_cpulist for GPU {name}"))?;
+        let g = gpu_info(topo, d)
+            .ok_or_else(|| format!("no /proc/driver/nvidia/gpus entry for GPU {name}"))?;
+        let l = topo
+            .local_cpus(g)
+            .ok_or_else(|| format!("no NUMA node or local_cpulist for GPU {name}"))?;
         locals.push(l);
     }
     let mut groups: BTreeMap<String, (CpuSet, Vec<usize>)> = BTreeMap::new();
     for (i, l) in locals.iter().enumerate() {
-        groups.entry(l.to_string()).or_insert_with(|| (l.clone(), vec![])).1.push(i);
+        groups
+            .entry(l.to_string())
+            .or_insert_with(|| (l.clone(), vec![]))
+            .1
+            .push(i);
     }
     let sets: Vec<&CpuSet> = groups.values().map(|(s, _)| s).collect();
     for (i, a) in sets.iter().enumerate() {
@@ -511,7 +594,12 @@ mod tests {
         format!("0000:{:02x}:00.0", 0x18 + 0x10 * i)
     }
     fn driver(n: u32) -> Vec<DriverGpu> {
-        (0..n).map(|i| DriverGpu { uuid: uuid(i), bus_id: bus(i) }).collect()
+        (0..n)
+            .map(|i| DriverGpu {
+                uuid: uuid(i),
+                bus_id: bus(i),
+            })
+            .collect()
     }
     /// The fake node: `gpus` GPUs, `k` NUMA nodes, GPU i on node i*k/gpus, CPUs split evenly.
     fn topo(gpus: u32, k: u32, cpus: &str) -> Topology {
@@ -519,17 +607,35 @@ mod tests {
         let per = all.len() / k as usize;
         let mut t = Topology::default();
         for n in 0..k {
-            t.nodes.insert(n, all[n as usize * per..(n as usize + 1) * per].iter().copied().collect());
+            t.nodes.insert(
+                n,
+                all[n as usize * per..(n as usize + 1) * per]
+                    .iter()
+                    .copied()
+                    .collect(),
+            );
         }
         for i in 0..gpus {
             let node = i * k / gpus;
-            t.gpus.push(GpuInfo { bus_id: bus(i), uuid: Some(uuid(i)), model: None, minor: Some(i),
-                                  numa_node: Some(node), local_cpulist: t.nodes.get(&node).cloned() });
+            t.gpus.push(GpuInfo {
+                bus_id: bus(i),
+                uuid: Some(uuid(i)),
+                model: None,
+                minor: Some(i),
+                numa_node: Some(node),
+                local_cpulist: t.nodes.get(&node).cloned(),
+            });
         }
         t
     }
     fn req(nproc: Nproc, devices: Option<&str>, cpus: CpuRequest) -> Request {
-        Request { nproc, devices: devices.map(|d| (d.to_string(), parse_devices(d).unwrap())), cpus, nnodes: 1, node_rank: 0 }
+        Request {
+            nproc,
+            devices: devices.map(|d| (d.to_string(), parse_devices(d).unwrap())),
+            cpus,
+            nnodes: 1,
+            node_rank: 0,
+        }
     }
     fn all() -> CpuSet {
         CpuSet::parse("0-15").unwrap()
@@ -545,7 +651,13 @@ mod tests {
     fn driver_list_gives_integer_entries_with_identities() {
         let d = driver(8);
         let h = host_view(None, Ok(&d)).unwrap();
-        let p = plan(&req(Nproc::Count(4), None, CpuRequest::Inherit), &h, &all(), Err("none")).unwrap();
+        let p = plan(
+            &req(Nproc::Count(4), None, CpuRequest::Inherit),
+            &h,
+            &all(),
+            Err("none"),
+        )
+        .unwrap();
         assert_eq!(entries(&p), ["0", "1", "2", "3"]);
         assert_eq!(p.ranks[3].device.uuid.as_deref(), Some(uuid(3).as_str()));
         assert_eq!(p.world_size, 4);
@@ -556,19 +668,44 @@ mod tests {
     fn devices_select_positions_in_the_parent_list() {
         let d = driver(4);
         let h = host_view(Some("GPU-13,GPU-15,GPU-11,GPU-10"), Ok(&d)).unwrap();
-        let p = plan(&req(Nproc::Unspecified, Some("1,2"), CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
+        let p = plan(
+            &req(Nproc::Unspecified, Some("1,2"), CpuRequest::Inherit),
+            &h,
+            &all(),
+            Err("x"),
+        )
+        .unwrap();
         assert_eq!(entries(&p), ["GPU-15", "GPU-11"]);
         assert_eq!(p.ranks[1].position, 2);
-        let p = plan(&req(Nproc::Count(3), Some("0-2"), CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
+        let p = plan(
+            &req(Nproc::Count(3), Some("0-2"), CpuRequest::Inherit),
+            &h,
+            &all(),
+            Err("x"),
+        )
+        .unwrap();
         assert_eq!(entries(&p), ["GPU-13", "GPU-15", "GPU-11"]);
     }
 
     #[test]
     fn uuid_and_mig_entries_stay_verbatim() {
         // UUID entries are matched verbatim (no space stripping: src/cvd.rs, pytorch#92315).
-        let h = host_view(Some("MIG-1000a11c-0000-4000-8000-000000000000,MIG-1001a11c"), Err("no driver")).unwrap();
-        let p = plan(&req(Nproc::PerDevice, None, CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
-        assert_eq!(entries(&p), ["MIG-1000a11c-0000-4000-8000-000000000000", "MIG-1001a11c"]);
+        let h = host_view(
+            Some("MIG-1000a11c-0000-4000-8000-000000000000,MIG-1001a11c"),
+            Err("no driver"),
+        )
+        .unwrap();
+        let p = plan(
+            &req(Nproc::PerDevice, None, CpuRequest::Inherit),
+            &h,
+            &all(),
+            Err("x"),
+        )
+        .unwrap();
+        assert_eq!(
+            entries(&p),
+            ["MIG-1000a11c-0000-4000-8000-000000000000", "MIG-1001a11c"]
+        );
     }
 
     #[test]
@@ -579,7 +716,10 @@ mod tests {
         r.nnodes = 3;
         r.node_rank = 2;
         let p = plan(&r, &h, &all(), Err("x")).unwrap();
-        assert_eq!(p.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [8, 9, 10, 11]);
+        assert_eq!(
+            p.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            [8, 9, 10, 11]
+        );
         assert_eq!(p.world_size, 12);
         r.node_rank = 3;
         assert!(plan_err(&r, &h).contains("--node-rank 3"));
@@ -590,13 +730,31 @@ mod tests {
         let d = driver(1);
         let h = host_view(Some("GPU-13"), Ok(&d)).unwrap();
         let e = plan_err(&req(Nproc::Count(1), Some("1"), CpuRequest::Inherit), &h);
-        assert!(e.contains("--devices '1'") && e.contains("CUDA_VISIBLE_DEVICES='GPU-13'"), "{e}");
+        assert!(
+            e.contains("--devices '1'") && e.contains("CUDA_VISIBLE_DEVICES='GPU-13'"),
+            "{e}"
+        );
         let e = plan_err(&req(Nproc::Count(2), None, CpuRequest::Inherit), &h);
-        assert!(e.contains("--nproc-per-node 2") && e.contains("CUDA_VISIBLE_DEVICES='GPU-13'"), "{e}");
-        let p = plan(&req(Nproc::Unspecified, None, CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
+        assert!(
+            e.contains("--nproc-per-node 2") && e.contains("CUDA_VISIBLE_DEVICES='GPU-13'"),
+            "{e}"
+        );
+        let p = plan(
+            &req(Nproc::Unspecified, None, CpuRequest::Inherit),
+            &h,
+            &all(),
+            Err("x"),
+        )
+        .unwrap();
         assert_eq!(entries(&p), ["GPU-13"]);
         // Position 0 of a single entry is the entry itself: no conflict.
-        let p = plan(&req(Nproc::Count(1), Some("0"), CpuRequest::Inherit), &h, &all(), Err("x")).unwrap();
+        let p = plan(
+            &req(Nproc::Count(1), Some("0"), CpuRequest::Inherit),
+            &h,
+            &all(),
+            Err("x"),
+        )
+        .unwrap();
         assert_eq!(entries(&p), ["GPU-13"]);
     }
 
@@ -604,13 +762,25 @@ mod tests {
     fn conflicts_name_both_sources() {
         let h = host_view(Some("0,1,2"), Err("no driver")).unwrap();
         let e = plan_err(&req(Nproc::Count(1), Some("5"), CpuRequest::Inherit), &h);
-        assert!(e.contains("--devices '5'") && e.contains("CUDA_VISIBLE_DEVICES='0,1,2'"), "{e}");
+        assert!(
+            e.contains("--devices '5'") && e.contains("CUDA_VISIBLE_DEVICES='0,1,2'"),
+            "{e}"
+        );
         let e = plan_err(&req(Nproc::Count(2), Some("1,1"), CpuRequest::Inherit), &h);
-        assert!(e.contains("repeats position 1") && e.contains("CUDA_VISIBLE_DEVICES='0,1,2'"), "{e}");
+        assert!(
+            e.contains("repeats position 1") && e.contains("CUDA_VISIBLE_DEVICES='0,1,2'"),
+            "{e}"
+        );
         let e = plan_err(&req(Nproc::Count(3), Some("0,1"), CpuRequest::Inherit), &h);
-        assert!(e.contains("more ranks than") && e.contains("--devices '0,1'") && e.contains("'0,1,2'"), "{e}");
+        assert!(
+            e.contains("more ranks than") && e.contains("--devices '0,1'") && e.contains("'0,1,2'"),
+            "{e}"
+        );
         let e = plan_err(&req(Nproc::Count(4), None, CpuRequest::Inherit), &h);
-        assert!(e.contains("--nproc-per-node 4") && e.contains("CUDA_VISIBLE_DEVICES='0,1,2'"), "{e}");
+        assert!(
+            e.contains("--nproc-per-node 4") && e.contains("CUDA_VISIBLE_DEVICES='0,1,2'"),
+            "{e}"
+        );
         let d = driver(2);
         let h = host_view(None, Ok(&d)).unwrap();
         let e = plan_err(&req(Nproc::Count(3), None, CpuRequest::Inherit), &h);
@@ -621,15 +791,26 @@ mod tests {
 
     #[test]
     fn malformed_parent_lists_are_refused() {
-        for (v, piece) in [("0,2,-1,1", "first 2 of 4"), ("GPU-12,3", "first 1 of 2"), ("0,1,0", "no GPU visible"),
-                           ("", "no GPU visible"), ("-1", "no GPU visible"), ("0,", "first 1 of 2")] {
+        for (v, piece) in [
+            ("0,2,-1,1", "first 2 of 4"),
+            ("GPU-12,3", "first 1 of 2"),
+            ("0,1,0", "no GPU visible"),
+            ("", "no GPU visible"),
+            ("-1", "no GPU visible"),
+            ("0,", "first 1 of 2"),
+        ] {
             let e = host_view(Some(v), Err("x")).unwrap_err().0;
-            assert!(e.contains(piece) && e.contains(&format!("CUDA_VISIBLE_DEVICES='{v}'")), "{v}: {e}");
+            assert!(
+                e.contains(piece) && e.contains(&format!("CUDA_VISIBLE_DEVICES='{v}'")),
+                "{v}: {e}"
+            );
         }
         let d = driver(2);
         let e = host_view(Some("0,1,5"), Ok(&d)).unwrap_err().0;
         assert!(e.contains("entry '5' is not a device of this node"), "{e}");
-        let e = host_view(None, Err("libcuda.so.1: cannot open")).unwrap_err().0;
+        let e = host_view(None, Err("libcuda.so.1: cannot open"))
+            .unwrap_err()
+            .0;
         assert!(e.contains("libcuda.so.1"), "{e}");
         let e = host_view(None, Ok(&[])).unwrap_err().0;
         assert!(e.contains("no GPU"), "{e}");
@@ -642,11 +823,24 @@ mod tests {
             assert!(parse_devices(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_cpu_ids("auto").unwrap(), CpuRequest::Auto);
-        let CpuRequest::Explicit(b) = parse_cpu_ids("0-7,8-15").unwrap() else { panic!() };
-        assert_eq!(b.iter().map(|s| s.to_string()).collect::<Vec<_>>(), ["0-7", "8-15"]);
-        let CpuRequest::Explicit(b) = parse_cpu_ids("0-3,8-11/4-7,12-15").unwrap() else { panic!() };
-        assert_eq!(b.iter().map(|s| s.to_string()).collect::<Vec<_>>(), ["0-3,8-11", "4-7,12-15"]);
-        assert!(parse_cpu_ids("0-3/").unwrap_err().0.contains("block 1 is empty"));
+        let CpuRequest::Explicit(b) = parse_cpu_ids("0-7,8-15").unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            b.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            ["0-7", "8-15"]
+        );
+        let CpuRequest::Explicit(b) = parse_cpu_ids("0-3,8-11/4-7,12-15").unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            b.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            ["0-3,8-11", "4-7,12-15"]
+        );
+        assert!(parse_cpu_ids("0-3/")
+            .unwrap_err()
+            .0
+            .contains("block 1 is empty"));
         assert!(parse_cpu_ids("x").is_err());
     }
 
@@ -660,11 +854,20 @@ mod tests {
         assert_eq!(p.ranks[1].cpus.as_ref().unwrap().to_string(), "1");
         let r = req(Nproc::Count(2), None, parse_cpu_ids("0,2-3").unwrap());
         let e = plan(&r, &h, &aff, Err("x")).unwrap_err().0;
-        assert!(e.contains("block 1 (2-3) is outside the launcher's own CPU affinity (0-1)"), "{e}");
+        assert!(
+            e.contains("block 1 (2-3) is outside the launcher's own CPU affinity (0-1)"),
+            "{e}"
+        );
         let r = req(Nproc::Count(2), None, parse_cpu_ids("0-1/1").unwrap());
-        assert!(plan(&r, &h, &aff, Err("x")).unwrap_err().0.contains("share CPUs 1"));
+        assert!(plan(&r, &h, &aff, Err("x"))
+            .unwrap_err()
+            .0
+            .contains("share CPUs 1"));
         let r = req(Nproc::Count(2), None, parse_cpu_ids("0").unwrap());
-        assert!(plan(&r, &h, &aff, Err("x")).unwrap_err().0.contains("1 block for 2 ranks"));
+        assert!(plan(&r, &h, &aff, Err("x"))
+            .unwrap_err()
+            .0
+            .contains("1 block for 2 ranks"));
     }
 
     #[test]
@@ -673,19 +876,49 @@ mod tests {
         let h = host_view(None, Ok(&d)).unwrap();
         let t = topo(8, 2, "0-15");
         // 4 ranks on GPUs 0-3, all on node 0 (CPUs 0-7): blocks of 2 from node 0.
-        let p = plan(&req(Nproc::Count(4), None, CpuRequest::Auto), &h, &all(), Ok(&t)).unwrap();
+        let p = plan(
+            &req(Nproc::Count(4), None, CpuRequest::Auto),
+            &h,
+            &all(),
+            Ok(&t),
+        )
+        .unwrap();
         assert_eq!(p.cpu_policy, CpuPolicy::Numa);
-        let blocks: Vec<String> = p.ranks.iter().map(|r| r.cpus.as_ref().unwrap().to_string()).collect();
+        let blocks: Vec<String> = p
+            .ranks
+            .iter()
+            .map(|r| r.cpus.as_ref().unwrap().to_string())
+            .collect();
         assert_eq!(blocks, ["0-1", "2-3", "4-5", "6-7"]);
         // GPUs 0 and 4 sit on different nodes.
-        let p = plan(&req(Nproc::Unspecified, Some("0,4"), CpuRequest::Auto), &h, &all(), Ok(&t)).unwrap();
-        let blocks: Vec<String> = p.ranks.iter().map(|r| r.cpus.as_ref().unwrap().to_string()).collect();
+        let p = plan(
+            &req(Nproc::Unspecified, Some("0,4"), CpuRequest::Auto),
+            &h,
+            &all(),
+            Ok(&t),
+        )
+        .unwrap();
+        let blocks: Vec<String> = p
+            .ranks
+            .iter()
+            .map(|r| r.cpus.as_ref().unwrap().to_string())
+            .collect();
         assert_eq!(blocks, ["0-7", "8-15"]);
         assert_eq!(p.ranks[1].numa_node, Some(1));
         // The launcher's affinity limits the pool.
         let aff = CpuSet::parse("2-5,8-9").unwrap();
-        let p = plan(&req(Nproc::Unspecified, Some("0,1,4"), CpuRequest::Auto), &h, &aff, Ok(&t)).unwrap();
-        let blocks: Vec<String> = p.ranks.iter().map(|r| r.cpus.as_ref().unwrap().to_string()).collect();
+        let p = plan(
+            &req(Nproc::Unspecified, Some("0,1,4"), CpuRequest::Auto),
+            &h,
+            &aff,
+            Ok(&t),
+        )
+        .unwrap();
+        let blocks: Vec<String> = p
+            .ranks
+            .iter()
+            .map(|r| r.cpus.as_ref().unwrap().to_string())
+            .collect();
         assert_eq!(blocks, ["2-3", "4-5", "8-9"]);
     }
 
@@ -695,12 +928,28 @@ mod tests {
         let h = host_view(None, Ok(&d)).unwrap();
         let t = topo(8, 2, "0-1");
         let aff = CpuSet::parse("0-1").unwrap();
-        let p = plan(&req(Nproc::Unspecified, Some("0,4"), CpuRequest::Auto), &h, &aff, Ok(&t)).unwrap();
-        let blocks: Vec<String> = p.ranks.iter().map(|r| r.cpus.as_ref().unwrap().to_string()).collect();
+        let p = plan(
+            &req(Nproc::Unspecified, Some("0,4"), CpuRequest::Auto),
+            &h,
+            &aff,
+            Ok(&t),
+        )
+        .unwrap();
+        let blocks: Vec<String> = p
+            .ranks
+            .iter()
+            .map(|r| r.cpus.as_ref().unwrap().to_string())
+            .collect();
         assert_eq!(blocks, ["0", "1"]);
         assert_eq!(p.cpu_policy, CpuPolicy::Numa);
         // Both ranks on node 0 with one CPU there: cannot be local, falls back and says why.
-        let p = plan(&req(Nproc::Count(2), None, CpuRequest::Auto), &h, &aff, Ok(&t)).unwrap();
+        let p = plan(
+            &req(Nproc::Count(2), None, CpuRequest::Auto),
+            &h,
+            &aff,
+            Ok(&t),
+        )
+        .unwrap();
         assert_eq!(p.cpu_policy, CpuPolicy::Contiguous);
         assert!(p.cpu_note.contains("holds 1 of the CPUs"), "{}", p.cpu_note);
     }
@@ -710,15 +959,40 @@ mod tests {
         let d = driver(4);
         let h = host_view(None, Ok(&d)).unwrap();
         let aff = CpuSet::parse("0-6").unwrap();
-        let p = plan(&req(Nproc::Count(3), None, CpuRequest::Auto), &h, &aff, Ok(&Topology::default())).unwrap();
+        let p = plan(
+            &req(Nproc::Count(3), None, CpuRequest::Auto),
+            &h,
+            &aff,
+            Ok(&Topology::default()),
+        )
+        .unwrap();
         assert_eq!(p.cpu_policy, CpuPolicy::Contiguous);
-        let blocks: Vec<String> = p.ranks.iter().map(|r| r.cpus.as_ref().unwrap().to_string()).collect();
+        let blocks: Vec<String> = p
+            .ranks
+            .iter()
+            .map(|r| r.cpus.as_ref().unwrap().to_string())
+            .collect();
         assert_eq!(blocks, ["0-1", "2-3", "4-5"]);
-        assert!(p.cpu_note.contains("no /proc/driver/nvidia/gpus entry") && p.cpu_note.contains("1 CPUs left"),
-                "{}", p.cpu_note);
-        let p = plan(&req(Nproc::Count(3), None, CpuRequest::Auto), &h, &aff, Err("permission denied")).unwrap();
+        assert!(
+            p.cpu_note.contains("no /proc/driver/nvidia/gpus entry")
+                && p.cpu_note.contains("1 CPUs left"),
+            "{}",
+            p.cpu_note
+        );
+        let p = plan(
+            &req(Nproc::Count(3), None, CpuRequest::Auto),
+            &h,
+            &aff,
+            Err("permission denied"),
+        )
+        .unwrap();
         assert!(p.cpu_note.contains("permission denied"));
-        let e = plan(&req(Nproc::Count(3), None, CpuRequest::Auto), &h, &CpuSet::parse("0-1").unwrap(), Err("x"));
+        let e = plan(
+            &req(Nproc::Count(3), None, CpuRequest::Auto),
+            &h,
+            &CpuSet::parse("0-1").unwrap(),
+            Err("x"),
+        );
         assert!(e.unwrap_err().0.contains("need at least 3 CPUs"));
     }
 
@@ -734,14 +1008,22 @@ mod tests {
                 for aff in [cpus, "0-1", "1-3,9"] {
                     let aff = CpuSet::parse(aff).unwrap();
                     for n in 1..=8 {
-                        let Ok(p) = plan(&req(Nproc::Count(n), None, CpuRequest::Auto), &h, &aff, Ok(&t)) else {
+                        let Ok(p) = plan(
+                            &req(Nproc::Count(n), None, CpuRequest::Auto),
+                            &h,
+                            &aff,
+                            Ok(&t),
+                        ) else {
                             assert!(aff.len() < n as usize);
                             continue;
                         };
                         let mut seen = CpuSet::new();
                         for r in &p.ranks {
                             let b = r.cpus.as_ref().unwrap();
-                            assert!(!b.is_empty() && b.is_subset(&aff) && b.is_disjoint(&seen), "{p:?}");
+                            assert!(
+                                !b.is_empty() && b.is_subset(&aff) && b.is_disjoint(&seen),
+                                "{p:?}"
+                            );
                             seen = seen.union(b);
                         }
                     }

@@ -84,7 +84,9 @@ impl fmt::Display for Detail {
             Detail::Peer { device, peer } => {
                 write!(f, "peer access between device {device} and device {peer}")
             }
-            Detail::PeerUnknown => f.write_str("peer access between contexts whose devices could not be determined"),
+            Detail::PeerUnknown => {
+                f.write_str("peer access between contexts whose devices could not be determined")
+            }
             Detail::Visible { entries, devices } => write!(
                 f,
                 "the process sees {devices} device(s) from {entries} CUDA_VISIBLE_DEVICES entr{}",
@@ -98,7 +100,10 @@ impl fmt::Display for Detail {
                 f.write_str("IPC import of unknown provenance (RANKGUARD_IPC=strict)")
             }
             Detail::ImportedOnOtherDevice { device } => {
-                write!(f, "the imported mapping is on device {device}, not the rank's device 0")
+                write!(
+                    f,
+                    "the imported mapping is on device {device}, not the rank's device 0"
+                )
             }
         }
     }
@@ -254,7 +259,10 @@ pub fn init(f: InitFacts) -> Verdict {
         return Verdict::Violation(Violation {
             rule: Rule::R1,
             code: DenyCode::NotPermitted,
-            detail: Detail::Visible { entries: if f.cvd_set { f.entries } else { 0 }, devices: f.devices },
+            detail: Detail::Visible {
+                entries: if f.cvd_set { f.entries } else { 0 },
+                devices: f.devices,
+            },
         });
     }
     if f.is_rank_gpu == Some(false) {
@@ -306,13 +314,20 @@ mod tests {
     #[test]
     fn peer_operations() {
         assert!(peer(0, 0).is_allow());
-        assert!(matches!(peer(0, 1), Verdict::Violation(v) if v.rule == Rule::R4 && v.code == DenyCode::NotPermitted));
+        assert!(
+            matches!(peer(0, 1), Verdict::Violation(v) if v.rule == Rule::R4 && v.code == DenyCode::NotPermitted)
+        );
         assert!(matches!(peer(1, 1), Verdict::Violation(v) if v.rule == Rule::R2));
         assert!(!peer_unknown().is_allow());
     }
 
     fn facts(cvd_set: bool, entries: usize, devices: i32) -> InitFacts {
-        InitFacts { cvd_set, entries, devices, is_rank_gpu: None }
+        InitFacts {
+            cvd_set,
+            entries,
+            devices,
+            is_rank_gpu: None,
+        }
     }
 
     #[test]

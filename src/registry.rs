@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::IpcPolicy;
-use crate::policy::{self, Detail, DenyCode, Rule, Verdict, Violation};
+use crate::policy::{self, DenyCode, Detail, Rule, Verdict, Violation};
 use crate::rank_root::RootId;
 
 /// Largest record file accepted (a real one is ~300 bytes).
@@ -90,8 +90,16 @@ pub enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 8] =
-        [Kind::Mem, Kind::Event, Kind::VmmFd, Kind::Fabric, Kind::PoolFd, Kind::PoolFabric, Kind::PoolPtr, Kind::Rank];
+    const ALL: [Kind; 8] = [
+        Kind::Mem,
+        Kind::Event,
+        Kind::VmmFd,
+        Kind::Fabric,
+        Kind::PoolFd,
+        Kind::PoolFabric,
+        Kind::PoolPtr,
+        Kind::Rank,
+    ];
 
     fn tag(self) -> &'static str {
         match self {
@@ -149,7 +157,10 @@ impl Key {
 
     /// The rank record of process `pid` (decimal digits are valid key text).
     pub fn rank(pid: u32) -> Key {
-        Key { kind: Kind::Rank, ident: pid.to_string() }
+        Key {
+            kind: Kind::Rank,
+            ident: pid.to_string(),
+        }
     }
 
     /// A file descriptor: its `(st_dev, st_ino)` where that is unique.
@@ -157,7 +168,10 @@ impl Key {
         if !f.regular || f.fs_magic == ANON_INODE_FS_MAGIC {
             return Err(NoKey::NotUnique);
         }
-        Ok(Key { kind, ident: format!("{:x}.{:x}", f.dev, f.ino) })
+        Ok(Key {
+            kind,
+            ident: format!("{:x}.{:x}", f.dev, f.ino),
+        })
     }
 
     pub fn kind(&self) -> Kind {
@@ -181,8 +195,13 @@ impl Key {
         let kind = Kind::ALL.into_iter().find(|k| k.tag() == tag)?;
         let ok = !ident.is_empty()
             && ident.len() <= 128
-            && ident.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase() || b == b'.');
-        ok.then(|| Key { kind, ident: ident.to_string() })
+            && ident
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase() || b == b'.');
+        ok.then(|| Key {
+            kind,
+            ident: ident.to_string(),
+        })
     }
 }
 
@@ -223,14 +242,23 @@ impl Location {
     }
 
     fn parse(s: &str) -> Option<Location> {
-        [Location::Device, Location::Host, Location::HostNuma, Location::HostNumaCurrent, Location::Unknown]
-            .into_iter()
-            .find(|l| l.as_str() == s)
+        [
+            Location::Device,
+            Location::Host,
+            Location::HostNuma,
+            Location::HostNumaCurrent,
+            Location::Unknown,
+        ]
+        .into_iter()
+        .find(|l| l.as_str() == s)
     }
 
     /// Host memory (NCCL's SHM transport): R3 never applies.
     pub fn is_host(self) -> bool {
-        matches!(self, Location::Host | Location::HostNuma | Location::HostNumaCurrent)
+        matches!(
+            self,
+            Location::Host | Location::HostNuma | Location::HostNumaCurrent
+        )
     }
 }
 
@@ -299,7 +327,8 @@ fn valid_token(s: &str) -> bool {
 fn valid_gpu(s: &str) -> bool {
     (s.starts_with("GPU-") || s.starts_with("MIG-"))
         && s.len() <= 96
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
 }
 
 impl Record {
@@ -350,7 +379,9 @@ impl Record {
                 ended = true;
                 break;
             }
-            let (name, value) = line.split_once(' ').ok_or(Corrupt("a line without a value"))?;
+            let (name, value) = line
+                .split_once(' ')
+                .ok_or(Corrupt("a line without a value"))?;
             fn once<T>(slot: &mut Option<T>, v: T) -> Result<(), Corrupt> {
                 if slot.replace(v).is_some() {
                     return Err(Corrupt("a field appears twice"));
@@ -358,7 +389,10 @@ impl Record {
                 Ok(())
             }
             match name {
-                "key" => once(&mut key, Key::parse_file_name(value).ok_or(Corrupt("bad key"))?)?,
+                "key" => once(
+                    &mut key,
+                    Key::parse_file_name(value).ok_or(Corrupt("bad key"))?,
+                )?,
                 "job" => {
                     let v = match value {
                         "-" => None,
@@ -370,7 +404,11 @@ impl Record {
                 "rank" => {
                     let v = match value {
                         "-" => None,
-                        t => Some(parse_dec(t).and_then(|r| u32::try_from(r).ok()).ok_or(Corrupt("bad rank"))?),
+                        t => Some(
+                            parse_dec(t)
+                                .and_then(|r| u32::try_from(r).ok())
+                                .ok_or(Corrupt("bad rank"))?,
+                        ),
                     };
                     once(&mut rank, v)?
                 }
@@ -381,7 +419,10 @@ impl Record {
                         .ok_or(Corrupt("bad pid"))?;
                     once(&mut pid, p)?
                 }
-                "start" => once(&mut start, parse_dec(value).ok_or(Corrupt("bad start time"))?)?,
+                "start" => once(
+                    &mut start,
+                    parse_dec(value).ok_or(Corrupt("bad start time"))?,
+                )?,
                 "gpu" => {
                     let v = match value {
                         "-" => None,
@@ -390,7 +431,10 @@ impl Record {
                     };
                     once(&mut gpu, v)?
                 }
-                "location" => once(&mut location, Location::parse(value).ok_or(Corrupt("bad location"))?)?,
+                "location" => once(
+                    &mut location,
+                    Location::parse(value).ok_or(Corrupt("bad location"))?,
+                )?,
                 "time" => once(&mut time, parse_dec(value).ok_or(Corrupt("bad time"))?)?,
                 "root" => once(&mut root, RootId::parse(value).ok_or(Corrupt("bad root"))?)?,
                 _ => return Err(Corrupt("unknown field")),
@@ -454,7 +498,10 @@ impl Procs for ProcFs {
         let dir = format!("/proc/{pid}");
         let uid = fs::metadata(&dir).ok()?.uid();
         let stat = fs::read_to_string(format!("{dir}/stat")).ok()?;
-        Some(ProcInfo { start: stat_start_time(&stat)?, uid })
+        Some(ProcInfo {
+            start: stat_start_time(&stat)?,
+            uid,
+        })
     }
 }
 
@@ -484,9 +531,13 @@ pub enum DirProblem {
     Symlink,
     NotDirectory,
     /// Owned by another user.
-    Owner { uid: u32 },
+    Owner {
+        uid: u32,
+    },
     /// Group or others have permissions on it.
-    Mode { mode: u32 },
+    Mode {
+        mode: u32,
+    },
     /// It could not be examined or created.
     Io(io::Error),
 }
@@ -499,7 +550,11 @@ impl fmt::Display for DirProblem {
             DirProblem::NotDirectory => f.write_str("is not a directory"),
             DirProblem::Owner { uid } => write!(f, "is owned by uid {uid}, not by this user"),
             DirProblem::Mode { mode } => {
-                write!(f, "has mode {:04o}; group and others must have no access (0700)", mode & 0o7777)
+                write!(
+                    f,
+                    "has mode {:04o}; group and others must have no access (0700)",
+                    mode & 0o7777
+                )
             }
             DirProblem::Io(e) => write!(f, "cannot be used: {e}"),
         }
@@ -541,10 +596,14 @@ pub enum Skip {
     TooLarge,
     Corrupt(Corrupt),
     /// Its exporter has exited (normal: the record is stale).
-    Dead { pid: u32 },
+    Dead {
+        pid: u32,
+    },
     /// Its pid is alive but is not the exporter: a different start time or owner
     /// (pid reused, or a forged record).
-    Forged { pid: u32 },
+    Forged {
+        pid: u32,
+    },
     Io(io::Error),
 }
 
@@ -614,9 +673,17 @@ pub fn default_dir(uid: u32) -> PathBuf {
 pub fn fallback_dir(home: &Path, host: &str) -> PathBuf {
     let host: String = host
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
-    home.join(".cache").join("rankguard").join(format!("registry-{host}"))
+    home.join(".cache")
+        .join("rankguard")
+        .join(format!("registry-{host}"))
 }
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -660,7 +727,10 @@ impl Registry {
         if md.mode() & 0o077 != 0 {
             return Err(DirProblem::Mode { mode: md.mode() });
         }
-        Ok(Registry { dir: dir.to_path_buf(), uid })
+        Ok(Registry {
+            dir: dir.to_path_buf(),
+            uid,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -738,7 +808,9 @@ impl Registry {
     fn alive(&self, rec: &Record, procs: &dyn Procs) -> Result<(), Skip> {
         match procs.info(rec.pid) {
             None => Err(Skip::Dead { pid: rec.pid }),
-            Some(p) if p.start != rec.start || p.uid != self.uid => Err(Skip::Forged { pid: rec.pid }),
+            Some(p) if p.start != rec.start || p.uid != self.uid => {
+                Err(Skip::Forged { pid: rec.pid })
+            }
             Some(_) => Ok(()),
         }
     }
@@ -746,7 +818,11 @@ impl Registry {
     /// Read and parse one record file. `Ok(None)`: no such file. On a bad file, the
     /// `(st_dev, st_ino)` of what was examined, so only that file is removed.
     #[allow(clippy::type_complexity)]
-    fn read(&self, path: &Path, key: &Key) -> Result<Option<(Record, (u64, u64))>, (Skip, Option<(u64, u64)>)> {
+    fn read(
+        &self,
+        path: &Path,
+        key: &Key,
+    ) -> Result<Option<(Record, (u64, u64))>, (Skip, Option<(u64, u64)>)> {
         let lmd = match fs::symlink_metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -783,13 +859,17 @@ impl Registry {
             return Err((Skip::TooLarge, ident));
         }
         let mut buf = Vec::with_capacity(512);
-        if let Err(e) = (&mut f as &mut File).take(MAX_RECORD_BYTES + 1).read_to_end(&mut buf) {
+        if let Err(e) = (&mut f as &mut File)
+            .take(MAX_RECORD_BYTES + 1)
+            .read_to_end(&mut buf)
+        {
             return Err((Skip::Io(e), None));
         }
         if buf.len() as u64 > MAX_RECORD_BYTES {
             return Err((Skip::TooLarge, ident));
         }
-        let text = std::str::from_utf8(&buf).map_err(|_| (Skip::Corrupt(Corrupt("not UTF-8")), ident))?;
+        let text =
+            std::str::from_utf8(&buf).map_err(|_| (Skip::Corrupt(Corrupt("not UTF-8")), ident))?;
         let rec = Record::parse(text, key).map_err(|c| (Skip::Corrupt(c), ident))?;
         Ok(Some((rec, (md.dev(), md.ino()))))
     }
@@ -808,7 +888,9 @@ impl Registry {
     /// temporaries. Returns what it kept and removed.
     pub fn sweep(&self, procs: &dyn Procs) -> Swept {
         let mut out = Swept::default();
-        let Ok(rd) = fs::read_dir(&self.dir) else { return out };
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return out;
+        };
         let now = now_secs();
         for entry in rd.flatten().take(4 * MAX_RECORDS) {
             let name = entry.file_name();
@@ -816,8 +898,16 @@ impl Registry {
             let path = entry.path();
             if let Some(rest) = name.strip_prefix(".tmp.") {
                 // .tmp.<pid>.<seq>.<secs>: a writer between create and rename, unless old.
-                let old = rest.rsplit('.').next().and_then(parse_dec).is_some_and(|t| now.saturating_sub(t) > STALE_TMP_SECS);
-                let pid = rest.split('.').next().and_then(parse_dec).and_then(|p| u32::try_from(p).ok());
+                let old = rest
+                    .rsplit('.')
+                    .next()
+                    .and_then(parse_dec)
+                    .is_some_and(|t| now.saturating_sub(t) > STALE_TMP_SECS);
+                let pid = rest
+                    .split('.')
+                    .next()
+                    .and_then(parse_dec)
+                    .and_then(|p| u32::try_from(p).ok());
                 if old || pid.is_some_and(|p| procs.info(p).is_none()) {
                     let _ = fs::remove_file(&path);
                     out.removed += 1;
@@ -883,7 +973,11 @@ impl Decision {
             Decision::UnknownStrict => Detail::UnknownExporter,
             _ => return Verdict::Allow,
         };
-        Verdict::Violation(Violation { rule: Rule::R3, code: DenyCode::NotPermitted, detail })
+        Verdict::Violation(Violation {
+            rule: Rule::R3,
+            code: DenyCode::NotPermitted,
+            detail,
+        })
     }
 
     /// Whether the mapping should still be verified after the import (where the driver can
@@ -933,7 +1027,12 @@ pub fn same_gpu(a: &str, b: &str) -> bool {
 ///   programs started separately or two Ray actors); anything else cannot establish "same
 ///   rank": unknown;
 /// - a GPU missing on either side: unknown.
-pub fn decide(me: &Importer<'_>, exporter: Option<&Record>, location: Option<Location>, ipc: IpcPolicy) -> Decision {
+pub fn decide(
+    me: &Importer<'_>,
+    exporter: Option<&Record>,
+    location: Option<Location>,
+    ipc: IpcPolicy,
+) -> Decision {
     if location.is_some_and(Location::is_host) || exporter.is_some_and(|r| r.location.is_host()) {
         return Decision::HostMemory;
     }
@@ -1034,20 +1133,44 @@ mod tests {
         let k = mem_key(0xab);
         assert_eq!(k.file_name().len(), 4 + 128);
         assert_eq!(Key::parse_file_name(&k.file_name()), Some(k.clone()));
-        let f = Key::from_file(Kind::VmmFd, FileIdent { dev: 0x2a, ino: 99, regular: true, fs_magic: 0x0102_1994 }).unwrap();
+        let f = Key::from_file(
+            Kind::VmmFd,
+            FileIdent {
+                dev: 0x2a,
+                ino: 99,
+                regular: true,
+                fs_magic: 0x0102_1994,
+            },
+        )
+        .unwrap();
         assert_eq!(f.file_name(), "vmmfd-2a.63");
         assert_eq!(Key::parse_file_name("vmmfd-2a.63"), Some(f));
-        for bad in ["", "mem", "mem-", "mem-XYZ", "nope-00", "mem-../x", "mem-AB"] {
+        for bad in [
+            "", "mem", "mem-", "mem-XYZ", "nope-00", "mem-../x", "mem-AB",
+        ] {
             assert_eq!(Key::parse_file_name(bad), None, "{bad}");
         }
-        assert_eq!(Key::parse_file_name(&format!("mem-{}", "0".repeat(129))), None);
+        assert_eq!(
+            Key::parse_file_name(&format!("mem-{}", "0".repeat(129))),
+            None
+        );
     }
 
     #[test]
     fn only_unique_file_identities_are_keys() {
-        let anon = FileIdent { dev: 14, ino: 1, regular: true, fs_magic: ANON_INODE_FS_MAGIC };
+        let anon = FileIdent {
+            dev: 14,
+            ino: 1,
+            regular: true,
+            fs_magic: ANON_INODE_FS_MAGIC,
+        };
         assert_eq!(Key::from_file(Kind::VmmFd, anon), Err(NoKey::NotUnique));
-        let chr = FileIdent { dev: 5, ino: 7, regular: false, fs_magic: 0x1021994 };
+        let chr = FileIdent {
+            dev: 5,
+            ino: 7,
+            regular: false,
+            fs_magic: 0x1021994,
+        };
         assert_eq!(Key::from_file(Kind::VmmFd, chr), Err(NoKey::NotUnique));
     }
 
@@ -1081,7 +1204,13 @@ mod tests {
             let bad = text.replacen(from, to, 1);
             assert!(Record::parse(&bad, &k).is_err(), "{from} -> {to}");
         }
-        let none = Record { job: None, rank: None, gpu: None, location: Location::Host, ..r };
+        let none = Record {
+            job: None,
+            rank: None,
+            gpu: None,
+            location: Location::Host,
+            ..r
+        };
         assert_eq!(Record::parse(&none.render(), &k), Ok(none));
     }
 
@@ -1099,7 +1228,8 @@ mod tests {
 
     #[test]
     fn stat_start_time_survives_odd_command_names() {
-        let stat = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        let stat =
+            "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
         assert_eq!(stat_start_time(stat), Some(98765));
         assert_eq!(stat_start_time("garbage"), None);
         assert!(own_start_time().is_some());
@@ -1110,8 +1240,14 @@ mod tests {
     #[test]
     fn the_fallback_is_private_and_per_host() {
         let f = fallback_dir(Path::new("/home/ann"), "node7.cluster/x y");
-        assert_eq!(f, PathBuf::from("/home/ann/.cache/rankguard/registry-node7.cluster_x_y"));
-        assert_ne!(fallback_dir(Path::new("/h"), "a"), fallback_dir(Path::new("/h"), "b"));
+        assert_eq!(
+            f,
+            PathBuf::from("/home/ann/.cache/rankguard/registry-node7.cluster_x_y")
+        );
+        assert_ne!(
+            fallback_dir(Path::new("/h"), "a"),
+            fallback_dir(Path::new("/h"), "b")
+        );
     }
 
     #[test]
@@ -1119,24 +1255,42 @@ mod tests {
         let t = TempDir::new("dir");
         let u = uid();
         assert!(Registry::open(&t.0, u, false).is_ok());
-        assert!(matches!(Registry::open(Path::new("rel/dir"), u, true), Err(DirProblem::NotAbsolute)));
-        assert!(matches!(Registry::open(&t.0, u + 1, false), Err(DirProblem::Owner { .. })));
+        assert!(matches!(
+            Registry::open(Path::new("rel/dir"), u, true),
+            Err(DirProblem::NotAbsolute)
+        ));
+        assert!(matches!(
+            Registry::open(&t.0, u + 1, false),
+            Err(DirProblem::Owner { .. })
+        ));
         fs::set_permissions(&t.0, fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(matches!(Registry::open(&t.0, u, false), Err(DirProblem::Mode { .. })));
+        assert!(matches!(
+            Registry::open(&t.0, u, false),
+            Err(DirProblem::Mode { .. })
+        ));
         fs::set_permissions(&t.0, fs::Permissions::from_mode(0o700)).unwrap();
         let link = t.0.with_extension("link");
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink(&t.0, &link).unwrap();
-        assert!(matches!(Registry::open(&link, u, true), Err(DirProblem::Symlink)));
+        assert!(matches!(
+            Registry::open(&link, u, true),
+            Err(DirProblem::Symlink)
+        ));
         let _ = fs::remove_file(&link);
         let file = t.0.join("f");
         fs::write(&file, "x").unwrap();
-        assert!(matches!(Registry::open(&file, u, true), Err(DirProblem::NotDirectory)));
+        assert!(matches!(
+            Registry::open(&file, u, true),
+            Err(DirProblem::NotDirectory)
+        ));
         // creation: mode 0700
         let sub = t.0.join("new");
         let r = Registry::open(&sub, u, true).unwrap();
         assert_eq!(fs::metadata(r.dir()).unwrap().mode() & 0o777, 0o700);
-        assert!(matches!(Registry::open(&t.0.join("missing"), u, false), Err(DirProblem::Io(_))));
+        assert!(matches!(
+            Registry::open(&t.0.join("missing"), u, false),
+            Err(DirProblem::Io(_))
+        ));
     }
 
     #[test]
@@ -1148,7 +1302,10 @@ mod tests {
         let k = mem_key(7);
         let r = rec(k.clone(), Some(0), Some(G0));
         reg.write(&r, &procs).unwrap();
-        assert_eq!(fs::metadata(t.0.join(k.file_name())).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(t.0.join(k.file_name())).unwrap().mode() & 0o777,
+            0o600
+        );
         match reg.lookup(&k, &procs) {
             Lookup::Found(got) => assert_eq!(got, r),
             other => panic!("{other:?}"),
@@ -1159,11 +1316,20 @@ mod tests {
 
         // a pid reused by another process (other start time), or of another user: forged
         let reused = FakeProcs::with(4242, 778, u);
-        assert!(matches!(reg.lookup(&k, &reused), Lookup::Skipped(Skip::Forged { pid: 4242 })));
-        assert!(matches!(reg.lookup(&k, &procs), Lookup::Missing), "the forged record was removed");
+        assert!(matches!(
+            reg.lookup(&k, &reused),
+            Lookup::Skipped(Skip::Forged { pid: 4242 })
+        ));
+        assert!(
+            matches!(reg.lookup(&k, &procs), Lookup::Missing),
+            "the forged record was removed"
+        );
         reg.write(&r, &procs).unwrap();
         let other_user = FakeProcs::with(4242, 777, u + 1);
-        assert!(matches!(reg.lookup(&k, &other_user), Lookup::Skipped(Skip::Forged { .. })));
+        assert!(matches!(
+            reg.lookup(&k, &other_user),
+            Lookup::Skipped(Skip::Forged { .. })
+        ));
         // a dead exporter: skipped quietly and removed
         reg.write(&r, &procs).unwrap();
         let s = reg.lookup(&k, &FakeProcs::default());
@@ -1181,29 +1347,47 @@ mod tests {
         let path = t.0.join(k.file_name());
         // garbage
         fs::write(&path, b"\x00\xff garbage").unwrap();
-        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Corrupt(_))));
+        assert!(matches!(
+            reg.lookup(&k, &procs),
+            Lookup::Skipped(Skip::Corrupt(_))
+        ));
         // truncated
         let text = rec(k.clone(), Some(0), Some(G0)).render();
         fs::write(&path, &text[..text.len() / 2]).unwrap();
-        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Corrupt(_))));
+        assert!(matches!(
+            reg.lookup(&k, &procs),
+            Lookup::Skipped(Skip::Corrupt(_))
+        ));
         // too large
         fs::write(&path, "x".repeat(MAX_RECORD_BYTES as usize + 1)).unwrap();
-        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::TooLarge)));
+        assert!(matches!(
+            reg.lookup(&k, &procs),
+            Lookup::Skipped(Skip::TooLarge)
+        ));
         // writable by others
         fs::write(&path, &text).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Permissions)));
+        assert!(matches!(
+            reg.lookup(&k, &procs),
+            Lookup::Skipped(Skip::Permissions)
+        ));
         // a symlink to a good record elsewhere
         let elsewhere = t.0.with_extension("target");
         fs::write(&elsewhere, &text).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
-        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::Symlink)));
+        assert!(matches!(
+            reg.lookup(&k, &procs),
+            Lookup::Skipped(Skip::Symlink)
+        ));
         assert!(elsewhere.exists(), "the link's target is never touched");
         let _ = fs::remove_file(&elsewhere);
         // a directory
         let _ = fs::remove_file(&path);
         fs::create_dir(&path).unwrap();
-        assert!(matches!(reg.lookup(&k, &procs), Lookup::Skipped(Skip::NotRegular)));
+        assert!(matches!(
+            reg.lookup(&k, &procs),
+            Lookup::Skipped(Skip::NotRegular)
+        ));
     }
 
     #[test]
@@ -1222,7 +1406,13 @@ mod tests {
         fs::write(t.0.join(".tmp.5999.0.1"), "half").unwrap();
         fs::write(t.0.join("README"), "a user's file").unwrap();
         let s = reg.sweep(&procs);
-        assert_eq!(s, Swept { kept: 4, removed: 3 });
+        assert_eq!(
+            s,
+            Swept {
+                kept: 4,
+                removed: 3
+            }
+        );
         assert!(t.0.join("README").exists());
     }
 
@@ -1277,7 +1467,12 @@ mod tests {
     }
 
     fn me<'a>(rank: Option<u32>, gpu: Option<&'a str>, job: Option<&'a str>) -> Importer<'a> {
-        Importer { job, rank, gpu, root: None }
+        Importer {
+            job,
+            rank,
+            gpu,
+            root: None,
+        }
     }
 
     #[test]
@@ -1289,25 +1484,71 @@ mod tests {
         let s = IpcPolicy::Strict;
         let r0g0 = rec(mem_key(1), Some(0), Some(G0));
         // same rank: the GPU decides
-        assert_eq!(decide(&me(Some(0), Some(G1), j), Some(&r0g0), None, d), CrossDevice);
-        assert_eq!(decide(&me(Some(0), Some(G0), j), Some(&r0g0), None, d), SameGpu);
-        assert_eq!(decide(&me(Some(0), Some("gpu-10C0FFEE-0000-4000-8000-000000000000"), j), Some(&r0g0), None, s), SameGpu);
+        assert_eq!(
+            decide(&me(Some(0), Some(G1), j), Some(&r0g0), None, d),
+            CrossDevice
+        );
+        assert_eq!(
+            decide(&me(Some(0), Some(G0), j), Some(&r0g0), None, d),
+            SameGpu
+        );
+        assert_eq!(
+            decide(
+                &me(Some(0), Some("gpu-10C0FFEE-0000-4000-8000-000000000000"), j),
+                Some(&r0g0),
+                None,
+                s
+            ),
+            SameGpu
+        );
         // another rank, another job
-        assert_eq!(decide(&me(Some(1), Some(G1), j), Some(&r0g0), None, s), OtherRank);
-        assert_eq!(decide(&me(Some(0), Some(G1), Some("other")), Some(&r0g0), None, s), OtherJob);
-        assert_eq!(decide(&me(Some(0), Some(G1), None), Some(&r0g0), None, s), OtherJob);
+        assert_eq!(
+            decide(&me(Some(1), Some(G1), j), Some(&r0g0), None, s),
+            OtherRank
+        );
+        assert_eq!(
+            decide(&me(Some(0), Some(G1), Some("other")), Some(&r0g0), None, s),
+            OtherJob
+        );
+        assert_eq!(
+            decide(&me(Some(0), Some(G1), None), Some(&r0g0), None, s),
+            OtherJob
+        );
         // host memory, by record or by the driver
-        let host = Record { location: Location::Host, gpu: None, ..r0g0.clone() };
-        assert_eq!(decide(&me(Some(0), Some(G1), j), Some(&host), None, s), HostMemory);
-        assert_eq!(decide(&me(Some(0), Some(G1), j), None, Some(Location::HostNuma), s), HostMemory);
+        let host = Record {
+            location: Location::Host,
+            gpu: None,
+            ..r0g0.clone()
+        };
+        assert_eq!(
+            decide(&me(Some(0), Some(G1), j), Some(&host), None, s),
+            HostMemory
+        );
+        assert_eq!(
+            decide(&me(Some(0), Some(G1), j), None, Some(Location::HostNuma), s),
+            HostMemory
+        );
         // unknown: no record, no rank, no GPU
         assert_eq!(decide(&me(Some(0), Some(G1), j), None, None, d), Unknown);
-        assert_eq!(decide(&me(Some(0), Some(G1), j), None, Some(Location::Device), s), UnknownStrict);
-        assert_eq!(decide(&me(None, Some(G1), j), Some(&r0g0), None, d), Unknown);
-        assert_eq!(decide(&me(Some(0), None, j), Some(&r0g0), None, s), UnknownStrict);
+        assert_eq!(
+            decide(&me(Some(0), Some(G1), j), None, Some(Location::Device), s),
+            UnknownStrict
+        );
+        assert_eq!(
+            decide(&me(None, Some(G1), j), Some(&r0g0), None, d),
+            Unknown
+        );
+        assert_eq!(
+            decide(&me(Some(0), None, j), Some(&r0g0), None, s),
+            UnknownStrict
+        );
         // verdicts
-        assert!(matches!(CrossDevice.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::CrossDeviceIpc && v.code == DenyCode::NotPermitted));
-        assert!(matches!(UnknownStrict.verdict(), Verdict::Violation(v) if v.detail == Detail::UnknownExporter));
+        assert!(
+            matches!(CrossDevice.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::CrossDeviceIpc && v.code == DenyCode::NotPermitted)
+        );
+        assert!(
+            matches!(UnknownStrict.verdict(), Verdict::Violation(v) if v.detail == Detail::UnknownExporter)
+        );
         for a in [SameGpu, OtherRank, OtherJob, HostMemory, Unknown] {
             assert!(a.verdict().is_allow());
         }
@@ -1317,27 +1558,73 @@ mod tests {
     #[test]
     fn r3_compares_rank_roots_when_no_side_has_a_rank() {
         use Decision::*;
-        let (a, b) = (RootId { pid: 10, start: 100 }, RootId { pid: 11, start: 100 });
-        let reused = RootId { pid: 10, start: 555 };
-        let x = Record { job: None, rank: None, root: Some(a), ..rec(mem_key(1), None, Some(G0)) };
-        let me_root = |root, gpu| Importer { job: None, rank: None, gpu: Some(gpu), root };
+        let (a, b) = (
+            RootId {
+                pid: 10,
+                start: 100,
+            },
+            RootId {
+                pid: 11,
+                start: 100,
+            },
+        );
+        let reused = RootId {
+            pid: 10,
+            start: 555,
+        };
+        let x = Record {
+            job: None,
+            rank: None,
+            root: Some(a),
+            ..rec(mem_key(1), None, Some(G0))
+        };
+        let me_root = |root, gpu| Importer {
+            job: None,
+            rank: None,
+            gpu: Some(gpu),
+            root,
+        };
         let s = IpcPolicy::Strict;
         // the same root is the same rank: the GPU decides
-        assert_eq!(decide(&me_root(Some(a), G1), Some(&x), None, s), CrossDevice);
+        assert_eq!(
+            decide(&me_root(Some(a), G1), Some(&x), None, s),
+            CrossDevice
+        );
         assert_eq!(decide(&me_root(Some(a), G0), Some(&x), None, s), SameGpu);
         // another root (another program, another Ray actor, or a reused pid) is another rank
         assert_eq!(decide(&me_root(Some(b), G1), Some(&x), None, s), OtherRank);
-        assert_eq!(decide(&me_root(Some(reused), G1), Some(&x), None, s), OtherRank);
+        assert_eq!(
+            decide(&me_root(Some(reused), G1), Some(&x), None, s),
+            OtherRank
+        );
         // no root on one side: unknown, as before
         assert_eq!(decide(&me_root(None, G1), Some(&x), None, s), UnknownStrict);
-        let old = Record { root: None, ..x.clone() };
-        assert_eq!(decide(&me_root(Some(a), G1), Some(&old), None, s), UnknownStrict);
+        let old = Record {
+            root: None,
+            ..x.clone()
+        };
+        assert_eq!(
+            decide(&me_root(Some(a), G1), Some(&old), None, s),
+            UnknownStrict
+        );
         // explicit ranks win over roots: same rank by variables, whatever the roots say
-        let ranked = Record { rank: Some(0), root: Some(b), ..x.clone() };
-        let me_ranked = Importer { job: None, rank: Some(0), gpu: Some(G1), root: Some(a) };
+        let ranked = Record {
+            rank: Some(0),
+            root: Some(b),
+            ..x.clone()
+        };
+        let me_ranked = Importer {
+            job: None,
+            rank: Some(0),
+            gpu: Some(G1),
+            root: Some(a),
+        };
         assert_eq!(decide(&me_ranked, Some(&ranked), None, s), CrossDevice);
         // a rank on one side only: unknown
-        assert_eq!(decide(&me_root(Some(a), G1), Some(&ranked), None, s), UnknownStrict);
+        assert_eq!(
+            decide(&me_root(Some(a), G1), Some(&ranked), None, s),
+            UnknownStrict
+        );
     }
 
     #[test]
@@ -1345,14 +1632,20 @@ mod tests {
         let key = Key::rank(4242);
         assert_eq!(key.file_name(), "rank-4242");
         assert_eq!(Key::parse_file_name("rank-4242"), Some(key.clone()));
-        let r = Record { root: Some(RootId { pid: 7, start: 70 }), ..rec(key.clone(), None, Some(G1)) };
+        let r = Record {
+            root: Some(RootId { pid: 7, start: 70 }),
+            ..rec(key.clone(), None, Some(G1))
+        };
         let text = r.render();
         assert!(text.contains("\nroot 7.70\nend\n"), "{text}");
         assert_eq!(Record::parse(&text, &key), Ok(r));
         // records without a root line (older guards) parse, with no root
         let plain = rec(mem_key(3), Some(1), Some(G0));
         assert!(!plain.render().contains("root"));
-        assert_eq!(Record::parse(&plain.render(), &mem_key(3)).unwrap().root, None);
+        assert_eq!(
+            Record::parse(&plain.render(), &mem_key(3)).unwrap().root,
+            None
+        );
         for bad in ["root 7\n", "root x.1\n", "root 7.70\nroot 7.70\n"] {
             let t = text.replace("root 7.70\n", bad);
             assert!(Record::parse(&t, &key).is_err(), "{bad}");

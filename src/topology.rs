@@ -70,7 +70,12 @@ pub fn normalize_bus_id(text: &str) -> Option<String> {
         }
         u32::from_str_radix(s, 16).ok().filter(|v| *v <= max)
     };
-    let (d, b, v, f) = (hex(domain, 0xffff)?, hex(bus, 0xff)?, hex(dev, 0x1f)?, hex(func, 7)?);
+    let (d, b, v, f) = (
+        hex(domain, 0xffff)?,
+        hex(bus, 0xff)?,
+        hex(dev, 0x1f)?,
+        hex(func, 7)?,
+    );
     Some(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
 }
 
@@ -82,17 +87,24 @@ impl Topology {
         let gpus_dir = sysroot.join("proc/driver/nvidia/gpus");
         for dir in list_dir(&gpus_dir)? {
             let info_path = dir.join("information");
-            let Some(text) = read_optional(&info_path)? else { continue };
+            let Some(text) = read_optional(&info_path)? else {
+                continue;
+            };
             let mut gpu = parse_information(&text).map_err(|reason| TopologyError {
                 path: info_path.clone(),
                 reason,
             })?;
             if gpu.bus_id.is_empty() {
                 // Older drivers omit `Bus Location`; the directory is named by it.
-                let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let name = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 gpu.bus_id = normalize_bus_id(&name).ok_or_else(|| TopologyError {
                     path: info_path.clone(),
-                    reason: format!("no 'Bus Location' line and directory name '{name}' is not a PCI bus id"),
+                    reason: format!(
+                        "no 'Bus Location' line and directory name '{name}' is not a PCI bus id"
+                    ),
                 })?;
             }
             let pci = sysroot.join("sys/bus/pci/devices").join(&gpu.bus_id);
@@ -117,13 +129,22 @@ impl Topology {
 
         let nodes_dir = sysroot.join("sys/devices/system/node");
         for dir in list_dir(&nodes_dir)? {
-            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let Some(num) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else {
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let Some(num) = name
+                .strip_prefix("node")
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
                 continue;
             };
             let path = dir.join("cpulist");
             if let Some(t) = read_optional(&path)? {
-                let set = CpuSet::parse(&t).map_err(|e| TopologyError { path: path.clone(), reason: e.to_string() })?;
+                let set = CpuSet::parse(&t).map_err(|e| TopologyError {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
                 topo.nodes.insert(num, set);
             }
         }
@@ -137,7 +158,11 @@ impl Topology {
 
     /// Exact UUID match, ASCII case-insensitive (`GPU-`/`MIG-` prefix included).
     pub fn by_uuid(&self, uuid: &str) -> Option<&GpuInfo> {
-        self.gpus.iter().find(|g| g.uuid.as_deref().is_some_and(|u| u.eq_ignore_ascii_case(uuid)))
+        self.gpus.iter().find(|g| {
+            g.uuid
+                .as_deref()
+                .is_some_and(|u| u.eq_ignore_ascii_case(uuid))
+        })
     }
 
     /// The CPUs local to a GPU: its NUMA node's `cpulist` when the node is known, else the
@@ -161,7 +186,9 @@ fn parse_information(text: &str) -> Result<GpuInfo, String> {
         local_cpulist: None,
     };
     for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else { continue };
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
         let value = value.trim();
         match key.trim() {
             "GPU UUID" => gpu.uuid = Some(value.to_string()),
@@ -171,7 +198,11 @@ fn parse_information(text: &str) -> Result<GpuInfo, String> {
                     .ok_or_else(|| format!("'Bus Location: {value}' is not a PCI bus id"))?;
             }
             "Device Minor" => {
-                gpu.minor = Some(value.parse().map_err(|_| format!("'Device Minor: {value}' is not a number"))?);
+                gpu.minor = Some(
+                    value
+                        .parse()
+                        .map_err(|_| format!("'Device Minor: {value}' is not a number"))?,
+                );
             }
             _ => {}
         }
@@ -186,8 +217,15 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>, TopologyError> {
             out.sort();
             Ok(out)
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound || e.kind() == io::ErrorKind::NotADirectory => Ok(vec![]),
-        Err(e) => Err(TopologyError { path: dir.to_path_buf(), reason: e.to_string() }),
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound || e.kind() == io::ErrorKind::NotADirectory =>
+        {
+            Ok(vec![])
+        }
+        Err(e) => Err(TopologyError {
+            path: dir.to_path_buf(),
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -195,7 +233,10 @@ fn read_optional(path: &Path) -> Result<Option<String>, TopologyError> {
     match fs::read_to_string(path) {
         Ok(t) => Ok(Some(t)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(TopologyError { path: path.to_path_buf(), reason: e.to_string() }),
+        Err(e) => Err(TopologyError {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -208,7 +249,8 @@ mod tests {
 
     impl Root {
         fn new(tag: &str) -> Root {
-            let p = std::env::temp_dir().join(format!("rankguard-topo-{tag}-{}", std::process::id()));
+            let p =
+                std::env::temp_dir().join(format!("rankguard-topo-{tag}-{}", std::process::id()));
             let _ = fs::remove_dir_all(&p);
             fs::create_dir_all(&p).unwrap();
             Root(p)
@@ -223,8 +265,14 @@ mod tests {
                 "Model: \t\t NVIDIA Fake\nIRQ:   \t\t 42\nGPU UUID: \t {uuid}\nVideo BIOS: \t ??.??.??.??.??\n\
                  Bus Type: \t PCIe\nDMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\n\
                  Bus Location: \t {bus}\nDevice Minor: \t {minor}\nGPU Excluded:\t No\n"));
-            self.write(&format!("sys/bus/pci/devices/{bus}/numa_node"), &format!("{numa}\n"));
-            self.write(&format!("sys/bus/pci/devices/{bus}/local_cpulist"), &format!("{cpus}\n"));
+            self.write(
+                &format!("sys/bus/pci/devices/{bus}/numa_node"),
+                &format!("{numa}\n"),
+            );
+            self.write(
+                &format!("sys/bus/pci/devices/{bus}/local_cpulist"),
+                &format!("{cpus}\n"),
+            );
         }
     }
 
@@ -236,10 +284,26 @@ mod tests {
 
     #[test]
     fn bus_ids_are_normalized() {
-        assert_eq!(normalize_bus_id("0000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
-        assert_eq!(normalize_bus_id("00000000:18:00.0").as_deref(), Some("0000:18:00.0"));
-        assert_eq!(normalize_bus_id(" 0001:af:1f.7\n").as_deref(), Some("0001:af:1f.7"));
-        for bad in ["", "18:00.0", "0000:18:00", "0000:18:20.0", "0000:x8:00.0", "0000:18:00.8"] {
+        assert_eq!(
+            normalize_bus_id("0000:3B:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(
+            normalize_bus_id("00000000:18:00.0").as_deref(),
+            Some("0000:18:00.0")
+        );
+        assert_eq!(
+            normalize_bus_id(" 0001:af:1f.7\n").as_deref(),
+            Some("0001:af:1f.7")
+        );
+        for bad in [
+            "",
+            "18:00.0",
+            "0000:18:00",
+            "0000:18:20.0",
+            "0000:x8:00.0",
+            "0000:18:00.8",
+        ] {
             assert_eq!(normalize_bus_id(bad), None, "{bad}");
         }
     }
@@ -247,9 +311,27 @@ mod tests {
     #[test]
     fn reads_a_two_node_machine() {
         let r = Root::new("two");
-        r.gpu("0000:28:00.0", "GPU-11c0ffee-0000-4000-8000-000000000001", 1, 0, "0-7");
-        r.gpu("0000:18:00.0", "GPU-10c0ffee-0000-4000-8000-000000000000", 0, 0, "0-7");
-        r.gpu("0000:38:00.0", "GPU-12c0ffee-0000-4000-8000-000000000002", 2, 1, "8-15");
+        r.gpu(
+            "0000:28:00.0",
+            "GPU-11c0ffee-0000-4000-8000-000000000001",
+            1,
+            0,
+            "0-7",
+        );
+        r.gpu(
+            "0000:18:00.0",
+            "GPU-10c0ffee-0000-4000-8000-000000000000",
+            0,
+            0,
+            "0-7",
+        );
+        r.gpu(
+            "0000:38:00.0",
+            "GPU-12c0ffee-0000-4000-8000-000000000002",
+            2,
+            1,
+            "8-15",
+        );
         r.write("sys/devices/system/node/node0/cpulist", "0-7\n");
         r.write("sys/devices/system/node/node1/cpulist", "8-15\n");
         r.write("sys/devices/system/node/possible", "0-1\n");
@@ -262,7 +344,9 @@ mod tests {
         let g = t.by_bus_id("0000:38:00.0").unwrap();
         assert_eq!(g.numa_node, Some(1));
         assert_eq!(t.local_cpus(g).unwrap().to_string(), "8-15");
-        let g = t.by_uuid("gpu-11C0FFEE-0000-4000-8000-000000000001").unwrap();
+        let g = t
+            .by_uuid("gpu-11C0FFEE-0000-4000-8000-000000000001")
+            .unwrap();
         assert_eq!(g.bus_id, "0000:28:00.0");
         assert!(t.by_bus_id("0000:99:00.0").is_none());
     }
@@ -291,7 +375,10 @@ mod tests {
         r.gpu("0000:18:00.0", "GPU-a", 0, 0, "0-3");
         r.write("sys/bus/pci/devices/0000:18:00.0/numa_node", "zero\n");
         let e = Topology::read(&r.0).unwrap_err();
-        assert!(e.to_string().contains("numa_node") && e.to_string().contains("zero"), "{e}");
+        assert!(
+            e.to_string().contains("numa_node") && e.to_string().contains("zero"),
+            "{e}"
+        );
         r.write("sys/bus/pci/devices/0000:18:00.0/numa_node", "0\n");
         r.write("sys/bus/pci/devices/0000:18:00.0/local_cpulist", "0-x\n");
         let e = Topology::read(&r.0).unwrap_err();
@@ -301,7 +388,10 @@ mod tests {
     #[test]
     fn directory_name_stands_in_for_a_missing_bus_location() {
         let r = Root::new("nobus");
-        r.write("proc/driver/nvidia/gpus/0000:3B:00.0/information", "Model: X\nGPU UUID: GPU-b\n");
+        r.write(
+            "proc/driver/nvidia/gpus/0000:3B:00.0/information",
+            "Model: X\nGPU UUID: GPU-b\n",
+        );
         let t = Topology::read(&r.0).unwrap();
         assert_eq!(t.gpus[0].bus_id, "0000:3b:00.0");
     }

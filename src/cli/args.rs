@@ -32,15 +32,25 @@ pub struct Lexer {
 
 impl Lexer {
     pub fn new(cmd: &'static str, args: Vec<OsString>) -> Lexer {
-        Lexer { args, pos: 0, inline: None, cmd }
+        Lexer {
+            args,
+            pos: 0,
+            inline: None,
+            cmd,
+        }
     }
 
     pub fn next(&mut self) -> Result<Option<Token>> {
         if let Some(v) = self.inline.take() {
             return Err(Error::usage(format!(
-                "rankguard {}: a flag does not take a value ('={}')", self.cmd, v.to_string_lossy())));
+                "rankguard {}: a flag does not take a value ('={}')",
+                self.cmd,
+                v.to_string_lossy()
+            )));
         }
-        let Some(arg) = self.args.get(self.pos).cloned() else { return Ok(None) };
+        let Some(arg) = self.args.get(self.pos).cloned() else {
+            return Ok(None);
+        };
         self.pos += 1;
         let Some(text) = arg.to_str() else {
             return Ok(Some(Token::Word(arg)));
@@ -67,14 +77,21 @@ impl Lexer {
             Some(v) => v,
             None => {
                 let Some(v) = self.args.get(self.pos).cloned() else {
-                    return Err(Error::usage(format!("rankguard {}: {flag} needs a value", self.cmd)));
+                    return Err(Error::usage(format!(
+                        "rankguard {}: {flag} needs a value",
+                        self.cmd
+                    )));
                 };
                 self.pos += 1;
                 v
             }
         };
         v.into_string().map_err(|v| {
-            Error::usage(format!("rankguard {}: {flag} '{}' is not valid UTF-8", self.cmd, v.to_string_lossy()))
+            Error::usage(format!(
+                "rankguard {}: {flag} '{}' is not valid UTF-8",
+                self.cmd,
+                v.to_string_lossy()
+            ))
         })
     }
 
@@ -86,13 +103,18 @@ impl Lexer {
     }
 
     pub fn unknown(&self, flag: &str) -> Error {
-        Error::usage(format!("rankguard {}: unknown option '{flag}' (rankguard {} --help)", self.cmd, self.cmd))
+        Error::usage(format!(
+            "rankguard {}: unknown option '{flag}' (rankguard {} --help)",
+            self.cmd, self.cmd
+        ))
     }
 }
 
 /// Parse a number flag, naming the flag on failure.
 pub fn number<T: std::str::FromStr>(cmd: &str, flag: &str, text: &str, what: &str) -> Result<T> {
-    text.trim().parse::<T>().map_err(|_| Error::usage(format!("rankguard {cmd}: {flag} '{text}' is not {what}")))
+    text.trim()
+        .parse::<T>()
+        .map_err(|_| Error::usage(format!("rankguard {cmd}: {flag} '{text}' is not {what}")))
 }
 
 #[cfg(test)]
@@ -123,10 +145,17 @@ mod tests {
         assert_eq!(l.rest(), vec![OsString::from("-x")]);
         let mut l = lex(&["--a"]);
         l.next().unwrap();
-        assert!(l.value("--a").unwrap_err().msg.contains("--a needs a value"));
+        assert!(l
+            .value("--a")
+            .unwrap_err()
+            .msg
+            .contains("--a needs a value"));
         let mut l = lex(&["--json=yes"]);
         l.next().unwrap();
         assert!(l.next().unwrap_err().msg.contains("does not take a value"));
-        assert!(number::<u32>("t", "--n", "x", "a count").unwrap_err().msg.contains("--n 'x' is not a count"));
+        assert!(number::<u32>("t", "--n", "x", "a count")
+            .unwrap_err()
+            .msg
+            .contains("--n 'x' is not a count"));
     }
 }

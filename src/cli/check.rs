@@ -18,8 +18,8 @@ use super::{env, gpus, lib_path, sys, Error, Result, EXIT_VIOLATION};
 use crate::cvd::{self, Entry, Visibility};
 use crate::plan::DriverGpu;
 use crate::rankgpu::{self, RankGpu};
-use std::os::unix::ffi::OsStrExt;
 use crate::topology::Topology;
+use std::os::unix::ffi::OsStrExt;
 
 const HELP: &str = "\
 Usage: rankguard check [--json] [--sysroot DIR]
@@ -45,14 +45,21 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
                 _ => return Err(lx.unknown(&f)),
             },
             Token::Word(w) => {
-                return Err(Error::usage(format!("rankguard check takes no command (got '{}')", w.to_string_lossy())))
+                return Err(Error::usage(format!(
+                    "rankguard check takes no command (got '{}')",
+                    w.to_string_lossy()
+                )))
             }
             Token::End => {}
         }
     }
     let sysroot = sysroot
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os(SYSROOT_VAR).filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| {
+            std::env::var_os(SYSROOT_VAR)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
         .unwrap_or_else(|| PathBuf::from("/"));
     let report = gather(&sysroot);
     if json {
@@ -60,7 +67,11 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     } else {
         super::emit(&report.text());
     }
-    Ok(if report.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_VIOLATION) })
+    Ok(if report.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_VIOLATION)
+    })
 }
 
 struct DeviceReport {
@@ -109,9 +120,12 @@ fn gather(sysroot: &std::path::Path) -> Report {
         (_, Some(Entry::Uuid(_))) => "uuid",
         (_, Some(Entry::Mig(_))) => "mig",
     };
-    let fix = "start the rank with `rankguard launch`, or through `rankguard run --narrow-by LOCAL_RANK`";
+    let fix =
+        "start the rank with `rankguard launch`, or through `rankguard run --narrow-by LOCAL_RANK`";
     match &raw {
-        None => problems.push(format!("{var} is unset: every GPU of the node is visible, a rank must see exactly one; {fix}")),
+        None => problems.push(format!(
+            "{var} is unset: every GPU of the node is visible, a rank must see exactly one; {fix}"
+        )),
         Some(v) => {
             let items = v.split(',').count();
             if entries.is_empty() {
@@ -122,8 +136,10 @@ fn gather(sysroot: &std::path::Path) -> Report {
                     "{var}='{v}' is malformed: CUDA reads only its first {} of {items} entries; fix the variable",
                     entries.len()));
             } else if entries.len() > 1 {
-                problems.push(format!("{var}='{v}' makes {} GPUs visible, a rank must see exactly one; {fix}",
-                                      entries.len()));
+                problems.push(format!(
+                    "{var}='{v}' makes {} GPUs visible, a rank must see exactly one; {fix}",
+                    entries.len()
+                ));
             }
         }
     }
@@ -132,31 +148,48 @@ fn gather(sysroot: &std::path::Path) -> Report {
     let driver = gpus::query(None).map(|list| {
         list.into_iter()
             .map(|g| {
-                let info = topo.as_ref().and_then(|t| t.by_bus_id(&g.bus_id).or_else(|| t.by_uuid(&g.uuid)));
+                let info = topo
+                    .as_ref()
+                    .and_then(|t| t.by_bus_id(&g.bus_id).or_else(|| t.by_uuid(&g.uuid)));
                 let numa_node = info.and_then(|i| i.numa_node);
-                let local_cpus = info.and_then(|i| topo.as_ref().and_then(|t| t.local_cpus(i))).map(|c| c.to_string());
-                DeviceReport { gpu: g, numa_node, local_cpus }
+                let local_cpus = info
+                    .and_then(|i| topo.as_ref().and_then(|t| t.local_cpus(i)))
+                    .map(|c| c.to_string());
+                DeviceReport {
+                    gpu: g,
+                    numa_node,
+                    local_cpus,
+                }
             })
             .collect::<Vec<_>>()
     });
     match &driver {
         Ok(d) if d.len() == 1 => {}
         Ok(d) => problems.push(format!(
-            "the driver enumerates {} devices under this environment; a rank must see exactly one", d.len())),
+            "the driver enumerates {} devices under this environment; a rank must see exactly one",
+            d.len()
+        )),
         Err(e) => problems.push(format!("cannot ask the driver which GPU is visible: {e}")),
     }
 
     // Decided exactly as the guard decides it at cuInit (crate::rankgpu, one function):
     // a value that names no single GPU the process can verify fails closed.
     let rank_gpu_raw = std::env::var_os(env::RANK_GPU);
-    let rank_gpu = rank_gpu_raw.as_ref().map(|v| v.to_string_lossy().into_owned());
+    let rank_gpu = rank_gpu_raw
+        .as_ref()
+        .map(|v| v.to_string_lossy().into_owned());
     let mut rank_gpu_matches = None;
     let mut rank_gpu_unverifiable = false;
     if let (Some(rg), Ok(d)) = (&rank_gpu_raw, &driver) {
         if d.len() == 1 {
-            let resolved = std::env::var_os(env::RANK_GPU_UUID).filter(|v| !v.as_bytes().trim_ascii().is_empty());
-            let decided = rankgpu::decide(rg.as_bytes(), resolved.as_ref().map(|v| v.as_bytes()), &d[0].gpu.uuid,
-                                          vis.entries());
+            let resolved = std::env::var_os(env::RANK_GPU_UUID)
+                .filter(|v| !v.as_bytes().trim_ascii().is_empty());
+            let decided = rankgpu::decide(
+                rg.as_bytes(),
+                resolved.as_ref().map(|v| v.as_bytes()),
+                &d[0].gpu.uuid,
+                vis.entries(),
+            );
             let shown = rg.to_string_lossy();
             match decided {
                 RankGpu::Same => {}
@@ -176,20 +209,30 @@ fn gather(sysroot: &std::path::Path) -> Report {
     let guard_preloaded = env::preloaded_guard(std::env::var_os("LD_PRELOAD").as_deref());
     let guard_lib = lib_path::find().ok().map(|p| p.display().to_string());
     if guard_preloaded.is_none() {
-        warnings.push("the guard is not in LD_PRELOAD: the contract is not enforced \
-                       (LD_PRELOAD=$(rankguard lib), or start through rankguard launch/run)".to_string());
+        warnings.push(
+            "the guard is not in LD_PRELOAD: the contract is not enforced \
+                       (LD_PRELOAD=$(rankguard lib), or start through rankguard launch/run)"
+                .to_string(),
+        );
     }
-    let guard_mode = match std::env::var("RANKGUARD_MODE").ok().map(|m| m.trim().to_ascii_lowercase()) {
+    let guard_mode = match std::env::var("RANKGUARD_MODE")
+        .ok()
+        .map(|m| m.trim().to_ascii_lowercase())
+    {
         None => "enforce".to_string(),
         Some(m) if m.is_empty() => "enforce".to_string(),
         Some(m) if ["enforce", "warn", "abort", "off"].contains(&m.as_str()) => m,
         Some(m) => {
-            warnings.push(format!("RANKGUARD_MODE='{m}' is not enforce, warn, abort or off; the guard uses enforce"));
+            warnings.push(format!(
+                "RANKGUARD_MODE='{m}' is not enforce, warn, abort or off; the guard uses enforce"
+            ));
             "enforce".to_string()
         }
     };
     if guard_mode == "warn" || guard_mode == "off" {
-        warnings.push(format!("RANKGUARD_MODE={guard_mode}: violations are not stopped"));
+        warnings.push(format!(
+            "RANKGUARD_MODE={guard_mode}: violations are not stopped"
+        ));
     }
     Report {
         cvd: raw,
@@ -214,13 +257,22 @@ impl Report {
     /// The stable `check --json` form (docs/cli.md, "check --json").
     fn json(&self) -> Value {
         let (driver_ok, devices, error) = match &self.driver {
-            Ok(d) => (true, d.iter().enumerate().map(|(i, d)| Value::Obj(vec![
-                ("ordinal", Value::Num(i as i64)),
-                ("uuid", Value::str(d.gpu.uuid.clone())),
-                ("bus_id", Value::str(d.gpu.bus_id.clone())),
-                ("numa_node", Value::opt_num(d.numa_node)),
-                ("local_cpus", Value::opt_str(d.local_cpus.clone())),
-            ])).collect(), Value::Null),
+            Ok(d) => (
+                true,
+                d.iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        Value::Obj(vec![
+                            ("ordinal", Value::Num(i as i64)),
+                            ("uuid", Value::str(d.gpu.uuid.clone())),
+                            ("bus_id", Value::str(d.gpu.bus_id.clone())),
+                            ("numa_node", Value::opt_num(d.numa_node)),
+                            ("local_cpus", Value::opt_str(d.local_cpus.clone())),
+                        ])
+                    })
+                    .collect(),
+                Value::Null,
+            ),
             Err(e) => (false, vec![], Value::str(e.clone())),
         };
         Value::Obj(vec![
@@ -229,26 +281,67 @@ impl Report {
             ("ok", Value::Bool(self.problems.is_empty())),
             ("cuda_visible_devices", Value::opt_str(self.cvd.clone())),
             ("mode", Value::str(self.mode)),
-            ("entries", Value::Arr(self.entries.iter().map(|e| Value::str(e.clone())).collect())),
-            ("driver", Value::Obj(vec![
-                ("ok", Value::Bool(driver_ok)),
-                ("count", if driver_ok { Value::Num(devices.len() as i64) } else { Value::Null }),
-                ("devices", Value::Arr(devices)),
-                ("error", error),
-            ])),
-            ("guard", Value::Obj(vec![
-                ("preloaded", Value::Bool(self.guard_preloaded.is_some())),
-                ("preload_entry", Value::opt_str(self.guard_preloaded.clone())),
-                ("library", Value::opt_str(self.guard_lib.clone())),
-                ("mode", Value::str(self.guard_mode.clone())),
-            ])),
+            (
+                "entries",
+                Value::Arr(self.entries.iter().map(|e| Value::str(e.clone())).collect()),
+            ),
+            (
+                "driver",
+                Value::Obj(vec![
+                    ("ok", Value::Bool(driver_ok)),
+                    (
+                        "count",
+                        if driver_ok {
+                            Value::Num(devices.len() as i64)
+                        } else {
+                            Value::Null
+                        },
+                    ),
+                    ("devices", Value::Arr(devices)),
+                    ("error", error),
+                ]),
+            ),
+            (
+                "guard",
+                Value::Obj(vec![
+                    ("preloaded", Value::Bool(self.guard_preloaded.is_some())),
+                    (
+                        "preload_entry",
+                        Value::opt_str(self.guard_preloaded.clone()),
+                    ),
+                    ("library", Value::opt_str(self.guard_lib.clone())),
+                    ("mode", Value::str(self.guard_mode.clone())),
+                ]),
+            ),
             ("rank_gpu", Value::opt_str(self.rank_gpu.clone())),
-            ("rank_gpu_matches", self.rank_gpu_matches.map_or(Value::Null, Value::Bool)),
+            (
+                "rank_gpu_matches",
+                self.rank_gpu_matches.map_or(Value::Null, Value::Bool),
+            ),
             ("job", Value::opt_str(self.job.clone())),
             ("affinity", Value::opt_str(self.affinity.clone())),
-            ("omp_num_threads", Value::opt_str(self.omp_num_threads.clone())),
-            ("problems", Value::Arr(self.problems.iter().map(|p| Value::str(p.clone())).collect())),
-            ("warnings", Value::Arr(self.warnings.iter().map(|p| Value::str(p.clone())).collect())),
+            (
+                "omp_num_threads",
+                Value::opt_str(self.omp_num_threads.clone()),
+            ),
+            (
+                "problems",
+                Value::Arr(
+                    self.problems
+                        .iter()
+                        .map(|p| Value::str(p.clone()))
+                        .collect(),
+                ),
+            ),
+            (
+                "warnings",
+                Value::Arr(
+                    self.warnings
+                        .iter()
+                        .map(|p| Value::str(p.clone()))
+                        .collect(),
+                ),
+            ),
         ])
     }
 
@@ -257,41 +350,78 @@ impl Report {
         let mut s = String::new();
         let cvd_line = match &self.cvd {
             None => "(unset)".to_string(),
-            Some(v) => format!("'{v}' -> {} entr{} [{}], mode {}", self.entries.len(),
-                               if self.entries.len() == 1 { "y" } else { "ies" }, self.entries.join(","), self.mode),
+            Some(v) => format!(
+                "'{v}' -> {} entr{} [{}], mode {}",
+                self.entries.len(),
+                if self.entries.len() == 1 { "y" } else { "ies" },
+                self.entries.join(","),
+                self.mode
+            ),
         };
         s.push_str(&format!("{:<22}{cvd_line}\n", cvd::VAR));
         match &self.driver {
             Ok(d) => {
-                s.push_str(&format!("{:<22}{} device{} visible\n", "driver", d.len(), if d.len() == 1 { "" } else { "s" }));
+                s.push_str(&format!(
+                    "{:<22}{} device{} visible\n",
+                    "driver",
+                    d.len(),
+                    if d.len() == 1 { "" } else { "s" }
+                ));
                 for (i, d) in d.iter().enumerate() {
-                    s.push_str(&format!("{:<22}{} bus {} NUMA node {} (CPUs {})\n", format!("  cuda:{i}"), d.gpu.uuid,
-                                        d.gpu.bus_id, d.numa_node.map_or("-".to_string(), |n| n.to_string()),
-                                        dash(&d.local_cpus)));
+                    s.push_str(&format!(
+                        "{:<22}{} bus {} NUMA node {} (CPUs {})\n",
+                        format!("  cuda:{i}"),
+                        d.gpu.uuid,
+                        d.gpu.bus_id,
+                        d.numa_node.map_or("-".to_string(), |n| n.to_string()),
+                        dash(&d.local_cpus)
+                    ));
                 }
             }
             Err(e) => s.push_str(&format!("{:<22}not available: {e}\n", "driver")),
         }
-        s.push_str(&format!("{:<22}{} (RANKGUARD_MODE={}; library {})\n", "guard",
-                            self.guard_preloaded.as_ref().map_or("not in LD_PRELOAD".to_string(), |p| format!("in LD_PRELOAD ({p})")),
-                            self.guard_mode, dash(&self.guard_lib)));
+        s.push_str(&format!(
+            "{:<22}{} (RANKGUARD_MODE={}; library {})\n",
+            "guard",
+            self.guard_preloaded
+                .as_ref()
+                .map_or("not in LD_PRELOAD".to_string(), |p| format!(
+                    "in LD_PRELOAD ({p})"
+                )),
+            self.guard_mode,
+            dash(&self.guard_lib)
+        ));
         let matches = match self.rank_gpu_matches {
-            Some(false) if self.rank_gpu_unverifiable => " (names no single GPU this process can verify)",
+            Some(false) if self.rank_gpu_unverifiable => {
+                " (names no single GPU this process can verify)"
+            }
             Some(true) => " (this process sees it)",
             Some(false) => " (this process sees ANOTHER GPU)",
             None => "",
         };
-        s.push_str(&format!("{:<22}{}{matches}\n", env::RANK_GPU, dash(&self.rank_gpu)));
+        s.push_str(&format!(
+            "{:<22}{}{matches}\n",
+            env::RANK_GPU,
+            dash(&self.rank_gpu)
+        ));
         s.push_str(&format!("{:<22}{}\n", env::JOB, dash(&self.job)));
-        s.push_str(&format!("{:<22}{} (OMP_NUM_THREADS={})\n", "CPU affinity", dash(&self.affinity), dash(&self.omp_num_threads)));
+        s.push_str(&format!(
+            "{:<22}{} (OMP_NUM_THREADS={})\n",
+            "CPU affinity",
+            dash(&self.affinity),
+            dash(&self.omp_num_threads)
+        ));
         for w in &self.warnings {
             s.push_str(&format!("warning: {w}\n"));
         }
         for p in &self.problems {
             s.push_str(&format!("problem: {p}\n"));
         }
-        s.push_str(if self.problems.is_empty() { "ok: a rank started here keeps the contract\n" }
-                   else { "violation: a rank started here would break the contract\n" });
+        s.push_str(if self.problems.is_empty() {
+            "ok: a rank started here keeps the contract\n"
+        } else {
+            "violation: a rank started here would break the contract\n"
+        });
         s
     }
 }

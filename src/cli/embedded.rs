@@ -62,7 +62,9 @@ fn cache_dir(hash: &str) -> Result<PathBuf> {
             }
         },
     };
-    Ok(base.join("rankguard").join(format!("{}-{hash}", env!("CARGO_PKG_VERSION"))))
+    Ok(base
+        .join("rankguard")
+        .join(format!("{}-{hash}", env!("CARGO_PKG_VERSION"))))
 }
 
 /// The effective uid, from /proc (no unsafe code in this module).
@@ -94,11 +96,15 @@ pub fn extract(build: Build) -> Result<PathBuf> {
         return Err(err(&dir, "not a directory (a symbolic link?)"));
     }
     if meta.uid() != me {
-        return Err(err(&dir, &format!("owned by uid {}, not by you (uid {me})", meta.uid())));
+        return Err(err(
+            &dir,
+            &format!("owned by uid {}, not by you (uid {me})", meta.uid()),
+        ));
     }
     if meta.mode() & 0o077 != 0 {
         // Ours: tighten it rather than fail (e.g. created by an older version or by hand).
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(|e| err(&dir, &e.to_string()))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| err(&dir, &e.to_string()))?;
     }
     let path = dir.join(GUARD_FILE);
     if is_ours(&path, me, lib) {
@@ -106,7 +112,12 @@ pub fn extract(build: Build) -> Result<PathBuf> {
     }
     let tmp = dir.join(format!(".{GUARD_FILE}.{}.tmp", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o755).open(&tmp)?;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o755)
+            .open(&tmp)?;
         f.write_all(lib)?;
         f.sync_all()?;
         fs::rename(&tmp, &path)
@@ -116,7 +127,10 @@ pub fn extract(build: Build) -> Result<PathBuf> {
         return Err(err(&path, &format!("cannot write it: {e}")));
     }
     if !is_ours(&path, me, lib) {
-        return Err(err(&path, "it does not hold the expected bytes after writing it"));
+        return Err(err(
+            &path,
+            "it does not hold the expected bytes after writing it",
+        ));
     }
     Ok(path)
 }

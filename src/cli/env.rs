@@ -20,7 +20,10 @@ pub const GUARD_FILE: &str = "librankguard.so";
 
 /// ld.so splits LD_PRELOAD on colons and spaces (ld.so(8)).
 fn preload_items(v: &OsStr) -> Vec<&[u8]> {
-    v.as_bytes().split(|b| *b == b':' || *b == b' ' || *b == b'\t').filter(|s| !s.is_empty()).collect()
+    v.as_bytes()
+        .split(|b| *b == b':' || *b == b' ' || *b == b'\t')
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 pub fn is_guard(item: &[u8]) -> bool {
@@ -41,7 +44,12 @@ pub fn preload_with_guard(guard: &Path, existing: Option<&OsStr>) -> OsString {
 
 /// `LD_PRELOAD` with every guard entry removed; None when nothing is left.
 pub fn preload_without_guard(existing: Option<&OsStr>) -> Option<OsString> {
-    let kept: Vec<&[u8]> = existing.map(preload_items).unwrap_or_default().into_iter().filter(|i| !is_guard(i)).collect();
+    let kept: Vec<&[u8]> = existing
+        .map(preload_items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|i| !is_guard(i))
+        .collect();
     if kept.is_empty() {
         return None;
     }
@@ -61,20 +69,33 @@ pub fn preloaded_guard(existing: Option<&OsStr>) -> Option<String> {
 /// The entry itself when it is already a full `GPU-`/`MIG-` UUID (8-4-4-4-12 hex digits).
 pub fn full_uuid(entry: &crate::cvd::Entry) -> Option<String> {
     use crate::cvd::Entry;
-    let (Entry::Uuid(s) | Entry::Mig(s)) = entry else { return None };
+    let (Entry::Uuid(s) | Entry::Mig(s)) = entry else {
+        return None;
+    };
     crate::rankgpu::is_full_uuid(s).then(|| s.clone())
 }
 
 fn nonempty(var: &str) -> Option<String> {
-    std::env::var(var).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+    std::env::var(var)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 /// A fresh job id: host, launcher pid and start time, unique per launch on a node.
 fn fresh_job_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let host = host.trim();
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{}-{}-{:x}", if host.is_empty() { "rankguard" } else { host }, std::process::id(), t)
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{}-{:x}",
+        if host.is_empty() { "rankguard" } else { host },
+        std::process::id(),
+        t
+    )
 }
 
 /// The job id of a `launch`: the inherited one, else a fresh one.
@@ -98,12 +119,30 @@ mod tests {
     fn guard_goes_first_once() {
         let g = Path::new("/opt/rg/librankguard.so");
         assert_eq!(preload_with_guard(g, None), "/opt/rg/librankguard.so");
-        assert_eq!(preload_with_guard(g, Some(OsStr::new("a.so b.so"))), "/opt/rg/librankguard.so:a.so:b.so");
-        assert_eq!(preload_with_guard(g, Some(OsStr::new("a.so:/old/librankguard.so"))), "/opt/rg/librankguard.so:a.so");
-        assert_eq!(preload_without_guard(Some(OsStr::new("/x/librankguard.so:a.so"))).unwrap(), "a.so");
-        assert_eq!(preload_without_guard(Some(OsStr::new("/x/librankguard.so"))), None);
-        assert_eq!(preloaded_guard(Some(OsStr::new("a.so /x/librankguard.so"))).unwrap(), "/x/librankguard.so");
-        assert_eq!(preloaded_guard(Some(OsStr::new("librankguard.so.bak"))), None);
+        assert_eq!(
+            preload_with_guard(g, Some(OsStr::new("a.so b.so"))),
+            "/opt/rg/librankguard.so:a.so:b.so"
+        );
+        assert_eq!(
+            preload_with_guard(g, Some(OsStr::new("a.so:/old/librankguard.so"))),
+            "/opt/rg/librankguard.so:a.so"
+        );
+        assert_eq!(
+            preload_without_guard(Some(OsStr::new("/x/librankguard.so:a.so"))).unwrap(),
+            "a.so"
+        );
+        assert_eq!(
+            preload_without_guard(Some(OsStr::new("/x/librankguard.so"))),
+            None
+        );
+        assert_eq!(
+            preloaded_guard(Some(OsStr::new("a.so /x/librankguard.so"))).unwrap(),
+            "/x/librankguard.so"
+        );
+        assert_eq!(
+            preloaded_guard(Some(OsStr::new("librankguard.so.bak"))),
+            None
+        );
     }
 
     #[test]
@@ -111,9 +150,17 @@ mod tests {
         use crate::cvd::Entry;
         let full = "GPU-12c0ffee-0000-4000-8000-000000000002";
         assert_eq!(full_uuid(&Entry::Uuid(full.into())).as_deref(), Some(full));
-        assert_eq!(full_uuid(&Entry::Mig("MIG-1200a11c-0000-4000-8000-000000000200".into())).is_some(), true);
+        assert!(full_uuid(&Entry::Mig(
+            "MIG-1200a11c-0000-4000-8000-000000000200".into()
+        ))
+        .is_some());
         assert_eq!(full_uuid(&Entry::Uuid("GPU-12".into())), None);
-        assert_eq!(full_uuid(&Entry::Mig("MIG-GPU-12c0ffee-0000-4000-8000-000000000002/1/0".into())), None);
+        assert_eq!(
+            full_uuid(&Entry::Mig(
+                "MIG-GPU-12c0ffee-0000-4000-8000-000000000002/1/0".into()
+            )),
+            None
+        );
         assert_eq!(full_uuid(&Entry::Index(3)), None);
     }
 }

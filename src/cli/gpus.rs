@@ -30,14 +30,29 @@ use crate::plan::DriverGpu;
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, nvidia-smi's spelling of a CUuuid.
 fn format_uuid(prefix: &str, b: &[u8; 16]) -> String {
     let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{prefix}-{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(),
-            h[10..16].concat())
+    format!(
+        "{prefix}-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
 }
 
 /// The helper's answer: one `gpu<TAB>uuid<TAB>bus id` line per device, or the error.
 fn answer() -> std::result::Result<String, String> {
     let gpus = sys::driver_gpus()?;
-    Ok(gpus.iter().map(|g| format!("gpu\t{}\t{}\n", format_uuid("GPU", &g.uuid), g.bus_id.trim())).collect())
+    Ok(gpus
+        .iter()
+        .map(|g| {
+            format!(
+                "gpu\t{}\t{}\n",
+                format_uuid("GPU", &g.uuid),
+                g.bus_id.trim()
+            )
+        })
+        .collect())
 }
 
 /// The hidden `__driver-query` subcommand (the exec'ed helper).
@@ -59,7 +74,11 @@ fn query_forked(cvd_override: Option<Option<&str>>) -> Option<std::result::Resul
         return None;
     }
     let (mut out_r, out_w) = std::io::pipe().ok()?;
-    let setup = super::forked::Setup { stdin: None, stdout: Some(out_w.into()), own_group: false };
+    let setup = super::forked::Setup {
+        stdin: None,
+        stdout: Some(out_w.into()),
+        own_group: false,
+    };
     let child = super::forked::spawn(setup, move || {
         match cvd_override {
             None => {}
@@ -75,13 +94,20 @@ fn query_forked(cvd_override: Option<Option<&str>>) -> Option<std::result::Resul
             .as_fd()
             .try_clone_to_owned()
             .and_then(|fd| std::fs::File::from(fd).write_all(text.as_bytes()));
-        if written.is_ok() { code } else { 1 }
+        if written.is_ok() {
+            code
+        } else {
+            1
+        }
     })
     .ok()?;
     let mut out = String::new();
     let read = out_r.read_to_string(&mut out);
     let status = child.wait();
-    let error = out.lines().find_map(|l| l.strip_prefix("error\t")).map(str::to_string);
+    let error = out
+        .lines()
+        .find_map(|l| l.strip_prefix("error\t"))
+        .map(str::to_string);
     Some(match (read, status, error) {
         (Ok(_), Ok(0), None) => Ok(out),
         (Ok(_), Ok(_), Some(e)) => Err(e),
@@ -108,7 +134,11 @@ pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<Driv
     for line in stdout.lines() {
         let f: Vec<&str> = line.split('\t').collect();
         if f.len() == 3 && f[0] == "gpu" {
-            let uuid = if mig { f[1].replacen("GPU-", "MIG-", 1) } else { f[1].to_string() };
+            let uuid = if mig {
+                f[1].replacen("GPU-", "MIG-", 1)
+            } else {
+                f[1].to_string()
+            };
             let bus = crate::topology::normalize_bus_id(f[2]).unwrap_or_else(|| f[2].to_string());
             gpus.push(DriverGpu { uuid, bus_id: bus });
         }
@@ -118,7 +148,8 @@ pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<Driv
 
 /// The exec'ed helper, `rankguard __driver-query` without the guard: its stdout.
 fn query_exec(cvd_override: Option<Option<&str>>) -> std::result::Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the rankguard executable: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the rankguard executable: {e}"))?;
     let mut cmd = Command::new(exe);
     cmd.arg(super::DRIVER_QUERY);
     match env::preload_without_guard(std::env::var_os("LD_PRELOAD").as_deref()) {
@@ -135,11 +166,17 @@ fn query_exec(cvd_override: Option<Option<&str>>) -> std::result::Result<String,
             cmd.env_remove(cvd::VAR);
         }
     }
-    let out = cmd.output().map_err(|e| format!("cannot run the driver query helper: {e}"))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run the driver query helper: {e}"))?;
     if !out.status.success() {
         let msg = String::from_utf8_lossy(&out.stderr);
         let msg = msg.trim().trim_start_matches("rankguard: error: ");
-        return Err(if msg.is_empty() { format!("the driver query helper failed ({})", out.status) } else { msg.to_string() });
+        return Err(if msg.is_empty() {
+            format!("the driver query helper failed ({})", out.status)
+        } else {
+            msg.to_string()
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -150,7 +187,12 @@ mod tests {
 
     #[test]
     fn uuids_are_spelled_like_nvidia_smi() {
-        let b = [0x12, 0xc0, 0xff, 0xee, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 2];
-        assert_eq!(format_uuid("GPU", &b), "GPU-12c0ffee-0000-4000-8000-000000000002");
+        let b = [
+            0x12, 0xc0, 0xff, 0xee, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 2,
+        ];
+        assert_eq!(
+            format_uuid("GPU", &b),
+            "GPU-12c0ffee-0000-4000-8000-000000000002"
+        );
     }
 }

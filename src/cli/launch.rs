@@ -66,7 +66,8 @@ struct Options {
 /// Stage 1 (raw flags) then stage 2 (typed, validated). None: help was printed.
 fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
     let mut lx = Lexer::new(name, args);
-    let (mut nproc, mut devices, mut cpu_ids, mut nnodes, mut node_rank) = (None, None, None, None, None);
+    let (mut nproc, mut devices, mut cpu_ids, mut nnodes, mut node_rank) =
+        (None, None, None, None, None);
     let (mut addr, mut port, mut sysroot, mut grace) = (None, None, None, None);
     let (mut prefix, mut json, mut with_env) = (false, false, false);
     let mut cmd = Vec::new();
@@ -102,7 +103,12 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
     let nproc = match nproc.as_deref() {
         None => Nproc::Unspecified,
         Some("gpu") => Nproc::PerDevice,
-        Some(t) => Nproc::Count(number(name, "--nproc-per-node", t, "a number of ranks or 'gpu'")?),
+        Some(t) => Nproc::Count(number(
+            name,
+            "--nproc-per-node",
+            t,
+            "a number of ranks or 'gpu'",
+        )?),
     };
     let devices = match devices {
         None => None,
@@ -123,7 +129,11 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
     let master_port: Option<u16> = match port {
         None => None,
         Some(t) => match number::<u16>(name, "--master-port", &t, "a TCP port (1-65535)")? {
-            0 => return Err(Error::usage(format!("rankguard {name}: --master-port 0 is not a usable port"))),
+            0 => {
+                return Err(Error::usage(format!(
+                    "rankguard {name}: --master-port 0 is not a usable port"
+                )))
+            }
             p => Some(p),
         },
     };
@@ -137,7 +147,9 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
         Some(t) => {
             let s: f64 = number(name, "--grace-period", &t, "a number of seconds")?;
             if !(0.0..=86400.0).contains(&s) {
-                return Err(Error::usage(format!("rankguard {name}: --grace-period {t} is outside 0-86400 seconds")));
+                return Err(Error::usage(format!(
+                    "rankguard {name}: --grace-period {t} is outside 0-86400 seconds"
+                )));
             }
             Duration::from_secs_f64(s)
         }
@@ -146,7 +158,9 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
         Some(s) => {
             let p = PathBuf::from(&s);
             if !p.is_dir() {
-                return Err(Error::usage(format!("rankguard {name}: --sysroot {s} is not a directory")));
+                return Err(Error::usage(format!(
+                    "rankguard {name}: --sysroot {s} is not a directory"
+                )));
             }
             p
         }
@@ -155,7 +169,9 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
                 let p = PathBuf::from(v);
                 if !p.is_dir() {
                     return Err(Error::usage(format!(
-                        "{SYSROOT_VAR}={} is not a directory; fix or unset it", p.display())));
+                        "{SYSROOT_VAR}={} is not a directory; fix or unset it",
+                        p.display()
+                    )));
                 }
                 p
             }
@@ -164,19 +180,31 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
     };
     if name == "launch" {
         if json {
-            return Err(Error::usage("rankguard launch: --json belongs to `rankguard plan`"));
+            return Err(Error::usage(
+                "rankguard launch: --json belongs to `rankguard plan`",
+            ));
         }
         if with_env {
-            return Err(Error::usage("rankguard launch: --env belongs to `rankguard plan --json`"));
+            return Err(Error::usage(
+                "rankguard launch: --env belongs to `rankguard plan --json`",
+            ));
         }
         if cmd.is_empty() {
             return Err(Error::usage("rankguard launch: no command given; add `-- CMD ARGS...` (rankguard launch --help)"));
         }
     } else if with_env && !json {
-        return Err(Error::usage("rankguard plan: --env prints each rank's environment in the JSON form; add --json"));
+        return Err(Error::usage(
+            "rankguard plan: --env prints each rank's environment in the JSON form; add --json",
+        ));
     }
     Ok(Some(Options {
-        req: Request { nproc, devices, cpus, nnodes, node_rank },
+        req: Request {
+            nproc,
+            devices,
+            cpus,
+            nnodes,
+            node_rank,
+        },
         master_addr: addr,
         master_port,
         sysroot,
@@ -193,21 +221,35 @@ fn make_plan(o: &Options) -> Result<Plan> {
     let raw = match std::env::var_os(cvd::VAR) {
         None => None,
         Some(v) => Some(v.into_string().map_err(|v| {
-            Error::usage(format!("{}='{}' is not valid UTF-8; fix the variable", cvd::VAR, v.to_string_lossy()))
+            Error::usage(format!(
+                "{}='{}' is not valid UTF-8; fix the variable",
+                cvd::VAR,
+                v.to_string_lossy()
+            ))
         })?),
     };
     let driver = match cvd::parse(raw.as_deref()) {
         // CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
         // Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
         // about one entry at a time.
-        cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::Entry::Mig(_)) => mig_driver_list(&e),
+        cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::Entry::Mig(_)) => {
+            mig_driver_list(&e)
+        }
         _ => gpus::query(None),
     };
     let host = plan::host_view(raw.as_deref(), driver.as_deref().map_err(|e| e.as_str()))?;
-    let affinity = sys::affinity()
-        .map_err(|e| Error::usage(format!("cannot read the launcher's CPU affinity (sched_getaffinity): {e}")))?;
+    let affinity = sys::affinity().map_err(|e| {
+        Error::usage(format!(
+            "cannot read the launcher's CPU affinity (sched_getaffinity): {e}"
+        ))
+    })?;
     let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
-    Ok(plan::plan(&o.req, &host, &affinity, topo.as_ref().map_err(|e| e.as_str()))?)
+    Ok(plan::plan(
+        &o.req,
+        &host,
+        &affinity,
+        topo.as_ref().map_err(|e| e.as_str()),
+    )?)
 }
 
 /// The driver's answer for each MIG entry, in order; stops at the first entry the driver
@@ -224,10 +266,16 @@ fn mig_driver_list(entries: &[cvd::Entry]) -> std::result::Result<Vec<plan::Driv
 }
 
 pub fn plan_main(args: Vec<OsString>) -> Result<ExitCode> {
-    let Some(o) = parse("plan", args)? else { return Ok(ExitCode::SUCCESS) };
+    let Some(o) = parse("plan", args)? else {
+        return Ok(ExitCode::SUCCESS);
+    };
     let p = make_plan(&o)?;
     if o.json {
-        let launch = if o.env { Some(Launch::resolve(o.master_addr.as_deref(), o.master_port)?) } else { None };
+        let launch = if o.env {
+            Some(Launch::resolve(o.master_addr.as_deref(), o.master_port)?)
+        } else {
+            None
+        };
         if let Some(bad) = launch.as_ref().filter(|l| l.preload.to_str().is_none()) {
             // JSON carries text: a lossy copy would not be the environment launch sets.
             return Err(Error::usage(format!(
@@ -263,13 +311,29 @@ fn plan_json(p: &Plan, o: &Options, launch: Option<&Launch>) -> Value {
                 ("uuid", Value::opt_str(r.device.uuid.clone())),
                 ("bus_id", Value::opt_str(r.device.bus_id.clone())),
                 ("numa_node", Value::opt_num(r.numa_node)),
-                ("cpus", Value::opt_str(r.cpus.as_ref().map(|c| c.to_string()))),
-                ("omp_num_threads", Value::opt_num(r.cpus.as_ref().map(|c| c.len() as i64))),
-                ("cpu_list", r.cpus.as_ref().map_or(Value::Null, |c| Value::Arr(c.iter().map(|n| Value::Num(n.into())).collect()))),
+                (
+                    "cpus",
+                    Value::opt_str(r.cpus.as_ref().map(|c| c.to_string())),
+                ),
+                (
+                    "omp_num_threads",
+                    Value::opt_num(r.cpus.as_ref().map(|c| c.len() as i64)),
+                ),
+                (
+                    "cpu_list",
+                    r.cpus.as_ref().map_or(Value::Null, |c| {
+                        Value::Arr(c.iter().map(|n| Value::Num(n.into())).collect())
+                    }),
+                ),
             ];
             if let Some(l) = launch {
                 let env = l.rank_env(p, r).into_iter();
-                let env = env.map(|(k, v)| (k, v.map_or(Value::Null, |v| Value::str(v.to_string_lossy()))));
+                let env = env.map(|(k, v)| {
+                    (
+                        k,
+                        v.map_or(Value::Null, |v| Value::str(v.to_string_lossy())),
+                    )
+                });
                 fields.push(("env", Value::Obj(env.collect())));
             }
             Value::Obj(fields)
@@ -302,13 +366,32 @@ fn plan_json(p: &Plan, o: &Options, launch: Option<&Launch>) -> Value {
 fn plan_table(p: &Plan, o: &Options) -> String {
     let mut s = format!(
         "{} rank{} on node {} of {} (world size {}); devices: {}{}\ncpu: {}\n",
-        p.nproc, if p.nproc == 1 { "" } else { "s" }, p.node_rank, p.nnodes, p.world_size, p.host.describe(),
-        o.req.devices.as_ref().map(|(t, _)| format!(", selected by --devices {t}")).unwrap_or_default(),
-        p.cpu_note);
+        p.nproc,
+        if p.nproc == 1 { "" } else { "s" },
+        p.node_rank,
+        p.nnodes,
+        p.world_size,
+        p.host.describe(),
+        o.req
+            .devices
+            .as_ref()
+            .map(|(t, _)| format!(", selected by --devices {t}"))
+            .unwrap_or_default(),
+        p.cpu_note
+    );
     let dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
-    let mut rows = vec![["RANK", "LOCAL_RANK", "POSITION", "CUDA_VISIBLE_DEVICES", "UUID", "BUS_ID", "NUMA", "CPUS"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![[
+        "RANK",
+        "LOCAL_RANK",
+        "POSITION",
+        "CUDA_VISIBLE_DEVICES",
+        "UUID",
+        "BUS_ID",
+        "NUMA",
+        "CPUS",
+    ]
+    .map(String::from)
+    .to_vec()];
     for r in &p.ranks {
         rows.push(vec![
             r.rank.to_string(),
@@ -321,9 +404,15 @@ fn plan_table(p: &Plan, o: &Options) -> String {
             dash(r.cpus.as_ref().map(|c| c.to_string())),
         ]);
     }
-    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
     for row in rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect();
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(v, w)| format!("{v:<w$}"))
+            .collect();
         s.push_str(line.join("  ").trim_end());
         s.push('\n');
     }
@@ -331,14 +420,20 @@ fn plan_table(p: &Plan, o: &Options) -> String {
 }
 
 pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
-    let Some(o) = parse("launch", args)? else { return Ok(ExitCode::SUCCESS) };
+    let Some(o) = parse("launch", args)? else {
+        return Ok(ExitCode::SUCCESS);
+    };
     let p = make_plan(&o)?;
     let launch = Launch::resolve(o.master_addr.as_deref(), o.master_port)?;
-    if matches!(p.cpu_policy, plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous) {
+    if matches!(
+        p.cpu_policy,
+        plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous
+    ) {
         eprintln!("rankguard launch: cpu: {}", p.cpu_note);
     }
     // Block the signals we wait for before any thread exists, so every thread inherits it.
-    let signals = sys::Signals::block().map_err(|e| Error::usage(format!("cannot block signals: {e}")))?;
+    let signals =
+        sys::Signals::block().map_err(|e| Error::usage(format!("cannot block signals: {e}")))?;
     // Descendants that leave the ranks' process groups (setsid) are re-parented to us when
     // orphaned, so they are still found and killed at the end (issue 14).
     if let Err(e) = sys::become_subreaper() {
@@ -377,7 +472,12 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                     }
                 }
                 reaper.watch(child.id());
-                ranks.push(Rank { rank: r.rank, pid: child.id(), child, status: None });
+                ranks.push(Rank {
+                    rank: r.rank,
+                    pid: child.id(),
+                    child,
+                    status: None,
+                });
             }
             Err(e) => {
                 stop_all(&mut ranks, sys::SIGKILL);
@@ -386,7 +486,11 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                 }
                 reaper.done();
                 kill_leftovers();
-                let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXECUTE };
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    EXIT_NOT_FOUND
+                } else {
+                    EXIT_CANNOT_EXECUTE
+                };
                 return Err(Error {
                     msg: format!("rankguard launch: cannot start rank {} ('{}'): {e}; no rank was left running",
                                  r.rank, o.cmd[0].to_string_lossy()),
@@ -424,7 +528,11 @@ impl Reaper {
     fn start() -> Reaper {
         let launcher = OsString::from(std::process::id().to_string());
         if let Ok((r, w)) = std::io::pipe() {
-            let setup = super::forked::Setup { stdin: Some(r.into()), stdout: None, own_group: true };
+            let setup = super::forked::Setup {
+                stdin: Some(r.into()),
+                stdout: None,
+                own_group: true,
+            };
             // reaper_main reads fd 0 with read(2) itself (no Stdin buffer copied from us).
             let arg = launcher.clone();
             if let Ok(c) = super::forked::spawn(setup, move || match reaper_main(vec![arg]) {
@@ -490,7 +598,10 @@ pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
     let me = std::process::id();
     // The launcher's pid, and proof that it is alive: it is our parent. Descendants are
     // only ever looked up while it is (never those of pid 1, or of a reused pid).
-    let launcher: Option<u32> = args.first().and_then(|a| a.to_str()).and_then(|a| a.parse().ok());
+    let launcher: Option<u32> = args
+        .first()
+        .and_then(|a| a.to_str())
+        .and_then(|a| a.parse().ok());
     let launcher_alive = || launcher.is_some_and(|l| std::os::unix::process::parent_id() == l);
     let mut groups: Vec<u32> = Vec::new();
     let mut known: Vec<tree::Proc> = Vec::new();
@@ -655,7 +766,9 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
                 killed = true;
             }
         }
-        let wait = kill_at.map(|t| t.saturating_duration_since(now)).unwrap_or(Duration::from_millis(200));
+        let wait = kill_at
+            .map(|t| t.saturating_duration_since(now))
+            .unwrap_or(Duration::from_millis(200));
         match signals.wait(wait.clamp(Duration::from_millis(1), Duration::from_millis(200))) {
             None | Some(sys::SIGCHLD) => {}
             Some(sig) => {

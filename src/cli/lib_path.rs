@@ -48,11 +48,18 @@ pub fn find() -> Result<PathBuf> {
                 p.display()))),
         };
     }
-    let choice = lib_build::choose(std::env::var_os(GLIBC_VAR).as_deref(), super::sys::glibc_version())?;
+    let choice = lib_build::choose(
+        std::env::var_os(GLIBC_VAR).as_deref(),
+        super::sys::glibc_version(),
+    )?;
     let builds = acceptable(choice);
     let exe = std::env::current_exe()
         .and_then(std::fs::canonicalize)
-        .map_err(|e| Error::usage(format!("cannot locate the rankguard executable to find {GUARD_FILE}: {e}")))?;
+        .map_err(|e| {
+            Error::usage(format!(
+                "cannot locate the rankguard executable to find {GUARD_FILE}: {e}"
+            ))
+        })?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let dirs = [dir.clone(), dir.join("..").join("lib")];
     let mut looked = Vec::new();
@@ -60,7 +67,8 @@ pub fn find() -> Result<PathBuf> {
         for &b in builds {
             let c = file_in(d, b);
             if c.is_file() {
-                return std::fs::canonicalize(&c).map_err(|e| Error::usage(format!("{}: {e}", c.display())));
+                return std::fs::canonicalize(&c)
+                    .map_err(|e| Error::usage(format!("{}: {e}", c.display())));
             }
             looked.push(c.display().to_string());
         }
@@ -81,15 +89,26 @@ pub fn find() -> Result<PathBuf> {
         }
         let why = match b {
             Build::Floor => super::embedded::HOW,
-            Build::Native => "build.rs makes it for x86_64 release builds, with zig: see its cargo warning",
+            Build::Native => {
+                "build.rs makes it for x86_64 release builds, with zig: see its cargo warning"
+            }
         };
-        carried.push(format!("this binary does not carry {} ({why})", b.describe()));
+        carried.push(format!(
+            "this binary does not carry {} ({why})",
+            b.describe()
+        ));
     }
-    let forced = if choice.forced { format!(" ({GLIBC_VAR} asks for {})", choice.build.describe()) } else { String::new() };
+    let forced = if choice.forced {
+        format!(" ({GLIBC_VAR} asks for {})", choice.build.describe())
+    } else {
+        String::new()
+    };
     Err(Error::usage(format!(
         "cannot find {GUARD_FILE}{forced}: looked in ${LIB_VAR} (unset), {}; {}; build it \
          (cargo build --release) or set {LIB_VAR} to its path",
-        looked.join(", "), carried.join("; "))))
+        looked.join(", "),
+        carried.join("; ")
+    )))
 }
 
 pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
@@ -108,7 +127,10 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             }
             Token::Flag(f) => return Err(lx.unknown(&f)),
             Token::Word(w) => {
-                return Err(Error::usage(format!("rankguard lib takes no arguments (got '{}')", w.to_string_lossy())))
+                return Err(Error::usage(format!(
+                    "rankguard lib takes no arguments (got '{}')",
+                    w.to_string_lossy()
+                )))
             }
             Token::End => {}
         }

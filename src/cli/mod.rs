@@ -45,7 +45,10 @@ pub struct Error {
 
 impl Error {
     pub fn usage(msg: impl Into<String>) -> Error {
-        Error { msg: msg.into(), code: EXIT_USAGE }
+        Error {
+            msg: msg.into(),
+            code: EXIT_USAGE,
+        }
     }
 }
 
@@ -78,18 +81,38 @@ struct Command {
 }
 
 const COMMANDS: &[Command] = &[
-    Command { name: "launch", summary: "start one child per rank, each with exactly one GPU, the guard and its CPU block",
-              main: launch::launch_main },
-    Command { name: "run", summary: "make this process one rank (narrow CUDA_VISIBLE_DEVICES, inject the guard) and exec",
-              main: run::main },
-    Command { name: "check", summary: "explain this environment and exit non-zero when the contract would be violated",
-              main: check::main },
-    Command { name: "plan", summary: "print the rank -> GPU entry -> CPU block mapping of a launch, start nothing",
-              main: launch::plan_main },
-    Command { name: "lib", summary: "print the absolute path of librankguard.so (LD_PRELOAD=$(rankguard lib) ...)",
-              main: lib_path::main },
-    Command { name: "report", summary: "summarise RANKGUARD_AUDIT files: violations by rule, call and rank, first occurrence",
-              main: report::main },
+    Command {
+        name: "launch",
+        summary: "start one child per rank, each with exactly one GPU, the guard and its CPU block",
+        main: launch::launch_main,
+    },
+    Command {
+        name: "run",
+        summary:
+            "make this process one rank (narrow CUDA_VISIBLE_DEVICES, inject the guard) and exec",
+        main: run::main,
+    },
+    Command {
+        name: "check",
+        summary: "explain this environment and exit non-zero when the contract would be violated",
+        main: check::main,
+    },
+    Command {
+        name: "plan",
+        summary: "print the rank -> GPU entry -> CPU block mapping of a launch, start nothing",
+        main: launch::plan_main,
+    },
+    Command {
+        name: "lib",
+        summary: "print the absolute path of librankguard.so (LD_PRELOAD=$(rankguard lib) ...)",
+        main: lib_path::main,
+    },
+    Command {
+        name: "report",
+        summary:
+            "summarise RANKGUARD_AUDIT files: violations by rule, call and rank, first occurrence",
+        main: report::main,
+    },
 ];
 
 /// The hidden subcommand the CLI runs itself as to ask the driver (see `gpus.rs`).
@@ -121,7 +144,9 @@ fn run() -> Result<ExitCode> {
     let mut argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     if argv.is_empty() {
         eprint!("{}", usage());
-        return Err(Error::usage("no command given; pick one of the commands above"));
+        return Err(Error::usage(
+            "no command given; pick one of the commands above",
+        ));
     }
     let first = argv.remove(0);
     let name = first.to_string_lossy();
@@ -142,6 +167,11 @@ fn run() -> Result<ExitCode> {
         Some(c) => (c.main)(argv),
         None => Err(Error::usage(format!(
             "unknown command '{name}'; commands are {} (rankguard --help)",
-            COMMANDS.iter().map(|c| c.name).collect::<Vec<_>>().join(", ")))),
+            COMMANDS
+                .iter()
+                .map(|c| c.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }

@@ -108,7 +108,10 @@ fn expand(p: &Path, agg: &mut Aggregator) -> Vec<PathBuf> {
     let mut out = Vec::new();
     walk(p, 0, agg, &mut out);
     if out.is_empty() {
-        agg.unreadable(&p.display().to_string(), "a directory with no files in it; name the audit files".into());
+        agg.unreadable(
+            &p.display().to_string(),
+            "a directory with no files in it; name the audit files".into(),
+        );
     }
     out
 }
@@ -142,7 +145,10 @@ fn walk(dir: &Path, depth: usize, agg: &mut Aggregator, out: &mut Vec<PathBuf>) 
         let ft = md.file_type();
         if ft.is_dir() {
             if depth + 1 >= MAX_DEPTH {
-                agg.unreadable(&shown, format!("a directory deeper than {MAX_DEPTH} levels; not read (name it)"));
+                agg.unreadable(
+                    &shown,
+                    format!("a directory deeper than {MAX_DEPTH} levels; not read (name it)"),
+                );
             } else {
                 walk(&path, depth + 1, agg, out);
             }
@@ -310,7 +316,11 @@ fn text(s: &Summary, files: usize) -> String {
         o.push('\n');
     }
     if t.records == 0 {
-        let _ = write!(o, "total: no violations in {}", plural(files, "file", "files"));
+        let _ = write!(
+            o,
+            "total: no violations in {}",
+            plural(files, "file", "files")
+        );
     } else {
         let _ = write!(
             o,
@@ -319,7 +329,15 @@ fn text(s: &Summary, files: usize) -> String {
             t.denied,
             t.warned,
             plural(t.groups, "call", "calls"),
-            plural(s.groups.iter().map(|g| &g.rule).collect::<std::collections::BTreeSet<_>>().len(), "rule", "rules"),
+            plural(
+                s.groups
+                    .iter()
+                    .map(|g| &g.rule)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len(),
+                "rule",
+                "rules"
+            ),
             plural(t.ranks, "rank", "ranks"),
             plural(t.processes, "process", "processes"),
             plural(files, "file", "files"),
@@ -336,7 +354,11 @@ fn text(s: &Summary, files: usize) -> String {
 }
 
 fn group_text(o: &mut String, g: &Group) {
-    let ranks: Vec<String> = g.ranks.iter().map(|r| rank_name(r.rank, r.rank_root.as_ref())).collect();
+    let ranks: Vec<String> = g
+        .ranks
+        .iter()
+        .map(|r| rank_name(r.rank, r.rank_root.as_ref()))
+        .collect();
     let _ = writeln!(
         o,
         "  {}: {} in {} {}",
@@ -356,7 +378,11 @@ fn group_text(o: &mut String, g: &Group) {
 /// `    at legacy_cfg.py:7 in place_learner: 3 warned in ranks 1, 2, from 3 processes`
 /// and its first occurrence.
 fn site_text(o: &mut String, g: &Group, s: &SiteStats) {
-    let ranks: Vec<String> = s.ranks.iter().map(|r| r.map_or("-".into(), |n| n.to_string())).collect();
+    let ranks: Vec<String> = s
+        .ranks
+        .iter()
+        .map(|r| r.map_or("-".into(), |n| n.to_string()))
+        .collect();
     let _ = writeln!(
         o,
         "    at {}: {} in {} {}, from {}",
@@ -397,8 +423,15 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
         f.host.as_deref().unwrap_or("?"),
         g.call,
         f.args.as_deref().unwrap_or(""),
-        if f.verdict == "deny" { "denied" } else { "allowed (warn mode)" },
-        f.detail.as_deref().filter(|d| !d.is_empty()).unwrap_or("no detail recorded"),
+        if f.verdict == "deny" {
+            "denied"
+        } else {
+            "allowed (warn mode)"
+        },
+        f.detail
+            .as_deref()
+            .filter(|d| !d.is_empty())
+            .unwrap_or("no detail recorded"),
     );
     let cvd = match f.cvd.as_deref() {
         None => "<unset>",
@@ -409,7 +442,10 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
         o,
         "      CUDA_VISIBLE_DEVICES={cvd}, GPU {}{} ({}:{})",
         f.gpu.as_deref().unwrap_or("unknown"),
-        f.job.as_deref().map(|j| format!(", job {j}")).unwrap_or_default(),
+        f.job
+            .as_deref()
+            .map(|j| format!(", job {j}"))
+            .unwrap_or_default(),
         r.first_at.file,
         r.first_at.line
     );
@@ -421,11 +457,17 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
                     "      exported by pid {pid} (rank {}) on {}{}",
                     rank_name(x.rank, x.rank_root.as_ref()),
                     x.gpu.as_deref().unwrap_or("an unknown GPU"),
-                    x.location.as_deref().map(|l| format!(" ({l} memory)")).unwrap_or_default()
+                    x.location
+                        .as_deref()
+                        .map(|l| format!(" ({l} memory)"))
+                        .unwrap_or_default()
                 );
             }
             None => {
-                let _ = writeln!(o, "      exporter unknown (no trusted provenance record for the handle)");
+                let _ = writeln!(
+                    o,
+                    "      exporter unknown (no trusted provenance record for the handle)"
+                );
             }
         }
     }
@@ -500,7 +542,10 @@ fn site_json(s: &SiteStats) -> Value {
         ("count", Value::Num(s.count as i64)),
         ("denied", Value::Num(s.denied as i64)),
         ("warned", Value::Num(s.warned as i64)),
-        ("ranks", Value::Arr(s.ranks.iter().map(|&r| Value::opt_num(r)).collect())),
+        (
+            "ranks",
+            Value::Arr(s.ranks.iter().map(|&r| Value::opt_num(r)).collect()),
+        ),
         ("processes", Value::Num(s.processes as i64)),
         (
             "first",
@@ -511,7 +556,10 @@ fn site_json(s: &SiteStats) -> Value {
                 ("pid", Value::opt_num(f.pid)),
                 ("rank", Value::opt_num(f.rank)),
                 ("args", Value::opt_str(f.args.clone())),
-                ("py_stack", Value::Arr(f.py_stack.iter().map(Value::str).collect())),
+                (
+                    "py_stack",
+                    Value::Arr(f.py_stack.iter().map(Value::str).collect()),
+                ),
                 ("file", Value::str(&s.first_at.file)),
                 ("line", Value::Num(s.first_at.line as i64)),
             ]),
@@ -575,8 +623,14 @@ mod tests {
         a.add_line("f", 2, br#"{"ts":2.0,"call":"cuIpcOpenEventHandle","verdict":"deny","rule":"R3","pid":9,"host":"h","rank":0,"exporter_pid":null,"exporter_gpu":null}"#, true);
         let s = a.finish();
         let t = text(&s, 1);
-        assert!(t.contains("\n      exported by pid 4 (rank 0) on GPU-1 (device memory)\n"), "{t}");
-        assert!(t.contains("\n      exporter unknown (no trusted provenance record for the handle)\n"), "{t}");
+        assert!(
+            t.contains("\n      exported by pid 4 (rank 0) on GPU-1 (device memory)\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("\n      exporter unknown (no trusted provenance record for the handle)\n"),
+            "{t}"
+        );
         let j = json_doc(&s, &["f".into()]).pretty();
         assert!(j.contains("\"exporter\": {\n"), "{j}");
         assert!(j.contains("\"location\": \"device\""), "{j}");

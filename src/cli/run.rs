@@ -36,13 +36,20 @@ LD_PRELOAD, RANKGUARD_RANK_GPU and RANKGUARD_JOB exported; then exec CMD.
   --device ENTRY    pick ENTRY: a position in the visible list, or a GPU-/MIG- UUID
 ";
 
-const RANK_VARS: &str = "LOCAL_RANK (torchrun), SLURM_LOCALID (srun), OMPI_COMM_WORLD_LOCAL_RANK (mpirun)";
+const RANK_VARS: &str =
+    "LOCAL_RANK (torchrun), SLURM_LOCALID (srun), OMPI_COMM_WORLD_LOCAL_RANK (mpirun)";
 
 /// The rank's single entry, from the parent's CVD and the flags.
-pub fn choose(raw: Option<&str>, narrow: Option<(&str, Option<&str>)>, device: Option<&str>) -> Result<Entry> {
+pub fn choose(
+    raw: Option<&str>,
+    narrow: Option<(&str, Option<&str>)>,
+    device: Option<&str>,
+) -> Result<Entry> {
     let var = cvd::VAR;
     if narrow.is_some() && device.is_some() {
-        return Err(Error::usage("rankguard run: give --narrow-by or --device, not both"));
+        return Err(Error::usage(
+            "rankguard run: give --narrow-by or --device, not both",
+        ));
     }
     // The parent's list, with the same malformed-value checks as `launch`.
     let list: Option<Vec<Entry>> = match raw {
@@ -110,7 +117,9 @@ pub fn choose(raw: Option<&str>, narrow: Option<(&str, Option<&str>)>, device: O
              sets it ({RANK_VARS}) or name the variable it does set")));
     };
     let pos: u32 = value.trim().parse().map_err(|_| {
-        Error::usage(format!("rankguard run: --narrow-by {name}: {name}='{value}' is not a position (0, 1, ...)"))
+        Error::usage(format!(
+            "rankguard run: --narrow-by {name}: {name}='{value}' is not a position (0, 1, ...)"
+        ))
     })?;
     match list {
         None => Ok(Entry::Index(pos)),
@@ -145,21 +154,33 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         }
     }
     if cmd.is_empty() {
-        return Err(Error::usage("rankguard run: no command given; add `-- CMD ARGS...` (rankguard run --help)"));
+        return Err(Error::usage(
+            "rankguard run: no command given; add `-- CMD ARGS...` (rankguard run --help)",
+        ));
     }
     if let Some(n) = &narrow {
         if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(Error::usage(format!("rankguard run: --narrow-by '{n}' is not an environment variable name")));
+            return Err(Error::usage(format!(
+                "rankguard run: --narrow-by '{n}' is not an environment variable name"
+            )));
         }
     }
     let raw = match std::env::var_os(cvd::VAR) {
         None => None,
         Some(v) => Some(v.into_string().map_err(|v| {
-            Error::usage(format!("{}='{}' is not valid UTF-8; fix the variable", cvd::VAR, v.to_string_lossy()))
+            Error::usage(format!(
+                "{}='{}' is not valid UTF-8; fix the variable",
+                cvd::VAR,
+                v.to_string_lossy()
+            ))
         })?),
     };
     let narrow_value = narrow.as_ref().map(|n| (n.as_str(), std::env::var(n).ok()));
-    let entry = choose(raw.as_deref(), narrow_value.as_ref().map(|(n, v)| (*n, v.as_deref())), device.as_deref())?;
+    let entry = choose(
+        raw.as_deref(),
+        narrow_value.as_ref().map(|(n, v)| (*n, v.as_deref())),
+        device.as_deref(),
+    )?;
     let guard = lib_path::find()?;
 
     let text = entry.text();
@@ -167,7 +188,10 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     c.args(&cmd[1..])
         .env(cvd::VAR, &text)
         .env(env::JOB, env::job_for_run())
-        .env("LD_PRELOAD", env::preload_with_guard(&guard, std::env::var_os("LD_PRELOAD").as_deref()));
+        .env(
+            "LD_PRELOAD",
+            env::preload_with_guard(&guard, std::env::var_os("LD_PRELOAD").as_deref()),
+        );
     // The rank's identity belongs to the outermost assignment: inside a rank (a nested
     // `run`) it is kept, so the guard can tell a re-pointed descendant from the rank's GPU.
     if std::env::var_os(env::RANK_GPU).is_none_or(|v| v.is_empty()) {
@@ -180,7 +204,9 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         // An inherited identity without its resolved UUID (set by hand): resolve it once
         // here, since the guard accepts a UUID prefix or index only when it can prove it
         // names the one GPU the process sees (crate::rankgpu).
-        let inherited = std::env::var(env::RANK_GPU).ok().map(|v| cvd::parse(Some(v.trim())));
+        let inherited = std::env::var(env::RANK_GPU)
+            .ok()
+            .map(|v| cvd::parse(Some(v.trim())));
         if let Some(Some([outer])) = inherited.as_ref().map(|v| v.entries()) {
             if let Some(u) = resolve_uuid(outer) {
                 c.env(env::RANK_GPU_UUID, u);
@@ -188,8 +214,18 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         }
     }
     let e = c.exec();
-    let code = if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXECUTE };
-    Err(Error { msg: format!("rankguard run: cannot execute '{}': {e}", cmd[0].to_string_lossy()), code })
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        EXIT_NOT_FOUND
+    } else {
+        EXIT_CANNOT_EXECUTE
+    };
+    Err(Error {
+        msg: format!(
+            "rankguard run: cannot execute '{}': {e}",
+            cmd[0].to_string_lossy()
+        ),
+        code,
+    })
 }
 
 /// The entry's full UUID: itself when it is one, else the driver's answer under
@@ -212,24 +248,44 @@ mod tests {
     fn ok(raw: Option<&str>, narrow: Option<(&str, Option<&str>)>, device: Option<&str>) -> String {
         choose(raw, narrow, device).unwrap().text()
     }
-    fn bad(raw: Option<&str>, narrow: Option<(&str, Option<&str>)>, device: Option<&str>) -> String {
+    fn bad(
+        raw: Option<&str>,
+        narrow: Option<(&str, Option<&str>)>,
+        device: Option<&str>,
+    ) -> String {
         choose(raw, narrow, device).unwrap_err().msg
     }
 
     #[test]
     fn narrows_by_position() {
-        assert_eq!(ok(Some("4,5,6,7"), Some(("LOCAL_RANK", Some("2"))), None), "6");
-        assert_eq!(ok(Some("GPU-12,GPU-15"), Some(("SLURM_LOCALID", Some("1"))), None), "GPU-15");
+        assert_eq!(
+            ok(Some("4,5,6,7"), Some(("LOCAL_RANK", Some("2"))), None),
+            "6"
+        );
+        assert_eq!(
+            ok(
+                Some("GPU-12,GPU-15"),
+                Some(("SLURM_LOCALID", Some("1"))),
+                None
+            ),
+            "GPU-15"
+        );
         assert_eq!(ok(None, Some(("LOCAL_RANK", Some("3"))), None), "3");
         // Single entry: authoritative, whatever the position.
-        assert_eq!(ok(Some("GPU-15"), Some(("SLURM_LOCALID", Some("3"))), None), "GPU-15");
+        assert_eq!(
+            ok(Some("GPU-15"), Some(("SLURM_LOCALID", Some("3"))), None),
+            "GPU-15"
+        );
         assert_eq!(ok(Some("5"), None, None), "5");
     }
 
     #[test]
     fn refuses_what_breaks_the_contract() {
         let e = bad(Some("0,1"), None, None);
-        assert!(e.contains("CUDA_VISIBLE_DEVICES='0,1'") && e.contains("--narrow-by"), "{e}");
+        assert!(
+            e.contains("CUDA_VISIBLE_DEVICES='0,1'") && e.contains("--narrow-by"),
+            "{e}"
+        );
         assert!(bad(None, None, None).contains("unset"));
         let e = bad(Some("0,1"), Some(("LOCAL_RANK", None)), None);
         assert!(e.contains("LOCAL_RANK is not set"), "{e}");
@@ -247,7 +303,10 @@ mod tests {
         assert_eq!(ok(None, None, Some("GPU-12")), "GPU-12");
         assert_eq!(ok(Some("GPU-12,GPU-13"), None, Some("GPU-13")), "GPU-13");
         let e = bad(Some("GPU-12"), None, Some("GPU-13"));
-        assert!(e.contains("--device 'GPU-13'") && e.contains("CUDA_VISIBLE_DEVICES='GPU-12'"), "{e}");
+        assert!(
+            e.contains("--device 'GPU-13'") && e.contains("CUDA_VISIBLE_DEVICES='GPU-12'"),
+            "{e}"
+        );
         assert!(bad(Some("4,5"), None, Some("2")).contains("position 2"));
         assert!(bad(None, None, Some("0,1")).contains("not one device entry"));
     }

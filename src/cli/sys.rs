@@ -45,7 +45,11 @@ pub fn affinity() -> io::Result<CpuSet> {
     // SAFETY: the pointer and size describe `m`, a live, writable buffer of exactly that size;
     // the kernel writes at most `size` bytes into it.
     let rc = unsafe {
-        libc::sched_getaffinity(0, std::mem::size_of::<Mask>(), (&mut m as *mut Mask).cast::<libc::cpu_set_t>())
+        libc::sched_getaffinity(
+            0,
+            std::mem::size_of::<Mask>(),
+            (&mut m as *mut Mask).cast::<libc::cpu_set_t>(),
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
@@ -87,7 +91,11 @@ pub fn prepare_rank_child(cmd: &mut Command, cpus: Option<&CpuSet>) {
         if let Some(m) = &mask {
             // SAFETY: the pointer and size describe `m`, a live mask owned by this closure.
             let rc = unsafe {
-                libc::sched_setaffinity(0, std::mem::size_of::<Mask>(), (m as *const Mask).cast::<libc::cpu_set_t>())
+                libc::sched_setaffinity(
+                    0,
+                    std::mem::size_of::<Mask>(),
+                    (m as *const Mask).cast::<libc::cpu_set_t>(),
+                )
             };
             if rc != 0 {
                 return Err(io::Error::last_os_error());
@@ -136,7 +144,14 @@ pub fn reap_others(keep: &[u32]) {
         // SAFETY: siginfo_t is plain data; waitid with WNOWAIT only peeks at a child that
         // has exited, writing into `info`.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
         // SAFETY: si_pid is valid to read after waitid filled `info` (0 when none exited).
         let pid = unsafe { info.si_pid() };
         if rc != 0 || pid <= 0 || keep.contains(&(pid as u32)) {
@@ -160,7 +175,11 @@ pub fn signal_pid(pid: u32, sig: i32) -> io::Result<()> {
 
 /// Wait up to `timeout` for `fd` to be readable (or at end of file).
 pub fn wait_readable(fd: i32, timeout: Duration) -> bool {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: `p` is one valid pollfd.
     unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) > 0 }
 }
@@ -227,7 +246,11 @@ impl Signals {
         // SAFETY: `self.set` is an initialised sigset_t, `ts` a valid timespec, and a null
         // siginfo pointer is allowed.
         let rc = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &ts) };
-        if rc > 0 { Some(rc) } else { None }
+        if rc > 0 {
+            Some(rc)
+        } else {
+            None
+        }
     }
 }
 
@@ -266,16 +289,19 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
         .map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
     // SAFETY (all `get`s below): each symbol is declared in cuda.h with exactly the
     // signature of the function-pointer type it is read as; `lib` outlives every use.
-    let init: libloading::Symbol<FnInit> = unsafe { lib.get(b"cuInit\0") }.map_err(|e| e.to_string())?;
+    let init: libloading::Symbol<FnInit> =
+        unsafe { lib.get(b"cuInit\0") }.map_err(|e| e.to_string())?;
     let count_fn: libloading::Symbol<FnGetCount> =
         unsafe { lib.get(b"cuDeviceGetCount\0") }.map_err(|e| e.to_string())?;
-    let get: libloading::Symbol<FnDeviceGet> = unsafe { lib.get(b"cuDeviceGet\0") }.map_err(|e| e.to_string())?;
+    let get: libloading::Symbol<FnDeviceGet> =
+        unsafe { lib.get(b"cuDeviceGet\0") }.map_err(|e| e.to_string())?;
     let uuid_fn: libloading::Symbol<FnGetUuid> = unsafe { lib.get(b"cuDeviceGetUuid_v2\0") }
         .or_else(|_| unsafe { lib.get(b"cuDeviceGetUuid\0") })
         .map_err(|e| e.to_string())?;
     let bus_fn: libloading::Symbol<FnGetBusId> =
         unsafe { lib.get(b"cuDeviceGetPCIBusId\0") }.map_err(|e| e.to_string())?;
-    let name_fn: Option<libloading::Symbol<FnErrorName>> = unsafe { lib.get(b"cuGetErrorName\0") }.ok();
+    let name_fn: Option<libloading::Symbol<FnErrorName>> =
+        unsafe { lib.get(b"cuGetErrorName\0") }.ok();
     let describe = |rc: CuResult| -> String {
         let mut p: *const c_char = std::ptr::null();
         if let Some(f) = &name_fn {
@@ -316,7 +342,10 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
         // SAFETY: `u` is a valid, writable CUuuid.
         let rc = unsafe { uuid_fn(&mut u, dev) };
         if rc != 0 {
-            return Err(format!("cuDeviceGetUuid({ordinal}) failed: {}", describe(rc)));
+            return Err(format!(
+                "cuDeviceGetUuid({ordinal}) failed: {}",
+                describe(rc)
+            ));
         }
         // cuda.h: "len: Maximum length of string to store in name", 13 chars + NUL for the
         // documented `domain:bus:device.function` form; 64 leaves room for any spelling.
@@ -324,12 +353,20 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
         // SAFETY: `buf` is writable for its full length, which is what we pass.
         let rc = unsafe { bus_fn(buf.as_mut_ptr(), buf.len() as c_int, dev) };
         if rc != 0 {
-            return Err(format!("cuDeviceGetPCIBusId({ordinal}) failed: {}", describe(rc)));
+            return Err(format!(
+                "cuDeviceGetPCIBusId({ordinal}) failed: {}",
+                describe(rc)
+            ));
         }
         buf[buf.len() - 1] = 0;
         // SAFETY: `buf` is NUL-terminated (last byte forced to 0 above).
-        let bus_id = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
-        out.push(RawGpu { uuid: u.bytes, bus_id });
+        let bus_id = unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        out.push(RawGpu {
+            uuid: u.bytes,
+            bus_id,
+        });
     }
     Ok(out)
 }

@@ -215,7 +215,10 @@ mod tests {
     /// real dlsym and stores it in FORWARD; every test starts after that.
     fn prime() {
         through_trampoline(b"cuInit");
-        assert_ne!(FORWARD.load(Ordering::Acquire), rg_dlsym_slow as *mut c_void);
+        assert_ne!(
+            FORWARD.load(Ordering::Acquire),
+            rg_dlsym_slow as *mut c_void
+        );
     }
 
     /// Look `name` up through the trampoline; whether it entered the decision function.
@@ -246,15 +249,43 @@ mod tests {
                 for tail in [&b""[..], b"Init", b"_x"] {
                     let name = [prefix, &[b], tail].concat();
                     let (_, decided) = through_trampoline(&name);
-                    assert_eq!(decided, shape(&name), "{:?}", String::from_utf8_lossy(&name));
+                    assert_eq!(
+                        decided,
+                        shape(&name),
+                        "{:?}",
+                        String::from_utf8_lossy(&name)
+                    );
                 }
             }
         }
-        for name in [&b""[..], b"c", b"cu", b"cud", b"cuda", b"curl_easy_init", b"cudnnCreate", b"cublasCreate_v2"] {
-            assert!(!through_trampoline(name).1, "{:?}", String::from_utf8_lossy(name));
+        for name in [
+            &b""[..],
+            b"c",
+            b"cu",
+            b"cud",
+            b"cuda",
+            b"curl_easy_init",
+            b"cudnnCreate",
+            b"cublasCreate_v2",
+        ] {
+            assert!(
+                !through_trampoline(name).1,
+                "{:?}",
+                String::from_utf8_lossy(name)
+            );
         }
-        for name in [&b"cuInit"[..], b"cuDeviceGet", b"cudaSetDevice", b"cuX", b"cudaX"] {
-            assert!(through_trampoline(name).1, "{:?}", String::from_utf8_lossy(name));
+        for name in [
+            &b"cuInit"[..],
+            b"cuDeviceGet",
+            b"cudaSetDevice",
+            b"cuX",
+            b"cudaX",
+        ] {
+            assert!(
+                through_trampoline(name).1,
+                "{:?}",
+                String::from_utf8_lossy(name)
+            );
         }
     }
 
@@ -268,7 +299,10 @@ mod tests {
             assert!(!decided);
             assert_eq!(p, real(name), "{:?}", String::from_utf8_lossy(name));
         }
-        assert!(!through_trampoline(b"cuserid").0.is_null(), "libc exports cuserid");
+        assert!(
+            !through_trampoline(b"cuserid").0.is_null(),
+            "libc exports cuserid"
+        );
     }
 
     #[test]

@@ -61,7 +61,10 @@ pub fn prefix<W: Write>(w: &mut W, level: &str) {
     let mut host = [0u8; 64];
     let host = report::hostname(&mut host);
     let _ = write!(w, "{host}:{}:{} ", report::pid(), report::tid());
-    match (state::try_get().and_then(|s| s.config.rank), rank_root::current()) {
+    match (
+        state::try_get().and_then(|s| s.config.rank),
+        rank_root::current(),
+    ) {
         (Some(r), _) => {
             let _ = write!(w, "[rank {r}] ");
         }
@@ -109,7 +112,12 @@ pub fn on_verdict<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>
 /// 0 = unknown): the key of a repeated violation's site (`tally.rs`).
 #[cold]
 #[inline(never)]
-pub fn on_verdict_ra<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, ra: usize) -> Result<(), R> {
+pub fn on_verdict_ra<R: Code>(
+    id: usize,
+    verdict: Verdict,
+    args: fmt::Arguments<'_>,
+    ra: usize,
+) -> Result<(), R> {
     on_verdict_at(id, verdict, args, None, ra)
 }
 
@@ -121,7 +129,9 @@ pub fn on_verdict_ra<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<
 #[inline(always)]
 pub fn repeated<R: Code>(id: usize, verdict: Verdict, ra: usize) -> Option<Result<(), R>> {
     // (ra == 0 never has a return-address slot.)
-    let Verdict::Violation(v) = verdict else { return None };
+    let Verdict::Violation(v) = verdict else {
+        return None;
+    };
     let deny = tally::counted_again(id, v.rule, ra)?;
     Some(if deny { Err(R::denied(v.code)) } else { Ok(()) })
 }
@@ -149,7 +159,9 @@ fn on_verdict_at<R: Code>(
     // Nothing below should panic, but this runs inside someone else's process behind an
     // FFI boundary: a panic in reporting must not unwind into C (Rust would abort the host
     // process), and must not let a violating call through. Fail closed instead.
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(id, verdict, args, extra, ra))) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        act(id, verdict, args, extra, ra)
+    })) {
         Ok(r) => r,
         Err(_) => match verdict {
             Verdict::Violation(v) if !matches!(state::mode(), Mode::Warn | Mode::Off) => {
@@ -160,7 +172,13 @@ fn on_verdict_at<R: Code>(
     }
 }
 
-fn act<R: Code>(id: usize, verdict: Verdict, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>, ra: usize) -> Result<(), R> {
+fn act<R: Code>(
+    id: usize,
+    verdict: Verdict,
+    args: fmt::Arguments<'_>,
+    extra: Option<Extra<'_>>,
+    ra: usize,
+) -> Result<(), R> {
     let mode = state::mode();
     state::report_config_errors();
     match verdict {
@@ -221,7 +239,14 @@ pub struct Extra<'a> {
 
 /// Write the stderr line (first occurrence per symbol; the rest at debug level) and the
 /// audit record for one decision, capturing its site here.
-pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>) {
+pub fn emit(
+    id: usize,
+    v: &Violation,
+    verdict: &str,
+    mode: Mode,
+    args: fmt::Arguments<'_>,
+    extra: Option<Extra<'_>>,
+) {
     let cap = site::capture(site::python_thread());
     let first = TABLE[id].first_said(report::pid());
     emit_at(id, v, verdict, mode, args, extra, &cap, first);
@@ -230,7 +255,16 @@ pub fn emit(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Argu
 /// [`emit`] with the site already captured; `first`: the first line of this (rule, call,
 /// site) in this process (`tally.rs`), said on stderr; later ones go to the debug log.
 #[allow(clippy::too_many_arguments)]
-pub fn emit_at(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::Arguments<'_>, extra: Option<Extra<'_>>, cap: &site::Capture, first: bool) {
+pub fn emit_at(
+    id: usize,
+    v: &Violation,
+    verdict: &str,
+    mode: Mode,
+    args: fmt::Arguments<'_>,
+    extra: Option<Extra<'_>>,
+    cap: &site::Capture,
+    first: bool,
+) {
     let e = &TABLE[id];
     let st = state::get();
     let _ = rank_root::ensure(&st.config);
@@ -244,7 +278,13 @@ pub fn emit_at(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::A
     let gpu = state::owned_gpu();
     // The rank's GPU: the launcher's identity when there is one (a descendant that breaks
     // R1 sees another GPU than its rank owns), else the one this process sees.
-    let rank_gpu = st.config.rank_gpu_uuid.as_deref().or(st.config.rank_gpu.as_deref()).or(rank_root::rank_gpu()).or(gpu);
+    let rank_gpu = st
+        .config
+        .rank_gpu_uuid
+        .as_deref()
+        .or(st.config.rank_gpu.as_deref())
+        .or(rank_root::rank_gpu())
+        .or(gpu);
     let verdict_word = match (verdict, mode) {
         ("deny", Mode::Abort) => "aborting",
         ("deny", _) => "denied",
@@ -275,10 +315,24 @@ pub fn emit_at(id: usize, v: &Violation, verdict: &str, mode: Mode, args: fmt::A
 
     if state::audit_on() {
         let mut j = String::with_capacity(4096);
-        let _ = audit_record(&mut j, e.call, e.abi(), v, verdict, mode, args, cvd_now, gpu, &st.config, extra.as_ref().map(|x| x.json));
+        let _ = audit_record(
+            &mut j,
+            e.call,
+            e.abi(),
+            v,
+            verdict,
+            mode,
+            args,
+            cvd_now,
+            gpu,
+            &st.config,
+            extra.as_ref().map(|x| x.json),
+        );
         site::record_fields(&mut j, cap);
-        j.push_str("}
-");
+        j.push_str(
+            "}
+",
+        );
         state::write_audit(j.as_bytes());
     }
 }
@@ -312,8 +366,18 @@ fn audit_record<W: Write>(
     json_str(j, call, 64)?;
     j.write_str(",\"abi\":")?;
     json_str(j, abi, 64)?;
-    write!(j, ",\"verdict\":\"{verdict}\",\"rule\":\"{}\",\"mode\":\"{}\"", v.rule.as_str(), mode.as_str())?;
-    write!(j, ",\"pid\":{},\"tid\":{},\"host\":", report::pid(), report::tid())?;
+    write!(
+        j,
+        ",\"verdict\":\"{verdict}\",\"rule\":\"{}\",\"mode\":\"{}\"",
+        v.rule.as_str(),
+        mode.as_str()
+    )?;
+    write!(
+        j,
+        ",\"pid\":{},\"tid\":{},\"host\":",
+        report::pid(),
+        report::tid()
+    )?;
     json_str(j, host, 64)?;
     match cfg.rank {
         Some(r) => write!(j, ",\"rank\":{r}")?,
@@ -403,7 +467,8 @@ fn check_init(rc: CuResult) {
     let own_uuid = own_uuid.as_str();
     // The raw values: an empty, non-UTF-8 or unverifiable rank GPU fails closed, exactly
     // as `rankguard check` decides it (one shared function).
-    let rank_uuid = report::getenv_bytes("RANKGUARD_RANK_GPU_UUID").filter(|u| !u.trim_ascii().is_empty());
+    let rank_uuid =
+        report::getenv_bytes("RANKGUARD_RANK_GPU_UUID").filter(|u| !u.trim_ascii().is_empty());
     // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
     let cfg = &state::get().config;
     let by_root = rank_root::ensure(cfg).is_some();
@@ -411,7 +476,12 @@ fn check_init(rc: CuResult) {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
         None => rank_root::is_rank_gpu(own_uuid, &vis),
     };
-    let facts = InitFacts { cvd_set: cvd_text.is_some(), entries, devices, is_rank_gpu };
+    let facts = InitFacts {
+        cvd_set: cvd_text.is_some(),
+        entries,
+        devices,
+        is_rank_gpu,
+    };
     tracing::debug!(?facts, uuid = own_uuid, "R1 check at cuInit");
     let verdict = policy::init(facts);
     if by_root && (verdict.is_allow() || mode == Mode::Warn) {
@@ -428,12 +498,27 @@ fn check_init(rc: CuResult) {
         let _ = write!(
             human,
             "; this process sees {}",
-            if own_uuid.is_empty() { "no identifiable GPU" } else { own_uuid }
+            if own_uuid.is_empty() {
+                "no identifiable GPU"
+            } else {
+                own_uuid
+            }
         );
     }
     let mut json = StackBuf::<256>::new();
-    let _ = write!(json, ",\"devices\":{devices},\"entries\":{entries},\"sees\":");
-    let _ = json_opt_str(&mut json, if own_uuid.is_empty() { None } else { Some(own_uuid) }, 64);
+    let _ = write!(
+        json,
+        ",\"devices\":{devices},\"entries\":{entries},\"sees\":"
+    );
+    let _ = json_opt_str(
+        &mut json,
+        if own_uuid.is_empty() {
+            None
+        } else {
+            Some(own_uuid)
+        },
+        64,
+    );
     let extra = Extra {
         json: std::str::from_utf8(json.as_bytes()).unwrap_or(""),
         human: std::str::from_utf8(human.as_bytes()).unwrap_or(""),
@@ -469,7 +554,11 @@ fn driver_count() -> Option<i32> {
 pub fn device_uuid_bytes(ordinal: i32) -> Option<CUuuid> {
     let get = real::get(Id::cuDeviceGet as usize);
     let uuid = real::get(Id::cuDeviceGetUuid_v2 as usize);
-    let uuid = if uuid.is_null() { real::get(Id::cuDeviceGetUuid as usize) } else { uuid };
+    let uuid = if uuid.is_null() {
+        real::get(Id::cuDeviceGetUuid as usize)
+    } else {
+        uuid
+    };
     if get.is_null() || uuid.is_null() {
         return None;
     }
@@ -478,7 +567,17 @@ pub fn device_uuid_bytes(ordinal: i32) -> Option<CUuuid> {
     let (get, uuid): (
         unsafe extern "C" fn(*mut CUdevice, i32) -> CuResult,
         unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CuResult,
-    ) = unsafe { (std::mem::transmute(get), std::mem::transmute(uuid)) };
+    ) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut CUdevice, i32) -> CuResult>(
+                get,
+            ),
+            std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CuResult,
+            >(uuid),
+        )
+    };
     let mut dev: CUdevice = 0;
     let mut u = CUuuid { bytes: [0; 16] };
     // SAFETY: valid out-pointers.
@@ -549,7 +648,9 @@ pub fn unknown_variant(symbol: *const std::ffi::c_char) {
         "?"
     } else {
         // SAFETY: a non-NULL symbol argument is a NUL-terminated string.
-        unsafe { std::ffi::CStr::from_ptr(symbol) }.to_str().unwrap_or("?")
+        unsafe { std::ffi::CStr::from_ptr(symbol) }
+            .to_str()
+            .unwrap_or("?")
     };
     let mut b = StackBuf::<512>::new();
     prefix(&mut b, "WARN");
@@ -562,7 +663,9 @@ pub fn unknown_variant(symbol: *const std::ffi::c_char) {
 
 /// The runtime's current device, asked from the real runtime; 0 if it cannot tell.
 pub fn runtime_current_device() -> i32 {
-    let Some(f) = internal::cudaGetDevice() else { return 0 };
+    let Some(f) = internal::cudaGetDevice() else {
+        return 0;
+    };
     let mut d = 0;
     // SAFETY: valid out-pointer.
     if unsafe { f(&mut d) } == CudaError::SUCCESS {

@@ -114,6 +114,9 @@ mod layout {
         assert_eq!(size_of::<CUdevice>(), 4);
         assert_eq!(size_of::<CuResult>(), 4);
         assert_eq!(CU_MEM_LOCATION_TYPE_DEVICE, crate::policy::location::DEVICE);
-        assert_eq!(CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, crate::policy::location::HOST_NUMA_CURRENT);
+        assert_eq!(
+            CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
+            crate::policy::location::HOST_NUMA_CURRENT
+        );
     }
 }

@@ -35,11 +35,13 @@ use crate::config::Mode;
 use crate::guard::engine::{self, Code, Extra};
 use crate::guard::ffi::{CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult};
 use crate::guard::internal;
-use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
 use crate::guard::rank_root;
+use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
 use crate::guard::state;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
-use crate::registry::{self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, Record, Registry};
+use crate::registry::{
+    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, Record, Registry,
+};
 
 /// Every 64-byte opaque CUDA handle: `CUipcMemHandle`, `CUipcEventHandle`, their runtime
 /// twins `cudaIpcMemHandle_t`/`cudaIpcEventHandle_t`, `CUmemFabricHandle` and
@@ -102,7 +104,13 @@ pub fn pointer_device(ptr: u64) -> Option<i32> {
     let f = internal::cuPointerGetAttribute()?;
     let mut ordinal: c_int = -1;
     // SAFETY: DEVICE_ORDINAL writes one int into the valid out-pointer.
-    let rc = unsafe { f((&raw mut ordinal).cast(), POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) };
+    let rc = unsafe {
+        f(
+            (&raw mut ordinal).cast(),
+            POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
     (rc == CuResult::SUCCESS && ordinal >= 0).then_some(ordinal)
 }
 
@@ -118,7 +126,8 @@ fn allocation_location(handle: u64) -> Option<CUmemLocation> {
         rest: [0; 48],
     };
     // SAFETY: `prop` is larger than and aligned like CUmemAllocationProp.
-    (unsafe { f((&raw mut prop).cast(), handle) } == CuResult::SUCCESS).then_some(prop.head.location)
+    (unsafe { f((&raw mut prop).cast(), handle) } == CuResult::SUCCESS)
+        .then_some(prop.head.location)
 }
 
 /// The device of the current context.
@@ -133,7 +142,9 @@ use crate::guard::engine::device_uuid;
 
 /// This process's GPU: what the R1 check established, else device 0's.
 fn own_gpu() -> Option<String> {
-    state::owned_gpu().map(str::to_string).or_else(|| device_uuid(0))
+    state::owned_gpu()
+        .map(str::to_string)
+        .or_else(|| device_uuid(0))
 }
 
 /// `(st_dev, st_ino, S_ISREG, f_type)` of an open file descriptor.
@@ -163,7 +174,13 @@ fn file_ident(fd: c_int) -> Option<FileIdent> {
 /// # Safety
 /// For a POSIX fd, `os_handle` is the descriptor's value (import) — `by_value` — or points
 /// to an `int` (export); for FABRIC it is NULL or points to 64 readable bytes.
-unsafe fn shareable_key(fd_kind: Kind, fabric_kind: Kind, os_handle: *const c_void, htype: u32, by_value: bool) -> Option<Key> {
+unsafe fn shareable_key(
+    fd_kind: Kind,
+    fabric_kind: Kind,
+    os_handle: *const c_void,
+    htype: u32,
+    by_value: bool,
+) -> Option<Key> {
     match htype {
         HANDLE_TYPE_POSIX_FD => {
             let fd = if by_value {
@@ -177,7 +194,10 @@ unsafe fn shareable_key(fd_kind: Kind, fabric_kind: Kind, os_handle: *const c_vo
             match Key::from_file(fd_kind, file_ident(fd)?) {
                 Ok(k) => Some(k),
                 Err(_) => {
-                    tracing::debug!(fd, "shared fd has no unique file identity: provenance unknown");
+                    tracing::debug!(
+                        fd,
+                        "shared fd has no unique file identity: provenance unknown"
+                    );
                     None
                 }
             }
@@ -227,7 +247,9 @@ pub(crate) fn open_registry() -> Option<Registry> {
     };
     match Registry::open(&dir, uid, true) {
         Ok(r) => Some(r),
-        Err(problem) if state::get().config.registry.is_none() => open_fallback(uid, &dir, &problem.to_string()),
+        Err(problem) if state::get().config.registry.is_none() => {
+            open_fallback(uid, &dir, &problem.to_string())
+        }
         Err(problem) => {
             say_once(
                 &SAID_DIR,
@@ -242,7 +264,11 @@ pub(crate) fn open_registry() -> Option<Registry> {
 }
 
 /// A record could not be written (said once per process). `consequence`: what is lost.
-pub(crate) fn said_write_problem(dir: &std::path::Path, problem: &registry::WriteProblem, consequence: &str) {
+pub(crate) fn said_write_problem(
+    dir: &std::path::Path,
+    problem: &registry::WriteProblem,
+    consequence: &str,
+) {
     say_once(
         &SAID_WRITE,
         format_args!(
@@ -257,11 +283,15 @@ pub(crate) fn said_write_problem(dir: &std::path::Path, problem: &registry::Writ
 /// create, and say so once: the default being taken may be an attempt to disable R3.
 fn open_fallback(uid: u32, default: &std::path::Path, problem: &str) -> Option<Registry> {
     let mut host = [0u8; 256];
-    let fallback = home_dir(uid).map(|home| registry::fallback_dir(&home, full_hostname(&mut host)));
+    let fallback =
+        home_dir(uid).map(|home| registry::fallback_dir(&home, full_hostname(&mut host)));
     let opened = fallback.as_ref().map(|f| {
         if let Some(parent) = f.parent() {
             use std::os::unix::fs::DirBuilderExt;
-            let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent);
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent);
         }
         Registry::open(f, uid, true)
     });
@@ -279,7 +309,9 @@ fn open_fallback(uid: u32, default: &std::path::Path, problem: &str) -> Option<R
         }
         (f, opened) => {
             let why = match (f, opened) {
-                (Some(f), Some(Err(p))) => format!("and the private fallback {:?} {p}", f.display().to_string()),
+                (Some(f), Some(Err(p))) => {
+                    format!("and the private fallback {:?} {p}", f.display().to_string())
+                }
                 _ => "and there is no home directory for a private fallback".to_string(),
             };
             say_once(
@@ -304,7 +336,15 @@ fn home_dir(uid: u32) -> Option<PathBuf> {
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: getpwuid_r writes into `pw` and into `buf` (whose length we pass) and sets
     // `result` to `&pw` or to NULL.
-    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut result) };
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
     if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
         return None;
     }
@@ -417,7 +457,11 @@ pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    record(Key::from_bytes(Kind::Mem, &h.reserved), gpu, Location::Device);
+    record(
+        Key::from_bytes(Kind::Mem, &h.reserved),
+        gpu,
+        Location::Device,
+    );
 }
 
 /// After a successful `cuIpcGetEventHandle`/`cudaIpcGetEventHandle`: the event lives in the
@@ -432,7 +476,11 @@ pub unsafe fn exported_event(handle: *const IpcHandle) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
     let gpu = current_device().and_then(device_uuid).or_else(own_gpu);
-    record(Key::from_bytes(Kind::Event, &h.reserved), gpu, Location::Device);
+    record(
+        Key::from_bytes(Kind::Event, &h.reserved),
+        gpu,
+        Location::Device,
+    );
 }
 
 /// After a successful `cuMemExportToShareableHandle`.
@@ -444,13 +492,18 @@ pub unsafe fn exported_allocation(shareable: *const c_void, alloc: u64, htype: u
         return;
     }
     // SAFETY: forwarded from the caller.
-    let Some(key) = (unsafe { shareable_key(Kind::VmmFd, Kind::Fabric, shareable, htype, false) }) else {
+    let Some(key) = (unsafe { shareable_key(Kind::VmmFd, Kind::Fabric, shareable, htype, false) })
+    else {
         return;
     };
     let (location, gpu) = match allocation_location(alloc) {
         Some(l) => {
             let loc = Location::from_cu(l.type_);
-            let gpu = if loc == Location::Device { device_uuid(l.id) } else { None };
+            let gpu = if loc == Location::Device {
+                device_uuid(l.id)
+            } else {
+                None
+            };
             (loc, gpu)
         }
         None => (Location::Unknown, own_gpu()),
@@ -467,10 +520,16 @@ pub unsafe fn exported_pool(shareable: *const c_void, htype: u32) {
         return;
     }
     // SAFETY: forwarded from the caller.
-    let Some(key) = (unsafe { shareable_key(Kind::PoolFd, Kind::PoolFabric, shareable, htype, false) }) else {
+    let Some(key) =
+        (unsafe { shareable_key(Kind::PoolFd, Kind::PoolFabric, shareable, htype, false) })
+    else {
         return;
     };
-    record(key, current_device().and_then(device_uuid).or_else(own_gpu), Location::Unknown);
+    record(
+        key,
+        current_device().and_then(device_uuid).or_else(own_gpu),
+        Location::Unknown,
+    );
 }
 
 /// After a successful `cuMemPoolExportPointer`.
@@ -484,7 +543,11 @@ pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *data };
     let gpu = pointer_device(ptr).and_then(device_uuid).or_else(own_gpu);
-    record(Key::from_bytes(Kind::PoolPtr, &h.reserved), gpu, Location::Device);
+    record(
+        Key::from_bytes(Kind::PoolPtr, &h.reserved),
+        gpu,
+        Location::Device,
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -499,7 +562,12 @@ pub fn key_of(kind: Kind, h: &IpcHandle) -> Key {
 ///
 /// # Safety
 /// As [`shareable_key`] with `by_value` (POSIX fd: the value; FABRIC: a pointer or NULL).
-pub unsafe fn key_of_shareable(fd_kind: Kind, fabric_kind: Kind, os_handle: *const c_void, htype: u32) -> Option<Key> {
+pub unsafe fn key_of_shareable(
+    fd_kind: Kind,
+    fabric_kind: Kind,
+    os_handle: *const c_void,
+    htype: u32,
+) -> Option<Key> {
     // SAFETY: forwarded from the caller.
     unsafe { shareable_key(fd_kind, fabric_kind, os_handle, htype, true) }
 }
@@ -523,7 +591,12 @@ pub struct Checked(Option<Decision>);
 /// R3 on an import. `location` is what the driver says about the imported memory, where it
 /// was asked already (VMM). `Ok`: go on (keep the result for [`verify_mapping`]);
 /// `Err(code)`: return `code` (enforce mode denied it).
-pub fn check_import<R: Code>(id: usize, key: Option<Key>, location: Option<Location>, args: fmt::Arguments<'_>) -> Result<Checked, R> {
+pub fn check_import<R: Code>(
+    id: usize,
+    key: Option<Key>,
+    location: Option<Location>,
+    args: fmt::Arguments<'_>,
+) -> Result<Checked, R> {
     if !active() {
         return Ok(Checked(None));
     }
@@ -531,7 +604,12 @@ pub fn check_import<R: Code>(id: usize, key: Option<Key>, location: Option<Locat
     let cfg = &state::get().config;
     let job = cfg.job.as_deref().map(registry::job_token);
     let gpu = own_gpu();
-    let me = Importer { job: job.as_deref(), rank: cfg.rank, gpu: gpu.as_deref(), root: rank_root::id() };
+    let me = Importer {
+        job: job.as_deref(),
+        rank: cfg.rank,
+        gpu: gpu.as_deref(),
+        root: rank_root::id(),
+    };
     let d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
     let verdict = d.verdict();
     if verdict.is_allow() {
@@ -545,12 +623,25 @@ pub fn check_import<R: Code>(id: usize, key: Option<Key>, location: Option<Locat
         return Ok(Checked(Some(d)));
     }
     let (json, human) = describe(key.as_ref(), rec.as_ref(), gpu.as_deref(), d);
-    engine::on_verdict_with(id, verdict, args, Some(Extra { json: &json, human: &human }))?;
+    engine::on_verdict_with(
+        id,
+        verdict,
+        args,
+        Some(Extra {
+            json: &json,
+            human: &human,
+        }),
+    )?;
     Ok(Checked(Some(d)))
 }
 
 /// The exporter fields of a report: JSON members and the human tail.
-fn describe(key: Option<&Key>, rec: Option<&Record>, own: Option<&str>, d: Decision) -> (String, String) {
+fn describe(
+    key: Option<&Key>,
+    rec: Option<&Record>,
+    own: Option<&str>,
+    d: Decision,
+) -> (String, String) {
     let mut json = String::with_capacity(256);
     let mut human = String::with_capacity(160);
     let _ = json.write_str(",\"handle\":");
@@ -604,20 +695,46 @@ fn describe(key: Option<&Key>, rec: Option<&Record>, own: Option<&str>, d: Decis
 /// After a successful import that [`check_import`] allowed: where the driver reports the
 /// mapping on a device other than the rank's device 0, R3 is broken after all.
 /// `Err(code)`: the caller undoes the import and returns `code`.
-pub fn verify_mapping<R: Code>(id: usize, checked: Checked, device: Option<i32>, args: fmt::Arguments<'_>) -> Result<(), R> {
-    let Checked(Some(d)) = checked else { return Ok(()) };
+pub fn verify_mapping<R: Code>(
+    id: usize,
+    checked: Checked,
+    device: Option<i32>,
+    args: fmt::Arguments<'_>,
+) -> Result<(), R> {
+    let Checked(Some(d)) = checked else {
+        return Ok(());
+    };
     if !d.verify_after() {
         return Ok(());
     }
-    let Some(device) = device.filter(|&x| x != 0) else { return Ok(()) };
-    let v = Violation { rule: Rule::R3, code: DenyCode::NotPermitted, detail: Detail::ImportedOnOtherDevice { device } };
+    let Some(device) = device.filter(|&x| x != 0) else {
+        return Ok(());
+    };
+    let v = Violation {
+        rule: Rule::R3,
+        code: DenyCode::NotPermitted,
+        detail: Detail::ImportedOnOtherDevice { device },
+    };
     let json = format!(",\"decision\":\"mapping on device {device}\",\"device\":{device}");
     let human = format!("; the driver reports the imported memory on device {device}");
-    engine::on_verdict_with(id, Verdict::Violation(v), args, Some(Extra { json: &json, human: &human }))
+    engine::on_verdict_with(
+        id,
+        Verdict::Violation(v),
+        args,
+        Some(Extra {
+            json: &json,
+            human: &human,
+        }),
+    )
 }
 
 /// The driver's verdict after a pointer import (legacy IPC, pool pointer).
-pub fn verify_pointer<R: Code>(id: usize, checked: Checked, ptr: u64, args: fmt::Arguments<'_>) -> Result<(), R> {
+pub fn verify_pointer<R: Code>(
+    id: usize,
+    checked: Checked,
+    ptr: u64,
+    args: fmt::Arguments<'_>,
+) -> Result<(), R> {
     if matches!(checked, Checked(Some(d)) if d.verify_after()) {
         verify_mapping(id, checked, pointer_device(ptr), args)
     } else {
@@ -627,7 +744,12 @@ pub fn verify_pointer<R: Code>(id: usize, checked: Checked, ptr: u64, args: fmt:
 
 /// R3 on a VMM import, after the real import gave `alloc`: the allocation's location type
 /// (host memory is always allowed) joins the registry's record.
-pub fn check_vmm_import<R: Code>(id: usize, key: Option<Key>, alloc: u64, args: fmt::Arguments<'_>) -> Result<(), R> {
+pub fn check_vmm_import<R: Code>(
+    id: usize,
+    key: Option<Key>,
+    alloc: u64,
+    args: fmt::Arguments<'_>,
+) -> Result<(), R> {
     if !active() {
         return Ok(());
     }

@@ -26,8 +26,8 @@ use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::ipc;
 use crate::guard::report::{self, json_str};
-use crate::rankgpu;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
+use crate::rankgpu;
 use crate::registry::{self, Key, Location, Lookup, ProcFs, Record, Registry};
 
 /// Largest `/proc/<pid>/environ` read (ARG_MAX-sized environments fit).

@@ -125,7 +125,11 @@ pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_v
                 // Not in the global scope: a runtime loaded privately, as a dependency of a
                 // library dlopen'ed with RTLD_LOCAL (PyTorch's libtorch_cuda.so, CuPy).
                 let h = loaded_runtime();
-                p = if h.is_null() { ptr::null_mut() } else { lookup(h, name) };
+                p = if h.is_null() {
+                    ptr::null_mut()
+                } else {
+                    lookup(h, name)
+                };
             }
             p
         }
@@ -146,7 +150,11 @@ pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_v
 /// (`libcudart.so.12`, `libcudart.so.13`, ...), or null. Loads nothing: the runtime a
 /// wrapper was reached from is necessarily loaded.
 fn loaded_runtime() -> *mut c_void {
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
         // SAFETY: dl_iterate_phdr passes a valid info for the duration of the callback;
         // `data` is the `*const c_char` slot below.
         unsafe {
@@ -198,6 +206,3 @@ pub fn resolve_all_driver() {
         }
     }
 }
-
-
-

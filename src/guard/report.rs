@@ -17,7 +17,10 @@ pub struct StackBuf<const N: usize> {
 
 impl<const N: usize> StackBuf<N> {
     pub fn new() -> Self {
-        StackBuf { buf: [0; N], len: 0 }
+        StackBuf {
+            buf: [0; N],
+            len: 0,
+        }
     }
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len]
@@ -77,7 +80,11 @@ pub fn json_opt_str<W: Write>(w: &mut W, s: Option<&str>, cap: usize) -> fmt::Re
 /// instead of hanging the program.
 pub fn write_all(fd: i32, mut bytes: &[u8]) {
     while !bytes.is_empty() {
-        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
         // SAFETY: `p` is one valid pollfd.
         let r = unsafe { libc::poll(&mut p, 1, WRITE_WAIT_MS) };
         if r == 0 {
@@ -177,7 +184,10 @@ pub fn escape_bytes<W: Write>(w: &mut W, bytes: &[u8]) -> fmt::Result {
 
 /// Seconds since the epoch, with microseconds.
 pub fn now() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     ts.tv_sec as f64 + (ts.tv_nsec / 1000) as f64 / 1e6
@@ -198,7 +208,10 @@ mod tests {
     fn json_strings_escape_and_cap() {
         let mut b = StackBuf::<128>::new();
         json_str(&mut b, "a\"b\\c\nd\u{1}", 64).unwrap();
-        assert_eq!(std::str::from_utf8(b.as_bytes()).unwrap(), r#""a\"b\\c\nd\u0001""#);
+        assert_eq!(
+            std::str::from_utf8(b.as_bytes()).unwrap(),
+            r#""a\"b\\c\nd\u0001""#
+        );
         let mut b = StackBuf::<128>::new();
         json_str(&mut b, "ééééé", 4).unwrap();
         assert_eq!(std::str::from_utf8(b.as_bytes()).unwrap(), "\"éé...\"");

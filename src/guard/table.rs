@@ -6,6 +6,7 @@
 //!   `cudaSetDevice@libcudart.so.12` references);
 //! - its entry in [`TABLE`]: ABI name, the API name programs call it by, library, the
 //!   slot of the real function, the wrapper's address.
+//!
 //! Every interposition layer (exported symbols, `dlsym`, `cuGetProcAddress`,
 //! `cudaGetDriverEntryPoint`) derives from [`TABLE`]; nothing is listed twice.
 #![allow(unsafe_code)]
@@ -112,7 +113,8 @@ pub fn is_guarded_driver_call(name: &[u8]) -> bool {
 macro_rules! guarded {
     ($( $lib:ident $call:literal fn $( $sym:ident )|+ ( $( $arg:ident : $ty:ty ),* $(,)? )
         -> $ret:ty | $real:ident | $body:block )*) => {
-        #[allow(non_camel_case_types, dead_code)]
+        // Variants are the C names (`cuCtxGetId` ends with the enum's name).
+        #[allow(non_camel_case_types, dead_code, clippy::enum_variant_names)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
         pub enum Id { $( $( $sym, )+ )* }
@@ -201,9 +203,22 @@ mod tests {
     #[test]
     fn every_guarded_name_has_the_guarded_shape() {
         for e in TABLE.iter() {
-            assert!(shape(e.abi()), "{} would be forwarded unguarded by dlsym", e.abi());
+            assert!(
+                shape(e.abi()),
+                "{} would be forwarded unguarded by dlsym",
+                e.abi()
+            );
         }
-        for other in ["curl_easy_init", "cudnnCreate", "cublasCreate_v2", "cu", "c", "", "cuda", "cuda_x"] {
+        for other in [
+            "curl_easy_init",
+            "cudnnCreate",
+            "cublasCreate_v2",
+            "cu",
+            "c",
+            "",
+            "cuda",
+            "cuda_x",
+        ] {
             assert!(!shape(other), "{other}");
         }
     }
