@@ -12,9 +12,9 @@ import struct
 SHT_GNU_VERNEED = 0x6FFFFFFE
 
 
-def needed_versions(path: pathlib.Path) -> dict[str, set[str]]:
-    """{needed file name: {version names}} of an ELF-64 LE file, e.g.
-    {"libc.so.6": {"GLIBC_2.2.5", "GLIBC_2.28"}}."""
+def _sections(path: pathlib.Path) -> tuple[bytes, list[tuple[int, int, int, int, int]]]:
+    """The file's bytes and its section headers as (sh_type, sh_offset, sh_size, sh_link,
+    sh_info), in order (Elf64_Shdr)."""
     data = pathlib.Path(path).read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError(f"{path}: not an ELF-64 little-endian file")
@@ -22,10 +22,17 @@ def needed_versions(path: pathlib.Path) -> dict[str, set[str]]:
     e_shentsize, e_shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = []
     for i in range(e_shnum):
-        off = e_shoff + i * e_shentsize
         # sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, sh_info
-        _, sh_type, _, _, sh_offset, sh_size, sh_link, sh_info = struct.unpack_from("<IIQQQQII", data, off)
+        _, sh_type, _, _, sh_offset, sh_size, sh_link, sh_info = struct.unpack_from(
+            "<IIQQQQII", data, e_shoff + i * e_shentsize)
         sections.append((sh_type, sh_offset, sh_size, sh_link, sh_info))
+    return data, sections
+
+
+def needed_versions(path: pathlib.Path) -> dict[str, set[str]]:
+    """{needed file name: {version names}} of an ELF-64 LE file, e.g.
+    {"libc.so.6": {"GLIBC_2.2.5", "GLIBC_2.28"}}."""
+    data, sections = _sections(path)
     out: dict[str, set[str]] = {}
     for sh_type, sh_offset, _, sh_link, sh_info in sections:
         if sh_type != SHT_GNU_VERNEED:
@@ -69,18 +76,9 @@ DT_NULL, DT_NEEDED = 0, 1
 def needed_libraries(path: pathlib.Path) -> list[str]:
     """The DT_NEEDED entries of an ELF-64 LE file's dynamic section, in order: the
     libraries the loader maps with it (`readelf -d`'s "NEEDED" lines)."""
-    data = pathlib.Path(path).read_bytes()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError(f"{path}: not an ELF-64 little-endian file")
-    e_shoff, = struct.unpack_from("<Q", data, 0x28)
-    e_shentsize, e_shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = []
-    for i in range(e_shnum):
-        _, sh_type, _, _, sh_offset, sh_size, sh_link, _ = struct.unpack_from(
-            "<IIQQQQII", data, e_shoff + i * e_shentsize)
-        sections.append((sh_type, sh_offset, sh_size, sh_link))
+    data, sections = _sections(path)
     out = []
-    for sh_type, sh_offset, sh_size, sh_link in sections:
+    for sh_type, sh_offset, sh_size, sh_link, _ in sections:
         if sh_type != SHT_DYNAMIC:
             continue
         strtab = sections[sh_link][1]

@@ -56,3 +56,13 @@ def prog(name: str) -> pathlib.Path:
     p = TESTS / name
     assert p.exists(), f"{p} not built: run make -C c-tests"
     return p
+
+
+def assert_is_the_guard(lib: pathlib.Path):
+    """`lib` preloads without a loader complaint and is the guard: it denies ordinal 1."""
+    p = run(["/bin/true"], env=clean_env(LD_PRELOAD=str(lib)))
+    assert (p.returncode, p.stderr) == (0, ""), p.stderr
+    p = run([prog("guard_call"), "link", "cuDeviceGet", "1"],
+            env=clean_env(LD_PRELOAD=str(lib), CUDA_VISIBLE_DEVICES="3", RANKGUARD_MODE="enforce"))
+    assert "rc=101" in p.stdout, p.stdout + p.stderr
+    assert "RANKGUARD WARN cuDeviceGet(" in p.stderr

@@ -20,7 +20,7 @@ import pytest
 from conftest import CLI, GUARD, NATIVE_GUARD, clean_env, gnu_libc_version, run
 from _cli import child_cmd, children
 from _elf import glibc_versions, needed_libraries
-from _guard import prog
+from _guard import assert_is_the_guard as guards, prog
 
 NATIVE_HOST = gnu_libc_version() >= (2, 34)
 SPLIT = {"libdl.so.2", "libpthread.so.0"}
@@ -35,16 +35,6 @@ def is_floor(lib: pathlib.Path) -> bool:
 def is_native(lib: pathlib.Path) -> bool:
     need = set(needed_libraries(lib))
     return need <= {"libc.so.6", "ld-linux-x86-64.so.2"} and max(glibc_versions(lib)) == (2, 34)
-
-
-def guards(lib: pathlib.Path):
-    """`lib` preloads without a loader complaint and is the guard: it denies ordinal 1."""
-    p = run(["/bin/true"], env=clean_env(LD_PRELOAD=str(lib)))
-    assert (p.returncode, p.stderr) == (0, ""), p.stderr
-    p = run([prog("guard_call"), "link", "cuDeviceGet", "1"],
-            env=clean_env(LD_PRELOAD=str(lib), CUDA_VISIBLE_DEVICES="3", RANKGUARD_MODE="enforce"))
-    assert "rc=101" in p.stdout, p.stdout + p.stderr
-    assert "RANKGUARD WARN cuDeviceGet(" in p.stderr
 
 
 def lib(exe=CLI, **env):
