@@ -110,7 +110,7 @@ const COMMANDS: &[Command] = &[
     Command {
         name: "report",
         summary:
-            "summarise RANKGUARD_AUDIT files: violations by rule, call and rank, first occurrence",
+            "summarise RANKGUARD_AUDIT files: violations by rule, call, site and rank, first occurrence",
         main: report::main,
     },
 ];
