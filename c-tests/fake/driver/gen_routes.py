@@ -32,7 +32,7 @@ import re
 import sys
 from collections import defaultdict
 
-PFN_RE = re.compile(r"\btypedef\s+CUresult\s+\(CUDAAPI\s+\*PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\)\s*\(")
+PFN_RE = re.compile(r"\btypedef\s+CUresult\s*\(CUDAAPI\s+\*PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\)\s*\(")
 DECL_RE = re.compile(r"\bCUDAAPI\s+(cu\w+)\s*\(")
 DEFINE_RE = re.compile(r"^\s*#define\s+(cu\w+)\s+(?:__CUDA_API_(PTDS|PTSZ)\((cu\w+)\)|(cu\w+))\s*$")
 
