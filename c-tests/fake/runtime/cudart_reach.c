@@ -297,6 +297,7 @@ RT_EXPORT cudaError_t cudaDestroyExternalMemory(cudaExternalMemory_t extMem)
 
 /* ---- devices ---------------------------------------------------------------------- */
 
+#if CUDART_VERSION < 13000
 /* cudaLaunchParams -> CUDA_LAUNCH_PARAMS: the stream's context is the launch's device. The
  * fake has no kernels, so a valid list reaches the driver, which refuses the function
  * handle (cudaErrorInvalidResourceHandle). */
@@ -325,6 +326,7 @@ RT_EXPORT cudaError_t cudaLaunchCooperativeKernelMultiDevice(struct cudaLaunchPa
     }
     DRIVER(drv.launchCoopMulti(l, numDevices, flags));
 }
+#endif /* CUDA 13 removed cudaLaunchCooperativeKernelMultiDevice from the runtime */
 
 /* RT-valid: the list is checked (every entry a valid ordinal) and then unused: the fake's
  * runtime never picks a device implicitly other than the thread's current one. */
