@@ -43,7 +43,15 @@
     X(cuGetProcAddress_v2) X(cuDeviceGetAttribute) \
     X(cudaSetDevice) X(cudaInitDevice) X(cudaDeviceEnablePeerAccess) X(cudaMemcpyPeer) \
     X(cudaMemcpyPeerAsync) X(cudaMalloc) X(cudaGetDriverEntryPoint) \
-    X(cudaGetDriverEntryPointByVersion)
+    X(cudaGetDriverEntryPointByVersion) \
+    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolSetAccess) \
+    X(cuMemcpy3DPeer) X(cuMemcpy3DPeer_ptds) X(cuMemcpy3DPeerAsync) X(cuMemcpy3DPeerAsync_ptsz) \
+    X(cuMulticastCreate) X(cuMulticastAddDevice) X(cuDeviceGetDevResource) \
+    X(cuDevResourceGenerateDesc) X(cuGreenCtxCreate) X(cuLaunchCooperativeKernelMultiDevice) \
+    X(cuDeviceGetP2PAttribute) X(cuDeviceComputeCapability) X(cuDeviceGetLuid) \
+    X(cudaDeviceGetDefaultMemPool) X(cudaDeviceGetMemPool) X(cudaDeviceSetMemPool) \
+    X(cudaMemPoolSetAccess) X(cudaMemcpy3DPeer) X(cudaMemcpy3DPeerAsync) X(cudaSetValidDevices) \
+    X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute)
 ABIS(ABI)
 #define ROW(n) {#n, (void *)abi_##n},
 static const struct { const char *name; void *fn; } linked[] = { ABIS(ROW) };
@@ -137,6 +145,8 @@ static const char *variant(const char *base, int ver) {
     if (path == GPA2PT) {
         if (!strcmp(base, "cuMemcpyPeer")) return "cuMemcpyPeer_ptds";
         if (!strcmp(base, "cuMemcpyPeerAsync")) return "cuMemcpyPeerAsync_ptsz";
+        if (!strcmp(base, "cuMemcpy3DPeer")) return "cuMemcpy3DPeer_ptds";
+        if (!strcmp(base, "cuMemcpy3DPeerAsync")) return "cuMemcpy3DPeerAsync_ptsz";
     }
     snprintf(buf, sizeof buf, "%s", base);
     return buf;
@@ -188,6 +198,60 @@ int main(int argc, char **argv) {
                     "cudaMemcpyPeerAsync"))(b, ord, a, 0, 64, NULL);
             printf("rc=%d\n", rc);
             return 0;
+        } else if (!strcmp(call, "cudaDeviceGetDefaultMemPool") || !strcmp(call, "cudaDeviceGetMemPool")) {
+            cudaMemPool_t pool;
+            rc = ((cudaError_t(*)(cudaMemPool_t *, int))rt(call))(&pool, ord);
+        } else if (!strcmp(call, "cudaDeviceSetMemPool") || !strcmp(call, "cudaMemPoolSetAccess")) {
+            /* Device 0's default pool: set as device ORD's pool (the runtime refuses a pool
+             * of another device itself), or made accessible from device ORD. */
+            cudaMemPool_t pool;
+            if (((cudaError_t(*)(cudaMemPool_t *, int))rt("cudaDeviceGetDefaultMemPool"))(&pool, 0)) {
+                printf("setup failed: cudaDeviceGetDefaultMemPool\n");
+                return 2;
+            }
+            printf("setup ok\n");
+            if (!strcmp(call, "cudaDeviceSetMemPool")) {
+                rc = ((cudaError_t(*)(int, cudaMemPool_t))rt(call))(ord, pool);
+            } else {
+                struct cudaMemAccessDesc d = {{cudaMemLocationTypeDevice, ord}, cudaMemAccessFlagsProtReadWrite};
+                rc = ((cudaError_t(*)(cudaMemPool_t, const struct cudaMemAccessDesc *, size_t))rt(call))(pool, &d, 1);
+            }
+            printf("rc=%d\n", rc);
+            return 0;
+        } else if (!strcmp(call, "cudaMemcpy3DPeer") || !strcmp(call, "cudaMemcpy3DPeerAsync")) {
+            void *a = NULL, *b = NULL;
+            if (((cudaError_t(*)(void **, size_t))rt("cudaMalloc"))(&a, 256) ||
+                ((cudaError_t(*)(void **, size_t))rt("cudaMalloc"))(&b, 256)) {
+                printf("setup failed: cudaMalloc\n");
+                return 2;
+            }
+            printf("setup ok\n");
+            struct cudaMemcpy3DPeerParms p;
+            memset(&p, 0, sizeof p);
+            p.srcPtr = (struct cudaPitchedPtr){a, 64, 64, 4};
+            p.dstPtr = (struct cudaPitchedPtr){b, 64, 64, 4};
+            p.srcDevice = 0;
+            p.dstDevice = ord;
+            p.extent = (struct cudaExtent){64, 4, 1};
+            if (!strcmp(call, "cudaMemcpy3DPeer"))
+                rc = ((cudaError_t(*)(const struct cudaMemcpy3DPeerParms *))rt(call))(&p);
+            else
+                rc = ((cudaError_t(*)(const struct cudaMemcpy3DPeerParms *, cudaStream_t))rt(call))(&p, NULL);
+            printf("rc=%d\n", rc);
+            return 0;
+        } else if (!strcmp(call, "cudaSetValidDevices")) {
+            int list[2] = {0, ord};
+            rc = ((cudaError_t(*)(int *, int))rt(call))(list, 2);
+        } else if (!strcmp(call, "cudaLaunchCooperativeKernelMultiDevice")) {
+            /* ORDINAL+1 devices; no kernel exists on the fake (invalid handle, after the
+             * argument checks). */
+            struct cudaLaunchParams lp[2];
+            memset(lp, 0, sizeof lp);
+            rc = ((cudaError_t(*)(struct cudaLaunchParams *, unsigned, unsigned))rt(call))(lp, (unsigned)ord + 1, 0);
+        } else if (!strcmp(call, "cudaDeviceGetP2PAttribute")) {
+            int v = -1;
+            rc = ((cudaError_t(*)(int *, enum cudaDeviceP2PAttr, int, int))rt(call))(
+                &v, cudaDevP2PAttrAccessSupported, 0, ord);
         } else {
             fprintf(stderr, "guard_call: unknown runtime call %s\n", call);
             return 3;
@@ -320,6 +384,93 @@ int main(int argc, char **argv) {
             rc = ((PFN_cuMemcpyPeer_v4000)f)(b, peer, a, ctx0, 64);
         else
             rc = ((PFN_cuMemcpyPeerAsync_v4000)f)(b, peer, a, ctx0, 64, NULL);
+    } else if (!strcmp(call, "cuDeviceGetDefaultMemPool") || !strcmp(call, "cuDeviceGetMemPool")) {
+        CUmemoryPool pool;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetMemPool_v11020, abi, call, version)(&pool, dev);
+    } else if (!strcmp(call, "cuDeviceSetMemPool") || !strcmp(call, "cuMemPoolSetAccess")) {
+        /* Device 0's default pool, set as device ORD's pool (the driver refuses a pool of
+         * another device itself) or made accessible from device ORD. */
+        CUmemoryPool pool;
+        CHECK_SETUP(((PFN_cuDeviceGetDefaultMemPool_v11020)linked_fn("cuDeviceGetDefaultMemPool"))(&pool, 0));
+        printf("setup ok\n");
+        if (!strcmp(call, "cuDeviceSetMemPool")) {
+            rc = DRV(PFN_cuDeviceSetMemPool_v11020, abi, call, version)(dev, pool);
+        } else {
+            CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, ord}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            rc = DRV(PFN_cuMemPoolSetAccess_v11020, abi, call, version)(pool, &d, 1);
+        }
+    } else if (!strcmp(call, "cuMulticastAddDevice")) {
+        CUmulticastObjectProp prop = {1, 2u << 20, 0, 0};
+        CUmemGenericAllocationHandle mc;
+        CHECK_SETUP(((PFN_cuMulticastCreate_v12010)linked_fn("cuMulticastCreate"))(&mc, &prop));
+        printf("setup ok\n");
+        rc = DRV(PFN_cuMulticastAddDevice_v12010, abi, call, version)(mc, dev);
+    } else if (!strcmp(call, "cuGreenCtxCreate")) {
+        /* Device 0's SMs, for a green context on device ORD (the driver refuses resources
+         * of another device itself). */
+        CUdevResource res;
+        CUdevResourceDesc desc;
+        CHECK_SETUP(((PFN_cuDeviceGetDevResource_v12040)linked_fn("cuDeviceGetDevResource"))(0, &res, CU_DEV_RESOURCE_TYPE_SM));
+        CHECK_SETUP(((PFN_cuDevResourceGenerateDesc_v12040)linked_fn("cuDevResourceGenerateDesc"))(&desc, &res, 1));
+        printf("setup ok\n");
+        CUgreenCtx g;
+        rc = DRV(PFN_cuGreenCtxCreate_v12040, abi, call, version)(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+    } else if (!strcmp(call, "cuDeviceGetDevResource")) {
+        CUdevResource res;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetDevResource_v12040, abi, call, version)(dev, &res, CU_DEV_RESOURCE_TYPE_SM);
+    } else if (!strcmp(call, "cuLaunchCooperativeKernelMultiDevice")) {
+        /* ORDINAL+1 devices; no kernel exists on the fake (invalid handle). */
+        CUDA_LAUNCH_PARAMS lp[2];
+        memset(lp, 0, sizeof lp);
+        printf("setup ok\n");
+        rc = DRV(PFN_cuLaunchCooperativeKernelMultiDevice_v9000, abi, call, version)(lp, (unsigned)ord + 1, 0);
+    } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
+        int v = -1;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetP2PAttribute_v8000, abi, call, version)(&v, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, 0, dev);
+    } else if (!strcmp(call, "cuDeviceComputeCapability")) {
+        int maj, min;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceComputeCapability_v2000, abi, call, version)(&maj, &min, dev);
+    } else if (!strcmp(call, "cuDeviceGetLuid")) {
+        char luid[8];
+        unsigned mask;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetLuid_v10000, abi, call, version)(luid, &mask, dev);
+    } else if (!strcmp(call, "cuMemcpy3DPeer") || !strcmp(call, "cuMemcpy3DPeerAsync")) {
+        /* Device 0's buffer to device ORD's context. ORDINAL 0: both contexts are device
+         * 0's. With one GPU visible, ORDINAL 1 names a context that is no context (the
+         * guard cannot tell its device: denied, fail closed; the driver alone refuses it
+         * with INVALID_CONTEXT); with two, device 1's primary context. */
+        CUcontext peer = ctx0;
+        int count = 0;
+        CHECK_SETUP(((PFN_cuDeviceGetCount_v2000)dlsym(hdrv, "cuDeviceGetCount"))(&count));
+        if (ord && count > ord)
+            CHECK_SETUP(((PFN_cuDevicePrimaryCtxRetain_v7000)linked_fn("cuDevicePrimaryCtxRetain"))(&peer, dev));
+        else if (ord)
+            peer = (CUcontext)(uintptr_t)0x10;
+        CUdeviceptr a, b;
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&a, 256));
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&b, 256));
+        printf("setup ok (%s)\n", abi);
+        CUDA_MEMCPY3D_PEER c;
+        memset(&c, 0, sizeof c);
+        c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.srcDevice = a;
+        c.srcContext = ctx0;
+        c.dstDevice = b;
+        c.dstContext = peer;
+        c.srcPitch = c.dstPitch = 64;
+        c.WidthInBytes = 64;
+        c.Height = 4;
+        c.Depth = 1;
+        void *f = need(drv(abi, call, version), call);
+        if (!strcmp(call, "cuMemcpy3DPeer"))
+            rc = ((PFN_cuMemcpy3DPeer_v4000)f)(&c);
+        else
+            rc = ((PFN_cuMemcpy3DPeerAsync_v4000)f)(&c, NULL);
     } else {
         fprintf(stderr, "guard_call: unknown driver call %s\n", call);
         return 3;

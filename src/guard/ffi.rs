@@ -85,6 +85,69 @@ pub struct CUmemAccessDesc {
 /// `CU_DEVICE_CPU`: the host, where a device argument may name it.
 pub const CU_DEVICE_CPU: CUdevice = -1;
 
+/// `CUDA_MEMCPY3D_PEER` (cuda.h): the guard reads the two contexts (and memory types:
+/// contexts of arrays are ignored by the driver).
+#[repr(C)]
+pub struct CUDA_MEMCPY3D_PEER {
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcZ: usize,
+    pub srcLOD: usize,
+    pub srcMemoryType: c_uint,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: *mut c_void,
+    pub srcContext: CUcontext,
+    pub srcPitch: usize,
+    pub srcHeight: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstZ: usize,
+    pub dstLOD: usize,
+    pub dstMemoryType: c_uint,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: *mut c_void,
+    pub dstContext: CUcontext,
+    pub dstPitch: usize,
+    pub dstHeight: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+    pub Depth: usize,
+}
+
+/// `CU_MEMORYTYPE_ARRAY`: a copy side whose context the driver ignores.
+pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
+
+/// `cudaMemcpy3DPeerParms` (driver_types.h) up to `dstDevice`: the guard reads the two
+/// device ordinals.
+#[repr(C)]
+pub struct cudaMemcpy3DPeerParmsHead {
+    pub srcArray: *mut c_void,
+    pub srcPos: [usize; 3],
+    pub srcPtr: [usize; 4],
+    pub srcDevice: c_int,
+    pub dstArray: *mut c_void,
+    pub dstPos: [usize; 3],
+    pub dstPtr: [usize; 4],
+    pub dstDevice: c_int,
+}
+
+/// The head of `CUDA_EXTERNAL_MEMORY_HANDLE_DESC` / `cudaExternalMemoryHandleDesc` (same
+/// layout): the handle type and, for an opaque fd, the fd (first member of the union).
+#[repr(C)]
+pub struct ExternalMemoryHandleDescHead {
+    pub type_: c_uint,
+    /// The union starts 8-aligned (its win32 member holds pointers).
+    pub _pad: c_uint,
+    pub fd: c_int,
+}
+
+/// `CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD` = `cudaExternalMemoryHandleTypeOpaqueFd`.
+pub const EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD: c_uint = 1;
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+pub const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: c_uint = 1;
+
 /// `CUuuid`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -111,6 +174,14 @@ mod layout {
         assert_eq!(size_of::<CUmemAccessDesc>(), 12);
         assert_eq!(offset_of!(CUmemAccessDesc, flags), 8);
         assert_eq!(size_of::<CUuuid>(), 16);
+        assert_eq!(size_of::<CUDA_MEMCPY3D_PEER>(), 200);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, srcMemoryType), 32);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, srcContext), 64);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, dstMemoryType), 120);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, dstContext), 152);
+        assert_eq!(offset_of!(cudaMemcpy3DPeerParmsHead, srcDevice), 64);
+        assert_eq!(offset_of!(cudaMemcpy3DPeerParmsHead, dstDevice), 136);
+        assert_eq!(offset_of!(ExternalMemoryHandleDescHead, fd), 8);
         assert_eq!(size_of::<CUdevice>(), 4);
         assert_eq!(size_of::<CuResult>(), 4);
         assert_eq!(CU_MEM_LOCATION_TYPE_DEVICE, crate::policy::location::DEVICE);

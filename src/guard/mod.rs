@@ -25,6 +25,7 @@ pub mod ipc;
 pub mod once;
 pub mod pyframes;
 pub mod rank_root;
+pub mod reach;
 pub mod real;
 pub mod report;
 pub mod route;

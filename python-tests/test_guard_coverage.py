@@ -1,0 +1,112 @@
+"""Issue 15's ranked list: the functions that reach another device outside the first
+guarded set, each on every path a program reaches it by.
+
+For each function (c-tests/tests/guard_call.c makes the call):
+  - ordinal 0 / the rank's own device: reaches the driver unchanged (the same rc as an
+    unguarded run) and leaves no audit record;
+  - another ordinal (or a peer pair) under one visible GPU in enforce mode: denied with the
+    documented code (101 for R2, 800 for R4) and one deny record; queries are never denied
+    (the driver's own answer, no record);
+  - with two GPUs visible in warn mode: recorded with its rule and passed through, so the
+    program gets exactly what the driver alone answers.
+Plus PyTorch's cudaMallocAsync allocator pattern (c-tests/tests/pool_peer.c) and the
+dma-buf / external-memory R3 exchange (c-tests/tests/ipc_peer.c kinds dmabuf, rtdmabuf,
+extvmm).
+"""
+from __future__ import annotations
+
+import pytest
+
+from _guard import guarded, prog
+
+# (call, [versions], rule, code): rule None = a query (recorded in warn, never denied).
+DRIVER = [
+    ("cuDeviceGetDefaultMemPool", [11020], "R2", 101),
+    ("cuDeviceGetMemPool", [11020], "R2", 101),
+    ("cuDeviceSetMemPool", [11020], "R2", 101),
+    ("cuMemPoolSetAccess", [11020], "R2", 101),
+    ("cuMemcpy3DPeer", [4000], "R4", 800),
+    ("cuMemcpy3DPeerAsync", [4000], "R4", 800),
+    ("cuMulticastAddDevice", [12010], "R2", 101),
+    ("cuGreenCtxCreate", [12040], "R2", 101),
+    ("cuDeviceGetDevResource", [12040], "R2", 101),
+    ("cuLaunchCooperativeKernelMultiDevice", [9000], "R4", 800),
+    ("cuDeviceGetP2PAttribute", [8000], None, None),
+    ("cuDeviceComputeCapability", [2000], None, None),
+    ("cuDeviceGetLuid", [10000], None, None),
+]
+PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"]
+CASES = [(p, c, v, rule, code) for c, vs, rule, code in DRIVER for p in PATHS for v in vs]
+
+RUNTIME = [
+    ("cudaDeviceGetDefaultMemPool", "R2", 101),
+    ("cudaDeviceGetMemPool", "R2", 101),
+    ("cudaDeviceSetMemPool", "R2", 101),
+    ("cudaMemPoolSetAccess", "R2", 101),
+    ("cudaMemcpy3DPeer", "R4", 800),
+    ("cudaMemcpy3DPeerAsync", "R4", 800),
+    ("cudaSetValidDevices", "R2", 101),
+    ("cudaLaunchCooperativeKernelMultiDevice", "R4", 800),
+    ("cudaDeviceGetP2PAttribute", None, None),
+]
+
+_BASELINE: dict = {}
+
+
+def baseline(tmp_path, args, cvd) -> int:
+    """What the fake platform alone answers (no guard)."""
+    key = (tuple(str(a) for a in args), cvd)
+    if key not in _BASELINE:
+        r = guarded(args, tmp_path, cvd=cvd, preload=False)
+        assert "setup ok" in r.out, r.out + r.err
+        _BASELINE[key] = r.value("rc")
+    return _BASELINE[key]
+
+
+def check(tmp_path, args_of, call, rule, code):
+    ok = guarded(args_of(0), tmp_path, cvd="3")
+    assert ok.rc == 0 and "setup ok" in ok.out, ok.out + ok.err
+    assert ok.value("rc") == baseline(tmp_path, args_of(0), "3"), ok.out + ok.err
+    assert ok.audit == [] and "RANKGUARD" not in ok.err, ok.err
+
+    bad = guarded(args_of(1), tmp_path, cvd="3")
+    assert bad.rc == 0 and "setup ok" in bad.out, bad.out + bad.err
+    mine = [r for r in bad.audit if r["call"] == call]
+    if rule is None:
+        # A query about another device: the driver's own answer, never denied.
+        assert bad.value("rc") == baseline(tmp_path, args_of(1), "3"), bad.out + bad.err
+        assert [r for r in mine if r["verdict"] == "deny"] == [], mine
+    else:
+        assert bad.value("rc") == code, bad.out + bad.err
+        assert len(mine) == 1, bad.audit
+        assert mine[0]["verdict"] == "deny" and mine[0]["rule"] == rule, mine
+        assert f"RANKGUARD WARN {call}(" in bad.err, bad.err
+
+    warn = guarded(args_of(1), tmp_path, cvd="0,1", mode="warn")
+    assert warn.rc == 0 and "setup ok" in warn.out, warn.out + warn.err
+    assert warn.value("rc") == baseline(tmp_path, args_of(1), "0,1"), warn.out + warn.err
+    mine = [r for r in warn.audit if r["call"] == call]
+    assert len(mine) == 1 and mine[0]["verdict"] == "warn", warn.audit
+    assert mine[0]["rule"] == (rule or "R2"), mine
+
+
+@pytest.mark.parametrize("path,call,version,rule,code", CASES,
+                         ids=[f"{p}-{c}-{v}" for p, c, v, _, _ in CASES])
+def test_driver_function_on_every_path(tmp_path, path, call, version, rule, code):
+    check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o), str(version)], call, rule, code)
+
+
+@pytest.mark.parametrize("path", ["link", "dlsym"])
+@pytest.mark.parametrize("call,rule,code", RUNTIME, ids=[c for c, _, _ in RUNTIME])
+def test_runtime_function(tmp_path, path, call, rule, code):
+    check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o)], call, rule, code)
+
+
+@pytest.mark.parametrize("call", ["cuMemcpy3DPeer", "cuMemcpy3DPeerAsync"])
+def test_per_thread_3d_peer_copies_are_their_own_variants(tmp_path, call):
+    """cuGetProcAddress_v2 with the per-thread flag hands out `_ptds`/`_ptsz`: guarded too
+    (an unknown variant of a guarded function would be refused with 500)."""
+    r = guarded([prog("guard_call"), "gpa2pt", call, "0", "7000"], tmp_path, cvd="3")
+    assert f"setup ok ({call}_pt" in r.out and r.value("rc") == 0, r.out + r.err
+    r = guarded([prog("guard_call"), "gpa2pt", call, "1", "7000"], tmp_path, cvd="3")
+    assert r.value("rc") == 800, r.out + r.err
