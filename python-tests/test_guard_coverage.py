@@ -110,3 +110,36 @@ def test_per_thread_3d_peer_copies_are_their_own_variants(tmp_path, call):
     assert f"setup ok ({call}_pt" in r.out and r.value("rc") == 0, r.out + r.err
     r = guarded([prog("guard_call"), "gpa2pt", call, "1", "7000"], tmp_path, cvd="3")
     assert r.value("rc") == 800, r.out + r.err
+
+
+@pytest.mark.parametrize("api", ["rt", "drv"])
+def test_pytorch_allocator_pattern(tmp_path, api):
+    """`cudaDeviceGetDefaultMemPool(&pool, 1)` then `cudaMemPoolSetAccess(pool, {location
+    {device, 0}, readWrite})`: peer access through a pool (and its driver twin)."""
+    get, setacc = (("cudaDeviceGetDefaultMemPool", "cudaMemPoolSetAccess") if api == "rt"
+                   else ("cuDeviceGetDefaultMemPool", "cuMemPoolSetAccess"))
+    alone = guarded([prog("pool_peer"), api], tmp_path, cvd="0,1", preload=False)
+    assert (alone.value("getpool-rc"), alone.value("setaccess-rc"), alone.value("access")) == (0, 0, 3), alone.out
+
+    # enforce: refused at the first step; no pool of device 1, no access granted
+    bad = guarded([prog("pool_peer"), api], tmp_path, cvd="3")
+    assert bad.value("getpool-rc") == 101 and bad.value("pool") == 0, bad.out + bad.err
+    rec = [r for r in bad.audit if r["call"] == get]
+    assert len(rec) == 1 and rec[0]["rule"] == "R2" and rec[0]["verdict"] == "deny", bad.audit
+
+    # warn: both steps recorded (device 1's pool: R2; device 0 given access to it: R4), and
+    # the program gets exactly what the platform alone gives
+    warn = guarded([prog("pool_peer"), api], tmp_path, cvd="0,1", mode="warn")
+    assert (warn.value("getpool-rc"), warn.value("setaccess-rc"), warn.value("access")) == (0, 0, 3), warn.out
+    got = [r for r in warn.audit if r["call"] == get]
+    assert len(got) == 1 and got[0]["rule"] == "R2" and got[0]["verdict"] == "warn", warn.audit
+    acc = [r for r in warn.audit if r["call"] == setacc]
+    assert len(acc) == 1 and acc[0]["rule"] == "R4" and acc[0]["verdict"] == "warn", warn.audit
+    assert "peer access between device 1 and device 0" in acc[0]["detail"], acc[0]
+
+
+def test_a_pool_of_the_ranks_own_device_is_no_peer_grant(tmp_path):
+    """Device 0's pool made accessible from device 0 (what PyTorch does on a one-GPU rank):
+    allowed, unchanged, no record."""
+    r = guarded([prog("guard_call"), "link", "cudaMemPoolSetAccess", "0"], tmp_path, cvd="3")
+    assert r.value("rc") == 0 and r.audit == [], r.out + r.err
