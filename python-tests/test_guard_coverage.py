@@ -31,6 +31,7 @@ DRIVER = [
     ("cuGreenCtxCreate", [12040], "R2", 101),
     ("cuDeviceGetDevResource", [12040], "R2", 101),
     ("cuLaunchCooperativeKernelMultiDevice", [9000], "R4", 800),
+    ("cuGraphAddMemAllocNode", [11040], "R2", 101),
     ("cuDeviceGetP2PAttribute", [8000], None, None),
     ("cuDeviceComputeCapability", [2000], None, None),
     ("cuDeviceGetLuid", [10000], None, None),
@@ -47,6 +48,7 @@ RUNTIME = [
     ("cudaMemcpy3DPeerAsync", "R4", 800),
     ("cudaSetValidDevices", "R2", 101),
     ("cudaLaunchCooperativeKernelMultiDevice", "R4", 800),
+    ("cudaGraphAddMemAllocNode", "R2", 101),
     ("cudaDeviceGetP2PAttribute", None, None),
 ]
 

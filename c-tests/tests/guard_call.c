@@ -51,7 +51,8 @@
     X(cuDeviceGetP2PAttribute) X(cuDeviceComputeCapability) X(cuDeviceGetLuid) \
     X(cudaDeviceGetDefaultMemPool) X(cudaDeviceGetMemPool) X(cudaDeviceSetMemPool) \
     X(cudaMemPoolSetAccess) X(cudaMemcpy3DPeer) X(cudaMemcpy3DPeerAsync) X(cudaSetValidDevices) \
-    X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute)
+    X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute) \
+    X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode)
 ABIS(ABI)
 #define ROW(n) {#n, (void *)abi_##n},
 static const struct { const char *name; void *fn; } linked[] = { ABIS(ROW) };
@@ -248,6 +249,16 @@ int main(int argc, char **argv) {
             struct cudaLaunchParams lp[2];
             memset(lp, 0, sizeof lp);
             rc = ((cudaError_t(*)(struct cudaLaunchParams *, unsigned, unsigned))rt(call))(lp, (unsigned)ord + 1, 0);
+        } else if (!strcmp(call, "cudaGraphAddMemAllocNode")) {
+            struct cudaMemAllocNodeParams np;
+            memset(&np, 0, sizeof np);
+            np.poolProps.allocType = cudaMemAllocationTypePinned;
+            np.poolProps.location.type = cudaMemLocationTypeDevice;
+            np.poolProps.location.id = ord;
+            np.bytesize = 4096;
+            cudaGraphNode_t node;
+            rc = ((cudaError_t(*)(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *, size_t,
+                                   struct cudaMemAllocNodeParams *))rt(call))(&node, NULL, NULL, 0, &np);
         } else if (!strcmp(call, "cudaDeviceGetP2PAttribute")) {
             int v = -1;
             rc = ((cudaError_t(*)(int *, enum cudaDeviceP2PAttr, int, int))rt(call))(
@@ -426,6 +437,21 @@ int main(int argc, char **argv) {
         memset(lp, 0, sizeof lp);
         printf("setup ok\n");
         rc = DRV(PFN_cuLaunchCooperativeKernelMultiDevice_v9000, abi, call, version)(lp, (unsigned)ord + 1, 0);
+    } else if (!strcmp(call, "cuGraphAddMemAllocNode")) {
+        /* A node allocating on device ORD, accessible from device 0 (the fake has no
+         * graphs: the driver alone answers NOT_SUPPORTED). */
+        CUDA_MEM_ALLOC_NODE_PARAMS np;
+        memset(&np, 0, sizeof np);
+        np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.poolProps.location.id = ord;
+        CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        np.accessDescs = &d;
+        np.accessDescCount = 1;
+        np.bytesize = 4096;
+        CUgraphNode node;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuGraphAddMemAllocNode_v11040, abi, call, version)(&node, NULL, NULL, 0, &np);
     } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
         int v = -1;
         printf("setup ok\n");

@@ -116,6 +116,16 @@ pub struct CUDA_MEMCPY3D_PEER {
     pub Depth: usize,
 }
 
+/// The head of `CUDA_MEM_ALLOC_NODE_PARAMS` / `cudaMemAllocNodeParams` (same layout in 12.9
+/// and 13.x): the pool properties (88 bytes, location at 8) and the access descriptors.
+#[repr(C)]
+pub struct MemAllocNodeParamsHead {
+    pub poolProps: CUmemPoolPropsHead,
+    pub _rest_of_pool_props: [u8; 72],
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+}
+
 /// `CU_MEMORYTYPE_ARRAY`: a copy side whose context the driver ignores.
 pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
 
@@ -182,6 +192,8 @@ mod layout {
         assert_eq!(offset_of!(cudaMemcpy3DPeerParmsHead, srcDevice), 64);
         assert_eq!(offset_of!(cudaMemcpy3DPeerParmsHead, dstDevice), 136);
         assert_eq!(offset_of!(ExternalMemoryHandleDescHead, fd), 8);
+        assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescs), 88);
+        assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescCount), 96);
         assert_eq!(size_of::<CUdevice>(), 4);
         assert_eq!(size_of::<CuResult>(), 4);
         assert_eq!(CU_MEM_LOCATION_TYPE_DEVICE, crate::policy::location::DEVICE);

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 use crate::guard::engine;
 use crate::guard::ffi::{
-    cudaMemcpy3DPeerParmsHead, CUmemAccessDesc, CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
+    cudaMemcpy3DPeerParmsHead, CUmemAccessDesc, CUmemLocation, MemAllocNodeParamsHead,
+    CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
 };
 use crate::policy::{self, Verdict};
 
@@ -129,6 +130,44 @@ pub unsafe fn memcpy3d_peer(p: *const CUDA_MEMCPY3D_PEER) -> Verdict {
 pub unsafe fn memcpy3d_peer_devices(p: *const cudaMemcpy3DPeerParmsHead) -> Option<(i32, i32)> {
     // SAFETY: caller guarantees readability.
     unsafe { p.as_ref() }.map(|c| (c.dstDevice, c.srcDevice))
+}
+
+/// R2 on a graph memory-allocation node: the pool location and every access descriptor
+/// (peer access to the node's memory is a grant like `cuMemSetAccess`).
+///
+/// # Safety
+/// `p` is NULL or points to readable node parameters whose `accessDescs` holds
+/// `accessDescCount` readable descriptors (or is NULL).
+pub unsafe fn alloc_node(p: *const MemAllocNodeParamsHead) -> Verdict {
+    // SAFETY: caller guarantees readability.
+    let Some(n) = (unsafe { p.as_ref() }) else {
+        return Verdict::Allow;
+    };
+    let l = n.poolProps.location;
+    let v = policy::location(l.type_, l.id);
+    if !v.is_allow() || n.accessDescs.is_null() {
+        return v;
+    }
+    // SAFETY: caller guarantees `accessDescCount` readable descriptors.
+    let d = unsafe { std::slice::from_raw_parts(n.accessDescs, n.accessDescCount) };
+    policy::first(
+        d.iter()
+            .map(|a| policy::location(a.location.type_, a.location.id)),
+    )
+}
+
+/// R2 on every location of a batch prefetch (`cuMemPrefetchBatchAsync`,
+/// `cuMemDiscardAndPrefetchBatchAsync`).
+///
+/// # Safety
+/// `locs` is NULL or points to `n` readable locations.
+pub unsafe fn locations(locs: *const CUmemLocation, n: usize) -> Verdict {
+    if locs.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `n` readable locations.
+    let s = unsafe { std::slice::from_raw_parts(locs, n) };
+    policy::first(s.iter().map(|l| policy::location(l.type_, l.id)))
 }
 
 /// R2 on every entry of a device list (`cudaSetValidDevices`).

@@ -590,6 +590,22 @@ guarded! {
         let _nested = ipc::RuntimeScope::enter();
         real(ext, desc)
     }
+    Driver "cuGraphAddMemAllocNode" fn cuGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, num_deps: usize, params: *const MemAllocNodeParamsHead) -> CuResult |real| {
+        gate!(reach::alloc_node(params), "nodeParams={params:p} (poolProps.location={:?})", (*params).poolProps.location);
+        real(node, graph, deps, num_deps, params)
+    }
+    Runtime "cudaGraphAddMemAllocNode" fn cudaGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, num_deps: usize, params: *const MemAllocNodeParamsHead) -> CudaError |real| {
+        gate!(reach::alloc_node(params), "nodeParams={params:p} (poolProps.location={:?})", (*params).poolProps.location);
+        real(node, graph, deps, num_deps, params)
+    }
+    Driver "cuMemPrefetchBatchAsync" fn cuMemPrefetchBatchAsync | cuMemPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locs: *mut CUmemLocation, loc_idxs: *mut usize, num_locs: usize, flags: u64, stream: CUstream) -> CuResult |real| {
+        gate!(reach::locations(locs, num_locs), "count={count}, numPrefetchLocs={num_locs}");
+        real(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream)
+    }
+    Driver "cuMemDiscardAndPrefetchBatchAsync" fn cuMemDiscardAndPrefetchBatchAsync | cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locs: *mut CUmemLocation, loc_idxs: *mut usize, num_locs: usize, flags: u64, stream: CUstream) -> CuResult |real| {
+        gate!(reach::locations(locs, num_locs), "count={count}, numPrefetchLocs={num_locs}");
+        real(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream)
+    }
     Runtime "cudaDeviceGetDefaultMemPool" fn cudaDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         let rc = real(pool, device);

@@ -45,6 +45,7 @@ static struct {
     PFN_cuDestroyExternalMemory_v10000 destroyExternalMemory;
     PFN_cuLaunchCooperativeKernelMultiDevice_v9000 launchCoopMulti;
     PFN_cuDeviceGetP2PAttribute_v8000 getP2PAttribute;
+    PFN_cuGraphAddMemAllocNode_v11040 graphAddMemAllocNode;
 } drv;
 
 static void fetch(void *slot, const char *name, int version, cuuint64_t flags)
@@ -71,6 +72,7 @@ static void fetch_all(void)
     fetch(&drv.destroyExternalMemory, "cuDestroyExternalMemory", 10000, RT_FLAGS_LEGACY);
     fetch(&drv.launchCoopMulti, "cuLaunchCooperativeKernelMultiDevice", 9000, RT_FLAGS_LEGACY);
     fetch(&drv.getP2PAttribute, "cuDeviceGetP2PAttribute", 8000, RT_FLAGS_LEGACY);
+    fetch(&drv.graphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, RT_FLAGS_LEGACY);
     const cuuint64_t fl[2] = {RT_FLAGS_LEGACY, RT_FLAGS_PER_THREAD};
     for (int i = 0; i < 2; i++) {
         fetch(&drv.allocFromPool[i], "cuMemAllocFromPoolAsync", 11020, fl[i]);
@@ -375,4 +377,25 @@ RT_EXPORT cudaError_t cudaDeviceGetP2PAttribute(int *value, enum cudaDeviceP2PAt
     TRY(rt_cu_device(dstDevice, &d));
     NEED(drv.getP2PAttribute);
     DRIVER(drv.getP2PAttribute(value, (CUdevice_P2PAttribute)attr, s, d));
+}
+
+/* ---- graphs ----------------------------------------------------------------------- */
+
+/* cudaMemAllocNodeParams has CUDA_MEM_ALLOC_NODE_PARAMS's layout (the pool properties and
+ * access descriptors of the runtime equal the driver's). The fake driver has no graphs and
+ * answers CUDA_ERROR_NOT_SUPPORTED: this only reaches it with the caller's arguments. */
+_Static_assert(sizeof(struct cudaMemAllocNodeParams) == sizeof(CUDA_MEM_ALLOC_NODE_PARAMS), "alloc node params");
+
+RT_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                               const cudaGraphNode_t *pDependencies,
+                                               size_t numDependencies,
+                                               struct cudaMemAllocNodeParams *nodeParams)
+{
+    if (!pGraphNode || !nodeParams)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load());
+    NEED(drv.graphAddMemAllocNode);
+    DRIVER(drv.graphAddMemAllocNode((CUgraphNode *)pGraphNode, (CUgraph)graph,
+                                    (const CUgraphNode *)pDependencies, numDependencies,
+                                    (CUDA_MEM_ALLOC_NODE_PARAMS *)nodeParams));
 }
