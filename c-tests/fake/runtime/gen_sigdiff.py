@@ -112,7 +112,7 @@ SCALAR_FMT = {
 # By-value structs: every field is logged. A new one must be added here (the generator
 # refuses a by-value struct it cannot print in full).
 STRUCT_FMT = {
-    "struct cudaMemLocation": ("{{type=%d,id=%d}}", "(int){0}.type, {0}.id"),
+    "struct cudaMemLocation": ("{type=%d,id=%d}", "(int){0}.type, {0}.id"),
 }
 
 

@@ -19,7 +19,6 @@ SMI_DIR  := $(HERE)fake/smi
 RT_SRCS  := $(wildcard $(RT_DIR)/*.c)
 RT_HDRS  := $(wildcard $(RT_DIR)/*.h)
 SMI_SRCS := $(wildcard $(SMI_DIR)/*.c)
-CUDA13_INC := $(BUILD)/cuda13-include
 SIGDIFF  := $(RT_DIR)/gen_sigdiff.py
 RT_API_H := $(wildcard $(CUDA_INC)/cuda_runtime_api.h) $(wildcard $(CUDA13_INC)/cuda_runtime_api.h)
 # CFLAGS of a build against the 13.x headers: its include directories searched first.
@@ -33,10 +32,6 @@ CFLAGS   += -idirafter $(RT_DIR)/compat
 
 fake: $(FAKE)/libcudart.so.12 $(FAKE)/libcudart.so $(FAKE)/fakecuda-smi \
       $(FAKE)/libcudart.so.13 $(FAKE)/libcudart.so.14 $(GEN)/fakecudart_sigdiff.txt
-
-check-headers13:
-	@test -f $(CUDA13_INC)/cuda_runtime_api.h || { \
-	  echo "c-tests: NVIDIA 13.x headers not found at $(CUDA13_INC); run scripts/setup first" >&2; exit 1; }
 
 # The differing functions (name kind), for the tests; and each major's stubs of them.
 $(GEN)/fakecudart_sigdiff.txt: $(SIGDIFF) $(RT_API_H) | check-headers check-headers13
