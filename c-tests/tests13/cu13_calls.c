@@ -7,7 +7,8 @@
  * argument-log format of include/arglog_expect.h) and its result (`rc ...`); the tests
  * compare that with the fake runtime's log, with and without the guard.
  *
- * Usage: cu13_calls prefetch|sigdiff|props|all
+ * Usage: cu13_calls basic|prefetch|sigdiff|props|all
+ *   basic     cudaRuntimeGetVersion (printed) and cudaSetDevice(1);
  *   prefetch  cudaMemPrefetchAsync of a managed buffer to device 0, the host, device 1,
  *             on a created stream (and the _ptsz export, to device 0);
  *   sigdiff   every other runtime function whose signature or exported name differs
@@ -32,7 +33,12 @@ extern cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count,
                                              struct cudaMemLocation location, unsigned int flags,
                                              cudaStream_t stream);
 
-#define MAJOR 13
+/* The major of the runtime it is linked against: 13, or 14 for cu14_calls (the same
+ * program linked against the stand-in libcudart.so.14). */
+#ifndef FAKE_MAJOR
+#define FAKE_MAJOR 13
+#endif
+#define MAJOR FAKE_MAJOR
 
 static cudaStream_t make_stream(void)
 {
@@ -43,6 +49,15 @@ static cudaStream_t make_stream(void)
         exit(1);
     }
     return s;
+}
+
+static void basic(void)
+{
+    int v = 0;
+    cudaError_t e = cudaRuntimeGetVersion(&v);
+    printf("runtime %d %d\n", (int)e, v);
+    EXPECT_LOG(MAJOR, "cudaSetDevice", "device=%d", 1);
+    REPORT_RC("cudaSetDevice", cudaSetDevice(1));
 }
 
 static void prefetch(void)
@@ -161,19 +176,21 @@ static void sigdiff(void)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: cu13_calls prefetch|sigdiff|props|all\n");
+        fprintf(stderr, "usage: cu13_calls basic|prefetch|sigdiff|props|all\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *m = argv[1];
     int all = !strcmp(m, "all");
+    if (all || !strcmp(m, "basic"))
+        basic();
     if (all || !strcmp(m, "prefetch"))
         prefetch();
     if (all || !strcmp(m, "sigdiff"))
         sigdiff();
     if (all || !strcmp(m, "props"))
         props();
-    if (!all && strcmp(m, "prefetch") && strcmp(m, "sigdiff") && strcmp(m, "props")) {
+    if (!all && strcmp(m, "basic") && strcmp(m, "prefetch") && strcmp(m, "sigdiff") && strcmp(m, "props")) {
         fprintf(stderr, "cu13_calls: unknown mode %s\n", m);
         return 2;
     }
