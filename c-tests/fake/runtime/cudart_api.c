@@ -101,7 +101,8 @@ RT_EXPORT cudaError_t cudaGetDevice(int *device)
 
 RT_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags)
 {
-    RT_LOG("cudaInitDevice", "device=%d deviceFlags=%u flags=%u", device, deviceFlags, flags);
+    RT_LOG("cudaInitDevice", "device=%d deviceFlags=%u flags=%u", device, deviceFlags,
+           flags);
     TRY(rt_check_device(device));
     if (flags & ~(unsigned int)cudaInitDeviceFlagsAreValid)
         return rt_ret(cudaErrorInvalidValue);
@@ -138,7 +139,8 @@ RT_EXPORT cudaError_t cudaDeviceReset(void)
 
 RT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
-    RT_LOG("cudaDeviceGetAttribute", "value=%p attr=%d device=%d", (void *)value, (int)attr, device);
+    RT_LOG("cudaDeviceGetAttribute", "value=%p attr=%d device=%d", (void *)value, (int)attr,
+           device);
     if (!value)
         return rt_ret(cudaErrorInvalidValue);
     CUdevice cu;
@@ -150,7 +152,8 @@ RT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr att
 
 RT_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
 {
-    RT_LOG("cudaDeviceGetPCIBusId", "pciBusId=%p len=%d device=%d", (void *)pciBusId, len, device);
+    RT_LOG("cudaDeviceGetPCIBusId", "pciBusId=%p len=%d device=%d", (void *)pciBusId, len,
+           device);
     if (!pciBusId || len <= 0)
         return rt_ret(cudaErrorInvalidValue);
     CUdevice cu;
@@ -678,7 +681,8 @@ RT_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 RT_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice)
 {
-    RT_LOG("cudaDeviceCanAccessPeer", "canAccessPeer=%p device=%d peerDevice=%d", (void *)canAccessPeer, device, peerDevice);
+    RT_LOG("cudaDeviceCanAccessPeer", "canAccessPeer=%p device=%d peerDevice=%d",
+           (void *)canAccessPeer, device, peerDevice);
     if (!canAccessPeer)
         return rt_ret(cudaErrorInvalidValue);
     CUdevice cu, peer;
@@ -728,7 +732,8 @@ RT_EXPORT cudaError_t cudaDeviceDisablePeerAccess(int peerDevice)
 RT_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
                                      size_t count)
 {
-    RT_LOG("cudaMemcpyPeer", "dst=%p dstDevice=%d src=%p srcDevice=%d count=%zu", dst, dstDevice, src, srcDevice, count);
+    RT_LOG("cudaMemcpyPeer", "dst=%p dstDevice=%d src=%p srcDevice=%d count=%zu", dst,
+           dstDevice, src, srcDevice, count);
     TRY(rt_check_device(dstDevice));
     TRY(rt_check_device(srcDevice));
     CUcontext dctx, sctx;
@@ -745,7 +750,8 @@ RT_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, 
 RT_EXPORT cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
                                           int srcDevice, size_t count, cudaStream_t stream)
 {
-    RT_LOG("cudaMemcpyPeerAsync", "dst=%p dstDevice=%d src=%p srcDevice=%d count=%zu stream=%p", dst, dstDevice, src, srcDevice, count, (void *)stream);
+    RT_LOG("cudaMemcpyPeerAsync", "dst=%p dstDevice=%d src=%p srcDevice=%d count=%zu stream=%p",
+           dst, dstDevice, src, srcDevice, count, (void *)stream);
     TRY(rt_check_device(dstDevice));
     TRY(rt_check_device(srcDevice));
     CUcontext dctx, sctx;
@@ -817,7 +823,8 @@ static cudaError_t entry_point(const char *symbol, void **funcPtr, int cudaVersi
 RT_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr,
         unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-    RT_LOG("cudaGetDriverEntryPoint", "symbol=%s funcPtr=%p flags=%llu driverStatus=%p", RT_STR(symbol), (void *)funcPtr, flags, (void *)driverStatus);
+    RT_LOG("cudaGetDriverEntryPoint", "symbol=%s funcPtr=%p flags=%llu driverStatus=%p",
+           RT_STR(symbol), (void *)funcPtr, flags, (void *)driverStatus);
     /* "the API will use the CUDA runtime version" (CUDART_VERSION). */
     return entry_point(symbol, funcPtr, FAKECUDART_RUNTIME_VERSION, flags, driverStatus, 0);
 }
@@ -825,7 +832,8 @@ RT_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr
 RT_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
         unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-    RT_LOG("cudaGetDriverEntryPoint_ptsz", "symbol=%s funcPtr=%p flags=%llu driverStatus=%p", RT_STR(symbol), (void *)funcPtr, flags, (void *)driverStatus);
+    RT_LOG("cudaGetDriverEntryPoint_ptsz", "symbol=%s funcPtr=%p flags=%llu driverStatus=%p",
+           RT_STR(symbol), (void *)funcPtr, flags, (void *)driverStatus);
     return entry_point(symbol, funcPtr, FAKECUDART_RUNTIME_VERSION, flags, driverStatus, 1);
 }
 
@@ -833,7 +841,9 @@ RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void 
         unsigned int cudaVersion, unsigned long long flags,
         enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-    RT_LOG("cudaGetDriverEntryPointByVersion", "symbol=%s funcPtr=%p cudaVersion=%u flags=%llu driverStatus=%p", RT_STR(symbol), (void *)funcPtr, cudaVersion, flags, (void *)driverStatus);
+    RT_LOG("cudaGetDriverEntryPointByVersion",
+           "symbol=%s funcPtr=%p cudaVersion=%u flags=%llu driverStatus=%p", RT_STR(symbol),
+           (void *)funcPtr, cudaVersion, flags, (void *)driverStatus);
     return entry_point(symbol, funcPtr, (int)cudaVersion, flags, driverStatus, 0);
 }
 
@@ -841,6 +851,8 @@ RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol,
         void **funcPtr, unsigned int cudaVersion, unsigned long long flags,
         enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-    RT_LOG("cudaGetDriverEntryPointByVersion_ptsz", "symbol=%s funcPtr=%p cudaVersion=%u flags=%llu driverStatus=%p", RT_STR(symbol), (void *)funcPtr, cudaVersion, flags, (void *)driverStatus);
+    RT_LOG("cudaGetDriverEntryPointByVersion_ptsz",
+           "symbol=%s funcPtr=%p cudaVersion=%u flags=%llu driverStatus=%p", RT_STR(symbol),
+           (void *)funcPtr, cudaVersion, flags, (void *)driverStatus);
     return entry_point(symbol, funcPtr, (int)cudaVersion, flags, driverStatus, 1);
 }

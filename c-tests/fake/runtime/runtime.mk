@@ -36,14 +36,14 @@ fake: $(FAKE)/libcudart.so.12 $(FAKE)/libcudart.so $(FAKE)/fakecuda-smi \
 # The differing functions (name kind), for the tests; and each major's stubs of them.
 $(GEN)/fakecudart_sigdiff.txt: $(SIGDIFF) $(RT_API_H) | check-headers check-headers13
 	@mkdir -p $(GEN)
-	python3 $(SIGDIFF) $(CUDA_INC)/cuda_runtime_api.h $(CUDA13_INC)/cuda_runtime_api.h --out-txt $@
+	$(DRV_PYTHON) $(SIGDIFF) $(CUDA_INC)/cuda_runtime_api.h $(CUDA13_INC)/cuda_runtime_api.h --out-txt $@
 $(GEN)/12/fakecudart_sigdiff_stubs.c: $(SIGDIFF) $(RT_API_H) | check-headers check-headers13
 	@mkdir -p $(GEN)/12
-	python3 $(SIGDIFF) $(CUDA_INC)/cuda_runtime_api.h $(CUDA13_INC)/cuda_runtime_api.h \
+	$(DRV_PYTHON) $(SIGDIFF) $(CUDA_INC)/cuda_runtime_api.h $(CUDA13_INC)/cuda_runtime_api.h \
 	    --stubs-for $(CUDA_INC)/cuda_runtime_api.h --out-c $@
 $(GEN)/13/fakecudart_sigdiff_stubs.c: $(SIGDIFF) $(RT_API_H) | check-headers check-headers13
 	@mkdir -p $(GEN)/13
-	python3 $(SIGDIFF) $(CUDA_INC)/cuda_runtime_api.h $(CUDA13_INC)/cuda_runtime_api.h \
+	$(DRV_PYTHON) $(SIGDIFF) $(CUDA_INC)/cuda_runtime_api.h $(CUDA13_INC)/cuda_runtime_api.h \
 	    --stubs-for $(CUDA13_INC)/cuda_runtime_api.h --out-c $@
 # libcudart.map with the node of another major.
 $(GEN)/libcudart.so.%.map: $(RT_DIR)/libcudart.map
