@@ -151,7 +151,10 @@ RT_EXPORT cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cudaM
     TRY(load());
     NEED(drv.poolGetAccess);
     CUmemAccess_flags f;
-    CUmemLocation loc = {(CUmemLocationType)location->type, location->id};
+    CUmemLocation loc;
+    memset(&loc, 0, sizeof loc);
+    loc.type = (CUmemLocationType)location->type;
+    loc.id = location->id;
     CUresult r = drv.poolGetAccess(&f, (CUmemoryPool)memPool, &loc);
     if (r == CUDA_SUCCESS)
         *flags = (enum cudaMemAccessFlags)f;
