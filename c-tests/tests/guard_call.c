@@ -52,8 +52,18 @@
     X(cudaDeviceGetDefaultMemPool) X(cudaDeviceGetMemPool) X(cudaDeviceSetMemPool) \
     X(cudaMemPoolSetAccess) X(cudaMemcpy3DPeer) X(cudaMemcpy3DPeerAsync) X(cudaSetValidDevices) \
     X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute) \
-    X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode)
+    X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode) \
+    X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz)
 ABIS(ABI)
+
+/* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
+ * signatures from the 13.x cudaTypedefs.h. */
+typedef CUresult (*PFN_cuMemGetDefaultMemPool_v13000)(CUmemoryPool *pool_out, CUmemLocation *location,
+                                                      CUmemAllocationType type);
+typedef CUresult (*PFN_cuMemPrefetchBatchAsync_v13000)(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                       CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                                       size_t numPrefetchLocs, unsigned long long flags,
+                                                       CUstream hStream);
 #define ROW(n) {#n, (void *)abi_##n},
 static const struct { const char *name; void *fn; } linked[] = { ABIS(ROW) };
 
@@ -148,6 +158,7 @@ static const char *variant(const char *base, int ver) {
         if (!strcmp(base, "cuMemcpyPeerAsync")) return "cuMemcpyPeerAsync_ptsz";
         if (!strcmp(base, "cuMemcpy3DPeer")) return "cuMemcpy3DPeer_ptds";
         if (!strcmp(base, "cuMemcpy3DPeerAsync")) return "cuMemcpy3DPeerAsync_ptsz";
+        if (!strcmp(base, "cuMemPrefetchBatchAsync")) return "cuMemPrefetchBatchAsync_ptsz";
     }
     snprintf(buf, sizeof buf, "%s", base);
     return buf;
@@ -452,6 +463,20 @@ int main(int argc, char **argv) {
         CUgraphNode node;
         printf("setup ok\n");
         rc = DRV(PFN_cuGraphAddMemAllocNode_v11040, abi, call, version)(&node, NULL, NULL, 0, &np);
+    } else if (!strcmp(call, "cuMemGetDefaultMemPool")) {
+        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
+        CUmemoryPool pool;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuMemGetDefaultMemPool_v13000, abi, call, version)(&pool, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
+    } else if (!strcmp(call, "cuMemPrefetchBatchAsync")) {
+        /* Two managed ranges: the first to device 0, the second to device ORD. */
+        CUdeviceptr p[2];
+        CHECK_SETUP(((PFN_cuMemAllocManaged_v6000)linked_fn("cuMemAllocManaged"))(&p[0], 4096, CU_MEM_ATTACH_GLOBAL));
+        CHECK_SETUP(((PFN_cuMemAllocManaged_v6000)linked_fn("cuMemAllocManaged"))(&p[1], 4096, CU_MEM_ATTACH_GLOBAL));
+        size_t sizes[2] = {4096, 4096}, idx[2] = {0, 1};
+        CUmemLocation locs[2] = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, {CU_MEM_LOCATION_TYPE_DEVICE, ord}};
+        printf("setup ok (%s)\n", abi);
+        rc = DRV(PFN_cuMemPrefetchBatchAsync_v13000, abi, call, version)(p, sizes, 2, locs, idx, 2, 0, NULL);
     } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
         int v = -1;
         printf("setup ok\n");
