@@ -34,6 +34,7 @@ DRIVER = [
     ("cuGraphAddMemAllocNode", [11040], "R2", 101),
     ("cuMemGetDefaultMemPool", [13000], "R2", 101),
     ("cuMemPrefetchBatchAsync", [13000], "R2", 101),
+    ("cuCheckpointProcessRestore", [12080], "R1", 800),
     ("cuDeviceGetP2PAttribute", [8000], None, None),
     ("cuDeviceComputeCapability", [2000], None, None),
     ("cuDeviceGetLuid", [10000], None, None),

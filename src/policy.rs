@@ -76,6 +76,8 @@ pub enum Detail {
     ImportedOnOtherDevice { device: i32 },
     /// One cooperative launch across several devices (R4).
     MultiDeviceLaunch { devices: u32 },
+    /// A checkpoint restore that moves a process's CUDA state onto another GPU (R1).
+    RestoreOntoOtherGpu,
 }
 
 impl fmt::Display for Detail {
@@ -110,6 +112,9 @@ impl fmt::Display for Detail {
             Detail::MultiDeviceLaunch { devices } => {
                 write!(f, "one cooperative launch across {devices} devices")
             }
+            Detail::RestoreOntoOtherGpu => f.write_str(
+                "a checkpoint restore remaps the process onto another GPU than it was checkpointed on",
+            ),
         }
     }
 }
@@ -284,6 +289,23 @@ pub fn multi_device(devices: u32) -> Verdict {
     }
 }
 
+/// R1 on a checkpoint restore (`cuCheckpointProcessRestore`, CUDA 13.5's GPU remapping):
+/// each pair moves the state of the GPU `old` onto `new`. A rank is one GPU, checked at its
+/// first `cuInit` against its `CUDA_VISIBLE_DEVICES` and rank GPU, and a restored process
+/// does not initialise again: a pair onto another GPU would move the rank off its GPU
+/// unseen. Pairs that keep the GPU are allowed.
+pub fn restore<'a, I: IntoIterator<Item = (&'a [u8; 16], &'a [u8; 16])>>(pairs: I) -> Verdict {
+    if pairs.into_iter().all(|(old, new)| old == new) {
+        Verdict::Allow
+    } else {
+        Verdict::Violation(Violation {
+            rule: Rule::R1,
+            code: DenyCode::NotPermitted,
+            detail: Detail::RestoreOntoOtherGpu,
+        })
+    }
+}
+
 /// What the R1 check at CUDA initialisation needs to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InitFacts {
@@ -430,6 +452,16 @@ mod tests {
                 "one cooperative launch across 2 devices"
             );
         }
+    }
+
+    #[test]
+    fn restores_keep_the_gpu() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert!(restore([]).is_allow());
+        assert!(restore([(&a, &a), (&b, &b)]).is_allow());
+        assert!(
+            matches!(restore([(&a, &a), (&a, &b)]), Verdict::Violation(v) if v.rule == Rule::R1 && v.code == DenyCode::NotPermitted && v.detail == Detail::RestoreOntoOtherGpu)
+        );
     }
 
     fn facts(cvd_set: bool, entries: usize, devices: i32) -> InitFacts {

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Link-time references to exact ABI symbols (asm labels bypass cuda.h's macros). */
 #define ABI(n) extern void abi_##n(void) __asm__(#n);
@@ -53,7 +54,8 @@
     X(cudaMemPoolSetAccess) X(cudaMemcpy3DPeer) X(cudaMemcpy3DPeerAsync) X(cudaSetValidDevices) \
     X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute) \
     X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode) \
-    X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz)
+    X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) \
+    X(cuCheckpointProcessRestore)
 ABIS(ABI)
 
 /* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
@@ -477,6 +479,20 @@ int main(int argc, char **argv) {
         CUmemLocation locs[2] = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, {CU_MEM_LOCATION_TYPE_DEVICE, ord}};
         printf("setup ok (%s)\n", abi);
         rc = DRV(PFN_cuMemPrefetchBatchAsync_v13000, abi, call, version)(p, sizes, 2, locs, idx, 2, 0, NULL);
+    } else if (!strcmp(call, "cuCheckpointProcessRestore")) {
+        /* CUDA 13.5's restore arguments (13.x cuda.h): GPU 0 restored onto GPU ORD (the same
+         * GPU for ORDINAL 0). The fake has no checkpointing: the driver answers
+         * NOT_SUPPORTED. */
+        struct { CUuuid old_uuid, new_uuid; } pair;
+        struct { void *pairs; unsigned count, pad; void *storage; char reserved[40]; } args;
+        memset(&pair, 0, sizeof pair);
+        memset(&args, 0, sizeof args);
+        pair.old_uuid.bytes[0] = 0x10;
+        pair.new_uuid.bytes[0] = (char)(0x10 + ord);
+        args.pairs = &pair;
+        args.count = 1;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuCheckpointProcessRestore_v12080, abi, call, version)((int)getpid(), (CUcheckpointRestoreArgs *)(void *)&args);
     } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
         int v = -1;
         printf("setup ok\n");

@@ -126,6 +126,21 @@ pub struct MemAllocNodeParamsHead {
     pub accessDescCount: usize,
 }
 
+/// The head of `CUcheckpointRestoreArgs`: 13.5 puts the GPU remapping first (12.8 to 13.4
+/// have `reserved[8]`, which must be zero: a NULL array, no pairs).
+#[repr(C)]
+pub struct CUcheckpointRestoreArgsHead {
+    pub gpuPairs: *const CUcheckpointGpuPair,
+    pub gpuPairsCount: c_uint,
+}
+
+/// `CUcheckpointGpuPair` (13.5): the GPU checkpointed and the GPU to restore onto.
+#[repr(C)]
+pub struct CUcheckpointGpuPair {
+    pub oldUuid: CUuuid,
+    pub newUuid: CUuuid,
+}
+
 /// `CU_MEMORYTYPE_ARRAY`: a copy side whose context the driver ignores.
 pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
 
@@ -193,6 +208,8 @@ mod layout {
         assert_eq!(offset_of!(cudaMemcpy3DPeerParmsHead, dstDevice), 136);
         assert_eq!(offset_of!(ExternalMemoryHandleDescHead, fd), 8);
         assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescs), 88);
+        assert_eq!(offset_of!(CUcheckpointRestoreArgsHead, gpuPairsCount), 8);
+        assert_eq!(size_of::<CUcheckpointGpuPair>(), 32);
         assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescCount), 96);
         assert_eq!(size_of::<CUdevice>(), 4);
         assert_eq!(size_of::<CuResult>(), 4);

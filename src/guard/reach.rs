@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 use crate::guard::engine;
 use crate::guard::ffi::{
-    cudaMemcpy3DPeerParmsHead, CUmemAccessDesc, CUmemLocation, MemAllocNodeParamsHead,
-    CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
+    cudaMemcpy3DPeerParmsHead, CUcheckpointRestoreArgsHead, CUmemAccessDesc, CUmemLocation,
+    MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
 };
 use crate::policy::{self, Verdict};
 
@@ -168,6 +168,24 @@ pub unsafe fn locations(locs: *const CUmemLocation, n: usize) -> Verdict {
     // SAFETY: caller guarantees `n` readable locations.
     let s = unsafe { std::slice::from_raw_parts(locs, n) };
     policy::first(s.iter().map(|l| policy::location(l.type_, l.id)))
+}
+
+/// R1 on a checkpoint restore's GPU pairs.
+///
+/// # Safety
+/// `args` is NULL or points to readable restore arguments whose `gpuPairs` (when not NULL)
+/// holds `gpuPairsCount` readable pairs.
+pub unsafe fn restore(args: *const CUcheckpointRestoreArgsHead) -> Verdict {
+    // SAFETY: caller guarantees readability.
+    let Some(a) = (unsafe { args.as_ref() }) else {
+        return Verdict::Allow;
+    };
+    if a.gpuPairs.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `gpuPairsCount` readable pairs.
+    let pairs = unsafe { std::slice::from_raw_parts(a.gpuPairs, a.gpuPairsCount as usize) };
+    policy::restore(pairs.iter().map(|p| (&p.oldUuid.bytes, &p.newUuid.bytes)))
 }
 
 /// R2 on every entry of a device list (`cudaSetValidDevices`).

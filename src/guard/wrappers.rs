@@ -606,6 +606,10 @@ guarded! {
         gate!(reach::locations(locs, num_locs), "count={count}, numPrefetchLocs={num_locs}");
         real(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream)
     }
+    Driver "cuCheckpointProcessRestore" fn cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgsHead) -> CuResult |real| {
+        gate!(reach::restore(args), "pid={pid}, gpuPairsCount={}", (*args).gpuPairsCount);
+        real(pid, args)
+    }
     Runtime "cudaDeviceGetDefaultMemPool" fn cudaDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         let rc = real(pool, device);
