@@ -61,28 +61,28 @@ RUNTIME = [
 _BASELINE: dict = {}
 
 
-def baseline(tmp_path, args, cvd) -> int:
+def baseline(tmp_path, args, cvd, **env) -> int:
     """What the fake platform alone answers (no guard)."""
     key = (tuple(str(a) for a in args), cvd)
     if key not in _BASELINE:
-        r = guarded(args, tmp_path, cvd=cvd, preload=False)
+        r = guarded(args, tmp_path, cvd=cvd, preload=False, **env)
         assert "setup ok" in r.out, r.out + r.err
         _BASELINE[key] = r.value("rc")
     return _BASELINE[key]
 
 
-def check(tmp_path, args_of, call, rule, code):
-    ok = guarded(args_of(0), tmp_path, cvd="3")
+def check(tmp_path, args_of, call, rule, code, **env):
+    ok = guarded(args_of(0), tmp_path, cvd="3", **env)
     assert ok.rc == 0 and "setup ok" in ok.out, ok.out + ok.err
-    assert ok.value("rc") == baseline(tmp_path, args_of(0), "3"), ok.out + ok.err
+    assert ok.value("rc") == baseline(tmp_path, args_of(0), "3", **env), ok.out + ok.err
     assert ok.audit == [] and "RANKGUARD" not in ok.err, ok.err
 
-    bad = guarded(args_of(1), tmp_path, cvd="3")
+    bad = guarded(args_of(1), tmp_path, cvd="3", **env)
     assert bad.rc == 0 and "setup ok" in bad.out, bad.out + bad.err
     mine = [r for r in bad.audit if r["call"] == call]
     if rule is None:
         # A query about another device: the driver's own answer, never denied.
-        assert bad.value("rc") == baseline(tmp_path, args_of(1), "3"), bad.out + bad.err
+        assert bad.value("rc") == baseline(tmp_path, args_of(1), "3", **env), bad.out + bad.err
         assert [r for r in mine if r["verdict"] == "deny"] == [], mine
     else:
         assert bad.value("rc") == code, bad.out + bad.err
@@ -90,9 +90,9 @@ def check(tmp_path, args_of, call, rule, code):
         assert mine[0]["verdict"] == "deny" and mine[0]["rule"] == rule, mine
         assert f"RANKGUARD WARN {call}(" in bad.err, bad.err
 
-    warn = guarded(args_of(1), tmp_path, cvd="0,1", mode="warn")
+    warn = guarded(args_of(1), tmp_path, cvd="0,1", mode="warn", **env)
     assert warn.rc == 0 and "setup ok" in warn.out, warn.out + warn.err
-    assert warn.value("rc") == baseline(tmp_path, args_of(1), "0,1"), warn.out + warn.err
+    assert warn.value("rc") == baseline(tmp_path, args_of(1), "0,1", **env), warn.out + warn.err
     mine = [r for r in warn.audit if r["call"] == call]
     assert len(mine) == 1 and mine[0]["verdict"] == "warn", warn.audit
     assert mine[0]["rule"] == (rule or "R2"), mine
@@ -108,6 +108,25 @@ def test_driver_function_on_every_path(tmp_path, path, call, version, rule, code
 @pytest.mark.parametrize("call,rule,code", RUNTIME, ids=[c for c, _, _ in RUNTIME])
 def test_runtime_function(tmp_path, path, call, rule, code):
     check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o)], call, rule, code)
+
+
+RUNTIME13 = [
+    ("cudaMemGetDefaultMemPool", "R2", 101),
+    ("cudaMemGetMemPool", "R2", 101),
+    ("cudaMemSetMemPool", "R2", 101),
+    ("cudaDeviceGetDevResource", "R2", 101),
+    ("cudaGreenCtxCreate", "R2", 101),
+    ("cudaDeviceGetExecutionCtx", "R2", 101),
+    ("cudaMemPrefetchBatchAsync", "R2", 101),
+]
+
+
+@pytest.mark.parametrize("path", ["link", "dlsym"])
+@pytest.mark.parametrize("call,rule,code", RUNTIME13, ids=[c for c, _, _ in RUNTIME13])
+def test_cuda13_runtime_function(tmp_path, path, call, rule, code):
+    """CUDA 13 runtime names (a program linked against libcudart.so.13, on a 13.5 driver)."""
+    check(tmp_path, lambda o: [prog("reach13_calls"), path, call, str(o)], call, rule, code,
+          FAKECUDA_DRIVER_VERSION="13050")
 
 
 @pytest.mark.parametrize("call", ["cuMemcpy3DPeer", "cuMemcpy3DPeerAsync"])

@@ -610,6 +610,63 @@ guarded! {
         gate!(reach::restore(args), "pid={pid}, gpuPairsCount={}", (*args).gpuPairsCount);
         real(pid, args)
     }
+    Driver "cuLogicalEndpointAddDevice" fn cuLogicalEndpointAddDevice(le: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={le}, dev={dev}");
+        real(le, dev)
+    }
+    Driver "cuLogicalEndpointBindAddr" fn cuLogicalEndpointBindAddr(le: c_uint, dev: CUdevice, offset: u64, ptr: *mut c_void, size: u64, flags: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={le}, dev={dev}, size={size}");
+        real(le, dev, offset, ptr, size, flags)
+    }
+    Driver "cuLogicalEndpointBindMem" fn cuLogicalEndpointBindMem(le: c_uint, dev: CUdevice, offset: u64, mem: CUmemGenericAllocationHandle, mem_offset: u64, size: u64, flags: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={le}, dev={dev}, memHandle={mem:#x}, size={size}");
+        real(le, dev, offset, mem, mem_offset, size, flags)
+    }
+    Driver "cuLogicalEndpointUnbind" fn cuLogicalEndpointUnbind(le: c_uint, dev: CUdevice, offset: u64, size: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={le}, dev={dev}, size={size}");
+        real(le, dev, offset, size)
+    }
+    // CUDA 13 runtime names (no 12.x function shares them, so one unversioned wrapper each).
+    Runtime "cudaMemGetDefaultMemPool" fn cudaMemGetDefaultMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, alloc_type: c_uint) -> CudaError |real| {
+        gate!(location_at(location), "location={:?}, type={alloc_type}", location.as_ref());
+        let rc = real(pool, location, alloc_type);
+        if rc == CudaError::SUCCESS && !pool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            reach::remember_pool(*pool, (*location).id);
+        }
+        rc
+    }
+    Runtime "cudaMemGetMemPool" fn cudaMemGetMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, alloc_type: c_uint) -> CudaError |real| {
+        gate!(location_at(location), "location={:?}, type={alloc_type}", location.as_ref());
+        let rc = real(pool, location, alloc_type);
+        if rc == CudaError::SUCCESS && !pool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            reach::remember_pool(*pool, (*location).id);
+        }
+        rc
+    }
+    Runtime "cudaMemSetMemPool" fn cudaMemSetMemPool(location: *mut CUmemLocation, alloc_type: c_uint, pool: CUmemoryPool) -> CudaError |real| {
+        gate!(location_at(location), "location={:?}, type={alloc_type}, memPool={pool:p}", location.as_ref());
+        real(location, alloc_type, pool)
+    }
+    Runtime "cudaDeviceGetDevResource" fn cudaDeviceGetDevResource(device: c_int, resource: *mut c_void, type_: c_uint) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, type={type_}");
+        real(device, resource, type_)
+    }
+    Runtime "cudaGreenCtxCreate" fn cudaGreenCtxCreate(ctx: *mut *mut c_void, desc: *mut c_void, device: c_int, flags: c_uint) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, flags={flags:#x}");
+        real(ctx, desc, device, flags)
+    }
+    Runtime "cudaDeviceGetExecutionCtx" fn cudaDeviceGetExecutionCtx(ctx: *mut *mut c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(ctx, device)
+    }
+    Runtime "cudaMemPrefetchBatchAsync" fn cudaMemPrefetchBatchAsync | cudaMemPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, locs: *mut CUmemLocation, loc_idxs: *mut usize, num_locs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::locations(locs, num_locs), "count={count}, numPrefetchLocs={num_locs}");
+        real(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream)
+    }
+    Runtime "cudaMemDiscardAndPrefetchBatchAsync" fn cudaMemDiscardAndPrefetchBatchAsync | cudaMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, locs: *mut CUmemLocation, loc_idxs: *mut usize, num_locs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::locations(locs, num_locs), "count={count}, numPrefetchLocs={num_locs}");
+        real(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream)
+    }
     Runtime "cudaDeviceGetDefaultMemPool" fn cudaDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         let rc = real(pool, device);

@@ -402,3 +402,155 @@ RT_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *pGraphNode, cuda
                                     (const CUgraphNode *)pDependencies, numDependencies,
                                     (CUDA_MEM_ALLOC_NODE_PARAMS *)nodeParams));
 }
+
+#if CUDART_VERSION >= 13000
+/* ---- CUDA 13: pools by location, green and execution contexts ------------------- */
+
+static struct {
+    PFN_cuMemGetDefaultMemPool_v13000 getDefault;
+    PFN_cuMemGetMemPool_v13000 get;
+    PFN_cuMemSetMemPool_v13000 set;
+    PFN_cuDeviceGetDevResource_v12040 getDevResource;
+    PFN_cuDevResourceGenerateDesc_v12040 generateDesc;
+    PFN_cuGreenCtxCreate_v12040 greenCtxCreate;
+    PFN_cuMemPrefetchBatchAsync_v13000 prefetchBatch;
+} drv13;
+static pthread_once_t fetched13 = PTHREAD_ONCE_INIT;
+
+static void fetch13(void)
+{
+    fetch(&drv13.getDefault, "cuMemGetDefaultMemPool", 13000, RT_FLAGS_LEGACY);
+    fetch(&drv13.get, "cuMemGetMemPool", 13000, RT_FLAGS_LEGACY);
+    fetch(&drv13.set, "cuMemSetMemPool", 13000, RT_FLAGS_LEGACY);
+    fetch(&drv13.getDevResource, "cuDeviceGetDevResource", 12040, RT_FLAGS_LEGACY);
+    fetch(&drv13.generateDesc, "cuDevResourceGenerateDesc", 12040, RT_FLAGS_LEGACY);
+    fetch(&drv13.greenCtxCreate, "cuGreenCtxCreate", 12040, RT_FLAGS_LEGACY);
+    fetch(&drv13.prefetchBatch, "cuMemPrefetchBatchAsync", 13000, RT_FLAGS_LEGACY);
+}
+
+static cudaError_t load13(void)
+{
+    cudaError_t e = load();
+    if (e == cudaSuccess)
+        pthread_once(&fetched13, fetch13);
+    return e;
+}
+
+/* A runtime location -> the driver's (a device location's id is a runtime ordinal). */
+static cudaError_t cu_location(const struct cudaMemLocation *l, CUmemLocation *out)
+{
+    if (!l)
+        return cudaErrorInvalidValue;
+    memset(out, 0, sizeof *out);
+    out->type = (CUmemLocationType)l->type;
+    out->id = l->id;
+    if (l->type == cudaMemLocationTypeDevice) {
+        CUdevice cu;
+        cudaError_t e = rt_cu_device(l->id, &cu);
+        if (e != cudaSuccess)
+            return e;
+        out->id = cu;
+    }
+    return cudaSuccess;
+}
+
+RT_EXPORT cudaError_t cudaMemGetDefaultMemPool(cudaMemPool_t *memPool, struct cudaMemLocation *location,
+                                               enum cudaMemAllocationType type)
+{
+    if (!memPool)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load13());
+    CUmemLocation l;
+    TRY(cu_location(location, &l));
+    NEED(drv13.getDefault);
+    DRIVER(drv13.getDefault((CUmemoryPool *)memPool, &l, (CUmemAllocationType)type));
+}
+
+RT_EXPORT cudaError_t cudaMemGetMemPool(cudaMemPool_t *memPool, struct cudaMemLocation *location,
+                                        enum cudaMemAllocationType type)
+{
+    if (!memPool)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load13());
+    CUmemLocation l;
+    TRY(cu_location(location, &l));
+    NEED(drv13.get);
+    DRIVER(drv13.get((CUmemoryPool *)memPool, &l, (CUmemAllocationType)type));
+}
+
+RT_EXPORT cudaError_t cudaMemSetMemPool(struct cudaMemLocation *location, enum cudaMemAllocationType type,
+                                        cudaMemPool_t memPool)
+{
+    TRY(load13());
+    CUmemLocation l;
+    TRY(cu_location(location, &l));
+    NEED(drv13.set);
+    DRIVER(drv13.set(&l, (CUmemAllocationType)type, (CUmemoryPool)memPool));
+}
+
+_Static_assert(sizeof(cudaDevResource) == sizeof(CUdevResource), "device resource layout");
+
+RT_EXPORT cudaError_t cudaDeviceGetDevResource(int device, cudaDevResource *resource, enum cudaDevResourceType type)
+{
+    if (!resource)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load13());
+    CUdevice cu;
+    TRY(rt_cu_device(device, &cu));
+    NEED(drv13.getDevResource);
+    DRIVER(drv13.getDevResource(cu, (CUdevResource *)resource, (CUdevResourceType)type));
+}
+
+RT_EXPORT cudaError_t cudaDevResourceGenerateDesc(cudaDevResourceDesc_t *phDesc, cudaDevResource *resources,
+                                                  unsigned int nbResources)
+{
+    TRY(load13());
+    NEED(drv13.generateDesc);
+    DRIVER(drv13.generateDesc((CUdevResourceDesc *)phDesc, (CUdevResource *)resources, nbResources));
+}
+
+/* RT-exec: an execution context is the driver's green context (cudaGreenCtxCreate) or the
+ * device's primary context (cudaDeviceGetExecutionCtx); the handle is the driver's. */
+RT_EXPORT cudaError_t cudaGreenCtxCreate(cudaExecutionContext_t *phCtx, cudaDevResourceDesc_t desc,
+                                         int device, unsigned int flags)
+{
+    if (!phCtx)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load13());
+    CUdevice cu;
+    TRY(rt_cu_device(device, &cu));
+    NEED(drv13.greenCtxCreate);
+    /* cudaGreenCtxDefaultStream is the only flag, and the driver's is required */
+    if (flags != 0)
+        return rt_ret(cudaErrorInvalidValue);
+    DRIVER(drv13.greenCtxCreate((CUgreenCtx *)phCtx, (CUdevResourceDesc)desc, cu, CU_GREEN_CTX_DEFAULT_STREAM));
+}
+
+RT_EXPORT cudaError_t cudaDeviceGetExecutionCtx(cudaExecutionContext_t *ctx, int device)
+{
+    if (!ctx)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load13());
+    CUcontext c;
+    TRY(rt_primary_ctx(device, &c));
+    *ctx = (cudaExecutionContext_t)c;
+    return cudaSuccess;
+}
+/* Each location converted like cu_location; at most 64 locations (the fake's limit). */
+RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync(void **dptrs, size_t *sizes, size_t count,
+                                                struct cudaMemLocation *prefetchLocs,
+                                                size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                unsigned long long flags, cudaStream_t stream)
+{
+    if (!prefetchLocs || numPrefetchLocs == 0 || numPrefetchLocs > 64)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load13());
+    CUmemLocation l[64];
+    for (size_t i = 0; i < numPrefetchLocs; i++)
+        TRY(cu_location(&prefetchLocs[i], &l[i]));
+    TRY(rt_bind());
+    NEED(drv13.prefetchBatch);
+    DRIVER(drv13.prefetchBatch((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs,
+                               numPrefetchLocs, flags, stream));
+}
+#endif /* CUDA 13 */
