@@ -7,7 +7,8 @@ Inputs:
   scripts/device_touching.py (issue 15's criterion as code);
 - src/guard/classification.tsv: for each function, `enforced` (rule and argument),
   `observed` (a query: recorded in warn mode, never denied) or `passed` (with the reason);
-- the guarded table (the `Driver "api" fn abi | abi ...` items of src/guard/wrappers.rs).
+- the guarded table (the `Driver "api" fn abi(...)` items of src/guard/generated.rs, which
+  scripts/gen_guarded.py writes from src/guard/guarded.spec).
 
 Checks (`--check`, and python-tests/test_classification.py): every device-touching
 function of every header is classified; every enforced or observed one is in the guarded
@@ -26,7 +27,7 @@ from device_touching import device_touching  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TSV = ROOT / "src" / "guard" / "classification.tsv"
-WRAPPERS = ROOT / "src" / "guard" / "wrappers.rs"
+WRAPPERS = ROOT / "src" / "guard" / "generated.rs"
 DOC = ROOT / "docs" / "classification.md"
 HEADERS = {"12.9": ROOT / "c-tests" / "build" / "cuda-include",
            "13.x": ROOT / "c-tests" / "build" / "cuda13-include"}
