@@ -23,7 +23,8 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from device_touching import device_touching  # noqa: E402
+import cudaapi  # noqa: E402
+from device_touching import api_touching  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TSV = ROOT / "src" / "guard" / "classification.tsv"
@@ -59,22 +60,16 @@ def guarded_names(path: pathlib.Path = WRAPPERS) -> set[str]:
 
 
 def touching(headers: dict[str, pathlib.Path] = HEADERS) -> dict[str, dict]:
-    """`{name: {"api", "majors", "reasons"}}` over every header of every major."""
+    """`{api: {"api", "majors", "reasons"}}` over every header set (scripts/cudaapi.py reads
+    them; every ABI variant of an API counts)."""
     out: dict[str, dict] = {}
     for major, inc in headers.items():
-        for api, header, types in (("driver", "cuda.h", None),
-                                   ("runtime", "cuda_runtime_api.h", "driver_types.h")):
-            path = inc / header
-            if not path.exists():
-                raise FileNotFoundError(f"{path} is missing: run scripts/setup (it links the "
-                                        f"{major} headers from the pinned wheel)")
-            extra = (inc / types).read_text(errors="replace") if types else ""
-            for name, reasons in device_touching(path.read_text(errors="replace"), api, extra).items():
-                e = out.setdefault(name, {"api": api, "majors": [], "reasons": []})
-                e["majors"].append(major)
-                for r in reasons:
-                    if r not in e["reasons"]:
-                        e["reasons"].append(r)
+        for name, (lib, reasons) in api_touching(cudaapi.Headers.load(str(inc))).items():
+            e = out.setdefault(name, {"api": lib, "majors": [], "reasons": []})
+            e["majors"].append(major)
+            for r in reasons:
+                if r not in e["reasons"]:
+                    e["reasons"].append(r)
     return out
 
 
@@ -97,9 +92,8 @@ def render(found: dict[str, dict], cls: dict[str, tuple[str, str]]) -> str:
         "fails when this file, the headers and the classification disagree). The criterion",
         "(`scripts/device_touching.py`): a function takes a device, a location-bearing struct, a",
         "peer pair, an IPC or shareable handle, a multicast or endpoint object, or creates a",
-        "context. See the README's contract table for what each rule means. CUDA: the headers",
-        "that declare the name (cuda.h declares most functions under their API name and maps",
-        "it to the ABI variant with a macro; the guard covers every variant of a guarded name).",
+        "context. See the README's contract table for what each rule means. One row per API",
+        "(every ABI variant of it: `_v2`, `_ptsz`, ...); CUDA: the header sets that declare it.",
         "",
     ]
     counts = {c: sum(1 for v in cls.values() if v[0] == c) for c in CLASSES}

@@ -20,15 +20,15 @@ of its parameters is
   `cudaExecutionContext_t *` of a function named `...Create`, `...Retain`,
   `cuCtxFromGreenCtx` or `...GetExecutionCtx`.
 
-Each rule is a small function below; `device_touching(header_text, api)` returns
-`{name: [reasons]}` for every function (all ABI variants under their own names) that any
-rule matches. The header is read with a small declaration parser (`declarations`,
-`structs`): comments and preprocessor lines are dropped, every `CUresult CUDAAPI name(...)`
-or `cudaError_t CUDARTAPI name(...)` declaration is kept, every `struct X { ... }` body is
-split into fields, and `typedef A B;` aliases are followed.
+The functions and their parameters come from the project's header parser,
+`scripts/cudaapi.py` (every driver ABI variant from cudaTypedefs.h, every runtime symbol
+from cuda_runtime_api.h: the same reading the guarded table is generated from);
+`api_touching(headers)` returns `{api: (lib, [reasons])}` over every ABI variant of each API.
+What a struct holds is read here (`structs`: every `struct X { ... }` body of cuda.h or
+driver_types.h split into fields, `typedef A B;` aliases followed).
 
-Run: `device_touching.py cuda.h driver` (or `cuda_runtime_api.h runtime driver_types.h`)
-prints one `name<TAB>reasons` line per function.
+Run: `device_touching.py c-tests/build/cuda13-include` prints one `lib<TAB>api<TAB>reasons`
+line per device-touching API of that header set.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-__all__ = ["Param", "Function", "declarations", "structs", "device_touching"]
+__all__ = ["Param", "Function", "structs", "api_touching"]
 
 
 @dataclass(frozen=True)
@@ -105,20 +105,6 @@ def _split_params(body: str) -> list[str]:
         else:
             cur.append(ch)
     out.append("".join(cur))
-    return out
-
-
-def declarations(header: str, api: str) -> dict[str, Function]:
-    """Every function declared in the header, by name (the first declaration wins)."""
-    text = _strip(header)
-    if api == "driver":
-        pat = re.compile(r"\bCUresult\s+CUDAAPI\s+(cu\w+)\s*\(([^;{]*?)\)\s*;", re.S)
-    else:
-        pat = re.compile(r"\bcudaError_t\s+CUDARTAPI\s+(cuda\w+)\s*\(([^;{]*?)\)\s*;", re.S)
-    out: dict[str, Function] = {}
-    for m in pat.finditer(text):
-        params = tuple(p for p in (_param(x) for x in _split_params(m.group(2))) if p)
-        out.setdefault(m.group(1), Function(m.group(1), params))
     return out
 
 
@@ -196,7 +182,7 @@ class _Types:
             for f in self.fields_of(t):
                 fb = f.base
                 if what == "location":
-                    hit = (fb == "CUdevice" and f.pointer == 0) or (
+                    hit = (fb in ("CUdevice", "CUdevice_v1") and f.pointer == 0) or (
                         fb == "int" and f.pointer == 0 and re.search(r"(^d|D)evice$", f.name))
                 elif what == "peer":
                     hit = False
@@ -215,7 +201,7 @@ class _Types:
 def _reasons(fn: Function, api: str, types: _Types) -> list[str]:
     out = []
     for p in fn.params:
-        b = p.base
+        b = re.sub(r"_v\d+$", "", p.base)       # cudaTypedefs.h writes CUipcMemHandle_v1
         if api == "driver" and b == "CUdevice" and p.pointer == 0:
             out.append(f"device:{p.name}")
         elif b == "int" and _DEVICE_INT.match(p.name) and (p.pointer == 0 or p.name == "device_arr"):
@@ -224,9 +210,9 @@ def _reasons(fn: Function, api: str, types: _Types) -> list[str]:
             out.append(f"handle:{p.name}")
         elif "ulticast" in b or "LogicalEndpoint" in b or "logicalEndpoint" in b:
             out.append(f"multicast:{p.name}")
-        elif types.holds(b, "location"):
+        elif types.holds(p.base, "location"):
             out.append(f"location:{p.name}")
-        elif types.holds(b, "peer"):
+        elif types.holds(p.base, "peer"):
             out.append(f"peer:{p.name}")
     ctxs = [p for p in fn.params if p.base == "CUcontext" and p.pointer == 0]
     if len(ctxs) >= 2 or any(p.name == "peerContext" for p in ctxs):
@@ -240,30 +226,34 @@ def _reasons(fn: Function, api: str, types: _Types) -> list[str]:
     return out
 
 
-def device_touching(header: str, api: str, types_from: str = "") -> dict[str, list[str]]:
-    """`{function: [reason, ...]}` for every device-touching function of the header.
-    Struct definitions are read from the header and `types_from` (the runtime's structs
-    are in driver_types.h)."""
-    types = _Types(header + "\n" + types_from)
-    out = {}
-    for name, fn in declarations(header, api).items():
-        r = _reasons(fn, api, types)
-        if r:
-            out[name] = r
+def api_touching(headers) -> dict[str, tuple[str, list[str]]]:
+    """`{api: (lib, [reason, ...])}` for every device-touching API of one header set
+    (a `cudaapi.Headers`), the reasons of all its ABI variants together."""
+    import os
+
+    def read(name: str) -> str:
+        with open(os.path.join(headers.include, name), encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    out: dict[str, tuple[str, list[str]]] = {}
+    for lib, table, types in (("driver", headers.driver, _Types(read("cuda.h"))),
+                              ("runtime", headers.runtime, _Types(read("cuda_runtime_api.h") + "\n" + read("driver_types.h")))):
+        for f in table.values():
+            fn = Function(f.api, tuple(Param(p.ctype, p.name) for p in f.params))
+            r = _reasons(fn, lib, types)
+            if r:
+                e = out.setdefault(f.api, (lib, []))
+                e[1].extend(x for x in r if x not in e[1])
     return out
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[2] not in ("driver", "runtime"):
-        print("usage: device_touching.py HEADER driver|runtime [TYPES_HEADER...]", file=sys.stderr)
+    if len(argv) != 2:
+        print("usage: device_touching.py INCLUDE_DIR   (e.g. c-tests/build/cuda13-include)", file=sys.stderr)
         return 2
-    texts = []
-    for path in [argv[1]] + argv[3:]:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            texts.append(f.read())
-    found = device_touching(texts[0], argv[2], "\n".join(texts[1:]))
-    for name in sorted(found):
-        print(f"{name}\t{' '.join(found[name])}")
+    import cudaapi
+    for name, (lib, reasons) in sorted(api_touching(cudaapi.Headers.load(argv[1])).items()):
+        print(f"{lib}\t{name}\t{' '.join(reasons)}")
     return 0
 
 
