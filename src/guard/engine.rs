@@ -20,6 +20,7 @@ use crate::guard::table::{Id, TABLE};
 use crate::guard::{site, tally};
 use crate::policy::{self, DenyCode, InitFacts, Rule, Verdict, Violation};
 use crate::rankgpu;
+use rankguard_core::uuid::{write_uuid, UuidKind};
 
 /// Exit status of a process terminated by R1 in enforce mode (sysexits' EX_CONFIG: the
 /// process was started with a configuration that breaks the contract).
@@ -299,7 +300,7 @@ pub fn emit_at(
         "{}({args}) {verdict_word} [{} {}]: {}; CUDA_VISIBLE_DEVICES={}, rank GPU {}{}; fix: {}",
         e.call,
         v.rule.as_str(),
-        rule_name(v.rule),
+        v.rule.name(),
         v.detail,
         cvd_now.map_or("<unset>", |s| if s.is_empty() { "<empty>" } else { s }),
         rank_gpu.unwrap_or("unknown"),
@@ -334,15 +335,6 @@ pub fn emit_at(
 ",
         );
         state::write_audit(j.as_bytes());
-    }
-}
-
-fn rule_name(r: Rule) -> &'static str {
-    match r {
-        Rule::R1 => "one GPU per rank",
-        Rule::R2 => "cuda:0 only",
-        Rule::R3 => "no cross-device IPC inside a rank",
-        Rule::R4 => "no peer access inside a rank",
     }
 }
 
@@ -467,8 +459,7 @@ fn check_init(rc: CuResult) {
     let own_uuid = own_uuid.as_str();
     // The raw values: an empty, non-UTF-8 or unverifiable rank GPU fails closed, exactly
     // as `rankguard check` decides it (one shared function).
-    let rank_uuid =
-        report::getenv_bytes("RANKGUARD_RANK_GPU_UUID").filter(|u| !u.trim_ascii().is_empty());
+    let rank_uuid = report::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
     // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
     let cfg = &state::get().config;
     let by_root = rank_root::ensure(cfg).is_some();
@@ -595,19 +586,9 @@ pub fn device_uuid(ordinal: i32) -> Option<String> {
     let u = device_uuid_bytes(ordinal)?;
     let mig = report::getenv(c"CUDA_VISIBLE_DEVICES").is_some_and(|t| t.starts_with("MIG-"));
     let mut b = StackBuf::<64>::new();
-    format_uuid(&mut b, if mig { "MIG-" } else { "GPU-" }, &u.bytes);
+    let kind = if mig { UuidKind::Mig } else { UuidKind::Gpu };
+    let _ = write_uuid(&mut b, kind, &u.bytes);
     Some(String::from_utf8_lossy(b.as_bytes()).into_owned())
-}
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid<W: Write>(w: &mut W, prefix: &str, b: &[u8; 16]) {
-    let _ = w.write_str(prefix);
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            let _ = w.write_char('-');
-        }
-        let _ = write!(w, "{byte:02x}");
-    }
 }
 
 /// The device of a context, asked from the real driver without disturbing the caller's

@@ -34,7 +34,6 @@
 //!   unique (a memfd/tmpfs inode names one file while it exists); an `anon_inode` fd (one
 //!   inode shared by every such file) or a device node is not, and has no key
 //!   ([`Key::from_file`]): its provenance is unknown.
-#![deny(unsafe_code)]
 
 use std::fmt::{self, Write as _};
 use std::fs::{self, File, OpenOptions};

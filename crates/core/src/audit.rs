@@ -22,19 +22,18 @@
 //!   are grouped under "rank -", listed last;
 //! - an empty line is not a problem (nothing was written there), a line without its final
 //!   newline that fails to parse is reported as torn.
-#![deny(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Human names of the rules, as the guard prints them (`guard/engine.rs` `rule_name`).
+use crate::policy::Rule;
+
+/// The human name of a rule id as a record spells it ([`Rule::name`], the guard's own
+/// words); an id this build does not know is said as such.
 pub fn rule_name(rule: &str) -> &'static str {
-    match rule {
-        "R1" => "one GPU per rank",
-        "R2" => "cuda:0 only",
-        "R3" => "no cross-device IPC inside a rank",
-        "R4" => "no peer access inside a rank",
-        _ => "a rule this rankguard does not know (newer guard?)",
-    }
+    Rule::parse(rule).map_or(
+        "a rule this rankguard does not know (newer guard?)",
+        Rule::name,
+    )
 }
 
 // ---------------------------------------------------------------------------------------
