@@ -3,7 +3,7 @@
 //! result for the process's lines and records, and leave a rank record for descendants.
 //!
 //! Cold path only: the walk runs once, inside the R1 check at the first `cuInit` or at the
-//! first violation reported before it (`engine::emit`); afterwards a set value is read.
+//! first violation reported before it (`decision_record::emit`); afterwards a set value is read.
 //! A process that never initialises CUDA (and breaks no rule) never walks. Measured: about
 //! 160 syscalls and 0.6 ms of CPU for six ancestors with a tmpfs registry.
 //! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
@@ -14,7 +14,6 @@
 //! check walks again: "no root GPU, this process is the root" is the parent's fact, not
 //! the child's. No lock is involved: the value is a leaked box behind an atomic pointer.
 
-use std::fmt::{self, Write};
 use std::fs::{self, File};
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -25,10 +24,12 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::ipc;
-use crate::guard::report::{self, json_str};
+use crate::guard::report;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
 use crate::rankgpu;
 use crate::registry::{self, Key, Location, Lookup, ProcFs, Record, Registry};
+use rankguard_core::record::RootRef;
+use std::borrow::Cow;
 
 /// Largest `/proc/<pid>/environ` read (ARG_MAX-sized environments fit).
 const MAX_ENVIRON: u64 = 8 << 20;
@@ -67,7 +68,7 @@ pub fn id() -> Option<RootId> {
 }
 
 /// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU
-/// (set at all, even empty: the R1 check then fails closed on it, as `engine` decides).
+/// (set at all, even empty: the R1 check then fails closed on it, as `init_check` decides).
 pub fn applies(cfg: &Config) -> bool {
     cfg.rank.is_none() && report::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
 }
@@ -113,7 +114,7 @@ impl ProcView for ProcFsView {
 /// This process's rank root, found on first use: at the first `cuInit`, or at a violation
 /// reported before it (a `cudaSetDevice(2)` denied before the runtime initialised). None
 /// when rank variables name the rank ([`applies`]) or the identity could not be read.
-/// Never called from [`super::engine::prefix`]: the walk may say a registry problem, whose
+/// Never called from [`super::decision_record::prefix`]: the walk may say a registry problem, whose
 /// line calls `prefix`, which reads [`current`] only.
 pub fn ensure(cfg: &Config) -> Option<&'static Root> {
     if let Some(r) = mine() {
@@ -218,31 +219,11 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
     });
 }
 
-/// `,"rank_root":{"pid":P,"start":S,"host":"H"}` (or `null`) for an audit record.
-pub fn write_json<W: Write>(j: &mut W, root: Option<&Root>) -> fmt::Result {
-    let Some(r) = root else {
-        return j.write_str(",\"rank_root\":null");
-    };
-    write!(
-        j,
-        ",\"rank_root\":{{\"pid\":{},\"start\":{},\"host\":",
-        r.id.pid, r.id.start
-    )?;
-    json_str(j, &r.host, 64)?;
-    j.write_char('}')
-}
-
-/// `,"exporter_rank_root":{...}` for an R3 record: the exporter's root (same host).
-pub fn write_exporter_json<W: Write>(j: &mut W, root: Option<RootId>) -> fmt::Result {
-    let Some(id) = root else {
-        return j.write_str(",\"exporter_rank_root\":null");
-    };
-    let mut host = [0u8; 64];
-    write!(
-        j,
-        ",\"exporter_rank_root\":{{\"pid\":{},\"start\":{},\"host\":",
-        id.pid, id.start
-    )?;
-    json_str(j, report::hostname(&mut host), 64)?;
-    j.write_char('}')
+/// A root as a record names it.
+pub fn as_ref(r: &Root) -> RootRef<'_> {
+    RootRef {
+        pid: r.id.pid,
+        start: r.id.start,
+        host: Some(Cow::Borrowed(&r.host)),
+    }
 }

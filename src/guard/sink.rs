@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::config;
-use crate::guard::engine;
+use crate::guard::decision_record;
 use crate::guard::once::PidLock;
 use crate::guard::report::{self, StackBuf};
 
@@ -121,7 +121,7 @@ impl Sink {
             std::io::Error::from_raw_os_error(err).to_string()
         };
         let mut b = StackBuf::<1024>::new();
-        engine::prefix(&mut b, "WARN");
+        decision_record::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
             "{}={:?}: a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: free space on that file system or point {} elsewhere",
@@ -193,7 +193,7 @@ impl Sink {
             ),
         };
         let mut b = StackBuf::<1024>::new();
-        engine::prefix(&mut b, "WARN");
+        decision_record::prefix(&mut b, "WARN");
         let _ = writeln!(b, "{}={path:?} {what}; {}", self.var, self.instead);
         report::write_all(2, b.as_bytes());
     }

@@ -68,7 +68,7 @@ fn init() -> &'static State {
         let dlopened = !secure && !interposing();
         if dlopened {
             let mut b = StackBuf::<512>::new();
-            engine::prefix(&mut b, "WARN");
+            decision_record::prefix(&mut b, "WARN");
             let _ = std::fmt::Write::write_str(
                 &mut b,
                 "librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)\n",
@@ -152,7 +152,7 @@ pub fn audit_on() -> bool {
 /// A configuration problem, said on stderr.
 fn warn_once_config(var: &str, value: &str, what: &str) {
     let mut b = StackBuf::<768>::new();
-    engine::prefix(&mut b, "WARN");
+    decision_record::prefix(&mut b, "WARN");
     let _ = std::fmt::Write::write_fmt(&mut b, format_args!("{var}={value:?} {what}\n"));
     report::write_all(2, b.as_bytes());
 }
@@ -214,4 +214,4 @@ pub fn owned_gpu() -> Option<&'static str> {
     OWNED_GPU.get().map(String::as_str)
 }
 
-use crate::guard::engine;
+use crate::guard::decision_record;

@@ -9,9 +9,9 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use crate::guard::engine;
 use crate::guard::ffi::*;
 use crate::guard::route::{self, Routed};
+use crate::guard::{driver_query, init_check, missing};
 use crate::policy;
 
 /// Route `*pfn` after a successful entry-point query; refuse an unknown variant of a
@@ -33,7 +33,7 @@ unsafe fn route_out(pfn: *mut *mut c_void, symbol: *const c_char, status: *mut c
             true
         }
         Routed::Unknown => {
-            engine::unknown_variant(symbol);
+            missing::unknown_variant(symbol);
             // SAFETY: as above; `status` may be NULL (optional out-parameter).
             unsafe {
                 *pfn = std::ptr::null_mut();
@@ -65,7 +65,10 @@ fn peer_contexts(a: CUcontext, b: CUcontext) -> policy::Verdict {
     if a == b {
         return policy::Verdict::Allow;
     }
-    match (engine::context_device(a), engine::context_device(b)) {
+    match (
+        driver_query::context_device(a),
+        driver_query::context_device(b),
+    ) {
         (Some(x), Some(y)) => policy::peer(x, y),
         _ => policy::peer_unknown(),
     }
@@ -75,7 +78,7 @@ guarded! {
     // ---- initialisation (R1) -------------------------------------------------------
     Driver "cuInit" fn cuInit(flags: c_uint) -> CuResult |real| {
         let rc = real(flags);
-        engine::after_init(rc);
+        init_check::after_init(rc);
         rc
     }
 
@@ -262,7 +265,7 @@ guarded! {
 
     // ---- runtime: peer access (R4) ----------------------------------------------------
     Runtime "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(engine::runtime_current_device(), peer), "peerDevice={peer}, flags={flags:#x}");
+        gate!(policy::peer(driver_query::runtime_current_device(), peer), "peerDevice={peer}, flags={flags:#x}");
         real(peer, flags)
     }
     Runtime "cudaMemcpyPeer" fn cudaMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize) -> CudaError |real| {

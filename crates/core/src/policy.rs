@@ -97,6 +97,11 @@ pub enum Detail {
     ImportedOnOtherDevice { device: i32 },
 }
 
+impl Detail {
+    /// The text of [`Detail::NotRankGpu`] (the stderr line adds what the process sees).
+    pub const NOT_RANK_GPU: &'static str = "the process sees one GPU, but not the rank's GPU";
+}
+
 impl fmt::Display for Detail {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
@@ -113,7 +118,7 @@ impl fmt::Display for Detail {
                 "the process sees {devices} device(s) from {entries} CUDA_VISIBLE_DEVICES entr{}",
                 if entries == 1 { "y" } else { "ies" }
             ),
-            Detail::NotRankGpu => f.write_str("the process sees one GPU, but not the rank's GPU"),
+            Detail::NotRankGpu => f.write_str(Detail::NOT_RANK_GPU),
             Detail::CrossDeviceIpc => {
                 f.write_str("IPC import of memory exported on another GPU by the same rank")
             }

@@ -172,7 +172,10 @@ mod tests {
         // A blank resolved UUID counts as unset (shells export `VAR=` to clear), for the
         // guard and `check` alike: the entry decides.
         for blank in [&b""[..], b"  "] {
-            assert_eq!(decide(b"2", Some(blank), U2, Some(&own("2"))), RankGpu::Same);
+            assert_eq!(
+                decide(b"2", Some(blank), U2, Some(&own("2"))),
+                RankGpu::Same
+            );
             assert!(matches!(
                 decide(b"GPU-1", Some(blank), U2, Some(&own("2"))),
                 RankGpu::Unverifiable(_)
