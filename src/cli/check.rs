@@ -16,7 +16,7 @@ use super::json::Value;
 use super::launch::SYSROOT_VAR;
 use super::{env, gpus, lib_path, sys, Error, Result, EXIT_VIOLATION};
 use crate::config::{Mode, MODE_EXPECTED};
-use crate::cvd::{self, Entry, Visibility};
+use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan::DriverGpu;
 use crate::rankgpu::{self, RankGpu};
 use crate::topology::Topology;
@@ -113,13 +113,13 @@ fn gather(sysroot: &std::path::Path) -> Report {
             None => Visibility::Entries(vec![]),
         },
     };
-    let entries: Vec<Entry> = vis.entries().map(|e| e.to_vec()).unwrap_or_default();
+    let entries: Vec<CvdEntry> = vis.entries().map(|e| e.to_vec()).unwrap_or_default();
     let mode = match (&vis, entries.first()) {
         (Visibility::Unset, _) => "unset",
         (_, None) => "none",
-        (_, Some(Entry::Index(_))) => "index",
-        (_, Some(Entry::Uuid(_))) => "uuid",
-        (_, Some(Entry::Mig(_))) => "mig",
+        (_, Some(CvdEntry::Index(_))) => "index",
+        (_, Some(CvdEntry::Uuid(_))) => "uuid",
+        (_, Some(CvdEntry::Mig(_))) => "mig",
     };
     let fix =
         "start the rank with `rankguard launch`, or through `rankguard run --narrow-by LOCAL_RANK`";

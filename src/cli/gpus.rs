@@ -24,7 +24,7 @@ use std::os::fd::AsFd;
 use std::process::{Command, ExitCode};
 
 use super::{env, sys, Error, Result};
-use crate::cvd::{self, Entry, Visibility};
+use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan::DriverGpu;
 use rankguard_core::uuid::{uuid_text, UuidKind};
 
@@ -117,7 +117,7 @@ pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<Driv
     };
     // Under a MIG-mode CVD the driver enumerates MIG instances and cuDeviceGetUuid_v2 gives
     // their UUIDs, which nvidia-smi spells `MIG-...`.
-    let mig = matches!(cvd::parse(effective.as_deref()), Visibility::Entries(e) if matches!(e.first(), Some(Entry::Mig(_))));
+    let mig = matches!(cvd::parse(effective.as_deref()), Visibility::Entries(e) if matches!(e.first(), Some(CvdEntry::Mig(_))));
     let mut gpus = Vec::new();
     for line in stdout.lines() {
         let f: Vec<&str> = line.split('\t').collect();

@@ -7,7 +7,7 @@ use std::fmt::{self, Write};
 
 use crate::config::Mode;
 use crate::guard::rank_root;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::site;
 use crate::guard::state;
 use crate::guard::table::TABLE;
@@ -20,8 +20,8 @@ use std::borrow::Cow;
 /// `host:pid:tid [rank N] RANKGUARD LEVEL ` — the NCCL line shape users grep.
 pub fn prefix<W: Write>(w: &mut W, level: &str) {
     let mut host = [0u8; 64];
-    let host = report::hostname(&mut host);
-    let _ = write!(w, "{host}:{}:{} ", report::pid(), report::tid());
+    let host = signal_safe::hostname(&mut host);
+    let _ = write!(w, "{host}:{}:{} ", signal_safe::pid(), signal_safe::tid());
     match (
         state::try_get().and_then(|s| s.config.rank),
         rank_root::current(),
@@ -50,7 +50,7 @@ pub struct Extra<'a> {
 
 /// Write the stderr line (first occurrence per symbol; the rest at debug level) and the
 /// audit record for one decision, capturing its site here.
-pub fn emit(
+pub fn record_decision(
     id: usize,
     v: &Violation,
     action: Action,
@@ -59,8 +59,8 @@ pub fn emit(
     extra: Option<Extra<'_>>,
 ) {
     let cap = site::capture(site::python_thread());
-    let first = TABLE[id].first_said(report::pid());
-    emit_at(id, v, action, mode, args, extra, &cap, first);
+    let first = TABLE[id].first_said(signal_safe::pid());
+    record_decision_at(id, v, action, mode, args, extra, &cap, first);
 }
 
 fn b(s: &str) -> Text<'_> {
@@ -75,14 +75,14 @@ fn text(bytes: &[u8]) -> Text<'_> {
 /// below this; the rest of the scratch page holds the JSON record.
 const LINE_MAX: usize = 8 * 1024;
 
-/// [`emit`] with the site already captured; `first`: the first line of this (rule, call,
+/// [`record_decision`] with the site already captured; `first`: the first line of this (rule, call,
 /// site) in this process (`tally.rs`), said on stderr; later ones go to the debug log.
 ///
 /// The record is built once ([`AuditRecord`]) from borrowed facts and rendered twice into
-/// one scratch mapping (`report::Scratch`): no allocation, so a forked child or a signal
+/// one scratch mapping (`signal_safe::Scratch`): no allocation, so a forked child or a signal
 /// never finds us waiting on the allocator's lock.
 #[allow(clippy::too_many_arguments)]
-pub fn emit_at(
+pub fn record_decision_at(
     id: usize,
     v: &Violation,
     action: Action,
@@ -99,27 +99,27 @@ pub fn emit_at(
     let extra = extra.unwrap_or_default();
     // A value that is not UTF-8 is shown with its bytes escaped (`\xff`), never as unset.
     let mut cvd_buf = StackBuf::<512>::new();
-    let cvd_now = report::getenv_bytes("CUDA_VISIBLE_DEVICES").map(|b| {
-        let _ = report::escape_bytes(&mut cvd_buf, b);
+    let cvd_now = signal_safe::getenv_bytes("CUDA_VISIBLE_DEVICES").map(|b| {
+        let _ = signal_safe::escape_bytes(&mut cvd_buf, b);
         std::str::from_utf8(cvd_buf.as_bytes()).unwrap_or("?")
     });
     let mut host = [0u8; 64];
-    let host = report::hostname(&mut host);
+    let host = signal_safe::hostname(&mut host);
     let mut args_buf = StackBuf::<512>::new();
     let _ = args_buf.write_fmt(args);
     let mut detail_buf = StackBuf::<256>::new();
     let _ = write!(detail_buf, "{}", v.detail);
     let root = rank_root::current();
     let rec = AuditRecord {
-        ts_us: Some(report::now_us()),
+        ts_us: Some(signal_safe::now_us()),
         summary: None,
         call: b(e.call),
         abi: Some(b(e.abi())),
         action: Some(action),
         rule: Some(RuleId::Known(v.rule)),
         mode: Some(mode),
-        pid: Some(report::pid()),
-        tid: Some(report::tid()),
+        pid: Some(signal_safe::pid()),
+        tid: Some(signal_safe::tid()),
         host: Some(b(host)),
         rank: cfg.rank,
         local_rank: cfg.local_rank,
@@ -140,7 +140,7 @@ pub fn emit_at(
         native_stack_cut: cap.native_cut,
     };
 
-    let mut page = report::Scratch::new(LINE_MAX + RECORD_MAX);
+    let mut page = signal_safe::Scratch::new(LINE_MAX + RECORD_MAX);
     // Without a mapping (out of address space): a small stack buffer, where the record
     // is written without its stacks (`write_json`), still whole.
     let mut small = [0u8; 4096];
@@ -159,7 +159,7 @@ pub fn emit_at(
         let _ = line.write_char('\n');
     }
     if first || mode == Mode::Abort || v.rule == Rule::R1 {
-        report::write_all(2, line.as_bytes());
+        signal_safe::write_all(2, line.as_bytes());
     } else {
         tracing::warn!("{}", String::from_utf8_lossy(line.as_bytes()).trim_end());
     }

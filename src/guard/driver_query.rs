@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use crate::guard::ffi::{CUdevice, CUuuid, CuResult, CudaError};
 use crate::guard::internal;
 use crate::guard::real;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::table::Id;
 use rankguard_core::uuid::{write_uuid, UuidKind};
 
@@ -61,7 +61,7 @@ pub fn device_uuid_bytes(ordinal: i32) -> Option<CUuuid> {
 /// MIG instances (cuDeviceGetUuid_v2 returns the instance's UUID), else `GPU-...`.
 pub fn device_uuid(ordinal: i32) -> Option<String> {
     let u = device_uuid_bytes(ordinal)?;
-    let mig = report::getenv(c"CUDA_VISIBLE_DEVICES").is_some_and(|t| t.starts_with("MIG-"));
+    let mig = signal_safe::getenv(c"CUDA_VISIBLE_DEVICES").is_some_and(|t| t.starts_with("MIG-"));
     let mut b = StackBuf::<64>::new();
     let kind = if mig { UuidKind::Mig } else { UuidKind::Gpu };
     let _ = write_uuid(&mut b, kind, &u.bytes);

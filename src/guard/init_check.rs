@@ -6,12 +6,12 @@ use std::fmt::Write;
 
 use crate::config::Mode;
 use crate::cvd;
-use crate::guard::decision_record::{emit, prefix, Extra};
+use crate::guard::decision_record::{prefix, record_decision, Extra};
 use crate::guard::driver_query::{device_uuid, driver_count};
 use crate::guard::ffi::CuResult;
 use crate::guard::once::ForkSafeOnce;
 use crate::guard::rank_root;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::state;
 use crate::guard::table::Id;
 use crate::guard::verdict::abort_now;
@@ -44,7 +44,7 @@ pub fn after_init(rc: CuResult) {
             let mut b = StackBuf::<256>::new();
             prefix(&mut b, "WARN");
             let _ = writeln!(b, "terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})");
-            report::write_all(2, b.as_bytes());
+            signal_safe::write_all(2, b.as_bytes());
             // SAFETY: _exit has no preconditions (see check_init for why not exit()).
             unsafe { libc::_exit(EXIT_R1) }
         }
@@ -57,9 +57,9 @@ fn check_init(rc: CuResult) {
     if mode == Mode::Off {
         return;
     }
-    let cvd_text = report::getenv(c"CUDA_VISIBLE_DEVICES");
+    let cvd_text = signal_safe::getenv(c"CUDA_VISIBLE_DEVICES");
     let vis = cvd::parse(cvd_text);
-    let entries = vis.entries().map_or(0, <[cvd::Entry]>::len);
+    let entries = vis.entries().map_or(0, <[cvd::CvdEntry]>::len);
 
     let mut devices = 0;
     if rc == CuResult::SUCCESS {
@@ -77,11 +77,11 @@ fn check_init(rc: CuResult) {
     let own_uuid = own_uuid.as_str();
     // The raw values: an empty, non-UTF-8 or unverifiable rank GPU fails closed, exactly
     // as `rankguard check` decides it (one shared function).
-    let rank_uuid = report::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
+    let rank_uuid = signal_safe::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
     // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
     let cfg = &state::get().config;
     let by_root = rank_root::ensure(cfg).is_some();
-    let is_rank_gpu = match report::getenv_bytes("RANKGUARD_RANK_GPU") {
+    let is_rank_gpu = match signal_safe::getenv_bytes("RANKGUARD_RANK_GPU") {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
         None => rank_root::is_rank_gpu(own_uuid, &vis),
     };
@@ -113,17 +113,17 @@ fn check_init(rc: CuResult) {
         })
     };
     match mode {
-        Mode::Warn => emit(id, &v, Action::Warn, mode, format_args!("flags=0"), extra()),
+        Mode::Warn => record_decision(id, &v, Action::Warn, mode, format_args!("flags=0"), extra()),
         Mode::Abort => {
-            emit(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
+            record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
             abort_now()
         }
         Mode::Enforce | Mode::Off => {
-            emit(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
+            record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
             let mut b = StackBuf::<256>::new();
             prefix(&mut b, "WARN");
             let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
-            report::write_all(2, b.as_bytes());
+            signal_safe::write_all(2, b.as_bytes());
             // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
             // we are inside a CUDA call on an arbitrary thread of someone else's process,
             // where running their handlers could deadlock; our message is already written.

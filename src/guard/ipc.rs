@@ -36,12 +36,13 @@ use crate::guard::decision_record::{self, Extra};
 use crate::guard::ffi::{CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult};
 use crate::guard::internal;
 use crate::guard::rank_root;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::state;
 use crate::guard::verdict::{self, Code};
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
-    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, Record, Registry,
+    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, ProvenanceRecord,
+    Registry,
 };
 use rankguard_core::record::{Exporter, RootRef, RuleFields};
 use std::borrow::Cow;
@@ -233,7 +234,7 @@ fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
     decision_record::prefix(&mut b, "WARN");
     let _ = b.write_fmt(args);
     let _ = b.write_char('\n');
-    report::write_all(2, b.as_bytes());
+    signal_safe::write_all(2, b.as_bytes());
 }
 
 pub(crate) fn euid() -> u32 {
@@ -386,7 +387,7 @@ fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
 fn record(key: Key, gpu: Option<String>, location: Location) {
     let _ = shielded("writing", || {
         let reg = open_registry()?;
-        let pid = report::pid();
+        let pid = signal_safe::pid();
         if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
             let swept = reg.sweep(&ProcFs);
             tracing::debug!(?swept, "swept the IPC provenance registry");
@@ -396,7 +397,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
             say_once(&SAID_WRITE, format_args!("cannot read /proc/self/stat: IPC exports of this process are not recorded; importers will see unknown provenance"));
             return None;
         };
-        let rec = Record {
+        let rec = ProvenanceRecord {
             key,
             job: cfg.job.as_deref().map(registry::job_token),
             rank: cfg.rank,
@@ -422,7 +423,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
 }
 
 /// The trusted record of `key`, if any (problems said once).
-fn lookup(key: &Key) -> Option<Record> {
+fn lookup(key: &Key) -> Option<ProvenanceRecord> {
     shielded("reading", || {
         let reg = open_registry()?;
         match reg.lookup(key, &ProcFs) {
@@ -626,7 +627,7 @@ pub fn check_import<R: Code>(
         return Ok(Checked(Some(d)));
     }
     let mut host = [0u8; 64];
-    let host = report::hostname(&mut host);
+    let host = signal_safe::hostname(&mut host);
     let short = key.as_ref().map(Key::short);
     let fields = RuleFields::Import {
         handle: key.as_ref().map(|k| Cow::Borrowed(k.kind().as_str())),

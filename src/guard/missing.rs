@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use crate::guard::decision_record::prefix;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::table::TABLE;
 use crate::guard::verdict::Code;
 
@@ -14,7 +14,7 @@ use crate::guard::verdict::Code;
 #[cold]
 pub fn missing<R: Code>(id: usize) -> R {
     let e = &TABLE[id];
-    if e.first_said(report::pid()) {
+    if e.first_said(signal_safe::pid()) {
         let mut b = StackBuf::<512>::new();
         prefix(&mut b, "WARN");
         let lib = match e.lib {
@@ -26,7 +26,7 @@ pub fn missing<R: Code>(id: usize) -> R {
             "{}: the real function was not found in {lib}; returning error 500 (not found). Is the CUDA library installed and on the library path?",
             e.abi()
         );
-        report::write_all(2, b.as_bytes());
+        signal_safe::write_all(2, b.as_bytes());
     }
     R::missing()
 }
@@ -53,5 +53,5 @@ pub fn unknown_variant(symbol: *const std::ffi::c_char) {
         b,
         "entry point for {name} is an ABI variant this guard does not know (newer driver?); refusing it (pointer NULL, status not found) rather than handing out an unguarded function. Upgrade rankguard."
     );
-    report::write_all(2, b.as_bytes());
+    signal_safe::write_all(2, b.as_bytes());
 }

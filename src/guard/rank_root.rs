@@ -3,7 +3,7 @@
 //! result for the process's lines and records, and leave a rank record for descendants.
 //!
 //! Cold path only: the walk runs once, inside the R1 check at the first `cuInit` or at the
-//! first violation reported before it (`decision_record::emit`); afterwards a set value is read.
+//! first violation reported before it (`decision_record::record_decision`); afterwards a set value is read.
 //! A process that never initialises CUDA (and breaks no rule) never walks. Measured: about
 //! 160 syscalls and 0.6 ms of CPU for six ancestors with a tmpfs registry.
 //! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::ipc;
-use crate::guard::report;
+use crate::guard::signal_safe;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
 use crate::rankgpu;
-use crate::registry::{self, Key, Location, Lookup, ProcFs, Record, Registry};
+use crate::registry::{self, Key, Location, Lookup, ProcFs, ProvenanceRecord, Registry};
 use rankguard_core::record::RootRef;
 use std::borrow::Cow;
 
@@ -60,7 +60,7 @@ pub fn current() -> Option<&'static Root> {
 
 /// The rank root this process found itself (not one inherited across fork).
 fn mine() -> Option<&'static Root> {
-    current().filter(|r| r.by == report::pid())
+    current().filter(|r| r.by == signal_safe::pid())
 }
 
 pub fn id() -> Option<RootId> {
@@ -70,7 +70,7 @@ pub fn id() -> Option<RootId> {
 /// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU
 /// (set at all, even empty: the R1 check then fails closed on it, as `init_check` decides).
 pub fn applies(cfg: &Config) -> bool {
-    cfg.rank.is_none() && report::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
+    cfg.rank.is_none() && signal_safe::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
 }
 
 /// The real `/proc`, and the registry for rank records (opened once per walk).
@@ -128,13 +128,13 @@ pub fn ensure(cfg: &Config) -> Option<&'static Root> {
 
 fn establish() -> Option<&'static Root> {
     let found = std::panic::catch_unwind(|| {
-        let me = report::pid();
+        let me = signal_safe::pid();
         let start = registry::own_start_time()?;
         let mut view = ProcFsView { reg: None };
         let ancestor = rank_root::find(me, ipc::euid(), &mut view);
         tracing::debug!(?ancestor, "rank root walk");
         let mut host = [0u8; 64];
-        let host = report::hostname(&mut host).to_string();
+        let host = signal_safe::hostname(&mut host).to_string();
         Some(match ancestor {
             Some(Ancestor { root, gpu, .. }) => Root {
                 id: root,
@@ -194,11 +194,11 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
     };
     let _ = std::panic::catch_unwind(|| {
         let reg = ipc::open_registry()?;
-        let rec = Record {
-            key: Key::rank(report::pid()),
+        let rec = ProvenanceRecord {
+            key: Key::rank(signal_safe::pid()),
             job: cfg.job.as_deref().map(registry::job_token),
             rank: None,
-            pid: report::pid(),
+            pid: signal_safe::pid(),
             start: registry::own_start_time()?,
             gpu: Some(gpu),
             location: Location::Device,

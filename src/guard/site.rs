@@ -24,7 +24,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::guard::real;
-use crate::guard::report::StackBuf;
+use crate::guard::signal_safe::StackBuf;
 
 /// Most Python frames kept in a record (`py_stack`), innermost ones, printed outermost first.
 pub const PY_FRAMES: usize = 32;

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::config::Mode;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::site::{self, Capture, SITE_MAX};
 use crate::guard::state;
 use crate::guard::table::TABLE;
@@ -382,7 +382,7 @@ fn after_count(slot: &'static Slot) {
 }
 
 fn now_us() -> u64 {
-    report::now_us()
+    signal_safe::now_us()
 }
 
 /// First violation in this process image: register the exit and fork handlers.
@@ -399,7 +399,7 @@ fn activate_slow() {
     if ACTIVE.swap(true, Ordering::AcqRel) {
         return;
     }
-    OWNER_PID.store(report::pid(), Ordering::Relaxed);
+    OWNER_PID.store(signal_safe::pid(), Ordering::Relaxed);
     FAST_MODE.store(
         match state::mode() {
             Mode::Warn => 1,
@@ -431,14 +431,14 @@ extern "C" fn after_fork_child() {
     OVERFLOW.reset();
     FLUSHER.store(0, Ordering::Relaxed);
     FLUSH_LOCK.store(false, Ordering::Relaxed);
-    OWNER_PID.store(report::pid(), Ordering::Relaxed);
+    OWNER_PID.store(signal_safe::pid(), Ordering::Relaxed);
 }
 
 /// Before `exec*` replaces this process image: write what is pending. Not in a `vfork`
 /// child (it shares the parent's memory and counts), which has another pid.
 #[cfg_attr(test, allow(dead_code))]
 pub fn before_exec() {
-    if !ACTIVE.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) != report::pid() {
+    if !ACTIVE.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) != signal_safe::pid() {
         return;
     }
     let _ = std::panic::catch_unwind(flush_all);
@@ -521,7 +521,7 @@ fn flush_slot(s: &Slot) {
     let id = (meta >> 8) as usize;
     let e = TABLE.get(id);
     let mut host = [0u8; 64];
-    let host = report::hostname(&mut host);
+    let host = signal_safe::hostname(&mut host);
     let rec = AuditRecord {
         ts_us: Some(until),
         summary: Some(Summary {
@@ -537,7 +537,7 @@ fn flush_slot(s: &Slot) {
         }),
         rule: Some(RuleId::Known(rule_of((meta >> 1) & 0x7f))),
         mode: Some(if st.inert { Mode::Off } else { st.config.mode }),
-        pid: Some(report::pid()),
+        pid: Some(signal_safe::pid()),
         host: Some(Cow::Borrowed(host)),
         rank: st.config.rank,
         local_rank: st.config.local_rank,

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use crate::config::Mode;
-use crate::guard::decision_record::{emit, emit_at, Extra};
+use crate::guard::decision_record::{record_decision, record_decision_at, Extra};
 use crate::guard::ffi::{CuResult, CudaError};
 use crate::guard::state;
 use crate::guard::table::TABLE;
@@ -132,7 +132,7 @@ fn act<R: Code>(
         Verdict::Allow => Ok(()),
         Verdict::Query(v) => {
             if mode == Mode::Warn && first_query(id, v) {
-                emit(id, &v, Action::Warn, mode, args, extra);
+                record_decision(id, &v, Action::Warn, mode, args, extra);
             }
             Ok(())
         }
@@ -141,18 +141,18 @@ fn act<R: Code>(
             // Every violation is counted; the first ones per site are written in full.
             Mode::Warn => {
                 if let tally::Occ::Full { first, cap } = tally::occurrence(id, v.rule, false, ra) {
-                    emit_at(id, &v, Action::Warn, mode, args, extra, &cap, first);
+                    record_decision_at(id, &v, Action::Warn, mode, args, extra, &cap, first);
                 }
                 Ok(())
             }
             Mode::Enforce => {
                 if let tally::Occ::Full { first, cap } = tally::occurrence(id, v.rule, true, ra) {
-                    emit_at(id, &v, Action::Deny, mode, args, extra, &cap, first);
+                    record_decision_at(id, &v, Action::Deny, mode, args, extra, &cap, first);
                 }
                 Err(R::denied(v.code))
             }
             Mode::Abort => {
-                emit(id, &v, Action::Deny, mode, args, extra);
+                record_decision(id, &v, Action::Deny, mode, args, extra);
                 abort_now()
             }
         },

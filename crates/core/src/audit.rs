@@ -17,7 +17,7 @@
 //! - "first occurrence" is the smallest `ts`; equal or missing times fall back to input
 //!   order (file order as given, then line order);
 //! - a record with `rank: null` (no RANK/LOCAL_RANK/... in its environment) is grouped by
-//!   its `rank_root` (the process whose tree is the rank, `src/rank_root.rs`): one group
+//!   its `rank_root` (the process whose tree is the rank, [`crate::rank_root`]): one group
 //!   per (host, pid, start time), listed after the numbered ranks; records with neither
 //!   are grouped under "rank -", listed last;
 //! - an empty line is not a problem (nothing was written there), a line without its final

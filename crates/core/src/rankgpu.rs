@@ -13,7 +13,7 @@
 //!   ambiguous or unresolved prefix, an empty or non-UTF-8 value, a resolved UUID that is
 //!   not a full UUID): the check fails closed.
 
-use crate::cvd::{self, Entry};
+use crate::cvd::{self, CvdEntry};
 
 /// The outcome, with the reason when it is not the rank's GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub fn decide(
     rank_entry: &[u8],
     rank_uuid: Option<&[u8]>,
     own_uuid: &str,
-    own_entries: Option<&[Entry]>,
+    own_entries: Option<&[CvdEntry]>,
 ) -> RankGpu {
     let same = |full: &str| {
         if own_uuid.is_empty() {
@@ -92,8 +92,8 @@ pub fn decide(
         return RankGpu::Same;
     }
     match rank {
-        Entry::Index(_) => RankGpu::Other,
-        Entry::Uuid(_) | Entry::Mig(_) => RankGpu::Unverifiable(
+        CvdEntry::Index(_) => RankGpu::Other,
+        CvdEntry::Uuid(_) | CvdEntry::Mig(_) => RankGpu::Unverifiable(
             "it is a UUID prefix other than this process's own entry, and only the driver can tell whether a prefix is unique; set RANKGUARD_RANK_GPU_UUID to the full UUID (rankguard launch/run do)",
         ),
     }
@@ -106,7 +106,7 @@ mod tests {
     const U2: &str = "GPU-12c0ffee-0000-4000-8000-000000000002";
     const U3: &str = "GPU-13c0ffee-0000-4000-8000-000000000003";
 
-    fn own(cvd: &str) -> Vec<Entry> {
+    fn own(cvd: &str) -> Vec<CvdEntry> {
         cvd::parse(Some(cvd)).entries().unwrap().to_vec()
     }
 

@@ -1,9 +1,10 @@
-//! What the guard says: the human line on stderr and the JSON-lines audit record.
+//! Primitives the guard can use where fork or signals bite: stack buffers, one-`write`
+//! output to a descriptor that never blocks the program for long, `getenv` without std's
+//! environment lock, pid/tid/host name, the time, and a scratch mapping that is not taken
+//! from the allocator. Nothing here allocates or locks.
 //!
-//! Both are formatted into fixed-size stack buffers and written with one `write(2)` each:
-//! no allocation, no lock, and one `write` on an `O_APPEND` descriptor is one record, so
-//! many processes appending to one audit file never interleave a line. A value too long
-//! for its buffer is cut, never the record's syntax (JSON strings are length-capped).
+//! One `write` on an `O_APPEND` descriptor is one record, so many processes appending to
+//! one audit file never interleave a line (the record itself: rankguard-core `record`).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, CStr};
