@@ -13,7 +13,7 @@ use crate::guard::state;
 use crate::guard::table::TABLE;
 use crate::policy::{Rule, Violation};
 use rankguard_core::record::{
-    Action, AuditRecord, FixedWriter, RuleFields, RuleId, Text, CUT_MARK, RECORD_MAX,
+    Action, AuditRecord, FixedWriter, RuleFields, RuleId, Text, CUT_MARK, FIXED_MAX, RECORD_MAX,
 };
 use std::borrow::Cow;
 
@@ -140,16 +140,28 @@ pub fn record_decision_at(
         native_stack_cut: cap.native_cut,
     };
 
-    let mut page = signal_safe::Scratch::new(LINE_MAX + RECORD_MAX);
-    // Without a mapping (out of address space): a small stack buffer, where the record
-    // is written without its stacks (`write_json`), still whole.
-    let mut small = [0u8; 4096];
-    let buf: &mut [u8] = match page.as_mut() {
-        Some(p) => p.bytes(),
-        None => &mut small,
-    };
-    let split = LINE_MAX.min(buf.len() / 2);
-    let (line_buf, json_buf) = buf.split_at_mut(split);
+    let loud = first || mode == Mode::Abort || v.rule == Rule::R1;
+    match signal_safe::Scratch::new(LINE_MAX + RECORD_MAX) {
+        Some(mut page) => say_and_write(&rec, page.bytes(), loud),
+        None => say_and_write_on_stack(&rec, loud),
+    }
+}
+
+/// Without a scratch mapping (the address space is exhausted): a stack buffer that holds
+/// the line and any record without its stacks (`FIXED_MAX`), so the record is still
+/// written whole, with as many frames as fit. Its own frame, so the common path does not
+/// reserve this stack.
+#[cold]
+#[inline(never)]
+fn say_and_write_on_stack(rec: &AuditRecord<'_>, loud: bool) {
+    let mut buf = [0u8; LINE_MAX + FIXED_MAX];
+    say_and_write(rec, &mut buf, loud);
+}
+
+/// Render the line into the first [`LINE_MAX`] bytes of `buf` and say it (stderr when
+/// `loud`, else the debug log); render the JSON into the rest and append it to the audit.
+fn say_and_write(rec: &AuditRecord<'_>, buf: &mut [u8], loud: bool) {
+    let (line_buf, json_buf) = buf.split_at_mut(LINE_MAX);
     let mut line = FixedWriter::new(line_buf);
     prefix(&mut line, "WARN");
     if rec.write_line(&mut line).is_err() || line.overflowed() {
@@ -158,13 +170,14 @@ pub fn record_decision_at(
         let _ = line.write_str(CUT_MARK);
         let _ = line.write_char('\n');
     }
-    if first || mode == Mode::Abort || v.rule == Rule::R1 {
+    if loud {
         signal_safe::write_all(2, line.as_bytes());
     } else {
         tracing::warn!("{}", String::from_utf8_lossy(line.as_bytes()).trim_end());
     }
     if state::audit_on() {
         let mut j = FixedWriter::new(json_buf);
+        // Cannot fail: the buffer holds at least FIXED_MAX (record.rs).
         if rec.write_json(&mut j).is_ok() {
             state::write_audit(j.as_bytes());
         }

@@ -29,7 +29,7 @@ use crate::guard::site::{self, Capture, SITE_MAX};
 use crate::guard::state;
 use crate::guard::table::TABLE;
 use crate::policy::Rule;
-use rankguard_core::record::{Action, AuditRecord, FixedWriter, RuleId, Summary};
+use rankguard_core::record::{Action, AuditRecord, FixedWriter, RuleId, Summary, FIXED_MAX};
 use std::borrow::Cow;
 
 /// Occurrences per (rule, call, site) and process written as full records.
@@ -547,8 +547,8 @@ fn flush_slot(s: &Slot) {
         site: site_text.map(Cow::Borrowed),
         ..AuditRecord::default()
     };
-    // A summary has no stacks: it fits a stack buffer (every field is capped).
-    let mut buf = [0u8; 2048];
+    // A summary has no stacks: it always fits FIXED_MAX (every field is capped).
+    let mut buf = [0u8; FIXED_MAX];
     let mut j = FixedWriter::new(&mut buf);
     if rec.write_json(&mut j).is_ok() {
         state::write_audit(j.as_bytes());

@@ -25,6 +25,11 @@ pub type Text<'a> = Cow<'a, str>;
 /// `rankguard report` skips lines over 64 KiB.
 pub const RECORD_MAX: usize = 48 * 1024;
 
+/// Room that always holds a record without its stacks, whatever its fields hold (every
+/// field at its cap, every byte a control character escaped to six): a caller whose buffer
+/// is at least this large never loses a record (`rendered_whole_in_fixed_max` checks it).
+pub const FIXED_MAX: usize = 16 * 1024;
+
 /// Ends a text value that was cut to its cap.
 pub const CUT_MARK: &str = "...[cut]";
 
@@ -1008,6 +1013,81 @@ mod tests {
                 + Rule::R2.fix()
                 + " at train.py:7 in place\n\n"
         );
+    }
+
+    /// The worst record without stacks fits FIXED_MAX, for every kind of rule fields.
+    #[test]
+    fn rendered_whole_in_fixed_max() {
+        let worst = |cap: usize| -> Text<'static> { Cow::Owned("\u{1}".repeat(cap + 1)) };
+        let root = || RootRef {
+            pid: u32::MAX,
+            // clock ticks since boot: far below what a JSON number holds exactly
+            start: 1 << 50,
+            host: Some(worst(caps::HOST)),
+        };
+        let kinds = [
+            RuleFields::Init {
+                devices: i32::MIN,
+                entries: u32::MAX,
+                sees: Some(worst(caps::GPU)),
+            },
+            RuleFields::Import {
+                handle: Some(worst(caps::HANDLE)),
+                key: Some(worst(caps::KEY)),
+                decision: worst(caps::DECISION),
+                exporter: Some(Exporter {
+                    pid: u32::MAX,
+                    rank: Some(u32::MAX),
+                    job: Some(worst(caps::JOB)),
+                    gpu: Some(worst(caps::GPU)),
+                    location: worst(caps::LOCATION),
+                    rank_root: Some(root()),
+                }),
+            },
+            RuleFields::Mapping { device: i32::MIN },
+        ];
+        for fields in kinds {
+            let r = AuditRecord {
+                ts_us: Some(u64::MAX),
+                call: worst(caps::CALL),
+                abi: Some(worst(caps::CALL)),
+                action: Some(Action::Deny),
+                rule: Some(RuleId::Other(worst(caps::CALL))),
+                mode: Some(Mode::Enforce),
+                pid: Some(u32::MAX),
+                tid: Some(u32::MAX),
+                host: Some(worst(caps::HOST)),
+                rank: Some(u32::MAX),
+                local_rank: Some(u32::MAX),
+                job: Some(worst(caps::JOB)),
+                rank_root: Some(root()),
+                ordinal: Some(i32::MIN),
+                cvd: Some(worst(caps::CVD)),
+                gpu: Some(worst(caps::GPU)),
+                rank_gpu: Some(worst(caps::RANK_GPU)),
+                rank_gpu_uuid: Some(worst(caps::RANK_GPU)),
+                args: Some(worst(caps::ARGS)),
+                detail: Some(worst(caps::DETAIL)),
+                rule_fields: fields,
+                site: Some(worst(caps::SITE)),
+                ..AuditRecord::default()
+            };
+            let mut buf = vec![0u8; FIXED_MAX];
+            let mut w = FixedWriter::new(&mut buf);
+            r.write_json(&mut w).unwrap();
+            let back = AuditRecord::parse(std::str::from_utf8(w.as_bytes()).unwrap()).unwrap();
+            assert!(back.args.unwrap().ends_with(CUT_MARK));
+            // A summary of the same fields fits too.
+            let s = AuditRecord {
+                summary: Some(Summary {
+                    count: u64::MAX >> 12,
+                    since_us: Some(u64::MAX),
+                }),
+                ..r
+            };
+            let mut w = FixedWriter::new(&mut buf);
+            s.write_json(&mut w).unwrap();
+        }
     }
 
     #[test]
