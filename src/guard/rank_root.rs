@@ -3,7 +3,8 @@
 //! result for the process's lines and records, and leave a rank record for descendants.
 //!
 //! Cold path only: the walk runs once, inside the R1 check at the first `cuInit` or at the
-//! first violation reported before it (`decision_record::record_decision`); afterwards a set value is read.
+//! first violation reported before it (`decision_record::record_decision`); afterwards a
+//! set value is read.
 //! A process that never initialises CUDA (and breaks no rule) never walks. Measured: about
 //! 160 syscalls and 0.6 ms of CPU for six ancestors with a tmpfs registry.
 //! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
