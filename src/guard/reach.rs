@@ -14,7 +14,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-use crate::guard::engine;
+use crate::guard::driver_query;
 use crate::guard::ffi::{
     cudaMemcpy3DPeerParmsHead, CUcheckpointRestoreArgsHead, CUmemAccessDesc, CUmemLocation,
     MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
@@ -115,8 +115,8 @@ pub unsafe fn memcpy3d_peer(p: *const CUDA_MEMCPY3D_PEER) -> Verdict {
         return Verdict::Allow;
     }
     match (
-        engine::context_device(c.srcContext),
-        engine::context_device(c.dstContext),
+        driver_query::context_device(c.srcContext),
+        driver_query::context_device(c.dstContext),
     ) {
         (Some(a), Some(b)) => policy::peer(a, b),
         _ => policy::peer_unknown(),
