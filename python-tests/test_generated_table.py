@@ -121,7 +121,7 @@ def test_a_policy_argument_no_variant_has_is_refused():
 
 def test_a_type_without_a_rust_mapping_is_refused():
     with pytest.raises(gen.SpecError, match="add it to SCALARS"):
-        gen.rust_type("CUgraphNode", "cuX(node)")
+        gen.rust_type("CUgraphicsResource", "cuX(resource)")
     assert gen.rust_type("const CUmemAccessDesc_v1*", "x") == "*const CUmemAccessDesc"
     assert gen.rust_type("CUgraphNode*", "x") == "*mut c_void"      # opaque pointee
     assert gen.rust_type("void**", "x") == "*mut *mut c_void"

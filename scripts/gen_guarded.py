@@ -162,7 +162,8 @@ SCALARS = {
     "cudaMemPool_t": "CUmemoryPool",
     "CUkernel": "*mut c_void", "cudaKernel_t": "*mut c_void", "CUgraph": "*mut c_void",
     "cudaGraph_t": "*mut c_void", "CUdevResourceDesc": "*mut c_void",
-    "cudaDevResourceDesc_t": "*mut c_void",
+    "cudaDevResourceDesc_t": "*mut c_void", "CUgraphNode": "*mut c_void", "CUgraphExec": "*mut c_void",
+    "cudaGraphNode_t": "*mut c_void", "cudaGraphExec_t": "*mut c_void",
 }
 # Pointees the guard reads through a pointer; any other pointee is opaque (`c_void`).
 POINTEES = {
@@ -182,6 +183,7 @@ POINTEES = {
     "CUDA_MEM_ALLOC_NODE_PARAMS_v1": "MemAllocNodeParamsHead",
     "struct cudaMemAllocNodeParams": "MemAllocNodeParamsHead",
     "CUcheckpointRestoreArgs": "CUcheckpointRestoreArgsHead",
+    "CUgraphNodeParams": "GraphNodeParamsHead", "struct cudaGraphNodeParams": "GraphNodeParamsHead",
 }
 HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmemoryPool"}
 

@@ -68,6 +68,12 @@
     X(cuDeviceSetGraphMemAttribute, cuDeviceSetGraphMemAttribute, 11040, "") \
     X(cuKernelSetAttribute, cuKernelSetAttribute, 12000, "") \
     X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 11040, "") \
+    X(cuGraphAddNode, cuGraphAddNode, 12020, "") \
+    X(cuGraphAddNode, cuGraphAddNode_v2, 12030, "") \
+    X(cuGraphAddNode, cuGraphAddNode_v3, 13040, "") \
+    X(cuGraphNodeSetParams, cuGraphNodeSetParams, 12020, "") \
+    X(cuGraphNodeSetParams, cuGraphNodeSetParams_v2, 13040, "") \
+    X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, 12020, "") \
     X(cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync, 13000, "") \
     X(cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz, 13000, "_ptsz") \
     X(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync, 13000, "") \
@@ -126,6 +132,9 @@
     X(cudaDeviceSetGraphMemAttribute, cudaDeviceSetGraphMemAttribute, 12, "") \
     X(cudaKernelSetAttributeForDevice, cudaKernelSetAttributeForDevice, 12, "") \
     X(cudaGraphAddMemAllocNode, cudaGraphAddMemAllocNode, 12, "") \
+    X(cudaGraphAddNode_v2, cudaGraphAddNode_v2, 12, "") \
+    X(cudaGraphNodeSetParams, cudaGraphNodeSetParams, 12, "") \
+    X(cudaGraphExecNodeSetParams, cudaGraphExecNodeSetParams, 12, "") \
     X(cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync, 13, "") \
     X(cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz, 13, "_ptsz") \
     X(cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync, 13, "") \

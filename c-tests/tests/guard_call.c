@@ -55,7 +55,7 @@
     X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute) \
     X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode) \
     X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) \
-    X(cuCheckpointProcessRestore)
+    X(cuCheckpointProcessRestore) X(cuGraphAddNode) X(cuGraphAddNode_v2)
 ABIS(ABI)
 
 /* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
@@ -150,6 +150,7 @@ static const char *variant(const char *base, int ver) {
         {"cuMemPrefetchAsync", 8000, "cuMemPrefetchAsync"},
         {"cuMemPrefetchAsync", 12020, "cuMemPrefetchAsync_v2"},
         {"cuMemAdvise", 8000, "cuMemAdvise"}, {"cuMemAdvise", 12020, "cuMemAdvise_v2"},
+        {"cuGraphAddNode", 12020, "cuGraphAddNode"}, {"cuGraphAddNode", 12030, "cuGraphAddNode_v2"},
     };
     const char *best = NULL;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
@@ -493,6 +494,23 @@ int main(int argc, char **argv) {
         args.count = 1;
         printf("setup ok\n");
         rc = DRV(PFN_cuCheckpointProcessRestore_v12080, abi, call, version)((int)getpid(), (CUcheckpointRestoreArgs *)(void *)&args);
+    } else if (!strcmp(call, "cuGraphAddNode")) {
+        /* A generic memory-allocation node on device ORD (the fake has no graphs: the
+         * driver alone answers NOT_SUPPORTED). */
+        CUgraphNodeParams np;
+        memset(&np, 0, sizeof np);
+        np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        np.alloc.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.alloc.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.alloc.poolProps.location.id = ord;
+        np.alloc.bytesize = 4096;
+        CUgraphNode node;
+        void *f = need(drv(abi, call, version), call);
+        printf("setup ok (%s)\n", abi);
+        if (!strcmp(abi, "cuGraphAddNode_v2"))
+            rc = ((PFN_cuGraphAddNode_v12030)f)(&node, NULL, NULL, NULL, 0, &np);
+        else
+            rc = ((PFN_cuGraphAddNode_v12020)f)(&node, NULL, NULL, 0, &np);
     } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
         int v = -1;
         printf("setup ok\n");

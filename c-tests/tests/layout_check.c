@@ -41,6 +41,11 @@ _Static_assert(offsetof(struct cudaExternalMemoryHandleDesc, handle.fd) == 8, "r
 _Static_assert(CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD == 1 && cudaExternalMemoryHandleTypeOpaqueFd == 1, "opaque fd");
 _Static_assert(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD == 1, "dma-buf range handle");
 _Static_assert(sizeof(CUcheckpointRestoreArgs) == 64, "CUcheckpointRestoreArgs size (12.9: reserved[8])");
+_Static_assert(offsetof(CUgraphNodeParams, alloc) == 16 && offsetof(CUgraphNodeParams, alloc.accessDescs) == 104,
+               "CUgraphNodeParams.alloc");
+_Static_assert(offsetof(struct cudaGraphNodeParams, alloc) == 16 && offsetof(struct cudaGraphNodeParams, alloc.accessDescs) == 104,
+               "cudaGraphNodeParams.alloc");
+_Static_assert(CU_GRAPH_NODE_TYPE_MEM_ALLOC == 10 && cudaGraphNodeTypeMemAlloc == 10, "memory-allocation node type");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps size");
 _Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescs) == 88, "alloc node accessDescs");
 _Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescCount) == 96, "alloc node accessDescCount");

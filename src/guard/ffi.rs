@@ -126,6 +126,19 @@ pub struct MemAllocNodeParamsHead {
     pub accessDescCount: usize,
 }
 
+/// The head of `CUgraphNodeParams` / `cudaGraphNodeParams` (same layout in 12.9 and 13.x):
+/// the node type, then the union, whose memory-allocation member has
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`'s head.
+#[repr(C)]
+pub struct GraphNodeParamsHead {
+    pub type_: c_int,
+    pub reserved0: [c_int; 3],
+    pub alloc: MemAllocNodeParamsHead,
+}
+
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC` = `cudaGraphNodeTypeMemAlloc`.
+pub const GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+
 /// The head of `CUcheckpointRestoreArgs`: 13.5 puts the GPU remapping first (12.8 to 13.4
 /// have `reserved[8]`, which must be zero: a NULL array, no pairs).
 #[repr(C)]
@@ -209,6 +222,12 @@ mod layout {
         assert_eq!(offset_of!(ExternalMemoryHandleDescHead, fd), 8);
         assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescs), 88);
         assert_eq!(offset_of!(CUcheckpointRestoreArgsHead, gpuPairsCount), 8);
+        assert_eq!(offset_of!(GraphNodeParamsHead, alloc), 16);
+        assert_eq!(
+            offset_of!(GraphNodeParamsHead, alloc)
+                + offset_of!(MemAllocNodeParamsHead, accessDescs),
+            104
+        );
         assert_eq!(size_of::<CUcheckpointGpuPair>(), 32);
         assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescCount), 96);
         assert_eq!(size_of::<CUdevice>(), 4);

@@ -205,6 +205,36 @@ guarded! {
         gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
         real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
     }
+    // cuGraphAddNode v12020: hook
+    Driver "cuGraphAddNode" fn cuGraphAddNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    // cuGraphAddNode v12030: hook
+    Driver "cuGraphAddNode" fn cuGraphAddNode_v2(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+    }
+    // cuGraphAddNode v13040: hook
+    Driver "cuGraphAddNode" fn cuGraphAddNode_v3(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+    }
+    // cuGraphExecNodeSetParams v12020: hook
+    Driver "cuGraphExecNodeSetParams" fn cuGraphExecNodeSetParams(hGraphExec: *mut c_void, hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(hGraphExec, hNode, nodeParams)
+    }
+    // cuGraphNodeSetParams v12020: hook
+    Driver "cuGraphNodeSetParams" fn cuGraphNodeSetParams(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(hNode, nodeParams)
+    }
+    // cuGraphNodeSetParams v13040: hook
+    Driver "cuGraphNodeSetParams" fn cuGraphNodeSetParams_v2(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(hNode, nodeParams)
+    }
     // cuGreenCtxCreate v12040: ordinal(dev)
     Driver "cuGreenCtxCreate" fn cuGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "desc={desc:p}, dev={dev}, flags={flags:#x}");
@@ -681,6 +711,21 @@ guarded! {
         gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
         real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
     }
+    // cudaGraphAddNode_v2, cuda_runtime_api.h 12: hook
+    Runtime "cudaGraphAddNode_v2" fn cudaGraphAddNode_v2(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
+    }
+    // cudaGraphExecNodeSetParams, cuda_runtime_api.h 12: hook
+    Runtime "cudaGraphExecNodeSetParams" fn cudaGraphExecNodeSetParams(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(graphExec, node, nodeParams)
+    }
+    // cudaGraphNodeSetParams, cuda_runtime_api.h 12: hook
+    Runtime "cudaGraphNodeSetParams" fn cudaGraphNodeSetParams(node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(node, nodeParams)
+    }
     // cudaImportExternalMemory, cuda_runtime_api.h 12: hook
     Runtime "cudaImportExternalMemory" fn cudaImportExternalMemory(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CudaError |real| {
         use crate::guard::ipc;
@@ -889,7 +934,7 @@ guarded! {
 }
 
 /// Every guarded ABI name and its entry, sorted by name (binary search: `table::find_abi`).
-pub static BY_ABI: [(&str, u16); 137] = [
+pub static BY_ABI: [(&str, u16); 146] = [
     ("cuCheckpointProcessRestore", Id::cuCheckpointProcessRestore as u16),
     ("cuCtxCreate", Id::cuCtxCreate as u16),
     ("cuCtxCreate_v2", Id::cuCtxCreate_v2 as u16),
@@ -927,6 +972,12 @@ pub static BY_ABI: [(&str, u16); 137] = [
     ("cuGetProcAddress", Id::cuGetProcAddress as u16),
     ("cuGetProcAddress_v2", Id::cuGetProcAddress_v2 as u16),
     ("cuGraphAddMemAllocNode", Id::cuGraphAddMemAllocNode as u16),
+    ("cuGraphAddNode", Id::cuGraphAddNode as u16),
+    ("cuGraphAddNode_v2", Id::cuGraphAddNode_v2 as u16),
+    ("cuGraphAddNode_v3", Id::cuGraphAddNode_v3 as u16),
+    ("cuGraphExecNodeSetParams", Id::cuGraphExecNodeSetParams as u16),
+    ("cuGraphNodeSetParams", Id::cuGraphNodeSetParams as u16),
+    ("cuGraphNodeSetParams_v2", Id::cuGraphNodeSetParams_v2 as u16),
     ("cuGreenCtxCreate", Id::cuGreenCtxCreate as u16),
     ("cuImportExternalMemory", Id::cuImportExternalMemory as u16),
     ("cuInit", Id::cuInit as u16),
@@ -1000,6 +1051,9 @@ pub static BY_ABI: [(&str, u16); 137] = [
     ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz as u16),
     ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz as u16),
     ("cudaGraphAddMemAllocNode", Id::cudaGraphAddMemAllocNode as u16),
+    ("cudaGraphAddNode_v2", Id::cudaGraphAddNode_v2 as u16),
+    ("cudaGraphExecNodeSetParams", Id::cudaGraphExecNodeSetParams as u16),
+    ("cudaGraphNodeSetParams", Id::cudaGraphNodeSetParams as u16),
     ("cudaGreenCtxCreate", Id::cudaGreenCtxCreate as u16),
     ("cudaImportExternalMemory", Id::cudaImportExternalMemory as u16),
     ("cudaInitDevice", Id::cudaInitDevice as u16),
@@ -1031,7 +1085,7 @@ pub static BY_ABI: [(&str, u16); 137] = [
 
 /// Every guarded driver API name with the entries of its ABI variants, sorted by name
 /// (`cuGetProcAddress` routing: `table::driver_variants`).
-pub static DRIVER_APIS: [(&str, &[u16]); 67] = [
+pub static DRIVER_APIS: [(&str, &[u16]); 70] = [
     ("cuCheckpointProcessRestore", &[Id::cuCheckpointProcessRestore as u16]),
     ("cuCtxCreate", &[Id::cuCtxCreate as u16, Id::cuCtxCreate_v2 as u16, Id::cuCtxCreate_v3 as u16, Id::cuCtxCreate_v4 as u16]),
     ("cuCtxEnablePeerAccess", &[Id::cuCtxEnablePeerAccess as u16]),
@@ -1060,6 +1114,9 @@ pub static DRIVER_APIS: [(&str, &[u16]); 67] = [
     ("cuDeviceTotalMem", &[Id::cuDeviceTotalMem as u16, Id::cuDeviceTotalMem_v2 as u16]),
     ("cuGetProcAddress", &[Id::cuGetProcAddress as u16, Id::cuGetProcAddress_v2 as u16]),
     ("cuGraphAddMemAllocNode", &[Id::cuGraphAddMemAllocNode as u16]),
+    ("cuGraphAddNode", &[Id::cuGraphAddNode as u16, Id::cuGraphAddNode_v2 as u16, Id::cuGraphAddNode_v3 as u16]),
+    ("cuGraphExecNodeSetParams", &[Id::cuGraphExecNodeSetParams as u16]),
+    ("cuGraphNodeSetParams", &[Id::cuGraphNodeSetParams as u16, Id::cuGraphNodeSetParams_v2 as u16]),
     ("cuGreenCtxCreate", &[Id::cuGreenCtxCreate as u16]),
     ("cuImportExternalMemory", &[Id::cuImportExternalMemory as u16]),
     ("cuInit", &[Id::cuInit as u16]),

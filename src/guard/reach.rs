@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use crate::guard::driver_query;
 use crate::guard::ffi::{
     cudaMemcpy3DPeerParmsHead, CUcheckpointRestoreArgsHead, CUmemAccessDesc, CUmemLocation,
-    MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
+    GraphNodeParamsHead, MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
+    GRAPH_NODE_TYPE_MEM_ALLOC,
 };
 use crate::policy::{self, Verdict};
 
@@ -154,6 +155,24 @@ pub unsafe fn alloc_node(p: *const MemAllocNodeParamsHead) -> Verdict {
         d.iter()
             .map(|a| policy::location(a.location.type_, a.location.id)),
     )
+}
+
+/// R2 on a generic graph node's parameters (`cuGraphAddNode`, `cuGraphNodeSetParams`,
+/// `cuGraphExecNodeSetParams`, runtime twins): a memory-allocation node as
+/// [`alloc_node`]; other node types name no device here.
+///
+/// # Safety
+/// `p` is NULL or points to readable node parameters (as for [`alloc_node`] when the type
+/// is a memory allocation).
+pub unsafe fn node_params(p: *const GraphNodeParamsHead) -> Verdict {
+    // SAFETY: caller guarantees readability.
+    match unsafe { p.as_ref() } {
+        Some(n) if n.type_ == GRAPH_NODE_TYPE_MEM_ALLOC => {
+            // SAFETY: a memory-allocation node's union member is the allocation's parameters.
+            unsafe { alloc_node(&raw const n.alloc) }
+        }
+        _ => Verdict::Allow,
+    }
 }
 
 /// R2 on every location of a batch prefetch (`cuMemPrefetchBatchAsync`,
