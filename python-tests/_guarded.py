@@ -88,6 +88,8 @@ GUARDED = [
     ('runtime', 'cudaMemDiscardAndPrefetchBatchAsync', 'hook', [('cudaMemDiscardAndPrefetchBatchAsync', 13, ''), ('cudaMemDiscardAndPrefetchBatchAsync_ptsz', 13, '_ptsz')]),
     ('runtime', 'cudaSetValidDevices', 'hook', [('cudaSetValidDevices', 12, '')]),
     ('driver', 'cuCheckpointProcessRestore', 'hook', [('cuCheckpointProcessRestore', 12080, '')]),
+    ('driver', 'cuMemcpyBatchAsync', 'hook', [('cuMemcpyBatchAsync', 12080, ''), ('cuMemcpyBatchAsync_ptsz', 12080, '_ptsz'), ('cuMemcpyBatchAsync_v2', 13000, ''), ('cuMemcpyBatchAsync_v2_ptsz', 13000, '_ptsz')]),
+    ('driver', 'cuMemcpyWithAttributesAsync', 'hook', [('cuMemcpyWithAttributesAsync', 13020, ''), ('cuMemcpyWithAttributesAsync_ptsz', 13020, '_ptsz')]),
     ('driver', 'cuDeviceGetP2PAttribute', 'query', [('cuDeviceGetP2PAttribute', 8000, '')]),
     ('driver', 'cuDeviceComputeCapability', 'query', [('cuDeviceComputeCapability', 2000, '')]),
     ('driver', 'cuDeviceGetLuid', 'query', [('cuDeviceGetLuid', 10000, '')]),

@@ -183,6 +183,7 @@ POINTEES = {
     "CUDA_MEM_ALLOC_NODE_PARAMS_v1": "MemAllocNodeParamsHead",
     "struct cudaMemAllocNodeParams": "MemAllocNodeParamsHead",
     "CUcheckpointRestoreArgs": "CUcheckpointRestoreArgsHead",
+    "CUmemcpyAttributes": "CUmemcpyAttributes", "CUmemcpyAttributes_v1": "CUmemcpyAttributes",
     "CUgraphNodeParams": "GraphNodeParamsHead", "struct cudaGraphNodeParams": "GraphNodeParamsHead",
 }
 HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmemoryPool"}

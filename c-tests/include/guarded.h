@@ -79,6 +79,12 @@
     X(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync, 13000, "") \
     X(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz, 13000, "_ptsz") \
     X(cuCheckpointProcessRestore, cuCheckpointProcessRestore, 12080, "") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync, 12080, "") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_ptsz, 12080, "_ptsz") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_v2, 13000, "") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_v2_ptsz, 13000, "_ptsz") \
+    X(cuMemcpyWithAttributesAsync, cuMemcpyWithAttributesAsync, 13020, "") \
+    X(cuMemcpyWithAttributesAsync, cuMemcpyWithAttributesAsync_ptsz, 13020, "_ptsz") \
     X(cuDeviceGetP2PAttribute, cuDeviceGetP2PAttribute, 8000, "") \
     X(cuDeviceComputeCapability, cuDeviceComputeCapability, 2000, "") \
     X(cuDeviceGetLuid, cuDeviceGetLuid, 10000, "") \

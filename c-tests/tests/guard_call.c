@@ -55,7 +55,8 @@
     X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute) \
     X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode) \
     X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) \
-    X(cuCheckpointProcessRestore) X(cuGraphAddNode) X(cuGraphAddNode_v2)
+    X(cuCheckpointProcessRestore) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuMemcpyBatchAsync) \
+    X(cuMemcpyBatchAsync_ptsz)
 ABIS(ABI)
 
 /* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
@@ -162,6 +163,7 @@ static const char *variant(const char *base, int ver) {
         if (!strcmp(base, "cuMemcpy3DPeer")) return "cuMemcpy3DPeer_ptds";
         if (!strcmp(base, "cuMemcpy3DPeerAsync")) return "cuMemcpy3DPeerAsync_ptsz";
         if (!strcmp(base, "cuMemPrefetchBatchAsync")) return "cuMemPrefetchBatchAsync_ptsz";
+        if (!strcmp(base, "cuMemcpyBatchAsync")) return "cuMemcpyBatchAsync_ptsz";
     }
     snprintf(buf, sizeof buf, "%s", base);
     return buf;
@@ -511,6 +513,20 @@ int main(int argc, char **argv) {
             rc = ((PFN_cuGraphAddNode_v12030)f)(&node, NULL, NULL, NULL, 0, &np);
         else
             rc = ((PFN_cuGraphAddNode_v12020)f)(&node, NULL, NULL, 0, &np);
+    } else if (!strcmp(call, "cuMemcpyBatchAsync")) {
+        /* One device-to-device copy whose destination hint names device ORD (12.8's
+         * signature; the fake has no batch copies: the driver alone answers). */
+        CUdeviceptr a, b;
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&a, 256));
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&b, 256));
+        CUmemcpyAttributes attr;
+        memset(&attr, 0, sizeof attr);
+        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attr.srcLocHint.type = attr.dstLocHint.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        attr.dstLocHint.id = ord;
+        size_t size = 256, idx = 0, fail = 0;
+        printf("setup ok (%s)\n", abi);
+        rc = DRV(PFN_cuMemcpyBatchAsync_v12080, abi, call, version)(&b, &a, &size, 1, &attr, &idx, 1, &fail, NULL);
     } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
         int v = -1;
         printf("setup ok\n");

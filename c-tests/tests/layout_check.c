@@ -46,6 +46,8 @@ _Static_assert(offsetof(CUgraphNodeParams, alloc) == 16 && offsetof(CUgraphNodeP
 _Static_assert(offsetof(struct cudaGraphNodeParams, alloc) == 16 && offsetof(struct cudaGraphNodeParams, alloc.accessDescs) == 104,
                "cudaGraphNodeParams.alloc");
 _Static_assert(CU_GRAPH_NODE_TYPE_MEM_ALLOC == 10 && cudaGraphNodeTypeMemAlloc == 10, "memory-allocation node type");
+_Static_assert(sizeof(CUmemcpyAttributes) == 24 && offsetof(CUmemcpyAttributes, srcLocHint) == 4 &&
+               offsetof(CUmemcpyAttributes, dstLocHint) == 12, "CUmemcpyAttributes");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps size");
 _Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescs) == 88, "alloc node accessDescs");
 _Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescCount) == 96, "alloc node accessDescCount");

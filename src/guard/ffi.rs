@@ -139,6 +139,15 @@ pub struct GraphNodeParamsHead {
 /// `CU_GRAPH_NODE_TYPE_MEM_ALLOC` = `cudaGraphNodeTypeMemAlloc`.
 pub const GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
 
+/// `CUmemcpyAttributes` (12.8 and 13.x): the location hints of a batch or attribute copy.
+#[repr(C)]
+pub struct CUmemcpyAttributes {
+    pub srcAccessOrder: c_uint,
+    pub srcLocHint: CUmemLocation,
+    pub dstLocHint: CUmemLocation,
+    pub flags: c_uint,
+}
+
 /// The head of `CUcheckpointRestoreArgs`: 13.5 puts the GPU remapping first (12.8 to 13.4
 /// have `reserved[8]`, which must be zero: a NULL array, no pairs).
 #[repr(C)]
@@ -223,6 +232,8 @@ mod layout {
         assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescs), 88);
         assert_eq!(offset_of!(CUcheckpointRestoreArgsHead, gpuPairsCount), 8);
         assert_eq!(offset_of!(GraphNodeParamsHead, alloc), 16);
+        assert_eq!(size_of::<CUmemcpyAttributes>(), 24);
+        assert_eq!(offset_of!(CUmemcpyAttributes, dstLocHint), 12);
         assert_eq!(
             offset_of!(GraphNodeParamsHead, alloc)
                 + offset_of!(MemAllocNodeParamsHead, accessDescs),

@@ -549,6 +549,26 @@ guarded! {
         gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
         real(pCopy)
     }
+    // cuMemcpyBatchAsync v12080: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+    }
+    // cuMemcpyBatchAsync v12080_ptsz: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+    }
+    // cuMemcpyBatchAsync v13000: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
+    }
+    // cuMemcpyBatchAsync v13000_ptsz: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
+    }
     // cuMemcpyPeer v4000: peer_ctx(dstContext, srcContext)
     Driver "cuMemcpyPeer" fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
@@ -568,6 +588,16 @@ guarded! {
     Driver "cuMemcpyPeer" fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
+    }
+    // cuMemcpyWithAttributesAsync v13020: hook
+    Driver "cuMemcpyWithAttributesAsync" fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
+        real(dst, src, size, attr, hStream)
+    }
+    // cuMemcpyWithAttributesAsync v13020_ptsz: hook
+    Driver "cuMemcpyWithAttributesAsync" fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
+        real(dst, src, size, attr, hStream)
     }
     // cuMulticastAddDevice v12010: ordinal(dev)
     Driver "cuMulticastAddDevice" fn cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CuResult |real| {
@@ -934,7 +964,7 @@ guarded! {
 }
 
 /// Every guarded ABI name and its entry, sorted by name (binary search: `table::find_abi`).
-pub static BY_ABI: [(&str, u16); 146] = [
+pub static BY_ABI: [(&str, u16); 152] = [
     ("cuCheckpointProcessRestore", Id::cuCheckpointProcessRestore as u16),
     ("cuCtxCreate", Id::cuCtxCreate as u16),
     ("cuCtxCreate_v2", Id::cuCtxCreate_v2 as u16),
@@ -1020,10 +1050,16 @@ pub static BY_ABI: [(&str, u16); 146] = [
     ("cuMemcpy3DPeerAsync", Id::cuMemcpy3DPeerAsync as u16),
     ("cuMemcpy3DPeerAsync_ptsz", Id::cuMemcpy3DPeerAsync_ptsz as u16),
     ("cuMemcpy3DPeer_ptds", Id::cuMemcpy3DPeer_ptds as u16),
+    ("cuMemcpyBatchAsync", Id::cuMemcpyBatchAsync as u16),
+    ("cuMemcpyBatchAsync_ptsz", Id::cuMemcpyBatchAsync_ptsz as u16),
+    ("cuMemcpyBatchAsync_v2", Id::cuMemcpyBatchAsync_v2 as u16),
+    ("cuMemcpyBatchAsync_v2_ptsz", Id::cuMemcpyBatchAsync_v2_ptsz as u16),
     ("cuMemcpyPeer", Id::cuMemcpyPeer as u16),
     ("cuMemcpyPeerAsync", Id::cuMemcpyPeerAsync as u16),
     ("cuMemcpyPeerAsync_ptsz", Id::cuMemcpyPeerAsync_ptsz as u16),
     ("cuMemcpyPeer_ptds", Id::cuMemcpyPeer_ptds as u16),
+    ("cuMemcpyWithAttributesAsync", Id::cuMemcpyWithAttributesAsync as u16),
+    ("cuMemcpyWithAttributesAsync_ptsz", Id::cuMemcpyWithAttributesAsync_ptsz as u16),
     ("cuMulticastAddDevice", Id::cuMulticastAddDevice as u16),
     ("cuMulticastBindAddr", Id::cuMulticastBindAddr as u16),
     ("cuMulticastBindAddr_v2", Id::cuMulticastBindAddr_v2 as u16),
@@ -1085,7 +1121,7 @@ pub static BY_ABI: [(&str, u16); 146] = [
 
 /// Every guarded driver API name with the entries of its ABI variants, sorted by name
 /// (`cuGetProcAddress` routing: `table::driver_variants`).
-pub static DRIVER_APIS: [(&str, &[u16]); 70] = [
+pub static DRIVER_APIS: [(&str, &[u16]); 72] = [
     ("cuCheckpointProcessRestore", &[Id::cuCheckpointProcessRestore as u16]),
     ("cuCtxCreate", &[Id::cuCtxCreate as u16, Id::cuCtxCreate_v2 as u16, Id::cuCtxCreate_v3 as u16, Id::cuCtxCreate_v4 as u16]),
     ("cuCtxEnablePeerAccess", &[Id::cuCtxEnablePeerAccess as u16]),
@@ -1150,8 +1186,10 @@ pub static DRIVER_APIS: [(&str, &[u16]); 70] = [
     ("cuMemSetMemPool", &[Id::cuMemSetMemPool as u16]),
     ("cuMemcpy3DPeer", &[Id::cuMemcpy3DPeer as u16, Id::cuMemcpy3DPeer_ptds as u16]),
     ("cuMemcpy3DPeerAsync", &[Id::cuMemcpy3DPeerAsync as u16, Id::cuMemcpy3DPeerAsync_ptsz as u16]),
+    ("cuMemcpyBatchAsync", &[Id::cuMemcpyBatchAsync as u16, Id::cuMemcpyBatchAsync_ptsz as u16, Id::cuMemcpyBatchAsync_v2 as u16, Id::cuMemcpyBatchAsync_v2_ptsz as u16]),
     ("cuMemcpyPeer", &[Id::cuMemcpyPeer as u16, Id::cuMemcpyPeer_ptds as u16]),
     ("cuMemcpyPeerAsync", &[Id::cuMemcpyPeerAsync as u16, Id::cuMemcpyPeerAsync_ptsz as u16]),
+    ("cuMemcpyWithAttributesAsync", &[Id::cuMemcpyWithAttributesAsync as u16, Id::cuMemcpyWithAttributesAsync_ptsz as u16]),
     ("cuMulticastAddDevice", &[Id::cuMulticastAddDevice as u16]),
     ("cuMulticastBindAddr", &[Id::cuMulticastBindAddr as u16, Id::cuMulticastBindAddr_v2 as u16]),
     ("cuMulticastBindMem", &[Id::cuMulticastBindMem as u16, Id::cuMulticastBindMem_v2 as u16]),

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use crate::guard::driver_query;
 use crate::guard::ffi::{
     cudaMemcpy3DPeerParmsHead, CUcheckpointRestoreArgsHead, CUmemAccessDesc, CUmemLocation,
-    GraphNodeParamsHead, MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY,
-    GRAPH_NODE_TYPE_MEM_ALLOC,
+    CUmemcpyAttributes, GraphNodeParamsHead, MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER,
+    CU_MEMORYTYPE_ARRAY, GRAPH_NODE_TYPE_MEM_ALLOC,
 };
 use crate::policy::{self, Verdict};
 
@@ -173,6 +173,24 @@ pub unsafe fn node_params(p: *const GraphNodeParamsHead) -> Verdict {
         }
         _ => Verdict::Allow,
     }
+}
+
+/// The location hints of batch and attribute copies: observed (a query), never denied.
+///
+/// # Safety
+/// `attrs` is NULL or points to `n` readable attributes.
+pub unsafe fn copy_hints(attrs: *const CUmemcpyAttributes, n: usize) -> Verdict {
+    if attrs.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `n` readable attributes.
+    let a = unsafe { std::slice::from_raw_parts(attrs, n) };
+    policy::first(a.iter().flat_map(|x| {
+        [
+            policy::location_hint(x.srcLocHint.type_, x.srcLocHint.id),
+            policy::location_hint(x.dstLocHint.type_, x.dstLocHint.id),
+        ]
+    }))
 }
 
 /// R2 on every location of a batch prefetch (`cuMemPrefetchBatchAsync`,
