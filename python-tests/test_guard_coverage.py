@@ -40,6 +40,7 @@ DRIVER = [
     ("cuDeviceComputeCapability", [2000], None, None),
     ("cuDeviceGetLuid", [10000], None, None),
     ("cuMemcpyBatchAsync", [12080], None, None),
+    ("cuDeviceGetByPCIBusId", [4010], None, None),
 ]
 PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"]
 # The runtime's cudaGetDriverEntryPoint (ep) asks at the runtime's own version (12.090 for

@@ -56,7 +56,7 @@
     X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode) \
     X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) \
     X(cuCheckpointProcessRestore) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuMemcpyBatchAsync) \
-    X(cuMemcpyBatchAsync_ptsz)
+    X(cuMemcpyBatchAsync_ptsz) X(cuDeviceGetByPCIBusId) X(cuDeviceGetPCIBusId)
 ABIS(ABI)
 
 /* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
@@ -527,6 +527,18 @@ int main(int argc, char **argv) {
         size_t size = 256, idx = 0, fail = 0;
         printf("setup ok (%s)\n", abi);
         rc = DRV(PFN_cuMemcpyBatchAsync_v12080, abi, call, version)(&b, &a, &size, 1, &attr, &idx, 1, &fail, NULL);
+    } else if (!strcmp(call, "cuDeviceGetByPCIBusId")) {
+        /* ORDINAL 0: the bus id of the device this process sees first; otherwise physical
+         * GPU ORDINAL's (0000:28:00.0 for GPU 1: device 1 when GPUs 0 and 1 are visible). */
+        char bus[32] = "";
+        if (ord == 0)
+            CHECK_SETUP(((PFN_cuDeviceGetPCIBusId_v4010)linked_fn("cuDeviceGetPCIBusId"))(bus, sizeof bus, 0));
+        else
+            snprintf(bus, sizeof bus, "0000:%02x:00.0", 0x18 + 0x10 * ord);
+        CUdevice d = -1;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetByPCIBusId_v4010, abi, call, version)(&d, bus);
+        printf("device=%d\n", (int)d);
     } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
         int v = -1;
         printf("setup ok\n");
