@@ -41,6 +41,11 @@ DRIVER = [
     ("cuDeviceGetLuid", [10000], None, None),
     ("cuMemcpyBatchAsync", [12080], None, None),
     ("cuDeviceGetByPCIBusId", [4010], None, None),
+    ("cuDeviceGraphMemTrim", [11040], "R2", 101),
+    ("cuDeviceSetGraphMemAttribute", [11040], "R2", 101),
+    ("cuKernelSetAttribute", [12000], "R2", 101),
+    ("cuDeviceGetTexture1DLinearMaxWidth", [11010], None, None),
+    ("cuDeviceGetExecAffinitySupport", [11040], None, None),
 ]
 PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"]
 # The runtime's cudaGetDriverEntryPoint (ep) asks at the runtime's own version (12.090 for

@@ -159,6 +159,7 @@ SCALARS = {
     "CUfunction_attribute": "c_int", "enum cudaFuncAttribute": "c_int",
     "CUdevResourceType": "c_uint", "enum cudaDevResourceType": "c_uint",
     "CUmemRangeHandleType": "c_uint", "CUlogicalEndpointId": "c_uint",
+    "CUexecAffinityType": "c_int", "CUarray_format": "c_int", "unsigned": "c_uint",
     "cudaMemPool_t": "CUmemoryPool",
     "CUkernel": "*mut c_void", "cudaKernel_t": "*mut c_void", "CUgraph": "*mut c_void",
     "cudaGraph_t": "*mut c_void", "CUdevResourceDesc": "*mut c_void",

@@ -89,6 +89,15 @@
     X(cuDeviceComputeCapability, cuDeviceComputeCapability, 2000, "") \
     X(cuDeviceGetLuid, cuDeviceGetLuid, 10000, "") \
     X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, "") \
+    X(cuDeviceGetExecAffinitySupport, cuDeviceGetExecAffinitySupport, 11040, "") \
+    X(cuDeviceGetNvSciSyncAttributes, cuDeviceGetNvSciSyncAttributes, 10020, "") \
+    X(cuDeviceGetProperties, cuDeviceGetProperties, 2000, "") \
+    X(cuDeviceGetTexture1DLinearMaxWidth, cuDeviceGetTexture1DLinearMaxWidth, 11010, "") \
+    X(cuDeviceGetCliqueCount, cuDeviceGetCliqueCount, 13040, "") \
+    X(cuDeviceGetCliqueInfo, cuDeviceGetCliqueInfo, 13040, "") \
+    X(cuDeviceGetFabricClusterUuid, cuDeviceGetFabricClusterUuid, 13040, "") \
+    X(cuDeviceGetHostAtomicCapabilities, cuDeviceGetHostAtomicCapabilities, 13000, "") \
+    X(cuDeviceGetP2PAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities, 13000, "") \
     X(cuDeviceGetByPCIBusId, cuDeviceGetByPCIBusId, 4010, "") \
     X(cuGetProcAddress, cuGetProcAddress, 11030, "") \
     X(cuGetProcAddress, cuGetProcAddress_v2, 12000, "") \
@@ -148,6 +157,10 @@
     X(cudaSetValidDevices, cudaSetValidDevices, 12, "") \
     X(cudaDeviceGetP2PAttribute, cudaDeviceGetP2PAttribute, 12, "") \
     X(cudaDeviceGetGraphMemAttribute, cudaDeviceGetGraphMemAttribute, 12, "") \
+    X(cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceGetTexture1DLinearMaxWidth, 12, "") \
+    X(cudaDeviceGetNvSciSyncAttributes, cudaDeviceGetNvSciSyncAttributes, 12, "") \
+    X(cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetHostAtomicCapabilities, 13, "") \
+    X(cudaDeviceGetP2PAtomicCapabilities, cudaDeviceGetP2PAtomicCapabilities, 13, "") \
     X(cudaChooseDevice, cudaChooseDevice, 12, "") \
     X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint, 12, "") \
     X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint_ptsz, 12, "_ptsz") \

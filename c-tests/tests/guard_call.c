@@ -56,7 +56,9 @@
     X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode) \
     X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) \
     X(cuCheckpointProcessRestore) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuMemcpyBatchAsync) \
-    X(cuMemcpyBatchAsync_ptsz) X(cuDeviceGetByPCIBusId) X(cuDeviceGetPCIBusId)
+    X(cuMemcpyBatchAsync_ptsz) X(cuDeviceGetByPCIBusId) X(cuDeviceGetPCIBusId) \
+    X(cuDeviceGraphMemTrim) X(cuDeviceSetGraphMemAttribute) X(cuKernelSetAttribute) \
+    X(cuDeviceGetTexture1DLinearMaxWidth) X(cuDeviceGetExecAffinitySupport)
 ABIS(ABI)
 
 /* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
@@ -539,6 +541,25 @@ int main(int argc, char **argv) {
         printf("setup ok\n");
         rc = DRV(PFN_cuDeviceGetByPCIBusId_v4010, abi, call, version)(&d, bus);
         printf("device=%d\n", (int)d);
+    } else if (!strcmp(call, "cuDeviceGraphMemTrim")) {
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGraphMemTrim_v11040, abi, call, version)(dev);
+    } else if (!strcmp(call, "cuDeviceSetGraphMemAttribute")) {
+        cuuint64_t zero = 0;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceSetGraphMemAttribute_v11040, abi, call, version)(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &zero);
+    } else if (!strcmp(call, "cuKernelSetAttribute")) {
+        /* no kernel exists on the fake: the driver alone refuses the handle */
+        printf("setup ok\n");
+        rc = DRV(PFN_cuKernelSetAttribute_v12000, abi, call, version)(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 0, NULL, dev);
+    } else if (!strcmp(call, "cuDeviceGetTexture1DLinearMaxWidth")) {
+        size_t w = 0;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetTexture1DLinearMaxWidth_v11010, abi, call, version)(&w, CU_AD_FORMAT_FLOAT, 1, dev);
+    } else if (!strcmp(call, "cuDeviceGetExecAffinitySupport")) {
+        int v = 0;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetExecAffinitySupport_v11040, abi, call, version)(&v, CU_EXEC_AFFINITY_TYPE_SM_COUNT, dev);
     } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
         int v = -1;
         printf("setup ok\n");

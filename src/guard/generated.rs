@@ -61,6 +61,16 @@ guarded! {
         }
         rc
     }
+    // cuDeviceGetCliqueCount v13040: query(dev)
+    Driver "cuDeviceGetCliqueCount" fn cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(count, dev)
+    }
+    // cuDeviceGetCliqueInfo v13040: query(dev)
+    Driver "cuDeviceGetCliqueInfo" fn cuDeviceGetCliqueInfo(cliqueInfo: *mut c_void, count: *mut usize, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(cliqueInfo, count, dev)
+    }
     // cuDeviceGetDefaultMemPool v11020: hook
     Driver "cuDeviceGetDefaultMemPool" fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
@@ -75,10 +85,25 @@ guarded! {
         gate!(policy::ordinal(dev), "dev={dev}, type_={type_}");
         real(dev, result, type_)
     }
+    // cuDeviceGetExecAffinitySupport v11040: query(dev)
+    Driver "cuDeviceGetExecAffinitySupport" fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: c_int, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "type_={type_}, dev={dev}");
+        real(pi, type_, dev)
+    }
+    // cuDeviceGetFabricClusterUuid v13040: query(dev)
+    Driver "cuDeviceGetFabricClusterUuid" fn cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(uuid, dev)
+    }
     // cuDeviceGetGraphMemAttribute v11040: query(device)
     Driver "cuDeviceGetGraphMemAttribute" fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
         gate!(policy::query(device), "device={device}, attr={attr}");
         real(device, attr, value)
+    }
+    // cuDeviceGetHostAtomicCapabilities v13000: query(dev)
+    Driver "cuDeviceGetHostAtomicCapabilities" fn cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "count={count}, dev={dev}");
+        real(capabilities, operations, count, dev)
     }
     // cuDeviceGetLuid v10000: query(dev)
     Driver "cuDeviceGetLuid" fn cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CuResult |real| {
@@ -99,6 +124,16 @@ guarded! {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(name, len, dev)
     }
+    // cuDeviceGetNvSciSyncAttributes v10020: query(dev)
+    Driver "cuDeviceGetNvSciSyncAttributes" fn cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}, flags={flags:#x}");
+        real(nvSciSyncAttrList, dev, flags)
+    }
+    // cuDeviceGetP2PAtomicCapabilities v13000: query(srcDevice, dstDevice)
+    Driver "cuDeviceGetP2PAtomicCapabilities" fn cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
+        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+        real(capabilities, operations, count, srcDevice, dstDevice)
+    }
     // cuDeviceGetP2PAttribute v8000: query(srcDevice, dstDevice)
     Driver "cuDeviceGetP2PAttribute" fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
         gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attrib={attrib}, srcDevice={srcDevice}, dstDevice={dstDevice}");
@@ -108,6 +143,16 @@ guarded! {
     Driver "cuDeviceGetPCIBusId" fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(pciBusId, len, dev)
+    }
+    // cuDeviceGetProperties v2000: query(dev)
+    Driver "cuDeviceGetProperties" fn cuDeviceGetProperties(prop: *mut c_void, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(prop, dev)
+    }
+    // cuDeviceGetTexture1DLinearMaxWidth v11010: query(dev)
+    Driver "cuDeviceGetTexture1DLinearMaxWidth" fn cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: c_int, numChannels: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "format={format}, numChannels={numChannels}, dev={dev}");
+        real(maxWidthInElements, format, numChannels, dev)
     }
     // cuDeviceGetUuid v9020: query(dev)
     Driver "cuDeviceGetUuid" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
@@ -674,6 +719,11 @@ guarded! {
         }
         rc
     }
+    // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 12: query(device)
+    Runtime "cudaDeviceGetNvSciSyncAttributes" fn cudaDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}, flags={flags:#x}");
+        real(nvSciSyncAttrList, device, flags)
+    }
     // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 12: query(srcDevice, dstDevice)
     Runtime "cudaDeviceGetP2PAttribute" fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
         gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
@@ -683,6 +733,11 @@ guarded! {
     Runtime "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "len={len}, device={device}");
         real(pciBusId, len, device)
+    }
+    // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 12: query(device)
+    Runtime "cudaDeviceGetTexture1DLinearMaxWidth" fn cudaDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}");
+        real(maxWidthInElements, fmtDesc, device)
     }
     // cudaDeviceGraphMemTrim, cuda_runtime_api.h 12: ordinal(device)
     Runtime "cudaDeviceGraphMemTrim" fn cudaDeviceGraphMemTrim(device: c_int) -> CudaError |real| {
@@ -908,6 +963,16 @@ guarded! {
         gate!(policy::ordinal(device), "device={device}");
         real(ctx, device)
     }
+    // cudaDeviceGetHostAtomicCapabilities, cuda_runtime_api.h 13: query(device)
+    Runtime "cudaDeviceGetHostAtomicCapabilities" fn cudaDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "count={count}, device={device}");
+        real(capabilities, operations, count, device)
+    }
+    // cudaDeviceGetP2PAtomicCapabilities, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
+    Runtime "cudaDeviceGetP2PAtomicCapabilities" fn cudaDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+        real(capabilities, operations, count, srcDevice, dstDevice)
+    }
     // cudaGetDeviceProperties, cuda_runtime_api.h 13: query(device)
     Runtime "cudaGetDeviceProperties" fn cudaGetDeviceProperties(prop: *mut c_void, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "device={device}");
@@ -964,7 +1029,7 @@ guarded! {
 }
 
 /// Every guarded ABI name and its entry, sorted by name (binary search: `table::find_abi`).
-pub static BY_ABI: [(&str, u16); 152] = [
+pub static BY_ABI: [(&str, u16); 165] = [
     ("cuCheckpointProcessRestore", Id::cuCheckpointProcessRestore as u16),
     ("cuCtxCreate", Id::cuCtxCreate as u16),
     ("cuCtxCreate_v2", Id::cuCtxCreate_v2 as u16),
@@ -976,14 +1041,23 @@ pub static BY_ABI: [(&str, u16); 152] = [
     ("cuDeviceGet", Id::cuDeviceGet as u16),
     ("cuDeviceGetAttribute", Id::cuDeviceGetAttribute as u16),
     ("cuDeviceGetByPCIBusId", Id::cuDeviceGetByPCIBusId as u16),
+    ("cuDeviceGetCliqueCount", Id::cuDeviceGetCliqueCount as u16),
+    ("cuDeviceGetCliqueInfo", Id::cuDeviceGetCliqueInfo as u16),
     ("cuDeviceGetDefaultMemPool", Id::cuDeviceGetDefaultMemPool as u16),
     ("cuDeviceGetDevResource", Id::cuDeviceGetDevResource as u16),
+    ("cuDeviceGetExecAffinitySupport", Id::cuDeviceGetExecAffinitySupport as u16),
+    ("cuDeviceGetFabricClusterUuid", Id::cuDeviceGetFabricClusterUuid as u16),
     ("cuDeviceGetGraphMemAttribute", Id::cuDeviceGetGraphMemAttribute as u16),
+    ("cuDeviceGetHostAtomicCapabilities", Id::cuDeviceGetHostAtomicCapabilities as u16),
     ("cuDeviceGetLuid", Id::cuDeviceGetLuid as u16),
     ("cuDeviceGetMemPool", Id::cuDeviceGetMemPool as u16),
     ("cuDeviceGetName", Id::cuDeviceGetName as u16),
+    ("cuDeviceGetNvSciSyncAttributes", Id::cuDeviceGetNvSciSyncAttributes as u16),
+    ("cuDeviceGetP2PAtomicCapabilities", Id::cuDeviceGetP2PAtomicCapabilities as u16),
     ("cuDeviceGetP2PAttribute", Id::cuDeviceGetP2PAttribute as u16),
     ("cuDeviceGetPCIBusId", Id::cuDeviceGetPCIBusId as u16),
+    ("cuDeviceGetProperties", Id::cuDeviceGetProperties as u16),
+    ("cuDeviceGetTexture1DLinearMaxWidth", Id::cuDeviceGetTexture1DLinearMaxWidth as u16),
     ("cuDeviceGetUuid", Id::cuDeviceGetUuid as u16),
     ("cuDeviceGetUuid_v2", Id::cuDeviceGetUuid_v2 as u16),
     ("cuDeviceGraphMemTrim", Id::cuDeviceGraphMemTrim as u16),
@@ -1074,9 +1148,13 @@ pub static BY_ABI: [(&str, u16); 152] = [
     ("cudaDeviceGetDevResource", Id::cudaDeviceGetDevResource as u16),
     ("cudaDeviceGetExecutionCtx", Id::cudaDeviceGetExecutionCtx as u16),
     ("cudaDeviceGetGraphMemAttribute", Id::cudaDeviceGetGraphMemAttribute as u16),
+    ("cudaDeviceGetHostAtomicCapabilities", Id::cudaDeviceGetHostAtomicCapabilities as u16),
     ("cudaDeviceGetMemPool", Id::cudaDeviceGetMemPool as u16),
+    ("cudaDeviceGetNvSciSyncAttributes", Id::cudaDeviceGetNvSciSyncAttributes as u16),
+    ("cudaDeviceGetP2PAtomicCapabilities", Id::cudaDeviceGetP2PAtomicCapabilities as u16),
     ("cudaDeviceGetP2PAttribute", Id::cudaDeviceGetP2PAttribute as u16),
     ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId as u16),
+    ("cudaDeviceGetTexture1DLinearMaxWidth", Id::cudaDeviceGetTexture1DLinearMaxWidth as u16),
     ("cudaDeviceGraphMemTrim", Id::cudaDeviceGraphMemTrim as u16),
     ("cudaDeviceSetGraphMemAttribute", Id::cudaDeviceSetGraphMemAttribute as u16),
     ("cudaDeviceSetMemPool", Id::cudaDeviceSetMemPool as u16),
@@ -1121,7 +1199,7 @@ pub static BY_ABI: [(&str, u16); 152] = [
 
 /// Every guarded driver API name with the entries of its ABI variants, sorted by name
 /// (`cuGetProcAddress` routing: `table::driver_variants`).
-pub static DRIVER_APIS: [(&str, &[u16]); 72] = [
+pub static DRIVER_APIS: [(&str, &[u16]); 81] = [
     ("cuCheckpointProcessRestore", &[Id::cuCheckpointProcessRestore as u16]),
     ("cuCtxCreate", &[Id::cuCtxCreate as u16, Id::cuCtxCreate_v2 as u16, Id::cuCtxCreate_v3 as u16, Id::cuCtxCreate_v4 as u16]),
     ("cuCtxEnablePeerAccess", &[Id::cuCtxEnablePeerAccess as u16]),
@@ -1130,14 +1208,23 @@ pub static DRIVER_APIS: [(&str, &[u16]); 72] = [
     ("cuDeviceGet", &[Id::cuDeviceGet as u16]),
     ("cuDeviceGetAttribute", &[Id::cuDeviceGetAttribute as u16]),
     ("cuDeviceGetByPCIBusId", &[Id::cuDeviceGetByPCIBusId as u16]),
+    ("cuDeviceGetCliqueCount", &[Id::cuDeviceGetCliqueCount as u16]),
+    ("cuDeviceGetCliqueInfo", &[Id::cuDeviceGetCliqueInfo as u16]),
     ("cuDeviceGetDefaultMemPool", &[Id::cuDeviceGetDefaultMemPool as u16]),
     ("cuDeviceGetDevResource", &[Id::cuDeviceGetDevResource as u16]),
+    ("cuDeviceGetExecAffinitySupport", &[Id::cuDeviceGetExecAffinitySupport as u16]),
+    ("cuDeviceGetFabricClusterUuid", &[Id::cuDeviceGetFabricClusterUuid as u16]),
     ("cuDeviceGetGraphMemAttribute", &[Id::cuDeviceGetGraphMemAttribute as u16]),
+    ("cuDeviceGetHostAtomicCapabilities", &[Id::cuDeviceGetHostAtomicCapabilities as u16]),
     ("cuDeviceGetLuid", &[Id::cuDeviceGetLuid as u16]),
     ("cuDeviceGetMemPool", &[Id::cuDeviceGetMemPool as u16]),
     ("cuDeviceGetName", &[Id::cuDeviceGetName as u16]),
+    ("cuDeviceGetNvSciSyncAttributes", &[Id::cuDeviceGetNvSciSyncAttributes as u16]),
+    ("cuDeviceGetP2PAtomicCapabilities", &[Id::cuDeviceGetP2PAtomicCapabilities as u16]),
     ("cuDeviceGetP2PAttribute", &[Id::cuDeviceGetP2PAttribute as u16]),
     ("cuDeviceGetPCIBusId", &[Id::cuDeviceGetPCIBusId as u16]),
+    ("cuDeviceGetProperties", &[Id::cuDeviceGetProperties as u16]),
+    ("cuDeviceGetTexture1DLinearMaxWidth", &[Id::cuDeviceGetTexture1DLinearMaxWidth as u16]),
     ("cuDeviceGetUuid", &[Id::cuDeviceGetUuid as u16, Id::cuDeviceGetUuid_v2 as u16]),
     ("cuDeviceGraphMemTrim", &[Id::cuDeviceGraphMemTrim as u16]),
     ("cuDevicePrimaryCtxGetState", &[Id::cuDevicePrimaryCtxGetState as u16]),
