@@ -58,13 +58,22 @@
     X(cuCheckpointProcessRestore) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuMemcpyBatchAsync) \
     X(cuMemcpyBatchAsync_ptsz) X(cuDeviceGetByPCIBusId) X(cuDeviceGetPCIBusId) \
     X(cuDeviceGraphMemTrim) X(cuDeviceSetGraphMemAttribute) X(cuKernelSetAttribute) \
-    X(cuDeviceGetTexture1DLinearMaxWidth) X(cuDeviceGetExecAffinitySupport)
+    X(cuDeviceGetTexture1DLinearMaxWidth) X(cuDeviceGetExecAffinitySupport) \
+    X(cuMulticastUnbind) X(cuMulticastBindMem_v2) X(cuLogicalEndpointAddDevice) X(cuMemSetMemPool) \
+    X(cuMemGetMemPool) X(cuMemDiscardAndPrefetchBatchAsync) X(cuMemDiscardAndPrefetchBatchAsync_ptsz) \
+    X(cuGraphNodeSetParams)
 ABIS(ABI)
 
 /* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
  * signatures from the 13.x cudaTypedefs.h. */
 typedef CUresult (*PFN_cuMemGetDefaultMemPool_v13000)(CUmemoryPool *pool_out, CUmemLocation *location,
                                                       CUmemAllocationType type);
+typedef CUresult (*PFN_cuMemSetMemPool_v13000)(CUmemLocation *location, CUmemAllocationType type,
+                                               CUmemoryPool pool);
+typedef CUresult (*PFN_cuMulticastBindMem_v13010)(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                                  size_t mcOffset, CUmemGenericAllocationHandle memHandle,
+                                                  size_t memOffset, size_t size, unsigned long long flags);
+typedef CUresult (*PFN_cuLogicalEndpointAddDevice_v13030)(unsigned int leId, CUdevice dev);
 typedef CUresult (*PFN_cuMemPrefetchBatchAsync_v13000)(CUdeviceptr *dptrs, size_t *sizes, size_t count,
                                                        CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
                                                        size_t numPrefetchLocs, unsigned long long flags,
@@ -154,6 +163,7 @@ static const char *variant(const char *base, int ver) {
         {"cuMemPrefetchAsync", 12020, "cuMemPrefetchAsync_v2"},
         {"cuMemAdvise", 8000, "cuMemAdvise"}, {"cuMemAdvise", 12020, "cuMemAdvise_v2"},
         {"cuGraphAddNode", 12020, "cuGraphAddNode"}, {"cuGraphAddNode", 12030, "cuGraphAddNode_v2"},
+        {"cuMulticastBindMem", 12010, "cuMulticastBindMem"}, {"cuMulticastBindMem", 13010, "cuMulticastBindMem_v2"},
     };
     const char *best = NULL;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
@@ -166,6 +176,7 @@ static const char *variant(const char *base, int ver) {
         if (!strcmp(base, "cuMemcpy3DPeerAsync")) return "cuMemcpy3DPeerAsync_ptsz";
         if (!strcmp(base, "cuMemPrefetchBatchAsync")) return "cuMemPrefetchBatchAsync_ptsz";
         if (!strcmp(base, "cuMemcpyBatchAsync")) return "cuMemcpyBatchAsync_ptsz";
+        if (!strcmp(base, "cuMemDiscardAndPrefetchBatchAsync")) return "cuMemDiscardAndPrefetchBatchAsync_ptsz";
     }
     snprintf(buf, sizeof buf, "%s", base);
     return buf;
@@ -475,7 +486,40 @@ int main(int argc, char **argv) {
         CUmemoryPool pool;
         printf("setup ok\n");
         rc = DRV(PFN_cuMemGetDefaultMemPool_v13000, abi, call, version)(&pool, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
-    } else if (!strcmp(call, "cuMemPrefetchBatchAsync")) {
+    } else if (!strcmp(call, "cuMemGetMemPool") || !strcmp(call, "cuMemSetMemPool")) {
+        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
+        CUmemoryPool pool = NULL;
+        printf("setup ok\n");
+        if (!strcmp(call, "cuMemGetMemPool"))
+            rc = DRV(PFN_cuMemGetDefaultMemPool_v13000, abi, call, version)(&pool, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
+        else
+            rc = DRV(PFN_cuMemSetMemPool_v13000, abi, call, version)(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, pool);
+    } else if (!strcmp(call, "cuMulticastUnbind") || !strcmp(call, "cuMulticastBindMem") ||
+               !strcmp(call, "cuLogicalEndpointAddDevice")) {
+        /* A one-device team of device 0 (the 13.1 bind and 13.3 endpoints are stubs on the
+         * fake: the driver alone answers NOT_SUPPORTED). */
+        CUmulticastObjectProp prop = {1, 2u << 20, 0, 0};
+        CUmemGenericAllocationHandle mc;
+        CHECK_SETUP(((PFN_cuMulticastCreate_v12010)linked_fn("cuMulticastCreate"))(&mc, &prop));
+        CHECK_SETUP(((PFN_cuMulticastAddDevice_v12010)linked_fn("cuMulticastAddDevice"))(mc, 0));
+        printf("setup ok (%s)\n", abi);
+        if (!strcmp(call, "cuMulticastUnbind"))
+            rc = DRV(PFN_cuMulticastUnbind_v12010, abi, call, version)(mc, dev, 0, 2u << 20);
+        else if (!strcmp(call, "cuLogicalEndpointAddDevice"))
+            rc = DRV(PFN_cuLogicalEndpointAddDevice_v13030, abi, call, version)(1, dev);
+        else
+            rc = DRV(PFN_cuMulticastBindMem_v13010, abi, call, version)(mc, dev, 0, 0, 0, 2u << 20, 0);
+    } else if (!strcmp(call, "cuGraphNodeSetParams")) {
+        CUgraphNodeParams np;
+        memset(&np, 0, sizeof np);
+        np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        np.alloc.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.alloc.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.alloc.poolProps.location.id = ord;
+        np.alloc.bytesize = 4096;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuGraphNodeSetParams_v12020, abi, call, version)(NULL, &np);
+    } else if (!strcmp(call, "cuMemPrefetchBatchAsync") || !strcmp(call, "cuMemDiscardAndPrefetchBatchAsync")) {
         /* Two managed ranges: the first to device 0, the second to device ORD. */
         CUdeviceptr p[2];
         CHECK_SETUP(((PFN_cuMemAllocManaged_v6000)linked_fn("cuMemAllocManaged"))(&p[0], 4096, CU_MEM_ATTACH_GLOBAL));
