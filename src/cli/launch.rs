@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::args::{number, Lexer, Token};
 use super::json::Value;
 use super::rank_env::Launch;
-use super::{gpus, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use super::{gpus, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
 use crate::cvd;
 use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
 use crate::topology::Topology;
@@ -444,57 +444,53 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut reaper = Reaper::start();
     let mut ranks: Vec<Rank> = Vec::new();
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
+    // Children lead their own process groups; reading a terminal from a background group
+    // stops the process, so ranks get no stdin.
+    let null = std::fs::File::open("/dev/null").map_err(|e| Error {
+        msg: format!("rankguard launch: cannot open /dev/null for the ranks' stdin: {e}"),
+        code: EXIT_CANNOT_EXECUTE,
+    })?;
+    let base_env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
     for r in &p.ranks {
-        let mut cmd = Command::new(&o.cmd[0]);
-        cmd.args(&o.cmd[1..]);
-        for (k, v) in launch.rank_env(&p, r) {
-            match v {
-                Some(v) => cmd.env(k, v),
-                None => cmd.env_remove(k),
-            };
-        }
-        // Children lead their own process groups; reading a terminal from a background group
-        // stops the process, so ranks get no stdin.
-        cmd.stdin(Stdio::null());
-        if o.prefix {
-            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        }
-        sys::prepare_rank_child(&mut cmd, r.cpus.as_ref());
-        match cmd.spawn() {
-            Ok(mut child) => {
+        // Ranks are forked and exec'ed without waiting for the exec (`sys::spawn_rank`): one
+        // that cannot exec says so on its stderr and exits 126/127, seen by `supervise`.
+        let started = spawn::prepare(
+            r.rank,
+            &o.cmd,
+            &spawn::merge_env(&base_env, &launch.rank_env(&p, r)),
+        )
+        .and_then(|prep| {
+            sys::spawn_rank(&prep, r.cpus.as_ref(), &null, o.prefix).map_err(|e| e.to_string())
+        });
+        match started {
+            Ok(child) => {
                 if o.prefix {
                     let tag = format!("[rank {}] ", r.rank);
-                    if let Some(out) = child.stdout.take() {
+                    if let Some(out) = child.stdout {
                         readers.push(relay(out, tag.clone(), false));
                     }
-                    if let Some(err) = child.stderr.take() {
+                    if let Some(err) = child.stderr {
                         readers.push(relay(err, tag, true));
                     }
                 }
-                reaper.watch(child.id());
+                reaper.watch(child.pid);
                 ranks.push(Rank {
                     rank: r.rank,
-                    pid: child.id(),
-                    child,
+                    pid: child.pid,
                     status: None,
                 });
             }
             Err(e) => {
                 stop_all(&mut ranks, sys::SIGKILL);
                 for rk in &mut ranks {
-                    let _ = rk.child.wait();
+                    let _ = sys::wait_child(rk.pid, true);
                 }
                 reaper.done();
                 kill_leftovers();
-                let code = if e.kind() == std::io::ErrorKind::NotFound {
-                    EXIT_NOT_FOUND
-                } else {
-                    EXIT_CANNOT_EXECUTE
-                };
                 return Err(Error {
                     msg: format!("rankguard launch: cannot start rank {} ('{}'): {e}; no rank was left running",
                                  r.rank, o.cmd[0].to_string_lossy()),
-                    code,
+                    code: EXIT_CANNOT_EXECUTE,
                 });
             }
         }
@@ -568,7 +564,8 @@ impl Reaper {
 
     fn watch(&mut self, pgid: u32) {
         if let Some((_, pipe)) = &mut self.0 {
-            let _ = writeln!(pipe, "{pgid}");
+            // One write(2): the pipe is not buffered.
+            let _ = pipe.write_all(format!("{pgid}\n").as_bytes());
         }
     }
 
@@ -667,8 +664,8 @@ fn kill_leftovers() {
 
 struct Rank {
     rank: u32,
+    /// Also its process group.
     pid: u32,
-    child: Child,
     status: Option<ExitStatus>,
 }
 
@@ -740,7 +737,7 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
             if r.status.is_some() {
                 continue;
             }
-            if let Ok(Some(st)) = r.child.try_wait() {
+            if let Ok(Some(st)) = sys::wait_child(r.pid, false) {
                 r.status = Some(st);
                 if !st.success() && first_failure.is_none() && interrupted.is_none() {
                     first_failure = Some((r.rank, st));
