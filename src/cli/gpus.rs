@@ -15,7 +15,7 @@
 //! The helper is a `fork` of the CLI that asks the driver and `_exit`s (`forked.rs`: no
 //! `exec`, no loader, so it costs a fraction of one rank's start; `launch` asks once per
 //! launch, whatever the number of ranks). Where that is not possible (the CLI has the
-//! guard mapped, i.e. it runs under it; or more than one thread) it is an `exec` of
+//! guard loaded (`sys::object_loaded`), i.e. it runs under it; or more than one thread) it is an `exec` of
 //! `rankguard __driver-query` with the guard removed from `LD_PRELOAD`, as before. Both
 //! speak the same lines (`gpu<TAB>uuid<TAB>bus id`, or the error on stderr).
 
@@ -70,7 +70,7 @@ pub fn helper_main(_args: Vec<OsString>) -> Result<ExitCode> {
 /// used here.
 fn query_forked(cvd_override: Option<Option<&str>>) -> Option<std::result::Result<String, String>> {
     use std::io::{Read, Write};
-    if super::forked::is_mapped(super::env::GUARD_FILE) {
+    if sys::object_loaded(super::env::GUARD_FILE) {
         return None;
     }
     let (mut out_r, out_w) = std::io::pipe().ok()?;

@@ -253,6 +253,43 @@ pub fn wait_child(pid: u32, wait: bool) -> io::Result<Option<std::process::ExitS
     }
 }
 
+/// Whether an ELF object with the file name `name` is loaded in this process (the
+/// program's libraries, preloaded or `dlopen`ed), from the loader's own list
+/// (`dl_iterate_phdr`): no file to read, unlike `/proc/self/maps`.
+pub fn object_loaded(name: &str) -> bool {
+    struct Search<'a> {
+        name: &'a [u8],
+        found: bool,
+    }
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the `Search` passed below, alive for the whole iteration;
+        // `info` is valid during the callback and `dlpi_name` is NULL or NUL-terminated.
+        let (search, path) = unsafe {
+            let search = &mut *data.cast::<Search>();
+            let p = (*info).dlpi_name;
+            if p.is_null() {
+                return 0;
+            }
+            (search, CStr::from_ptr(p).to_bytes())
+        };
+        let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        search.found = file == search.name;
+        c_int::from(search.found)
+    }
+    let mut search = Search {
+        name: name.as_bytes(),
+        found: false,
+    };
+    // SAFETY: `visit` matches the callback type, never unwinds (no panicking code), and
+    // `search` outlives the call; a non-zero return ends the iteration.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+    search.found
+}
+
 /// Make this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant orphaned
 /// by its parent (a rank's `setsid` helper whose parent exited) becomes our child instead
 /// of init's, so it can still be found, signalled and reaped.
@@ -496,4 +533,17 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_loaded_finds_libc_by_file_name_only() {
+        assert!(object_loaded("libc.so.6"));
+        assert!(!object_loaded("librankguard-test-not-loaded.so"));
+        assert!(!object_loaded("libc.so")); // a whole file name, not a prefix
+        assert!(!object_loaded("/lib/x86_64-linux-gnu/libc.so.6")); // not a path
+    }
 }
