@@ -603,8 +603,13 @@ pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut groups: Vec<u32> = Vec::new();
     let mut known: Vec<tree::Proc> = Vec::new();
     let mut pending: Vec<u8> = Vec::new();
+    // The descendants are read every 100 ms, not after every line the launcher writes: while
+    // the ranks start, a scan per rank would compete with them for the CPUs.
+    let period = Duration::from_millis(100);
+    let mut next_scan = Instant::now() + period;
     loop {
-        if sys::wait_readable(0, Duration::from_millis(100)) {
+        let wait = next_scan.saturating_duration_since(Instant::now());
+        if sys::wait_readable(0, wait) {
             let mut chunk = [0u8; 512];
             match sys::read_fd(0, &mut chunk) {
                 Ok(0) => break,
@@ -623,6 +628,10 @@ pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
                 }
             }
         }
+        if Instant::now() < next_scan {
+            continue;
+        }
+        next_scan = Instant::now() + period;
         known.retain(|&(p, s)| tree::start_time(p) == Some(s));
         if let (Some(l), true) = (launcher, launcher_alive()) {
             for p in tree::descendants(&[l], me) {
