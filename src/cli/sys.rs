@@ -122,6 +122,12 @@ pub fn spawn_rank(
         // `argv`, `envp` and `mask`, which the fork copied with the rest of the memory.
         unsafe { rank_child(prep, &argv, &envp, mask.as_ref(), fds, launcher) }
     }
+    // The parent sets the child's process group too: the launcher may signal the group
+    // (another rank failed) before the child has run its own setpgid, and would then miss
+    // it. Whichever call comes first makes the group; the other is a no-op, or EACCES once
+    // the child has exec'ed (ignored).
+    // SAFETY: setpgid takes integers only; `pid` is our child.
+    unsafe { libc::setpgid(pid, pid) };
     // The parent: the write ends are the child's now (dropped here), the read ends ours.
     let (stdout, stderr) = match pipes {
         Some(((out_r, _), (err_r, _))) => (Some(out_r), Some(err_r)),
