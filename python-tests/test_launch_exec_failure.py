@@ -6,6 +6,7 @@ failure), as a shell does; the launcher reports it like any failed rank, stops t
 and exits with that status (docs/cli.md)."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from _cli import clean_env, cli
@@ -18,15 +19,32 @@ def launch(*args, **env):
     return cli("launch", *args, env=clean_env(FAKECUDA_GPUS="8", **env), timeout=30)
 
 
-def test_a_missing_program_exits_127_with_one_line_per_rank(tmp_path):
+def test_a_missing_program_exits_127_with_one_line(tmp_path):
     missing = tmp_path / "no-such-program"
-    p = launch("--nproc-per-node", "2", "--", str(missing), "arg")
+    p = launch("--nproc-per-node", "1", "--", str(missing), "arg")
     assert p.returncode == 127, p.stderr
-    for rank in (0, 1):
-        line = f"rankguard launch: rank {rank}: cannot execute '{missing}': No such file or directory (os error 2)"
-        assert p.stderr.count(line) == 1, p.stderr
-    assert "exited with status 127; stopping the other ranks" in p.stderr, p.stderr
+    line = f"rankguard launch: rank 0: cannot execute '{missing}': No such file or directory (os error 2)"
+    assert p.stderr.count(line) == 1, p.stderr
+    assert "rank 0 (pid " in p.stderr and "exited with status 127" in p.stderr, p.stderr
     assert p.stdout == ""
+
+
+def cannot_execute_lines(stderr: str, prog, reason: str) -> list[str]:
+    """The ranks' lines; each rank that got as far as its exec writes one (the others may be
+    stopped by the first failure before they do)."""
+    lines = [l for l in stderr.splitlines() if "cannot execute" in l]
+    for l in lines:
+        assert l.endswith(f": cannot execute '{prog}': {reason}"), l
+    return lines
+
+
+def test_every_rank_that_fails_to_exec_says_so_and_the_launch_exits_127(tmp_path):
+    missing = tmp_path / "no-such-program"
+    p = launch("--nproc-per-node", "4", "--", str(missing))
+    assert p.returncode == 127, p.stderr
+    lines = cannot_execute_lines(p.stderr, missing, "No such file or directory (os error 2)")
+    ranks = sorted(int(re.search(r"launch: rank (\d+): ", l).group(1)) for l in lines)
+    assert ranks and len(set(ranks)) == len(ranks) and set(ranks) <= {0, 1, 2, 3}, p.stderr
 
 
 def test_a_program_not_on_path_is_searched_like_a_shell_and_exits_127(tmp_path):
@@ -43,8 +61,8 @@ def test_a_file_that_is_not_executable_exits_126(tmp_path):
     p = launch("--nproc-per-node", "2", "--prefix-output", "--", str(prog))
     assert p.returncode == 126, p.stderr
     # With --prefix-output the line comes through the rank's relayed stderr.
-    line = f"[rank 1] rankguard launch: rank 1: cannot execute '{prog}': Permission denied (os error 13)"
-    assert line in p.stderr.splitlines(), p.stderr
+    lines = cannot_execute_lines(p.stderr, prog, "Permission denied (os error 13)")
+    assert lines and all(re.match(r"\[rank (\d+)\] rankguard launch: rank \1: ", l) for l in lines), p.stderr
 
 
 def test_a_script_without_interpreter_line_runs_under_sh_as_before(tmp_path):
@@ -70,6 +88,7 @@ def test_ranks_are_started_without_waiting_for_each_others_exec(tmp_path):
     launcher = int(lines[0][0])
     calls = Counter((int(pid) == launcher, call, rest[0] if rest else "") for pid, call, *rest in lines)
     assert calls[(True, "fork", "")] == 8 + 2, lines  # 8 ranks, the driver query, the reaper
-    assert calls[(False, "exec", str(missing))] == 8, lines
-    assert p.stderr.count("cannot execute") == 8, p.stderr
+    # Ranks forked after the first failure may be stopped before their exec: at least one.
+    assert 1 <= calls[(False, "exec", str(missing))] <= 8, lines
+    assert cannot_execute_lines(p.stderr, missing, "No such file or directory (os error 2)"), p.stderr
 
