@@ -1,6 +1,6 @@
 # Benchmark programs for scripts/bench (not tests: nothing in python-tests runs them).
-# Included by c-tests/Makefile, which defines HERE, BUILD, FAKE, CUDA_INC, CC, CFLAGS and
-# TEST_LDFLAGS. Cheap to build, but kept out of `all`: `make -C c-tests bench`.
+# Included by c-tests/Makefile, which defines HERE, BUILD, FAKE, CUDA_INC, CC, CFLAGS,
+# CFLAGS13 and TEST_LDFLAGS. Cheap to build, but kept out of `all`: `make -C c-tests bench`.
 #   build/bench/bench_calls        guarded call cost (links the fake libcuda/libcudart)
 #   build/bench/bench_calls13      the same, built as a CUDA 13 program (13.x headers, the fake
 #                                  libcudart.so.13) where the fake platform has one
