@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 
 use crate::guard::once::ForkSafeOnce;
 use crate::guard::real;
-use crate::guard::table::{self, Lib, TABLE};
+use crate::guard::table::{self, TABLE};
 
 /// The outcome of routing one pointer.
 pub enum Routed {
@@ -33,22 +33,31 @@ pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
     if p.is_null() || real::is_own(p) {
         return Routed::Keep;
     }
-    DRIVER_ROUTES.call(real::resolve_all_driver);
-    for e in TABLE.iter() {
-        if e.lib == Lib::Driver && e.real.load(Ordering::Acquire) == p {
-            return Routed::Wrap(e.wrapper() as *mut c_void);
-        }
-    }
     if symbol.is_null() {
         return Routed::Keep;
     }
     // SAFETY: a non-NULL symbol argument of cuGetProcAddress is a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if table::is_guarded_driver_call(name) {
-        Routed::Unknown
-    } else {
-        Routed::Keep
+    // The name's variants only (binary searches): an unguarded name is kept untouched
+    // without resolving anything. A driver asked for an ABI name (`cuCtxCreate_v2`) is
+    // routed among that API's variants too.
+    let variants = match table::driver_variants(name) {
+        Some(v) => v,
+        None => match table::find_abi(name)
+            .and_then(|id| table::driver_variants(TABLE[id].call.as_bytes()))
+        {
+            Some(v) => v,
+            None => return Routed::Keep,
+        },
+    };
+    DRIVER_ROUTES.call(real::resolve_all_driver);
+    for &id in variants {
+        let e = &TABLE[id as usize];
+        if e.real.load(Ordering::Acquire) == p {
+            return Routed::Wrap(e.wrapper() as *mut c_void);
+        }
     }
+    Routed::Unknown
 }
 
 /// The decision behind our `dlsym`: the wrapper to return instead of the real symbol, or

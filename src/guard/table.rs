@@ -92,16 +92,23 @@ pub fn guarded_shape(at: impl Fn(usize) -> u8) -> bool {
             || (at(2) == b'd' && at(3) == b'a' && at(4).is_ascii_uppercase()))
 }
 
-/// The index of the entry whose ABI name is `name`.
+/// The index of the entry whose ABI name is `name`: a binary search of the generated,
+/// sorted [`BY_ABI`].
 pub fn find_abi(name: &[u8]) -> Option<usize> {
-    TABLE.iter().position(|e| e.abi().as_bytes() == name)
+    BY_ABI
+        .binary_search_by(|(abi, _)| abi.as_bytes().cmp(name))
+        .ok()
+        .map(|i| BY_ABI[i].1 as usize)
 }
 
-/// Whether `name` is the API name of a guarded driver function.
-pub fn is_guarded_driver_call(name: &[u8]) -> bool {
-    TABLE
-        .iter()
-        .any(|e| e.lib == Lib::Driver && e.call.as_bytes() == name)
+/// The entries of every ABI variant of the guarded driver API `name` (`cuCtxCreate`:
+/// bare, `_v2`, `_v3`, `_v4`), or None when `name` is not a guarded driver API: a binary
+/// search of the generated, sorted [`DRIVER_APIS`].
+pub fn driver_variants(name: &[u8]) -> Option<&'static [u16]> {
+    DRIVER_APIS
+        .binary_search_by(|(api, _)| api.as_bytes().cmp(name))
+        .ok()
+        .map(|i| DRIVER_APIS[i].1)
 }
 
 /// Generates the wrappers and [`TABLE`]. Each item:
@@ -188,11 +195,31 @@ macro_rules! gate {
     }};
 }
 
-pub use crate::guard::wrappers::{Id, TABLE};
+pub use crate::guard::wrappers::{Id, BY_ABI, DRIVER_APIS, TABLE};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The generated indexes are sorted (binary search needs it) and name every entry.
+    #[test]
+    fn indexes_are_sorted_and_complete() {
+        assert!(BY_ABI.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(DRIVER_APIS.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(BY_ABI.len(), TABLE.len());
+        for (id, e) in TABLE.iter().enumerate() {
+            assert_eq!(find_abi(e.abi().as_bytes()), Some(id), "{}", e.abi());
+            if e.lib == Lib::Driver {
+                let vs = driver_variants(e.call.as_bytes()).expect(e.call);
+                assert!(vs.contains(&(id as u16)), "{}", e.abi());
+            } else {
+                assert!(driver_variants(e.call.as_bytes()).is_none(), "{}", e.call);
+            }
+        }
+        assert_eq!(find_abi(b"cuCtxCreate_v9"), None);
+        assert_eq!(find_abi(b""), None);
+        assert_eq!(driver_variants(b"cuMemAlloc"), None);
+    }
 
     fn shape(name: &str) -> bool {
         let b = name.as_bytes();

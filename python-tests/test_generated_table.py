@@ -1,0 +1,123 @@
+"""The guarded table is generated, not hand-kept (issue 18): src/guard/generated.rs, the path
+matrices (python-tests/_guarded.py, c-tests/include/guarded.h) and the README's contract
+table are what scripts/gen_guarded.py writes from src/guard/guarded.spec and NVIDIA's
+headers of every supported major (12.9 and 13.x, installed by scripts/setup).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GEN = os.path.join(ROOT, "scripts", "gen_guarded.py")
+INCLUDES = [os.path.join(ROOT, "c-tests", "build", d) for d in ("cuda-include", "cuda13-include")]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gen_guarded", GEN)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_guarded"] = mod      # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gen = _load()
+
+
+def test_both_header_sets_are_installed():
+    for d in INCLUDES:
+        assert os.path.isfile(os.path.join(d, "cudaTypedefs.h")), f"{d}: run scripts/setup"
+    majors = [gen.Headers.load(d).major for d in INCLUDES]
+    assert majors == [12, 13]
+
+
+def test_generated_files_are_current():
+    """Regenerate everything and diff: fails when the spec, a header or an output was edited
+    without the others (README's contract table included)."""
+    r = subprocess.run([sys.executable, GEN, "--check"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_readme_that_disagrees_is_caught(tmp_path, monkeypatch):
+    """Control for the check above: a README whose contract table lost a call (or names one
+    the table does not have) is not what the generator writes."""
+    with open(gen.README, encoding="utf-8") as f:
+        readme = f.read()
+    assert gen.generate(INCLUDES)[gen.README] == readme
+    for old, new in [("`cudaInitDevice`, ", ""),
+                     ("`cuDeviceGet` |", "`cuDeviceGet`, `cuDeviceGetCount` |")]:
+        assert old in readme
+        tampered = tmp_path / "README.md"
+        tampered.write_text(readme.replace(old, new, 1))
+        monkeypatch.setattr(gen, "README", str(tampered))
+        assert gen.generate(INCLUDES)[str(tampered)] == readme
+
+
+def _wrappers_in(rs: str):
+    """{ident: (lib, api, [(name, rust type)])} of the generated `guarded!` items."""
+    out = {}
+    for m in re.finditer(r'^    (Driver|Runtime) "(\w+)" fn (\w+)\((.*?)\) -> \w+ \|real\| \{$', rs, re.M):
+        params = [tuple(p.split(": ", 1)) for p in m.group(4).split(", ") if p]
+        out[m.group(3)] = (m.group(1), m.group(2), params)
+    return out
+
+
+def test_every_wrapper_has_its_headers_parameters():
+    """For every guarded function and every header set that declares it, the wrapper's
+    parameter list is that header's: same names, same count, each C type mapped to its Rust
+    type (a header that changes one fails here until regenerated)."""
+    with open(gen.OUT_RS, encoding="utf-8") as f:
+        wrappers = _wrappers_in(f.read())
+    with open(gen.SPEC, encoding="utf-8") as f:
+        entries, _ = gen.parse_spec(f.read())
+    checked = 0
+    for d in INCLUDES:
+        h = gen.Headers.load(d)
+        for table, lib in ((h.driver, "Driver"), (h.runtime, "Runtime")):
+            if lib == "Runtime" and h.major not in gen.RUNTIME_MAJORS:
+                continue
+            for abi, func in table.items():
+                if abi not in entries and func.api not in entries:
+                    continue
+                ident = gen.wrapper_ident(lib, abi, h.major)
+                assert ident in wrappers, f"{abi} of CUDA {h.major} has no wrapper"
+                got_lib, api, params = wrappers[ident]
+                assert (got_lib, api) == (lib, func.api)
+                want = [(p.name, gen.rust_type(p.ctype, abi)) for p in func.params]
+                assert params == want, f"{ident}: {params} != CUDA {h.major}'s {want}"
+                checked += 1
+    assert checked >= len(wrappers)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("cuDeviceGet: R2 ordinal(ordinal)\n", "before the first `row:`"),
+    ("row: a | b\ncuDeviceGet: R2 ordnial(ordinal)\n", "unknown policy 'R2 ordnial(ordinal)'"),
+    ("row: a | b\ncuDeviceGet: R4 ordinal(ordinal)\n", "ordinal is R2, written R4"),
+    ("row: a | b\ncuDeviceGet: R2 peer(a)\n", "peer takes 2 argument(s), not 1"),
+    ("row: a | b\ncuDeviceGet: R2 ordinal(x)\ncuDeviceGet: R2 ordinal(x)\n", "listed twice"),
+    ("row: a | b\ncuInit: hook {\n    real(Flags)\n", "no closing line"),
+    ("row: a | b\nwhat is this\n", "not `row: ...`"),
+])
+def test_spec_errors_name_the_line_and_the_fix(text, message):
+    with pytest.raises(gen.SpecError, match=re.escape(message)):
+        gen.parse_spec(text, "spec")
+
+
+def test_a_policy_argument_no_variant_has_is_refused():
+    entries, _ = gen.parse_spec("row: a | b\ncuDeviceGet: R2 ordinal(dev)\n", "spec")
+    h = gen.Headers.load(INCLUDES[0])
+    with pytest.raises(gen.SpecError, match=r"no alternative fits cuDeviceGet\(CUdevice_v1\* device, int ordinal\)"):
+        gen.choose(entries["cuDeviceGet"], h.driver["cuDeviceGet"])
+
+
+def test_a_type_without_a_rust_mapping_is_refused():
+    with pytest.raises(gen.SpecError, match="add it to SCALARS"):
+        gen.rust_type("CUgraphNode", "cuX(node)")
+    assert gen.rust_type("const CUmemAccessDesc_v1*", "x") == "*const CUmemAccessDesc"
+    assert gen.rust_type("CUgraphNode*", "x") == "*mut c_void"      # opaque pointee
+    assert gen.rust_type("void**", "x") == "*mut *mut c_void"
