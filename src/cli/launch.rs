@@ -218,6 +218,26 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
 
 /// Gather the inputs and plan.
 fn make_plan(o: &Options) -> Result<Plan> {
+    begin_plan()?.finish(o)
+}
+
+/// A plan whose driver query is under way (`gpus::start`): `launch` does the rest of its
+/// set-up while the helper asks the driver, then [`PlanStart::finish`] plans.
+struct PlanStart {
+    raw: Option<String>,
+    driver: DriverQuery,
+}
+
+enum DriverQuery {
+    One(gpus::Pending),
+    /// CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
+    /// Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
+    /// about one entry at a time.
+    PerMigEntry(Vec<cvd::Entry>),
+}
+
+/// Read `CUDA_VISIBLE_DEVICES` and start asking the driver.
+fn begin_plan() -> Result<PlanStart> {
     let raw = match std::env::var_os(cvd::VAR) {
         None => None,
         Some(v) => Some(v.into_string().map_err(|v| {
@@ -229,27 +249,38 @@ fn make_plan(o: &Options) -> Result<Plan> {
         })?),
     };
     let driver = match cvd::parse(raw.as_deref()) {
-        // CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
-        // Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
-        // about one entry at a time.
         cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::Entry::Mig(_)) => {
-            mig_driver_list(&e)
+            DriverQuery::PerMigEntry(e)
         }
-        _ => gpus::query(None),
+        _ => DriverQuery::One(gpus::start(None)),
     };
-    let host = plan::host_view(raw.as_deref(), driver.as_deref().map_err(|e| e.as_str()))?;
-    let affinity = sys::affinity().map_err(|e| {
-        Error::usage(format!(
-            "cannot read the launcher's CPU affinity (sched_getaffinity): {e}"
-        ))
-    })?;
-    let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
-    Ok(plan::plan(
-        &o.req,
-        &host,
-        &affinity,
-        topo.as_ref().map_err(|e| e.as_str()),
-    )?)
+    Ok(PlanStart { raw, driver })
+}
+
+impl PlanStart {
+    /// The driver's answer, the launcher's affinity and the topology: the plan.
+    fn finish(self, o: &Options) -> Result<Plan> {
+        let driver = match self.driver {
+            DriverQuery::One(pending) => pending.finish(),
+            DriverQuery::PerMigEntry(e) => mig_driver_list(&e),
+        };
+        let host = plan::host_view(
+            self.raw.as_deref(),
+            driver.as_deref().map_err(|e| e.as_str()),
+        )?;
+        let affinity = sys::affinity().map_err(|e| {
+            Error::usage(format!(
+                "cannot read the launcher's CPU affinity (sched_getaffinity): {e}"
+            ))
+        })?;
+        let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
+        Ok(plan::plan(
+            &o.req,
+            &host,
+            &affinity,
+            topo.as_ref().map_err(|e| e.as_str()),
+        )?)
+    }
 }
 
 /// The driver's answer for each MIG entry, in order; stops at the first entry the driver
@@ -423,25 +454,39 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let Some(o) = parse("launch", args)? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let p = make_plan(&o)?;
-    let launch = Launch::resolve(o.master_addr.as_deref(), o.master_port)?;
-    if matches!(
-        p.cpu_policy,
-        plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous
-    ) {
-        eprintln!("rankguard launch: cpu: {}", p.cpu_note);
-    }
+    // The driver query runs in a helper while the launcher resolves the ranks' environment
+    // and starts its reaper (on a node with more than one CPU, at the same time).
+    let started = begin_plan()?;
+    let launch = Launch::resolve(o.master_addr.as_deref(), o.master_port);
     // Block the signals we wait for before any thread exists, so every thread inherits it.
-    let signals =
-        sys::Signals::block().map_err(|e| Error::usage(format!("cannot block signals: {e}")))?;
+    let signals = match sys::Signals::block() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = started.finish(&o);
+            return Err(Error::usage(format!("cannot block signals: {e}")));
+        }
+    };
     // Descendants that leave the ranks' process groups (setsid) are re-parented to us when
     // orphaned, so they are still found and killed at the end (issue 14).
     if let Err(e) = sys::become_subreaper() {
         eprintln!("rankguard launch: warning: cannot become a child subreaper ({e}); processes that ranks \
                    start in a new session may outlive the launcher");
     }
-
     let mut reaper = Reaper::start();
+    let (p, launch) = match (started.finish(&o), launch) {
+        (Ok(p), Ok(l)) => (p, l),
+        (Err(e), _) | (Ok(_), Err(e)) => {
+            reaper.done();
+            return Err(e);
+        }
+    };
+    if matches!(
+        p.cpu_policy,
+        plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous
+    ) {
+        eprintln!("rankguard launch: cpu: {}", p.cpu_note);
+    }
+
     let mut ranks: Vec<Rank> = Vec::new();
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
     // Children lead their own process groups; reading a terminal from a background group
