@@ -233,7 +233,7 @@ enum DriverQuery {
     /// CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
     /// Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
     /// about one entry at a time.
-    PerMigEntry(Vec<cvd::Entry>),
+    PerMigEntry(Vec<cvd::CvdEntry>),
 }
 
 /// Read `CUDA_VISIBLE_DEVICES` and start asking the driver.
@@ -249,7 +249,7 @@ fn begin_plan() -> Result<PlanStart> {
         })?),
     };
     let driver = match cvd::parse(raw.as_deref()) {
-        cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::Entry::Mig(_)) => {
+        cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::CvdEntry::Mig(_)) => {
             DriverQuery::PerMigEntry(e)
         }
         _ => DriverQuery::One(gpus::start(None)),
@@ -285,7 +285,7 @@ impl PlanStart {
 
 /// The driver's answer for each MIG entry, in order; stops at the first entry the driver
 /// does not enumerate, so `plan::host_view` names it.
-fn mig_driver_list(entries: &[cvd::Entry]) -> std::result::Result<Vec<plan::DriverGpu>, String> {
+fn mig_driver_list(entries: &[cvd::CvdEntry]) -> std::result::Result<Vec<plan::DriverGpu>, String> {
     let mut out = Vec::new();
     for e in entries {
         match gpus::query(Some(Some(&e.text())))?.into_iter().next() {

@@ -131,7 +131,7 @@ guarded! {
     // cuInit v2000: hook
     Driver "cuInit" fn cuInit(Flags: c_uint) -> CuResult |real| {
         let rc = real(Flags);
-        engine::after_init(rc);
+        init_check::after_init(rc);
         rc
     }
     // cuIpcGetEventHandle v4010: hook
@@ -343,7 +343,7 @@ guarded! {
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 12: peer(current, peerDevice)
     Runtime "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(engine::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+        gate!(policy::peer(driver_query::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
         real(peerDevice, flags)
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 12: query(device)
