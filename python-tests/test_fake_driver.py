@@ -43,6 +43,13 @@ def test_threads_race_cuinit_and_fork_child_reinitialises():
     passed(run([TESTS / "fake_drv_threads"], timeout=60))
 
 
+def test_functions_that_reach_another_device():
+    """Pools (PyTorch's access pattern), 3D peer copies, multicast teams, green contexts,
+    dma-buf export + external memory import, the multi-device cooperative launch, P2P and
+    LUID queries: with device 0 and device 1 (issue 15's ranked list, unguarded)."""
+    passed(run([TESTS / "fake_drv_reach"], env=clean_env(FAKECUDA_GPUS="4")))
+
+
 # ------------------------------------------------------------------ cuGetProcAddress
 
 def test_get_proc_address_named_cases():

@@ -243,6 +243,13 @@ def test_driver_entry_points():
     run_c("fake_rt_entry")
 
 
+def test_calls_that_reach_another_device():
+    """Pools and PyTorch's allocator pattern, 3D peer copies, external memory,
+    cudaSetValidDevices, cudaChooseDevice, P2P attributes, the multi-device cooperative
+    launch (issue 15's ranked list, unguarded)."""
+    run_c("fake_rt_reach", env=clean_env(FAKECUDA_GPUS="4"))
+
+
 def test_threads_keep_their_own_device():
     run_c("fake_rt_threads", "4", env=clean_env(FAKECUDA_GPUS="4"))
 

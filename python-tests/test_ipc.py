@@ -4,8 +4,11 @@ Each test starts an exporter and an importer (c-tests/tests/ipc_peer.c) with the
 environments under librankguard.so, and checks what the importer got (the program checks
 return codes and every byte itself), what the guard said on stderr, and the audit records.
 Kinds: legacy memory handles through the driver (mem) and the runtime (rtmem), event
-handles (event, rtevent), VMM POSIX fds (vmm; vmmhost is host memory) and memory pools
-(pool: the pool's fd, then one allocation's export data).
+handles (event, rtevent), VMM POSIX fds (vmm; vmmhost is host memory), memory pools
+(pool: the pool's fd, then one allocation's export data), and device memory shared
+outside CUDA IPC: a dma-buf export (cuMemGetHandleForAddressRange) imported as external
+memory through the driver (dmabuf) and the runtime (rtdmabuf), and a VMM fd imported as
+external memory (extvmm).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import pytest
 from _ipc import PEER, JOB, audit, exporter, gpu_uuid, guard_env
 from conftest import run
 
-KINDS = ["mem", "rtmem", "event", "rtevent", "vmm", "pool"]
+KINDS = ["mem", "rtmem", "event", "rtevent", "vmm", "pool", "dmabuf", "rtdmabuf", "extvmm"]
 
 
 def importer(tmp, kind, ex, env, expect, times=1):
@@ -68,7 +71,8 @@ def test_same_rank_other_gpu_is_recorded_in_warn_mode(tmp_path, kind):
     assert rec["exporter_pid"] == ex.pid and rec["exporter_gpu"] == gpu_uuid(0)
     assert rec["gpu"] == gpu_uuid(1)
     assert rec["handle"] == {"mem": "mem", "rtmem": "mem", "event": "event", "rtevent": "event",
-                             "vmm": "vmmfd", "pool": "poolfd"}[kind]
+                             "vmm": "vmmfd", "pool": "poolfd", "dmabuf": "dmabuf",
+                             "rtdmabuf": "dmabuf", "extvmm": "vmmfd"}[kind]
     if kind == "pool":
         assert recs[1]["handle"] == "poolptr" and recs[1]["exporter_pid"] == ex.pid
 
@@ -152,7 +156,7 @@ def test_unknown_exporter_is_allowed_by_default(tmp_path, kind):
     assert r3_records(tmp_path) == []
 
 
-@pytest.mark.parametrize("kind", ["mem", "rtmem", "event", "vmm"])
+@pytest.mark.parametrize("kind", ["mem", "rtmem", "event", "vmm", "dmabuf", "rtdmabuf"])
 def test_unknown_exporter_is_denied_when_strict(tmp_path, kind):
     with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex:
         p = importer(tmp_path, kind, ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny")

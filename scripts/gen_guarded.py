@@ -21,6 +21,7 @@ python-tests/test_generated_table.py regenerates them and fails on any differenc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -151,6 +152,19 @@ SCALARS = {
     "CUipcMemHandle": "IpcHandle", "CUipcMemHandle_v1": "IpcHandle",
     "CUipcEventHandle": "IpcHandle", "CUipcEventHandle_v1": "IpcHandle",
     "cudaIpcMemHandle_t": "IpcHandle", "cudaIpcEventHandle_t": "IpcHandle",
+    # Issue 15's functions: more enums (int-sized), handles passed by value (opaque).
+    "CUmemAllocationType": "c_uint", "enum cudaMemAllocationType": "c_uint",
+    "CUdevice_P2PAttribute": "c_int", "enum cudaDeviceP2PAttr": "c_int",
+    "CUgraphMem_attribute": "c_int", "enum cudaGraphMemAttributeType": "c_int",
+    "CUfunction_attribute": "c_int", "enum cudaFuncAttribute": "c_int",
+    "CUdevResourceType": "c_uint", "enum cudaDevResourceType": "c_uint",
+    "CUmemRangeHandleType": "c_uint", "CUlogicalEndpointId": "c_uint",
+    "CUexecAffinityType": "c_int", "CUarray_format": "c_int", "unsigned": "c_uint",
+    "cudaMemPool_t": "CUmemoryPool",
+    "CUkernel": "*mut c_void", "cudaKernel_t": "*mut c_void", "CUgraph": "*mut c_void",
+    "cudaGraph_t": "*mut c_void", "CUdevResourceDesc": "*mut c_void",
+    "cudaDevResourceDesc_t": "*mut c_void", "CUgraphNode": "*mut c_void", "CUgraphExec": "*mut c_void",
+    "cudaGraphNode_t": "*mut c_void", "cudaGraphExec_t": "*mut c_void",
 }
 # Pointees the guard reads through a pointer; any other pointee is opaque (`c_void`).
 POINTEES = {
@@ -158,6 +172,20 @@ POINTEES = {
     "CUmemPoolProps": "CUmemPoolPropsHead", "CUmemPoolProps_v1": "CUmemPoolPropsHead",
     "CUmemAccessDesc": "CUmemAccessDesc", "CUmemAccessDesc_v1": "CUmemAccessDesc",
     "CUuuid": "CUuuid", "CUmemPoolPtrExportData": "IpcHandle", "CUmemPoolPtrExportData_v1": "IpcHandle",
+    # Issue 15's functions (layouts checked in ffi.rs and layout_check.c).
+    "CUmemLocation": "CUmemLocation", "CUmemLocation_v1": "CUmemLocation",
+    "struct cudaMemLocation": "CUmemLocation", "struct cudaMemAccessDesc": "CUmemAccessDesc",
+    "CUDA_MEMCPY3D_PEER": "CUDA_MEMCPY3D_PEER", "CUDA_MEMCPY3D_PEER_v1": "CUDA_MEMCPY3D_PEER",
+    "struct cudaMemcpy3DPeerParms": "cudaMemcpy3DPeerParmsHead",
+    "CUDA_EXTERNAL_MEMORY_HANDLE_DESC": "ExternalMemoryHandleDescHead",
+    "CUDA_EXTERNAL_MEMORY_HANDLE_DESC_v1": "ExternalMemoryHandleDescHead",
+    "struct cudaExternalMemoryHandleDesc": "ExternalMemoryHandleDescHead",
+    "CUDA_MEM_ALLOC_NODE_PARAMS": "MemAllocNodeParamsHead",
+    "CUDA_MEM_ALLOC_NODE_PARAMS_v1": "MemAllocNodeParamsHead",
+    "struct cudaMemAllocNodeParams": "MemAllocNodeParamsHead",
+    "CUcheckpointRestoreArgs": "CUcheckpointRestoreArgsHead",
+    "CUmemcpyAttributes": "CUmemcpyAttributes", "CUmemcpyAttributes_v1": "CUmemcpyAttributes",
+    "CUgraphNodeParams": "GraphNodeParamsHead", "struct cudaGraphNodeParams": "GraphNodeParamsHead",
 }
 HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmemoryPool"}
 
@@ -191,7 +219,7 @@ def shown(p: cudaapi.Param, rt: str):
     if "flags" in p.name.lower() or rt == "CUdeviceptr":
         return f"{p.name}={{{p.name}:#x}}"
     base = rt
-    if base in ("CUcontext", "CUstream", "CUevent", "CUmemoryPool"):
+    if base in ("CUcontext", "CUstream", "CUevent", "CUmemoryPool") or base.startswith("*"):
         return f"{p.name}={{{p.name}:p}}"
     if base == "CUmemLocation":
         return f"{p.name}={{{p.name}:?}}"
@@ -275,6 +303,17 @@ def body(w: Wrapper, rtypes: list[str]) -> str:
     return f"{pre}    {gate}\n    {call}"
 
 
+RUST_KEYWORDS = {"type", "fn", "mod", "ref", "match", "move", "impl", "use", "loop", "box"}
+
+
+def rustify(f: Func) -> Func:
+    """The function with parameters that are Rust keywords renamed `<name>_` (`type_`)."""
+    if not any(p.name in RUST_KEYWORDS for p in f.params):
+        return f
+    return dataclasses.replace(f, params=tuple(
+        cudaapi.Param(p.ctype, p.name + "_" if p.name in RUST_KEYWORDS else p.name) for p in f.params))
+
+
 def build(headers: list[Headers], entries: dict[str, Entry]):
     by_major = {h.major: h for h in headers}
     if len(by_major) != len(headers):
@@ -292,7 +331,7 @@ def build(headers: list[Headers], entries: dict[str, Entry]):
     wrappers: list[Wrapper] = []
     used = set()
     for abi in sorted(driver):
-        f = driver[abi]
+        f = rustify(driver[abi])
         entry = entries.get(abi) or entries.get(f.api)
         if entry is None:
             continue
@@ -303,12 +342,26 @@ def build(headers: list[Headers], entries: dict[str, Entry]):
     if rt is None:
         raise SpecError("no 12.x header set: the runtime wrappers are declared from it")
     for abi in sorted(rt.runtime):
-        f = rt.runtime[abi]
+        f = rustify(rt.runtime[abi])
         entry = entries.get(abi) or entries.get(f.api)
         if entry is None:
             continue
         used.add(entry.name)
         wrappers.append(Wrapper("Runtime", f.api, abi, wrapper_ident("Runtime", abi, 12), f, choose(entry, f), (12,)))
+    # Runtime names that only a later major declares (CUDA 13's cudaGreenCtxCreate,
+    # cudaMemGetDefaultMemPool, ...): no earlier function shares the symbol, so the one
+    # wrapper of that major's signature serves every caller (added for issue 15).
+    for major in sorted(m for m in by_major if m > 12):
+        for abi in sorted(by_major[major].runtime):
+            if abi in rt.runtime:
+                continue
+            f = rustify(by_major[major].runtime[abi])
+            entry = entries.get(abi) or entries.get(f.api)
+            if entry is None:
+                continue
+            used.add(entry.name)
+            wrappers.append(Wrapper("Runtime", f.api, abi, wrapper_ident("Runtime", abi, major), f,
+                                    choose(entry, f), (major,)))
     unused = sorted(set(entries) - used)
     if unused:
         raise SpecError("guarded.spec names functions no header declares: " + ", ".join(unused))

@@ -40,6 +40,65 @@
     X(cuDeviceTotalMem, cuDeviceTotalMem, 2000, "") \
     X(cuDeviceTotalMem, cuDeviceTotalMem_v2, 3020, "") \
     X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000, "") \
+    X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 11020, "") \
+    X(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, "") \
+    X(cuDeviceSetMemPool, cuDeviceSetMemPool, 11020, "") \
+    X(cuMemGetDefaultMemPool, cuMemGetDefaultMemPool, 13000, "") \
+    X(cuMemGetMemPool, cuMemGetMemPool, 13000, "") \
+    X(cuMemSetMemPool, cuMemSetMemPool, 13000, "") \
+    X(cuMemPoolSetAccess, cuMemPoolSetAccess, 11020, "") \
+    X(cuMemcpy3DPeer, cuMemcpy3DPeer, 4000, "") \
+    X(cuMemcpy3DPeer, cuMemcpy3DPeer_ptds, 7000, "_ptds") \
+    X(cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync, 4000, "") \
+    X(cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync_ptsz, 7000, "_ptsz") \
+    X(cuLaunchCooperativeKernelMultiDevice, cuLaunchCooperativeKernelMultiDevice, 9000, "") \
+    X(cuMulticastAddDevice, cuMulticastAddDevice, 12010, "") \
+    X(cuMulticastUnbind, cuMulticastUnbind, 12010, "") \
+    X(cuMulticastBindMem, cuMulticastBindMem, 12010, "") \
+    X(cuMulticastBindMem, cuMulticastBindMem_v2, 13010, "") \
+    X(cuMulticastBindAddr, cuMulticastBindAddr, 12010, "") \
+    X(cuMulticastBindAddr, cuMulticastBindAddr_v2, 13010, "") \
+    X(cuLogicalEndpointAddDevice, cuLogicalEndpointAddDevice, 13030, "") \
+    X(cuLogicalEndpointBindMem, cuLogicalEndpointBindMem, 13030, "") \
+    X(cuLogicalEndpointBindAddr, cuLogicalEndpointBindAddr, 13030, "") \
+    X(cuLogicalEndpointUnbind, cuLogicalEndpointUnbind, 13030, "") \
+    X(cuGreenCtxCreate, cuGreenCtxCreate, 12040, "") \
+    X(cuDeviceGetDevResource, cuDeviceGetDevResource, 12040, "") \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, "") \
+    X(cuDeviceSetGraphMemAttribute, cuDeviceSetGraphMemAttribute, 11040, "") \
+    X(cuKernelSetAttribute, cuKernelSetAttribute, 12000, "") \
+    X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 11040, "") \
+    X(cuGraphAddNode, cuGraphAddNode, 12020, "") \
+    X(cuGraphAddNode, cuGraphAddNode_v2, 12030, "") \
+    X(cuGraphAddNode, cuGraphAddNode_v3, 13040, "") \
+    X(cuGraphNodeSetParams, cuGraphNodeSetParams, 12020, "") \
+    X(cuGraphNodeSetParams, cuGraphNodeSetParams_v2, 13040, "") \
+    X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, 12020, "") \
+    X(cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync, 13000, "") \
+    X(cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz, 13000, "_ptsz") \
+    X(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync, 13000, "") \
+    X(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz, 13000, "_ptsz") \
+    X(cuCheckpointProcessRestore, cuCheckpointProcessRestore, 12080, "") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync, 12080, "") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_ptsz, 12080, "_ptsz") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_v2, 13000, "") \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_v2_ptsz, 13000, "_ptsz") \
+    X(cuMemcpyWithAttributesAsync, cuMemcpyWithAttributesAsync, 13020, "") \
+    X(cuMemcpyWithAttributesAsync, cuMemcpyWithAttributesAsync_ptsz, 13020, "_ptsz") \
+    X(cuDeviceGetP2PAttribute, cuDeviceGetP2PAttribute, 8000, "") \
+    X(cuDeviceComputeCapability, cuDeviceComputeCapability, 2000, "") \
+    X(cuDeviceGetLuid, cuDeviceGetLuid, 10000, "") \
+    X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, "") \
+    X(cuDeviceGetExecAffinitySupport, cuDeviceGetExecAffinitySupport, 11040, "") \
+    X(cuDeviceGetNvSciSyncAttributes, cuDeviceGetNvSciSyncAttributes, 10020, "") \
+    X(cuDeviceGetProperties, cuDeviceGetProperties, 2000, "") \
+    X(cuDeviceGetTexture1DLinearMaxWidth, cuDeviceGetTexture1DLinearMaxWidth, 11010, "") \
+    X(cuDeviceGetCliqueCount, cuDeviceGetCliqueCount, 13040, "") \
+    X(cuDeviceGetCliqueInfo, cuDeviceGetCliqueInfo, 13040, "") \
+    X(cuDeviceGetFabricClusterUuid, cuDeviceGetFabricClusterUuid, 13040, "") \
+    X(cuDeviceGetHostAtomicCapabilities, cuDeviceGetHostAtomicCapabilities, 13000, "") \
+    X(cuDeviceGetP2PAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities, 13000, "") \
+    X(cuDeviceGetByPCIBusId, cuDeviceGetByPCIBusId, 4010, "") \
     X(cuGetProcAddress, cuGetProcAddress, 11030, "") \
     X(cuGetProcAddress, cuGetProcAddress_v2, 12000, "") \
     X(cuIpcOpenMemHandle, cuIpcOpenMemHandle, 4010, "") \
@@ -48,11 +107,13 @@
     X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, "") \
     X(cuMemPoolImportFromShareableHandle, cuMemPoolImportFromShareableHandle, 11020, "") \
     X(cuMemPoolImportPointer, cuMemPoolImportPointer, 11020, "") \
+    X(cuImportExternalMemory, cuImportExternalMemory, 10000, "") \
     X(cuIpcGetMemHandle, cuIpcGetMemHandle, 4010, "") \
     X(cuIpcGetEventHandle, cuIpcGetEventHandle, 4010, "") \
     X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, "") \
     X(cuMemPoolExportToShareableHandle, cuMemPoolExportToShareableHandle, 11020, "") \
     X(cuMemPoolExportPointer, cuMemPoolExportPointer, 11020, "") \
+    X(cuMemGetHandleForAddressRange, cuMemGetHandleForAddressRange, 11070, "") \
 
 #define GUARDED_RUNTIME_VARIANTS(X) \
     X(cudaSetDevice, cudaSetDevice, 12, "") \
@@ -65,13 +126,49 @@
     X(cudaDeviceGetAttribute, cudaDeviceGetAttribute, 12, "") \
     X(cudaDeviceGetPCIBusId, cudaDeviceGetPCIBusId, 12, "") \
     X(cudaGetDeviceProperties, cudaGetDeviceProperties_v2, 12, "") \
+    X(cudaGetDeviceProperties, cudaGetDeviceProperties, 13, "") \
     X(cudaDeviceCanAccessPeer, cudaDeviceCanAccessPeer, 12, "") \
+    X(cudaDeviceGetDefaultMemPool, cudaDeviceGetDefaultMemPool, 12, "") \
+    X(cudaDeviceGetMemPool, cudaDeviceGetMemPool, 12, "") \
+    X(cudaDeviceSetMemPool, cudaDeviceSetMemPool, 12, "") \
+    X(cudaMemGetDefaultMemPool, cudaMemGetDefaultMemPool, 13, "") \
+    X(cudaMemGetMemPool, cudaMemGetMemPool, 13, "") \
+    X(cudaMemSetMemPool, cudaMemSetMemPool, 13, "") \
+    X(cudaMemPoolSetAccess, cudaMemPoolSetAccess, 12, "") \
+    X(cudaMemcpy3DPeer, cudaMemcpy3DPeer, 12, "") \
+    X(cudaMemcpy3DPeer, cudaMemcpy3DPeer_ptds, 12, "_ptds") \
+    X(cudaMemcpy3DPeerAsync, cudaMemcpy3DPeerAsync, 12, "") \
+    X(cudaMemcpy3DPeerAsync, cudaMemcpy3DPeerAsync_ptsz, 12, "_ptsz") \
+    X(cudaLaunchCooperativeKernelMultiDevice, cudaLaunchCooperativeKernelMultiDevice, 12, "") \
+    X(cudaGreenCtxCreate, cudaGreenCtxCreate, 13, "") \
+    X(cudaDeviceGetDevResource, cudaDeviceGetDevResource, 13, "") \
+    X(cudaDeviceGetExecutionCtx, cudaDeviceGetExecutionCtx, 13, "") \
+    X(cudaDeviceGraphMemTrim, cudaDeviceGraphMemTrim, 12, "") \
+    X(cudaDeviceSetGraphMemAttribute, cudaDeviceSetGraphMemAttribute, 12, "") \
+    X(cudaKernelSetAttributeForDevice, cudaKernelSetAttributeForDevice, 12, "") \
+    X(cudaGraphAddMemAllocNode, cudaGraphAddMemAllocNode, 12, "") \
+    X(cudaGraphAddNode_v2, cudaGraphAddNode_v2, 12, "") \
+    X(cudaGraphNodeSetParams, cudaGraphNodeSetParams, 12, "") \
+    X(cudaGraphExecNodeSetParams, cudaGraphExecNodeSetParams, 12, "") \
+    X(cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync, 13, "") \
+    X(cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz, 13, "_ptsz") \
+    X(cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync, 13, "") \
+    X(cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync_ptsz, 13, "_ptsz") \
+    X(cudaSetValidDevices, cudaSetValidDevices, 12, "") \
+    X(cudaDeviceGetP2PAttribute, cudaDeviceGetP2PAttribute, 12, "") \
+    X(cudaDeviceGetGraphMemAttribute, cudaDeviceGetGraphMemAttribute, 12, "") \
+    X(cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceGetTexture1DLinearMaxWidth, 12, "") \
+    X(cudaDeviceGetNvSciSyncAttributes, cudaDeviceGetNvSciSyncAttributes, 12, "") \
+    X(cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetHostAtomicCapabilities, 13, "") \
+    X(cudaDeviceGetP2PAtomicCapabilities, cudaDeviceGetP2PAtomicCapabilities, 13, "") \
+    X(cudaChooseDevice, cudaChooseDevice, 12, "") \
     X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint, 12, "") \
     X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint_ptsz, 12, "_ptsz") \
     X(cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion, 12, "") \
     X(cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion_ptsz, 12, "_ptsz") \
     X(cudaIpcOpenMemHandle, cudaIpcOpenMemHandle, 12, "") \
     X(cudaIpcOpenEventHandle, cudaIpcOpenEventHandle, 12, "") \
+    X(cudaImportExternalMemory, cudaImportExternalMemory, 12, "") \
     X(cudaIpcGetMemHandle, cudaIpcGetMemHandle, 12, "") \
     X(cudaIpcGetEventHandle, cudaIpcGetEventHandle, 12, "") \
 

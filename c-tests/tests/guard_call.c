@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Link-time references to exact ABI symbols (asm labels bypass cuda.h's macros). */
 #define ABI(n) extern void abi_##n(void) __asm__(#n);
@@ -43,8 +44,40 @@
     X(cuGetProcAddress_v2) X(cuDeviceGetAttribute) \
     X(cudaSetDevice) X(cudaInitDevice) X(cudaDeviceEnablePeerAccess) X(cudaMemcpyPeer) \
     X(cudaMemcpyPeerAsync) X(cudaMalloc) X(cudaGetDriverEntryPoint) \
-    X(cudaGetDriverEntryPointByVersion)
+    X(cudaGetDriverEntryPointByVersion) \
+    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolSetAccess) \
+    X(cuMemcpy3DPeer) X(cuMemcpy3DPeer_ptds) X(cuMemcpy3DPeerAsync) X(cuMemcpy3DPeerAsync_ptsz) \
+    X(cuMulticastCreate) X(cuMulticastAddDevice) X(cuDeviceGetDevResource) \
+    X(cuDevResourceGenerateDesc) X(cuGreenCtxCreate) X(cuLaunchCooperativeKernelMultiDevice) \
+    X(cuDeviceGetP2PAttribute) X(cuDeviceComputeCapability) X(cuDeviceGetLuid) \
+    X(cudaDeviceGetDefaultMemPool) X(cudaDeviceGetMemPool) X(cudaDeviceSetMemPool) \
+    X(cudaMemPoolSetAccess) X(cudaMemcpy3DPeer) X(cudaMemcpy3DPeerAsync) X(cudaSetValidDevices) \
+    X(cudaLaunchCooperativeKernelMultiDevice) X(cudaDeviceGetP2PAttribute) \
+    X(cuGraphAddMemAllocNode) X(cudaGraphAddMemAllocNode) \
+    X(cuMemGetDefaultMemPool) X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) \
+    X(cuCheckpointProcessRestore) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuMemcpyBatchAsync) \
+    X(cuMemcpyBatchAsync_ptsz) X(cuDeviceGetByPCIBusId) X(cuDeviceGetPCIBusId) \
+    X(cuDeviceGraphMemTrim) X(cuDeviceSetGraphMemAttribute) X(cuKernelSetAttribute) \
+    X(cuDeviceGetTexture1DLinearMaxWidth) X(cuDeviceGetExecAffinitySupport) \
+    X(cuMulticastUnbind) X(cuMulticastBindMem_v2) X(cuLogicalEndpointAddDevice) X(cuMemSetMemPool) \
+    X(cuMemGetMemPool) X(cuMemDiscardAndPrefetchBatchAsync) X(cuMemDiscardAndPrefetchBatchAsync_ptsz) \
+    X(cuGraphNodeSetParams)
 ABIS(ABI)
+
+/* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
+ * signatures from the 13.x cudaTypedefs.h. */
+typedef CUresult (*PFN_cuMemGetDefaultMemPool_v13000)(CUmemoryPool *pool_out, CUmemLocation *location,
+                                                      CUmemAllocationType type);
+typedef CUresult (*PFN_cuMemSetMemPool_v13000)(CUmemLocation *location, CUmemAllocationType type,
+                                               CUmemoryPool pool);
+typedef CUresult (*PFN_cuMulticastBindMem_v13010)(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                                  size_t mcOffset, CUmemGenericAllocationHandle memHandle,
+                                                  size_t memOffset, size_t size, unsigned long long flags);
+typedef CUresult (*PFN_cuLogicalEndpointAddDevice_v13030)(unsigned int leId, CUdevice dev);
+typedef CUresult (*PFN_cuMemPrefetchBatchAsync_v13000)(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                       CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                                       size_t numPrefetchLocs, unsigned long long flags,
+                                                       CUstream hStream);
 #define ROW(n) {#n, (void *)abi_##n},
 static const struct { const char *name; void *fn; } linked[] = { ABIS(ROW) };
 
@@ -129,6 +162,8 @@ static const char *variant(const char *base, int ver) {
         {"cuMemPrefetchAsync", 8000, "cuMemPrefetchAsync"},
         {"cuMemPrefetchAsync", 12020, "cuMemPrefetchAsync_v2"},
         {"cuMemAdvise", 8000, "cuMemAdvise"}, {"cuMemAdvise", 12020, "cuMemAdvise_v2"},
+        {"cuGraphAddNode", 12020, "cuGraphAddNode"}, {"cuGraphAddNode", 12030, "cuGraphAddNode_v2"},
+        {"cuMulticastBindMem", 12010, "cuMulticastBindMem"}, {"cuMulticastBindMem", 13010, "cuMulticastBindMem_v2"},
     };
     const char *best = NULL;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
@@ -137,6 +172,11 @@ static const char *variant(const char *base, int ver) {
     if (path == GPA2PT) {
         if (!strcmp(base, "cuMemcpyPeer")) return "cuMemcpyPeer_ptds";
         if (!strcmp(base, "cuMemcpyPeerAsync")) return "cuMemcpyPeerAsync_ptsz";
+        if (!strcmp(base, "cuMemcpy3DPeer")) return "cuMemcpy3DPeer_ptds";
+        if (!strcmp(base, "cuMemcpy3DPeerAsync")) return "cuMemcpy3DPeerAsync_ptsz";
+        if (!strcmp(base, "cuMemPrefetchBatchAsync")) return "cuMemPrefetchBatchAsync_ptsz";
+        if (!strcmp(base, "cuMemcpyBatchAsync")) return "cuMemcpyBatchAsync_ptsz";
+        if (!strcmp(base, "cuMemDiscardAndPrefetchBatchAsync")) return "cuMemDiscardAndPrefetchBatchAsync_ptsz";
     }
     snprintf(buf, sizeof buf, "%s", base);
     return buf;
@@ -188,6 +228,70 @@ int main(int argc, char **argv) {
                     "cudaMemcpyPeerAsync"))(b, ord, a, 0, 64, NULL);
             printf("rc=%d\n", rc);
             return 0;
+        } else if (!strcmp(call, "cudaDeviceGetDefaultMemPool") || !strcmp(call, "cudaDeviceGetMemPool")) {
+            cudaMemPool_t pool;
+            rc = ((cudaError_t(*)(cudaMemPool_t *, int))rt(call))(&pool, ord);
+        } else if (!strcmp(call, "cudaDeviceSetMemPool") || !strcmp(call, "cudaMemPoolSetAccess")) {
+            /* Device 0's default pool: set as device ORD's pool (the runtime refuses a pool
+             * of another device itself), or made accessible from device ORD. */
+            cudaMemPool_t pool;
+            if (((cudaError_t(*)(cudaMemPool_t *, int))rt("cudaDeviceGetDefaultMemPool"))(&pool, 0)) {
+                printf("setup failed: cudaDeviceGetDefaultMemPool\n");
+                return 2;
+            }
+            printf("setup ok\n");
+            if (!strcmp(call, "cudaDeviceSetMemPool")) {
+                rc = ((cudaError_t(*)(int, cudaMemPool_t))rt(call))(ord, pool);
+            } else {
+                struct cudaMemAccessDesc d = {{cudaMemLocationTypeDevice, ord}, cudaMemAccessFlagsProtReadWrite};
+                rc = ((cudaError_t(*)(cudaMemPool_t, const struct cudaMemAccessDesc *, size_t))rt(call))(pool, &d, 1);
+            }
+            printf("rc=%d\n", rc);
+            return 0;
+        } else if (!strcmp(call, "cudaMemcpy3DPeer") || !strcmp(call, "cudaMemcpy3DPeerAsync")) {
+            void *a = NULL, *b = NULL;
+            if (((cudaError_t(*)(void **, size_t))rt("cudaMalloc"))(&a, 256) ||
+                ((cudaError_t(*)(void **, size_t))rt("cudaMalloc"))(&b, 256)) {
+                printf("setup failed: cudaMalloc\n");
+                return 2;
+            }
+            printf("setup ok\n");
+            struct cudaMemcpy3DPeerParms p;
+            memset(&p, 0, sizeof p);
+            p.srcPtr = (struct cudaPitchedPtr){a, 64, 64, 4};
+            p.dstPtr = (struct cudaPitchedPtr){b, 64, 64, 4};
+            p.srcDevice = 0;
+            p.dstDevice = ord;
+            p.extent = (struct cudaExtent){64, 4, 1};
+            if (!strcmp(call, "cudaMemcpy3DPeer"))
+                rc = ((cudaError_t(*)(const struct cudaMemcpy3DPeerParms *))rt(call))(&p);
+            else
+                rc = ((cudaError_t(*)(const struct cudaMemcpy3DPeerParms *, cudaStream_t))rt(call))(&p, NULL);
+            printf("rc=%d\n", rc);
+            return 0;
+        } else if (!strcmp(call, "cudaSetValidDevices")) {
+            int list[2] = {0, ord};
+            rc = ((cudaError_t(*)(int *, int))rt(call))(list, 2);
+        } else if (!strcmp(call, "cudaLaunchCooperativeKernelMultiDevice")) {
+            /* ORDINAL+1 devices; no kernel exists on the fake (invalid handle, after the
+             * argument checks). */
+            struct cudaLaunchParams lp[2];
+            memset(lp, 0, sizeof lp);
+            rc = ((cudaError_t(*)(struct cudaLaunchParams *, unsigned, unsigned))rt(call))(lp, (unsigned)ord + 1, 0);
+        } else if (!strcmp(call, "cudaGraphAddMemAllocNode")) {
+            struct cudaMemAllocNodeParams np;
+            memset(&np, 0, sizeof np);
+            np.poolProps.allocType = cudaMemAllocationTypePinned;
+            np.poolProps.location.type = cudaMemLocationTypeDevice;
+            np.poolProps.location.id = ord;
+            np.bytesize = 4096;
+            cudaGraphNode_t node;
+            rc = ((cudaError_t(*)(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *, size_t,
+                                   struct cudaMemAllocNodeParams *))rt(call))(&node, NULL, NULL, 0, &np);
+        } else if (!strcmp(call, "cudaDeviceGetP2PAttribute")) {
+            int v = -1;
+            rc = ((cudaError_t(*)(int *, enum cudaDeviceP2PAttr, int, int))rt(call))(
+                &v, cudaDevP2PAttrAccessSupported, 0, ord);
         } else {
             fprintf(stderr, "guard_call: unknown runtime call %s\n", call);
             return 3;
@@ -320,6 +424,231 @@ int main(int argc, char **argv) {
             rc = ((PFN_cuMemcpyPeer_v4000)f)(b, peer, a, ctx0, 64);
         else
             rc = ((PFN_cuMemcpyPeerAsync_v4000)f)(b, peer, a, ctx0, 64, NULL);
+    } else if (!strcmp(call, "cuDeviceGetDefaultMemPool") || !strcmp(call, "cuDeviceGetMemPool")) {
+        CUmemoryPool pool;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetMemPool_v11020, abi, call, version)(&pool, dev);
+    } else if (!strcmp(call, "cuDeviceSetMemPool") || !strcmp(call, "cuMemPoolSetAccess")) {
+        /* Device 0's default pool, set as device ORD's pool (the driver refuses a pool of
+         * another device itself) or made accessible from device ORD. */
+        CUmemoryPool pool;
+        CHECK_SETUP(((PFN_cuDeviceGetDefaultMemPool_v11020)linked_fn("cuDeviceGetDefaultMemPool"))(&pool, 0));
+        printf("setup ok\n");
+        if (!strcmp(call, "cuDeviceSetMemPool")) {
+            rc = DRV(PFN_cuDeviceSetMemPool_v11020, abi, call, version)(dev, pool);
+        } else {
+            CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, ord}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            rc = DRV(PFN_cuMemPoolSetAccess_v11020, abi, call, version)(pool, &d, 1);
+        }
+    } else if (!strcmp(call, "cuMulticastAddDevice")) {
+        CUmulticastObjectProp prop = {1, 2u << 20, 0, 0};
+        CUmemGenericAllocationHandle mc;
+        CHECK_SETUP(((PFN_cuMulticastCreate_v12010)linked_fn("cuMulticastCreate"))(&mc, &prop));
+        printf("setup ok\n");
+        rc = DRV(PFN_cuMulticastAddDevice_v12010, abi, call, version)(mc, dev);
+    } else if (!strcmp(call, "cuGreenCtxCreate")) {
+        /* Device 0's SMs, for a green context on device ORD (the driver refuses resources
+         * of another device itself). */
+        CUdevResource res;
+        CUdevResourceDesc desc;
+        CHECK_SETUP(((PFN_cuDeviceGetDevResource_v12040)linked_fn("cuDeviceGetDevResource"))(0, &res, CU_DEV_RESOURCE_TYPE_SM));
+        CHECK_SETUP(((PFN_cuDevResourceGenerateDesc_v12040)linked_fn("cuDevResourceGenerateDesc"))(&desc, &res, 1));
+        printf("setup ok\n");
+        CUgreenCtx g;
+        rc = DRV(PFN_cuGreenCtxCreate_v12040, abi, call, version)(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+    } else if (!strcmp(call, "cuDeviceGetDevResource")) {
+        CUdevResource res;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetDevResource_v12040, abi, call, version)(dev, &res, CU_DEV_RESOURCE_TYPE_SM);
+    } else if (!strcmp(call, "cuLaunchCooperativeKernelMultiDevice")) {
+        /* ORDINAL+1 devices; no kernel exists on the fake (invalid handle). */
+        CUDA_LAUNCH_PARAMS lp[2];
+        memset(lp, 0, sizeof lp);
+        printf("setup ok\n");
+        rc = DRV(PFN_cuLaunchCooperativeKernelMultiDevice_v9000, abi, call, version)(lp, (unsigned)ord + 1, 0);
+    } else if (!strcmp(call, "cuGraphAddMemAllocNode")) {
+        /* A node allocating on device ORD, accessible from device 0 (the fake has no
+         * graphs: the driver alone answers NOT_SUPPORTED). */
+        CUDA_MEM_ALLOC_NODE_PARAMS np;
+        memset(&np, 0, sizeof np);
+        np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.poolProps.location.id = ord;
+        CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        np.accessDescs = &d;
+        np.accessDescCount = 1;
+        np.bytesize = 4096;
+        CUgraphNode node;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuGraphAddMemAllocNode_v11040, abi, call, version)(&node, NULL, NULL, 0, &np);
+    } else if (!strcmp(call, "cuMemGetDefaultMemPool")) {
+        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
+        CUmemoryPool pool;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuMemGetDefaultMemPool_v13000, abi, call, version)(&pool, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
+    } else if (!strcmp(call, "cuMemGetMemPool") || !strcmp(call, "cuMemSetMemPool")) {
+        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
+        CUmemoryPool pool = NULL;
+        printf("setup ok\n");
+        if (!strcmp(call, "cuMemGetMemPool"))
+            rc = DRV(PFN_cuMemGetDefaultMemPool_v13000, abi, call, version)(&pool, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
+        else
+            rc = DRV(PFN_cuMemSetMemPool_v13000, abi, call, version)(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, pool);
+    } else if (!strcmp(call, "cuMulticastUnbind") || !strcmp(call, "cuMulticastBindMem") ||
+               !strcmp(call, "cuLogicalEndpointAddDevice")) {
+        /* A one-device team of device 0 (the 13.1 bind and 13.3 endpoints are stubs on the
+         * fake: the driver alone answers NOT_SUPPORTED). */
+        CUmulticastObjectProp prop = {1, 2u << 20, 0, 0};
+        CUmemGenericAllocationHandle mc;
+        CHECK_SETUP(((PFN_cuMulticastCreate_v12010)linked_fn("cuMulticastCreate"))(&mc, &prop));
+        CHECK_SETUP(((PFN_cuMulticastAddDevice_v12010)linked_fn("cuMulticastAddDevice"))(mc, 0));
+        printf("setup ok (%s)\n", abi);
+        if (!strcmp(call, "cuMulticastUnbind"))
+            rc = DRV(PFN_cuMulticastUnbind_v12010, abi, call, version)(mc, dev, 0, 2u << 20);
+        else if (!strcmp(call, "cuLogicalEndpointAddDevice"))
+            rc = DRV(PFN_cuLogicalEndpointAddDevice_v13030, abi, call, version)(1, dev);
+        else
+            rc = DRV(PFN_cuMulticastBindMem_v13010, abi, call, version)(mc, dev, 0, 0, 0, 2u << 20, 0);
+    } else if (!strcmp(call, "cuGraphNodeSetParams")) {
+        CUgraphNodeParams np;
+        memset(&np, 0, sizeof np);
+        np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        np.alloc.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.alloc.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.alloc.poolProps.location.id = ord;
+        np.alloc.bytesize = 4096;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuGraphNodeSetParams_v12020, abi, call, version)(NULL, &np);
+    } else if (!strcmp(call, "cuMemPrefetchBatchAsync") || !strcmp(call, "cuMemDiscardAndPrefetchBatchAsync")) {
+        /* Two managed ranges: the first to device 0, the second to device ORD. */
+        CUdeviceptr p[2];
+        CHECK_SETUP(((PFN_cuMemAllocManaged_v6000)linked_fn("cuMemAllocManaged"))(&p[0], 4096, CU_MEM_ATTACH_GLOBAL));
+        CHECK_SETUP(((PFN_cuMemAllocManaged_v6000)linked_fn("cuMemAllocManaged"))(&p[1], 4096, CU_MEM_ATTACH_GLOBAL));
+        size_t sizes[2] = {4096, 4096}, idx[2] = {0, 1};
+        CUmemLocation locs[2] = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, {CU_MEM_LOCATION_TYPE_DEVICE, ord}};
+        printf("setup ok (%s)\n", abi);
+        rc = DRV(PFN_cuMemPrefetchBatchAsync_v13000, abi, call, version)(p, sizes, 2, locs, idx, 2, 0, NULL);
+    } else if (!strcmp(call, "cuCheckpointProcessRestore")) {
+        /* CUDA 13.5's restore arguments (13.x cuda.h): GPU 0 restored onto GPU ORD (the same
+         * GPU for ORDINAL 0). The fake has no checkpointing: the driver answers
+         * NOT_SUPPORTED. */
+        struct { CUuuid old_uuid, new_uuid; } pair;
+        struct { void *pairs; unsigned count, pad; void *storage; char reserved[40]; } args;
+        memset(&pair, 0, sizeof pair);
+        memset(&args, 0, sizeof args);
+        pair.old_uuid.bytes[0] = 0x10;
+        pair.new_uuid.bytes[0] = (char)(0x10 + ord);
+        args.pairs = &pair;
+        args.count = 1;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuCheckpointProcessRestore_v12080, abi, call, version)((int)getpid(), (CUcheckpointRestoreArgs *)(void *)&args);
+    } else if (!strcmp(call, "cuGraphAddNode")) {
+        /* A generic memory-allocation node on device ORD (the fake has no graphs: the
+         * driver alone answers NOT_SUPPORTED). */
+        CUgraphNodeParams np;
+        memset(&np, 0, sizeof np);
+        np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        np.alloc.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.alloc.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.alloc.poolProps.location.id = ord;
+        np.alloc.bytesize = 4096;
+        CUgraphNode node;
+        void *f = need(drv(abi, call, version), call);
+        printf("setup ok (%s)\n", abi);
+        if (!strcmp(abi, "cuGraphAddNode_v2"))
+            rc = ((PFN_cuGraphAddNode_v12030)f)(&node, NULL, NULL, NULL, 0, &np);
+        else
+            rc = ((PFN_cuGraphAddNode_v12020)f)(&node, NULL, NULL, 0, &np);
+    } else if (!strcmp(call, "cuMemcpyBatchAsync")) {
+        /* One device-to-device copy whose destination hint names device ORD (12.8's
+         * signature; the fake has no batch copies: the driver alone answers). */
+        CUdeviceptr a, b;
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&a, 256));
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&b, 256));
+        CUmemcpyAttributes attr;
+        memset(&attr, 0, sizeof attr);
+        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attr.srcLocHint.type = attr.dstLocHint.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        attr.dstLocHint.id = ord;
+        size_t size = 256, idx = 0, fail = 0;
+        printf("setup ok (%s)\n", abi);
+        rc = DRV(PFN_cuMemcpyBatchAsync_v12080, abi, call, version)(&b, &a, &size, 1, &attr, &idx, 1, &fail, NULL);
+    } else if (!strcmp(call, "cuDeviceGetByPCIBusId")) {
+        /* ORDINAL 0: the bus id of the device this process sees first; otherwise physical
+         * GPU ORDINAL's (0000:28:00.0 for GPU 1: device 1 when GPUs 0 and 1 are visible). */
+        char bus[32] = "";
+        if (ord == 0)
+            CHECK_SETUP(((PFN_cuDeviceGetPCIBusId_v4010)linked_fn("cuDeviceGetPCIBusId"))(bus, sizeof bus, 0));
+        else
+            snprintf(bus, sizeof bus, "0000:%02x:00.0", 0x18 + 0x10 * ord);
+        CUdevice d = -1;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetByPCIBusId_v4010, abi, call, version)(&d, bus);
+        printf("device=%d\n", (int)d);
+    } else if (!strcmp(call, "cuDeviceGraphMemTrim")) {
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGraphMemTrim_v11040, abi, call, version)(dev);
+    } else if (!strcmp(call, "cuDeviceSetGraphMemAttribute")) {
+        cuuint64_t zero = 0;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceSetGraphMemAttribute_v11040, abi, call, version)(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &zero);
+    } else if (!strcmp(call, "cuKernelSetAttribute")) {
+        /* no kernel exists on the fake: the driver alone refuses the handle */
+        printf("setup ok\n");
+        rc = DRV(PFN_cuKernelSetAttribute_v12000, abi, call, version)(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 0, NULL, dev);
+    } else if (!strcmp(call, "cuDeviceGetTexture1DLinearMaxWidth")) {
+        size_t w = 0;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetTexture1DLinearMaxWidth_v11010, abi, call, version)(&w, CU_AD_FORMAT_FLOAT, 1, dev);
+    } else if (!strcmp(call, "cuDeviceGetExecAffinitySupport")) {
+        int v = 0;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetExecAffinitySupport_v11040, abi, call, version)(&v, CU_EXEC_AFFINITY_TYPE_SM_COUNT, dev);
+    } else if (!strcmp(call, "cuDeviceGetP2PAttribute")) {
+        int v = -1;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetP2PAttribute_v8000, abi, call, version)(&v, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, 0, dev);
+    } else if (!strcmp(call, "cuDeviceComputeCapability")) {
+        int maj, min;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceComputeCapability_v2000, abi, call, version)(&maj, &min, dev);
+    } else if (!strcmp(call, "cuDeviceGetLuid")) {
+        char luid[8];
+        unsigned mask;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetLuid_v10000, abi, call, version)(luid, &mask, dev);
+    } else if (!strcmp(call, "cuMemcpy3DPeer") || !strcmp(call, "cuMemcpy3DPeerAsync")) {
+        /* Device 0's buffer to device ORD's context. ORDINAL 0: both contexts are device
+         * 0's. With one GPU visible, ORDINAL 1 names a context that is no context (the
+         * guard cannot tell its device: denied, fail closed; the driver alone refuses it
+         * with INVALID_CONTEXT); with two, device 1's primary context. */
+        CUcontext peer = ctx0;
+        int count = 0;
+        CHECK_SETUP(((PFN_cuDeviceGetCount_v2000)dlsym(hdrv, "cuDeviceGetCount"))(&count));
+        if (ord && count > ord)
+            CHECK_SETUP(((PFN_cuDevicePrimaryCtxRetain_v7000)linked_fn("cuDevicePrimaryCtxRetain"))(&peer, dev));
+        else if (ord)
+            peer = (CUcontext)(uintptr_t)0x10;
+        CUdeviceptr a, b;
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&a, 256));
+        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&b, 256));
+        printf("setup ok (%s)\n", abi);
+        CUDA_MEMCPY3D_PEER c;
+        memset(&c, 0, sizeof c);
+        c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.srcDevice = a;
+        c.srcContext = ctx0;
+        c.dstDevice = b;
+        c.dstContext = peer;
+        c.srcPitch = c.dstPitch = 64;
+        c.WidthInBytes = 64;
+        c.Height = 4;
+        c.Depth = 1;
+        void *f = need(drv(abi, call, version), call);
+        if (!strcmp(call, "cuMemcpy3DPeer"))
+            rc = ((PFN_cuMemcpy3DPeer_v4000)f)(&c);
+        else
+            rc = ((PFN_cuMemcpy3DPeerAsync_v4000)f)(&c, NULL);
     } else {
         fprintf(stderr, "guard_call: unknown driver call %s\n", call);
         return 3;

@@ -19,7 +19,10 @@
  * kinds: mem (cuIpcGetMemHandle/cuIpcOpenMemHandle), rtmem (cudaIpc*MemHandle), event
  * (cuIpc*EventHandle), rtevent (cudaIpc*EventHandle), vmm (cuMemCreate on the device,
  * POSIX fd), vmmhost (cuMemCreate on the host), pool (an exportable memory pool's fd, then
- * one of its allocations by cuMemPoolExportPointer data). */
+ * one of its allocations by cuMemPoolExportPointer data), dmabuf (cuMemAlloc memory exported
+ * as a dma-buf fd by cuMemGetHandleForAddressRange, imported by cuImportExternalMemory),
+ * rtdmabuf (the same, imported by cudaImportExternalMemory), extvmm (the vmm export,
+ * imported by cuImportExternalMemory). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -205,11 +208,21 @@ static int do_export(const char *kind, const char *dir)
         EXPECT(cudaEventRecord(e, 0) == cudaSuccess, "cudaEventRecord");
         EXPECT(cudaIpcGetEventHandle(&h, e) == cudaSuccess, "cudaIpcGetEventHandle");
         hex(&h, sizeof h, text);
-    } else if (!strcmp(kind, "vmm") || !strcmp(kind, "vmmhost")) {
+    } else if (!strcmp(kind, "dmabuf") || !strcmp(kind, "rtdmabuf")) {
+        CUdeviceptr d;
+        MUST(cuMemAlloc(&d, SIZE));
+        for (size_t i = 0; i < SIZE; i++)
+            buf[i] = pattern(i, 4);
+        MUST(cuMemcpyHtoD(d, buf, SIZE));
+        MUST(cuMemGetHandleForAddressRange(&vmm_fd, d, SIZE, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+        struct stat st;
+        fstat(vmm_fd, &st);
+        snprintf(text, sizeof text, "%llx.%llx", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    } else if (!strcmp(kind, "vmm") || !strcmp(kind, "vmmhost") || !strcmp(kind, "extvmm")) {
         CUmemAllocationProp prop = {0};
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        prop.location.type = strcmp(kind, "vmm") ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.type = strcmp(kind, "vmmhost") ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
         prop.location.id = 0;
         CUmemGenericAllocationHandle h;
         MUST(cuMemCreate(&h, VMM_SIZE, &prop, 0));
@@ -362,6 +375,48 @@ static int do_import(const char *kind, const char *dir, const char *expect)
         } else {
             EXPECT(r == DENIED && h == 0, "cuMemImportFromShareableHandle denied with 800, handle released (rc %d)", (int)r);
         }
+    } else if (!strcmp(kind, "dmabuf") || !strcmp(kind, "rtdmabuf") || !strcmp(kind, "extvmm")) {
+        int vmm = !strcmp(kind, "extvmm");
+        size_t size = vmm ? VMM_SIZE : SIZE;
+        int fd = recv_fd(dir);
+        struct stat st;
+        fstat(fd, &st);
+        char ident[64];
+        snprintf(ident, sizeof ident, "%llx.%llx\n", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+        EXPECT(!strcmp(ident, text), "the received fd is the exported file (%s)", strtok(ident, "\n"));
+        int r;
+        void *ext = NULL;
+        if (!strcmp(kind, "rtdmabuf")) {
+            struct cudaExternalMemoryHandleDesc d = {0};
+            d.type = cudaExternalMemoryHandleTypeOpaqueFd;
+            d.handle.fd = fd;
+            d.size = size;
+            r = cudaImportExternalMemory((cudaExternalMemory_t *)&ext, &d);
+        } else {
+            CUDA_EXTERNAL_MEMORY_HANDLE_DESC d = {0};
+            d.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+            d.handle.fd = fd;
+            d.size = size;
+            r = cuImportExternalMemory((CUexternalMemory *)&ext, &d);
+        }
+        printf("import-rc %d\n", r);
+        if (r != 0)
+            close(fd);                /* on success the fd belongs to the driver (cuda.h) */
+        if (allow) {
+            EXPECT(r == 0, "%s import allowed (rc %d)", kind, r);
+            if (r == 0) {
+                CUDA_EXTERNAL_MEMORY_BUFFER_DESC b = {0};
+                b.size = size;
+                CUdeviceptr p;
+                MUST(cuExternalMemoryGetMappedBuffer(&p, (CUexternalMemory)ext, &b));
+                MUST(cuMemcpyDtoH(buf, p, size));
+                EXPECT(check_bytes(buf, size, vmm ? 2 : 4), "the importer reads every one of the exporter's %zu bytes", size);
+                EXPECT_RC(cuMemFree(p), CUDA_SUCCESS);
+                EXPECT_RC(cuDestroyExternalMemory((CUexternalMemory)ext), CUDA_SUCCESS);
+            }
+        } else {
+            EXPECT(r == DENIED && ext == NULL, "%s import denied with 800 (rc %d)", kind, r);
+        }
     } else if (!strcmp(kind, "pool")) {
         CUmemPoolPtrExportData data;
         unhex(text, &data, sizeof data);
@@ -498,6 +553,6 @@ int main(int argc, char **argv)
     fprintf(stderr,
             "usage: ipc_peer export <kind> <dir> | import <kind> <dir> <allow|deny> [times] |\n"
             "       storm <index> <count> <gpus> <dir> <handles>\n"
-            "kinds: mem rtmem event rtevent vmm vmmhost pool\n");
+            "kinds: mem rtmem event rtevent vmm vmmhost pool dmabuf rtdmabuf extvmm\n");
     return 2;
 }

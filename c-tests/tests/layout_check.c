@@ -3,6 +3,7 @@
  * numbers are asserted on the Rust side (ffi.rs `layout` test), so a wrong declaration on
  * either side fails the build or the tests. */
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -26,6 +27,32 @@ _Static_assert(CU_MEM_LOCATION_TYPE_DEVICE == 1 && CU_MEM_LOCATION_TYPE_HOST == 
                CU_MEM_LOCATION_TYPE_HOST_NUMA == 3 && CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT == 4,
                "CUmemLocationType values");
 _Static_assert(CU_DEVICE_CPU == -1, "CU_DEVICE_CPU");
+_Static_assert(sizeof(CUDA_MEMCPY3D_PEER) == 200, "CUDA_MEMCPY3D_PEER size");
+_Static_assert(offsetof(CUDA_MEMCPY3D_PEER, srcMemoryType) == 32, "CUDA_MEMCPY3D_PEER.srcMemoryType");
+_Static_assert(offsetof(CUDA_MEMCPY3D_PEER, srcContext) == 64, "CUDA_MEMCPY3D_PEER.srcContext");
+_Static_assert(offsetof(CUDA_MEMCPY3D_PEER, dstMemoryType) == 120, "CUDA_MEMCPY3D_PEER.dstMemoryType");
+_Static_assert(offsetof(CUDA_MEMCPY3D_PEER, dstContext) == 152, "CUDA_MEMCPY3D_PEER.dstContext");
+_Static_assert(CU_MEMORYTYPE_ARRAY == 3, "CU_MEMORYTYPE_ARRAY");
+_Static_assert(offsetof(struct cudaMemcpy3DPeerParms, srcDevice) == 64, "cudaMemcpy3DPeerParms.srcDevice");
+_Static_assert(offsetof(struct cudaMemcpy3DPeerParms, dstDevice) == 136, "cudaMemcpy3DPeerParms.dstDevice");
+_Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, type) == 0, "external memory desc type");
+_Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, handle.fd) == 8, "external memory desc fd");
+_Static_assert(offsetof(struct cudaExternalMemoryHandleDesc, handle.fd) == 8, "runtime external memory desc fd");
+_Static_assert(CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD == 1 && cudaExternalMemoryHandleTypeOpaqueFd == 1, "opaque fd");
+_Static_assert(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD == 1, "dma-buf range handle");
+_Static_assert(sizeof(CUcheckpointRestoreArgs) == 64, "CUcheckpointRestoreArgs size (12.9: reserved[8])");
+_Static_assert(offsetof(CUgraphNodeParams, alloc) == 16 && offsetof(CUgraphNodeParams, alloc.accessDescs) == 104,
+               "CUgraphNodeParams.alloc");
+_Static_assert(offsetof(struct cudaGraphNodeParams, alloc) == 16 && offsetof(struct cudaGraphNodeParams, alloc.accessDescs) == 104,
+               "cudaGraphNodeParams.alloc");
+_Static_assert(CU_GRAPH_NODE_TYPE_MEM_ALLOC == 10 && cudaGraphNodeTypeMemAlloc == 10, "memory-allocation node type");
+_Static_assert(sizeof(CUmemcpyAttributes) == 24 && offsetof(CUmemcpyAttributes, srcLocHint) == 4 &&
+               offsetof(CUmemcpyAttributes, dstLocHint) == 12, "CUmemcpyAttributes");
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps size");
+_Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescs) == 88, "alloc node accessDescs");
+_Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescCount) == 96, "alloc node accessDescCount");
+_Static_assert(offsetof(struct cudaMemAllocNodeParams, accessDescs) == 88, "runtime alloc node accessDescs");
+_Static_assert(sizeof(struct cudaMemAccessDesc) == sizeof(CUmemAccessDesc), "cudaMemAccessDesc = CUmemAccessDesc");
 _Static_assert(CUDA_ERROR_INVALID_DEVICE == 101 && CUDA_ERROR_NOT_PERMITTED == 800 &&
                CUDA_ERROR_NOT_FOUND == 500, "CUresult codes the guard returns");
 _Static_assert(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND == 1, "CUdriverProcAddressQueryResult");

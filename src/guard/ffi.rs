@@ -85,6 +85,116 @@ pub struct CUmemAccessDesc {
 /// `CU_DEVICE_CPU`: the host, where a device argument may name it.
 pub const CU_DEVICE_CPU: CUdevice = -1;
 
+/// `CUDA_MEMCPY3D_PEER` (cuda.h): the guard reads the two contexts (and memory types:
+/// contexts of arrays are ignored by the driver).
+#[repr(C)]
+pub struct CUDA_MEMCPY3D_PEER {
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcZ: usize,
+    pub srcLOD: usize,
+    pub srcMemoryType: c_uint,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: *mut c_void,
+    pub srcContext: CUcontext,
+    pub srcPitch: usize,
+    pub srcHeight: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstZ: usize,
+    pub dstLOD: usize,
+    pub dstMemoryType: c_uint,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: *mut c_void,
+    pub dstContext: CUcontext,
+    pub dstPitch: usize,
+    pub dstHeight: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+    pub Depth: usize,
+}
+
+/// The head of `CUDA_MEM_ALLOC_NODE_PARAMS` / `cudaMemAllocNodeParams` (same layout in 12.9
+/// and 13.x): the pool properties (88 bytes, location at 8) and the access descriptors.
+#[repr(C)]
+pub struct MemAllocNodeParamsHead {
+    pub poolProps: CUmemPoolPropsHead,
+    pub _rest_of_pool_props: [u8; 72],
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+}
+
+/// The head of `CUgraphNodeParams` / `cudaGraphNodeParams` (same layout in 12.9 and 13.x):
+/// the node type, then the union, whose memory-allocation member has
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`'s head.
+#[repr(C)]
+pub struct GraphNodeParamsHead {
+    pub type_: c_int,
+    pub reserved0: [c_int; 3],
+    pub alloc: MemAllocNodeParamsHead,
+}
+
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC` = `cudaGraphNodeTypeMemAlloc`.
+pub const GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+
+/// `CUmemcpyAttributes` (12.8 and 13.x): the location hints of a batch or attribute copy.
+#[repr(C)]
+pub struct CUmemcpyAttributes {
+    pub srcAccessOrder: c_uint,
+    pub srcLocHint: CUmemLocation,
+    pub dstLocHint: CUmemLocation,
+    pub flags: c_uint,
+}
+
+/// The head of `CUcheckpointRestoreArgs`: 13.5 puts the GPU remapping first (12.8 to 13.4
+/// have `reserved[8]`, which must be zero: a NULL array, no pairs).
+#[repr(C)]
+pub struct CUcheckpointRestoreArgsHead {
+    pub gpuPairs: *const CUcheckpointGpuPair,
+    pub gpuPairsCount: c_uint,
+}
+
+/// `CUcheckpointGpuPair` (13.5): the GPU checkpointed and the GPU to restore onto.
+#[repr(C)]
+pub struct CUcheckpointGpuPair {
+    pub oldUuid: CUuuid,
+    pub newUuid: CUuuid,
+}
+
+/// `CU_MEMORYTYPE_ARRAY`: a copy side whose context the driver ignores.
+pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
+
+/// `cudaMemcpy3DPeerParms` (driver_types.h) up to `dstDevice`: the guard reads the two
+/// device ordinals.
+#[repr(C)]
+pub struct cudaMemcpy3DPeerParmsHead {
+    pub srcArray: *mut c_void,
+    pub srcPos: [usize; 3],
+    pub srcPtr: [usize; 4],
+    pub srcDevice: c_int,
+    pub dstArray: *mut c_void,
+    pub dstPos: [usize; 3],
+    pub dstPtr: [usize; 4],
+    pub dstDevice: c_int,
+}
+
+/// The head of `CUDA_EXTERNAL_MEMORY_HANDLE_DESC` / `cudaExternalMemoryHandleDesc` (same
+/// layout): the handle type and, for an opaque fd, the fd (first member of the union).
+#[repr(C)]
+pub struct ExternalMemoryHandleDescHead {
+    pub type_: c_uint,
+    /// The union starts 8-aligned (its win32 member holds pointers).
+    pub _pad: c_uint,
+    pub fd: c_int,
+}
+
+/// `CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD` = `cudaExternalMemoryHandleTypeOpaqueFd`.
+pub const EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD: c_uint = 1;
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+pub const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: c_uint = 1;
+
 /// `CUuuid`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -111,6 +221,26 @@ mod layout {
         assert_eq!(size_of::<CUmemAccessDesc>(), 12);
         assert_eq!(offset_of!(CUmemAccessDesc, flags), 8);
         assert_eq!(size_of::<CUuuid>(), 16);
+        assert_eq!(size_of::<CUDA_MEMCPY3D_PEER>(), 200);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, srcMemoryType), 32);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, srcContext), 64);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, dstMemoryType), 120);
+        assert_eq!(offset_of!(CUDA_MEMCPY3D_PEER, dstContext), 152);
+        assert_eq!(offset_of!(cudaMemcpy3DPeerParmsHead, srcDevice), 64);
+        assert_eq!(offset_of!(cudaMemcpy3DPeerParmsHead, dstDevice), 136);
+        assert_eq!(offset_of!(ExternalMemoryHandleDescHead, fd), 8);
+        assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescs), 88);
+        assert_eq!(offset_of!(CUcheckpointRestoreArgsHead, gpuPairsCount), 8);
+        assert_eq!(offset_of!(GraphNodeParamsHead, alloc), 16);
+        assert_eq!(size_of::<CUmemcpyAttributes>(), 24);
+        assert_eq!(offset_of!(CUmemcpyAttributes, dstLocHint), 12);
+        assert_eq!(
+            offset_of!(GraphNodeParamsHead, alloc)
+                + offset_of!(MemAllocNodeParamsHead, accessDescs),
+            104
+        );
+        assert_eq!(size_of::<CUcheckpointGpuPair>(), 32);
+        assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescCount), 96);
         assert_eq!(size_of::<CUdevice>(), 4);
         assert_eq!(size_of::<CuResult>(), 4);
         assert_eq!(CU_MEM_LOCATION_TYPE_DEVICE, crate::policy::location::DEVICE);

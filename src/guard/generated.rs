@@ -2,6 +2,11 @@
 // Included by src/guard/wrappers.rs, which defines the helpers the bodies use.
 
 guarded! {
+    // cuCheckpointProcessRestore v12080: hook
+    Driver "cuCheckpointProcessRestore" fn cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgsHead) -> CuResult |real| {
+        gate!(reach::restore(args), "pid={pid}, gpuPairsCount={}", (*args).gpuPairsCount);
+        real(pid, args)
+    }
     // cuCtxCreate v2000: ordinal(dev)
     Driver "cuCtxCreate" fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
@@ -32,6 +37,11 @@ guarded! {
         gate!(policy::query(if dev != 0 { dev } else { peerDev }), "dev={dev}, peerDev={peerDev}");
         real(canAccessPeer, dev, peerDev)
     }
+    // cuDeviceComputeCapability v2000: query(dev)
+    Driver "cuDeviceComputeCapability" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(major, minor, dev)
+    }
     // cuDeviceGet v2000: ordinal(ordinal)
     Driver "cuDeviceGet" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
         gate!(policy::ordinal(ordinal), "ordinal={ordinal}");
@@ -42,15 +52,107 @@ guarded! {
         gate!(policy::query(dev), "attrib={attrib}, dev={dev}");
         real(pi, attrib, dev)
     }
+    // cuDeviceGetByPCIBusId v4010: hook
+    Driver "cuDeviceGetByPCIBusId" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pciBusId: *const c_char) -> CuResult |real| {
+        let rc = real(dev, pciBusId);
+        if rc == CuResult::SUCCESS && !dev.is_null() {
+            let d = *dev;
+            gate!(policy::query(d), "pciBusId -> dev={d}");
+        }
+        rc
+    }
+    // cuDeviceGetCliqueCount v13040: query(dev)
+    Driver "cuDeviceGetCliqueCount" fn cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(count, dev)
+    }
+    // cuDeviceGetCliqueInfo v13040: query(dev)
+    Driver "cuDeviceGetCliqueInfo" fn cuDeviceGetCliqueInfo(cliqueInfo: *mut c_void, count: *mut usize, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(cliqueInfo, count, dev)
+    }
+    // cuDeviceGetDefaultMemPool v11020: hook
+    Driver "cuDeviceGetDefaultMemPool" fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        let rc = real(pool_out, dev);
+        if rc == CuResult::SUCCESS && !pool_out.is_null() {
+            reach::remember_pool(*pool_out, dev);
+        }
+        rc
+    }
+    // cuDeviceGetDevResource v12040: ordinal(dev)
+    Driver "cuDeviceGetDevResource" fn cuDeviceGetDevResource(dev: CUdevice, result: *mut c_void, type_: c_uint) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}, type_={type_}");
+        real(dev, result, type_)
+    }
+    // cuDeviceGetExecAffinitySupport v11040: query(dev)
+    Driver "cuDeviceGetExecAffinitySupport" fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: c_int, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "type_={type_}, dev={dev}");
+        real(pi, type_, dev)
+    }
+    // cuDeviceGetFabricClusterUuid v13040: query(dev)
+    Driver "cuDeviceGetFabricClusterUuid" fn cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(uuid, dev)
+    }
+    // cuDeviceGetGraphMemAttribute v11040: query(device)
+    Driver "cuDeviceGetGraphMemAttribute" fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
+        gate!(policy::query(device), "device={device}, attr={attr}");
+        real(device, attr, value)
+    }
+    // cuDeviceGetHostAtomicCapabilities v13000: query(dev)
+    Driver "cuDeviceGetHostAtomicCapabilities" fn cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "count={count}, dev={dev}");
+        real(capabilities, operations, count, dev)
+    }
+    // cuDeviceGetLuid v10000: query(dev)
+    Driver "cuDeviceGetLuid" fn cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(luid, deviceNodeMask, dev)
+    }
+    // cuDeviceGetMemPool v11020: hook
+    Driver "cuDeviceGetMemPool" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}");
+        let rc = real(pool, dev);
+        if rc == CuResult::SUCCESS && !pool.is_null() {
+            reach::remember_pool(*pool, dev);
+        }
+        rc
+    }
     // cuDeviceGetName v2000: query(dev)
     Driver "cuDeviceGetName" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(name, len, dev)
     }
+    // cuDeviceGetNvSciSyncAttributes v10020: query(dev)
+    Driver "cuDeviceGetNvSciSyncAttributes" fn cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}, flags={flags:#x}");
+        real(nvSciSyncAttrList, dev, flags)
+    }
+    // cuDeviceGetP2PAtomicCapabilities v13000: query(srcDevice, dstDevice)
+    Driver "cuDeviceGetP2PAtomicCapabilities" fn cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
+        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+        real(capabilities, operations, count, srcDevice, dstDevice)
+    }
+    // cuDeviceGetP2PAttribute v8000: query(srcDevice, dstDevice)
+    Driver "cuDeviceGetP2PAttribute" fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
+        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attrib={attrib}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+        real(value, attrib, srcDevice, dstDevice)
+    }
     // cuDeviceGetPCIBusId v4010: query(dev)
     Driver "cuDeviceGetPCIBusId" fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(pciBusId, len, dev)
+    }
+    // cuDeviceGetProperties v2000: query(dev)
+    Driver "cuDeviceGetProperties" fn cuDeviceGetProperties(prop: *mut c_void, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "dev={dev}");
+        real(prop, dev)
+    }
+    // cuDeviceGetTexture1DLinearMaxWidth v11010: query(dev)
+    Driver "cuDeviceGetTexture1DLinearMaxWidth" fn cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: c_int, numChannels: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::query(dev), "format={format}, numChannels={numChannels}, dev={dev}");
+        real(maxWidthInElements, format, numChannels, dev)
     }
     // cuDeviceGetUuid v9020: query(dev)
     Driver "cuDeviceGetUuid" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
@@ -61,6 +163,11 @@ guarded! {
     Driver "cuDeviceGetUuid" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(uuid, dev)
+    }
+    // cuDeviceGraphMemTrim v11040: ordinal(device)
+    Driver "cuDeviceGraphMemTrim" fn cuDeviceGraphMemTrim(device: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(device)
     }
     // cuDevicePrimaryCtxGetState v7000: ordinal(dev)
     Driver "cuDevicePrimaryCtxGetState" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
@@ -102,6 +209,16 @@ guarded! {
         gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
         real(dev, flags)
     }
+    // cuDeviceSetGraphMemAttribute v11040: ordinal(device)
+    Driver "cuDeviceSetGraphMemAttribute" fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
+        gate!(policy::ordinal(device), "device={device}, attr={attr}");
+        real(device, attr, value)
+    }
+    // cuDeviceSetMemPool v11020: ordinal(dev)
+    Driver "cuDeviceSetMemPool" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "dev={dev}, pool={pool:p}");
+        real(dev, pool)
+    }
     // cuDeviceTotalMem v2000: query(dev)
     Driver "cuDeviceTotalMem" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
@@ -127,6 +244,56 @@ guarded! {
             return CuResult::NOT_FOUND;
         }
         rc
+    }
+    // cuGraphAddMemAllocNode v11040: hook
+    Driver "cuGraphAddMemAllocNode" fn cuGraphAddMemAllocNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CuResult |real| {
+        gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
+        real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    // cuGraphAddNode v12020: hook
+    Driver "cuGraphAddNode" fn cuGraphAddNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    // cuGraphAddNode v12030: hook
+    Driver "cuGraphAddNode" fn cuGraphAddNode_v2(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+    }
+    // cuGraphAddNode v13040: hook
+    Driver "cuGraphAddNode" fn cuGraphAddNode_v3(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+    }
+    // cuGraphExecNodeSetParams v12020: hook
+    Driver "cuGraphExecNodeSetParams" fn cuGraphExecNodeSetParams(hGraphExec: *mut c_void, hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(hGraphExec, hNode, nodeParams)
+    }
+    // cuGraphNodeSetParams v12020: hook
+    Driver "cuGraphNodeSetParams" fn cuGraphNodeSetParams(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(hNode, nodeParams)
+    }
+    // cuGraphNodeSetParams v13040: hook
+    Driver "cuGraphNodeSetParams" fn cuGraphNodeSetParams_v2(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(hNode, nodeParams)
+    }
+    // cuGreenCtxCreate v12040: ordinal(dev)
+    Driver "cuGreenCtxCreate" fn cuGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "desc={desc:p}, dev={dev}, flags={flags:#x}");
+        real(phCtx, desc, dev, flags)
+    }
+    // cuImportExternalMemory v10000: hook
+    Driver "cuImportExternalMemory" fn cuImportExternalMemory(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CuResult |real| {
+        use crate::guard::ipc;
+        // The key first: on success the fd belongs to the driver (cuda.h).
+        let key = ipc::key_of_external(memHandleDesc);
+        if let Err(code) = ipc::check_import::<CuResult>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
+            return code;
+        }
+        real(extMem_out, memHandleDesc)
     }
     // cuInit v2000: hook
     Driver "cuInit" fn cuInit(Flags: c_uint) -> CuResult |real| {
@@ -194,6 +361,36 @@ guarded! {
         }
         rc
     }
+    // cuKernelSetAttribute v12000: ordinal(dev)
+    Driver "cuKernelSetAttribute" fn cuKernelSetAttribute(attrib: c_int, val: c_int, kernel: *mut c_void, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "attrib={attrib}, val={val}, kernel={kernel:p}, dev={dev}");
+        real(attrib, val, kernel, dev)
+    }
+    // cuLaunchCooperativeKernelMultiDevice v9000: hook
+    Driver "cuLaunchCooperativeKernelMultiDevice" fn cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CuResult |real| {
+        gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
+        real(launchParamsList, numDevices, flags)
+    }
+    // cuLogicalEndpointAddDevice v13030: ordinal(dev)
+    Driver "cuLogicalEndpointAddDevice" fn cuLogicalEndpointAddDevice(leId: c_uint, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}");
+        real(leId, dev)
+    }
+    // cuLogicalEndpointBindAddr v13030: ordinal(dev)
+    Driver "cuLogicalEndpointBindAddr" fn cuLogicalEndpointBindAddr(leId: c_uint, dev: CUdevice, offset: u64, ptr: *mut c_void, size: u64, flags: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}, flags={flags:#x}");
+        real(leId, dev, offset, ptr, size, flags)
+    }
+    // cuLogicalEndpointBindMem v13030: ordinal(dev)
+    Driver "cuLogicalEndpointBindMem" fn cuLogicalEndpointBindMem(leId: c_uint, dev: CUdevice, offset: u64, memHandle: CUmemGenericAllocationHandle, memOffset: u64, size: u64, flags: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
+        real(leId, dev, offset, memHandle, memOffset, size, flags)
+    }
+    // cuLogicalEndpointUnbind v13030: ordinal(dev)
+    Driver "cuLogicalEndpointUnbind" fn cuLogicalEndpointUnbind(leId: c_uint, dev: CUdevice, offset: u64, size: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}");
+        real(leId, dev, offset, size)
+    }
     // cuMemAdvise v8000: ordinal_or_host(device)
     Driver "cuMemAdvise" fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal_or_host(device), "devPtr={devPtr:#x}, count={count}, advice={advice}, device={device}");
@@ -210,11 +407,47 @@ guarded! {
         gate!(location_at(loc), "size={size}, flags={flags:#x}, prop.location={:?}", loc.as_ref());
         real(handle, size, prop, flags)
     }
+    // cuMemDiscardAndPrefetchBatchAsync v13000: hook
+    Driver "cuMemDiscardAndPrefetchBatchAsync" fn cuMemDiscardAndPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+    }
+    // cuMemDiscardAndPrefetchBatchAsync v13000_ptsz: hook
+    Driver "cuMemDiscardAndPrefetchBatchAsync" fn cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+    }
     // cuMemExportToShareableHandle v10020: hook
     Driver "cuMemExportToShareableHandle" fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: c_uint, flags: u64) -> CuResult |real| {
         let rc = real(shareableHandle, handle, handleType, flags);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_allocation(shareableHandle, handle, handleType);
+        }
+        rc
+    }
+    // cuMemGetDefaultMemPool v13000: hook
+    Driver "cuMemGetDefaultMemPool" fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
+        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+        let rc = real(pool_out, location, type_);
+        if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            reach::remember_pool(*pool_out, (*location).id);
+        }
+        rc
+    }
+    // cuMemGetHandleForAddressRange v11070: hook
+    Driver "cuMemGetHandleForAddressRange" fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, handleType: c_uint, flags: u64) -> CuResult |real| {
+        let rc = real(handle, dptr, size, handleType, flags);
+        if rc == CuResult::SUCCESS && handleType == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD {
+            crate::guard::ipc::exported_dmabuf(handle, dptr);
+        }
+        rc
+    }
+    // cuMemGetMemPool v13000: hook
+    Driver "cuMemGetMemPool" fn cuMemGetMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
+        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+        let rc = real(pool_out, location, type_);
+        if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            reach::remember_pool(*pool_out, (*location).id);
         }
         rc
     }
@@ -235,11 +468,15 @@ guarded! {
         }
         rc
     }
-    // cuMemPoolCreate v11020: location_in(poolProps)
+    // cuMemPoolCreate v11020: hook
     Driver "cuMemPoolCreate" fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolPropsHead) -> CuResult |real| {
         let loc = if poolProps.is_null() { std::ptr::null() } else { &raw const (*poolProps).location };
         gate!(location_at(loc), "poolProps.location={:?}", loc.as_ref());
-        real(pool, poolProps)
+        let rc = real(pool, poolProps);
+        if rc == CuResult::SUCCESS && !pool.is_null() && !loc.is_null() && (*loc).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            reach::remember_pool(*pool, (*loc).id);
+        }
+        rc
     }
     // cuMemPoolExportPointer v11020: hook
     Driver "cuMemPoolExportPointer" fn cuMemPoolExportPointer(shareData_out: *mut IpcHandle, ptr: CUdeviceptr) -> CuResult |real| {
@@ -286,6 +523,12 @@ guarded! {
         }
         rc
     }
+    // cuMemPoolSetAccess v11020: hook
+    Driver "cuMemPoolSetAccess" fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
+        let (verdict, i) = reach::pool_access(pool, map, count);
+        gate!(verdict, "pool={pool:p}, map[{i}].location={:?}, count={count}", (*map.add(i)).location);
+        real(pool, map, count)
+    }
     // cuMemPrefetchAsync v8000: ordinal_or_host(dstDevice)
     Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
         gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
@@ -306,6 +549,16 @@ guarded! {
         gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
         real(devPtr, count, location, flags, hStream)
     }
+    // cuMemPrefetchBatchAsync v13000: hook
+    Driver "cuMemPrefetchBatchAsync" fn cuMemPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+    }
+    // cuMemPrefetchBatchAsync v13000_ptsz: hook
+    Driver "cuMemPrefetchBatchAsync" fn cuMemPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+    }
     // cuMemSetAccess v10020: access(desc, count)
     Driver "cuMemSetAccess" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
         if !desc.is_null() {
@@ -315,6 +568,51 @@ guarded! {
             }
         }
         real(ptr, size, desc, count)
+    }
+    // cuMemSetMemPool v13000: hook
+    Driver "cuMemSetMemPool" fn cuMemSetMemPool(location: *mut CUmemLocation, type_: c_uint, pool: CUmemoryPool) -> CuResult |real| {
+        gate!(location_at(location), "location={:?}, type={type_}, pool={pool:p}", location.as_ref());
+        real(location, type_, pool)
+    }
+    // cuMemcpy3DPeer v4000: hook
+    Driver "cuMemcpy3DPeer" fn cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
+        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+        real(pCopy)
+    }
+    // cuMemcpy3DPeerAsync v4000: hook
+    Driver "cuMemcpy3DPeerAsync" fn cuMemcpy3DPeerAsync(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+        real(pCopy, hStream)
+    }
+    // cuMemcpy3DPeerAsync v7000_ptsz: hook
+    Driver "cuMemcpy3DPeerAsync" fn cuMemcpy3DPeerAsync_ptsz(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+        real(pCopy, hStream)
+    }
+    // cuMemcpy3DPeer v7000_ptds: hook
+    Driver "cuMemcpy3DPeer" fn cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
+        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+        real(pCopy)
+    }
+    // cuMemcpyBatchAsync v12080: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+    }
+    // cuMemcpyBatchAsync v12080_ptsz: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+    }
+    // cuMemcpyBatchAsync v13000: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
+    }
+    // cuMemcpyBatchAsync v13000_ptsz: hook
+    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
     }
     // cuMemcpyPeer v4000: peer_ctx(dstContext, srcContext)
     Driver "cuMemcpyPeer" fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
@@ -336,6 +634,53 @@ guarded! {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
     }
+    // cuMemcpyWithAttributesAsync v13020: hook
+    Driver "cuMemcpyWithAttributesAsync" fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
+        real(dst, src, size, attr, hStream)
+    }
+    // cuMemcpyWithAttributesAsync v13020_ptsz: hook
+    Driver "cuMemcpyWithAttributesAsync" fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
+        real(dst, src, size, attr, hStream)
+    }
+    // cuMulticastAddDevice v12010: ordinal(dev)
+    Driver "cuMulticastAddDevice" fn cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}");
+        real(mcHandle, dev)
+    }
+    // cuMulticastBindAddr v12010: hook
+    Driver "cuMulticastBindAddr" fn cuMulticastBindAddr(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
+        real(mcHandle, mcOffset, memptr, size, flags)
+    }
+    // cuMulticastBindAddr v13010: ordinal(dev)
+    Driver "cuMulticastBindAddr" fn cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memptr={memptr:#x}, size={size}, flags={flags:#x}");
+        real(mcHandle, dev, mcOffset, memptr, size, flags)
+    }
+    // cuMulticastBindMem v12010: hook
+    Driver "cuMulticastBindMem" fn cuMulticastBindMem(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
+        real(mcHandle, mcOffset, memHandle, memOffset, size, flags)
+    }
+    // cuMulticastBindMem v13010: ordinal(dev)
+    Driver "cuMulticastBindMem" fn cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
+        real(mcHandle, dev, mcOffset, memHandle, memOffset, size, flags)
+    }
+    // cuMulticastUnbind v12010: ordinal(dev)
+    Driver "cuMulticastUnbind" fn cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) -> CuResult |real| {
+        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, size={size}");
+        real(mcHandle, dev, mcOffset, size)
+    }
+    // cudaChooseDevice, cuda_runtime_api.h 12: hook
+    Runtime "cudaChooseDevice" fn cudaChooseDevice(device: *mut c_int, prop: *const c_void) -> CudaError |real| {
+        let rc = real(device, prop);
+        if rc == CudaError::SUCCESS && !device.is_null() {
+            let d = *device;
+            gate!(policy::query(d), "-> device={d}");
+        }
+        rc
+    }
     // cudaDeviceCanAccessPeer, cuda_runtime_api.h 12: query(device, peerDevice)
     Runtime "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
         gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
@@ -351,10 +696,63 @@ guarded! {
         gate!(policy::query(device), "attr={attr}, device={device}");
         real(value, attr, device)
     }
+    // cudaDeviceGetDefaultMemPool, cuda_runtime_api.h 12: hook
+    Runtime "cudaDeviceGetDefaultMemPool" fn cudaDeviceGetDefaultMemPool(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        let rc = real(memPool, device);
+        if rc == CudaError::SUCCESS && !memPool.is_null() {
+            reach::remember_pool(*memPool, device);
+        }
+        rc
+    }
+    // cudaDeviceGetGraphMemAttribute, cuda_runtime_api.h 12: query(device)
+    Runtime "cudaDeviceGetGraphMemAttribute" fn cudaDeviceGetGraphMemAttribute(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}, attr={attr}");
+        real(device, attr, value)
+    }
+    // cudaDeviceGetMemPool, cuda_runtime_api.h 12: hook
+    Runtime "cudaDeviceGetMemPool" fn cudaDeviceGetMemPool(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        let rc = real(memPool, device);
+        if rc == CudaError::SUCCESS && !memPool.is_null() {
+            reach::remember_pool(*memPool, device);
+        }
+        rc
+    }
+    // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 12: query(device)
+    Runtime "cudaDeviceGetNvSciSyncAttributes" fn cudaDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}, flags={flags:#x}");
+        real(nvSciSyncAttrList, device, flags)
+    }
+    // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 12: query(srcDevice, dstDevice)
+    Runtime "cudaDeviceGetP2PAttribute" fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+        real(value, attr, srcDevice, dstDevice)
+    }
     // cudaDeviceGetPCIBusId, cuda_runtime_api.h 12: query(device)
     Runtime "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "len={len}, device={device}");
         real(pciBusId, len, device)
+    }
+    // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 12: query(device)
+    Runtime "cudaDeviceGetTexture1DLinearMaxWidth" fn cudaDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}");
+        real(maxWidthInElements, fmtDesc, device)
+    }
+    // cudaDeviceGraphMemTrim, cuda_runtime_api.h 12: ordinal(device)
+    Runtime "cudaDeviceGraphMemTrim" fn cudaDeviceGraphMemTrim(device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(device)
+    }
+    // cudaDeviceSetGraphMemAttribute, cuda_runtime_api.h 12: ordinal(device)
+    Runtime "cudaDeviceSetGraphMemAttribute" fn cudaDeviceSetGraphMemAttribute(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, attr={attr}");
+        real(device, attr, value)
+    }
+    // cudaDeviceSetMemPool, cuda_runtime_api.h 12: ordinal(device)
+    Runtime "cudaDeviceSetMemPool" fn cudaDeviceSetMemPool(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, memPool={memPool:p}");
+        real(device, memPool)
     }
     // cudaGetDeviceProperties, cuda_runtime_api.h 12: query(device)
     Runtime "cudaGetDeviceProperties" fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: c_int) -> CudaError |real| {
@@ -392,6 +790,36 @@ guarded! {
             return CudaError::SYMBOL_NOT_FOUND;
         }
         rc
+    }
+    // cudaGraphAddMemAllocNode, cuda_runtime_api.h 12: hook
+    Runtime "cudaGraphAddMemAllocNode" fn cudaGraphAddMemAllocNode(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CudaError |real| {
+        gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
+        real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+    }
+    // cudaGraphAddNode_v2, cuda_runtime_api.h 12: hook
+    Runtime "cudaGraphAddNode_v2" fn cudaGraphAddNode_v2(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
+    }
+    // cudaGraphExecNodeSetParams, cuda_runtime_api.h 12: hook
+    Runtime "cudaGraphExecNodeSetParams" fn cudaGraphExecNodeSetParams(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(graphExec, node, nodeParams)
+    }
+    // cudaGraphNodeSetParams, cuda_runtime_api.h 12: hook
+    Runtime "cudaGraphNodeSetParams" fn cudaGraphNodeSetParams(node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(node, nodeParams)
+    }
+    // cudaImportExternalMemory, cuda_runtime_api.h 12: hook
+    Runtime "cudaImportExternalMemory" fn cudaImportExternalMemory(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CudaError |real| {
+        use crate::guard::ipc;
+        let key = ipc::key_of_external(memHandleDesc);
+        if let Err(code) = ipc::check_import::<CudaError>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
+            return code;
+        }
+        let _nested = ipc::RuntimeScope::enter();
+        real(extMem_out, memHandleDesc)
     }
     // cudaInitDevice, cuda_runtime_api.h 12: ordinal(device)
     Runtime "cudaInitDevice" fn cudaInitDevice(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
@@ -451,6 +879,22 @@ guarded! {
         }
         rc
     }
+    // cudaKernelSetAttributeForDevice, cuda_runtime_api.h 12: ordinal(device)
+    Runtime "cudaKernelSetAttributeForDevice" fn cudaKernelSetAttributeForDevice(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
+        real(kernel, attr, value, device)
+    }
+    // cudaLaunchCooperativeKernelMultiDevice, cuda_runtime_api.h 12: hook
+    Runtime "cudaLaunchCooperativeKernelMultiDevice" fn cudaLaunchCooperativeKernelMultiDevice(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CudaError |real| {
+        gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
+        real(launchParamsList, numDevices, flags)
+    }
+    // cudaMemPoolSetAccess, cuda_runtime_api.h 12: hook
+    Runtime "cudaMemPoolSetAccess" fn cudaMemPoolSetAccess(memPool: CUmemoryPool, descList: *const CUmemAccessDesc, count: usize) -> CudaError |real| {
+        let (verdict, i) = reach::pool_access(memPool, descList, count);
+        gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
+        real(memPool, descList, count)
+    }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
     Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
         gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
@@ -460,6 +904,34 @@ guarded! {
     Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_ptsz(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
         gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
+    }
+    // cudaMemcpy3DPeer, cuda_runtime_api.h 12: hook
+    Runtime "cudaMemcpy3DPeer" fn cudaMemcpy3DPeer(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p)
+    }
+    // cudaMemcpy3DPeerAsync, cuda_runtime_api.h 12: hook
+    Runtime "cudaMemcpy3DPeerAsync" fn cudaMemcpy3DPeerAsync(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p, stream)
+    }
+    // cudaMemcpy3DPeerAsync _ptsz, cuda_runtime_api.h 12: hook
+    Runtime "cudaMemcpy3DPeerAsync" fn cudaMemcpy3DPeerAsync_ptsz(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p, stream)
+    }
+    // cudaMemcpy3DPeer _ptds, cuda_runtime_api.h 12: hook
+    Runtime "cudaMemcpy3DPeer" fn cudaMemcpy3DPeer_ptds(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p)
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
     Runtime "cudaMemcpyPeer" fn cudaMemcpyPeer(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
@@ -476,22 +948,119 @@ guarded! {
         gate!(policy::ordinal(device), "device={device}");
         real(device)
     }
+    // cudaSetValidDevices, cuda_runtime_api.h 12: hook
+    Runtime "cudaSetValidDevices" fn cudaSetValidDevices(device_arr: *mut c_int, len: c_int) -> CudaError |real| {
+        gate!(reach::device_list(device_arr, len), "len={len}");
+        real(device_arr, len)
+    }
+    // cudaDeviceGetDevResource, cuda_runtime_api.h 13: ordinal(device)
+    Runtime "cudaDeviceGetDevResource" fn cudaDeviceGetDevResource(device: c_int, resource: *mut c_void, type_: c_uint) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, type_={type_}");
+        real(device, resource, type_)
+    }
+    // cudaDeviceGetExecutionCtx, cuda_runtime_api.h 13: ordinal(device)
+    Runtime "cudaDeviceGetExecutionCtx" fn cudaDeviceGetExecutionCtx(ctx: *mut c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(ctx, device)
+    }
+    // cudaDeviceGetHostAtomicCapabilities, cuda_runtime_api.h 13: query(device)
+    Runtime "cudaDeviceGetHostAtomicCapabilities" fn cudaDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "count={count}, device={device}");
+        real(capabilities, operations, count, device)
+    }
+    // cudaDeviceGetP2PAtomicCapabilities, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
+    Runtime "cudaDeviceGetP2PAtomicCapabilities" fn cudaDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+        real(capabilities, operations, count, srcDevice, dstDevice)
+    }
+    // cudaGetDeviceProperties, cuda_runtime_api.h 13: query(device)
+    Runtime "cudaGetDeviceProperties" fn cudaGetDeviceProperties(prop: *mut c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}");
+        real(prop, device)
+    }
+    // cudaGreenCtxCreate, cuda_runtime_api.h 13: ordinal(device)
+    Runtime "cudaGreenCtxCreate" fn cudaGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, device: c_int, flags: c_uint) -> CudaError |real| {
+        gate!(policy::ordinal(device), "desc={desc:p}, device={device}, flags={flags:#x}");
+        real(phCtx, desc, device, flags)
+    }
+    // cudaMemDiscardAndPrefetchBatchAsync, cuda_runtime_api.h 13: hook
+    Runtime "cudaMemDiscardAndPrefetchBatchAsync" fn cudaMemDiscardAndPrefetchBatchAsync(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+    }
+    // cudaMemDiscardAndPrefetchBatchAsync _ptsz, cuda_runtime_api.h 13: hook
+    Runtime "cudaMemDiscardAndPrefetchBatchAsync" fn cudaMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+    }
+    // cudaMemGetDefaultMemPool, cuda_runtime_api.h 13: hook
+    Runtime "cudaMemGetDefaultMemPool" fn cudaMemGetDefaultMemPool(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
+        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+        let rc = real(memPool, location, type_);
+        if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            reach::remember_pool(*memPool, (*location).id);
+        }
+        rc
+    }
+    // cudaMemGetMemPool, cuda_runtime_api.h 13: hook
+    Runtime "cudaMemGetMemPool" fn cudaMemGetMemPool(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
+        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+        let rc = real(memPool, location, type_);
+        if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            reach::remember_pool(*memPool, (*location).id);
+        }
+        rc
+    }
+    // cudaMemPrefetchBatchAsync, cuda_runtime_api.h 13: hook
+    Runtime "cudaMemPrefetchBatchAsync" fn cudaMemPrefetchBatchAsync(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+    }
+    // cudaMemPrefetchBatchAsync _ptsz, cuda_runtime_api.h 13: hook
+    Runtime "cudaMemPrefetchBatchAsync" fn cudaMemPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+    }
+    // cudaMemSetMemPool, cuda_runtime_api.h 13: hook
+    Runtime "cudaMemSetMemPool" fn cudaMemSetMemPool(location: *mut CUmemLocation, type_: c_uint, memPool: CUmemoryPool) -> CudaError |real| {
+        gate!(location_at(location), "location={:?}, type={type_}, memPool={memPool:p}", location.as_ref());
+        real(location, type_, memPool)
+    }
 }
 
 /// Every guarded ABI name and its entry, sorted by name (binary search: `table::find_abi`).
-pub static BY_ABI: [(&str, u16); 68] = [
+pub static BY_ABI: [(&str, u16); 165] = [
+    ("cuCheckpointProcessRestore", Id::cuCheckpointProcessRestore as u16),
     ("cuCtxCreate", Id::cuCtxCreate as u16),
     ("cuCtxCreate_v2", Id::cuCtxCreate_v2 as u16),
     ("cuCtxCreate_v3", Id::cuCtxCreate_v3 as u16),
     ("cuCtxCreate_v4", Id::cuCtxCreate_v4 as u16),
     ("cuCtxEnablePeerAccess", Id::cuCtxEnablePeerAccess as u16),
     ("cuDeviceCanAccessPeer", Id::cuDeviceCanAccessPeer as u16),
+    ("cuDeviceComputeCapability", Id::cuDeviceComputeCapability as u16),
     ("cuDeviceGet", Id::cuDeviceGet as u16),
     ("cuDeviceGetAttribute", Id::cuDeviceGetAttribute as u16),
+    ("cuDeviceGetByPCIBusId", Id::cuDeviceGetByPCIBusId as u16),
+    ("cuDeviceGetCliqueCount", Id::cuDeviceGetCliqueCount as u16),
+    ("cuDeviceGetCliqueInfo", Id::cuDeviceGetCliqueInfo as u16),
+    ("cuDeviceGetDefaultMemPool", Id::cuDeviceGetDefaultMemPool as u16),
+    ("cuDeviceGetDevResource", Id::cuDeviceGetDevResource as u16),
+    ("cuDeviceGetExecAffinitySupport", Id::cuDeviceGetExecAffinitySupport as u16),
+    ("cuDeviceGetFabricClusterUuid", Id::cuDeviceGetFabricClusterUuid as u16),
+    ("cuDeviceGetGraphMemAttribute", Id::cuDeviceGetGraphMemAttribute as u16),
+    ("cuDeviceGetHostAtomicCapabilities", Id::cuDeviceGetHostAtomicCapabilities as u16),
+    ("cuDeviceGetLuid", Id::cuDeviceGetLuid as u16),
+    ("cuDeviceGetMemPool", Id::cuDeviceGetMemPool as u16),
     ("cuDeviceGetName", Id::cuDeviceGetName as u16),
+    ("cuDeviceGetNvSciSyncAttributes", Id::cuDeviceGetNvSciSyncAttributes as u16),
+    ("cuDeviceGetP2PAtomicCapabilities", Id::cuDeviceGetP2PAtomicCapabilities as u16),
+    ("cuDeviceGetP2PAttribute", Id::cuDeviceGetP2PAttribute as u16),
     ("cuDeviceGetPCIBusId", Id::cuDeviceGetPCIBusId as u16),
+    ("cuDeviceGetProperties", Id::cuDeviceGetProperties as u16),
+    ("cuDeviceGetTexture1DLinearMaxWidth", Id::cuDeviceGetTexture1DLinearMaxWidth as u16),
     ("cuDeviceGetUuid", Id::cuDeviceGetUuid as u16),
     ("cuDeviceGetUuid_v2", Id::cuDeviceGetUuid_v2 as u16),
+    ("cuDeviceGraphMemTrim", Id::cuDeviceGraphMemTrim as u16),
     ("cuDevicePrimaryCtxGetState", Id::cuDevicePrimaryCtxGetState as u16),
     ("cuDevicePrimaryCtxRelease", Id::cuDevicePrimaryCtxRelease as u16),
     ("cuDevicePrimaryCtxRelease_v2", Id::cuDevicePrimaryCtxRelease_v2 as u16),
@@ -500,90 +1069,216 @@ pub static BY_ABI: [(&str, u16); 68] = [
     ("cuDevicePrimaryCtxRetain", Id::cuDevicePrimaryCtxRetain as u16),
     ("cuDevicePrimaryCtxSetFlags", Id::cuDevicePrimaryCtxSetFlags as u16),
     ("cuDevicePrimaryCtxSetFlags_v2", Id::cuDevicePrimaryCtxSetFlags_v2 as u16),
+    ("cuDeviceSetGraphMemAttribute", Id::cuDeviceSetGraphMemAttribute as u16),
+    ("cuDeviceSetMemPool", Id::cuDeviceSetMemPool as u16),
     ("cuDeviceTotalMem", Id::cuDeviceTotalMem as u16),
     ("cuDeviceTotalMem_v2", Id::cuDeviceTotalMem_v2 as u16),
     ("cuGetProcAddress", Id::cuGetProcAddress as u16),
     ("cuGetProcAddress_v2", Id::cuGetProcAddress_v2 as u16),
+    ("cuGraphAddMemAllocNode", Id::cuGraphAddMemAllocNode as u16),
+    ("cuGraphAddNode", Id::cuGraphAddNode as u16),
+    ("cuGraphAddNode_v2", Id::cuGraphAddNode_v2 as u16),
+    ("cuGraphAddNode_v3", Id::cuGraphAddNode_v3 as u16),
+    ("cuGraphExecNodeSetParams", Id::cuGraphExecNodeSetParams as u16),
+    ("cuGraphNodeSetParams", Id::cuGraphNodeSetParams as u16),
+    ("cuGraphNodeSetParams_v2", Id::cuGraphNodeSetParams_v2 as u16),
+    ("cuGreenCtxCreate", Id::cuGreenCtxCreate as u16),
+    ("cuImportExternalMemory", Id::cuImportExternalMemory as u16),
     ("cuInit", Id::cuInit as u16),
     ("cuIpcGetEventHandle", Id::cuIpcGetEventHandle as u16),
     ("cuIpcGetMemHandle", Id::cuIpcGetMemHandle as u16),
     ("cuIpcOpenEventHandle", Id::cuIpcOpenEventHandle as u16),
     ("cuIpcOpenMemHandle", Id::cuIpcOpenMemHandle as u16),
     ("cuIpcOpenMemHandle_v2", Id::cuIpcOpenMemHandle_v2 as u16),
+    ("cuKernelSetAttribute", Id::cuKernelSetAttribute as u16),
+    ("cuLaunchCooperativeKernelMultiDevice", Id::cuLaunchCooperativeKernelMultiDevice as u16),
+    ("cuLogicalEndpointAddDevice", Id::cuLogicalEndpointAddDevice as u16),
+    ("cuLogicalEndpointBindAddr", Id::cuLogicalEndpointBindAddr as u16),
+    ("cuLogicalEndpointBindMem", Id::cuLogicalEndpointBindMem as u16),
+    ("cuLogicalEndpointUnbind", Id::cuLogicalEndpointUnbind as u16),
     ("cuMemAdvise", Id::cuMemAdvise as u16),
     ("cuMemAdvise_v2", Id::cuMemAdvise_v2 as u16),
     ("cuMemCreate", Id::cuMemCreate as u16),
+    ("cuMemDiscardAndPrefetchBatchAsync", Id::cuMemDiscardAndPrefetchBatchAsync as u16),
+    ("cuMemDiscardAndPrefetchBatchAsync_ptsz", Id::cuMemDiscardAndPrefetchBatchAsync_ptsz as u16),
     ("cuMemExportToShareableHandle", Id::cuMemExportToShareableHandle as u16),
+    ("cuMemGetDefaultMemPool", Id::cuMemGetDefaultMemPool as u16),
+    ("cuMemGetHandleForAddressRange", Id::cuMemGetHandleForAddressRange as u16),
+    ("cuMemGetMemPool", Id::cuMemGetMemPool as u16),
     ("cuMemImportFromShareableHandle", Id::cuMemImportFromShareableHandle as u16),
     ("cuMemPoolCreate", Id::cuMemPoolCreate as u16),
     ("cuMemPoolExportPointer", Id::cuMemPoolExportPointer as u16),
     ("cuMemPoolExportToShareableHandle", Id::cuMemPoolExportToShareableHandle as u16),
     ("cuMemPoolImportFromShareableHandle", Id::cuMemPoolImportFromShareableHandle as u16),
     ("cuMemPoolImportPointer", Id::cuMemPoolImportPointer as u16),
+    ("cuMemPoolSetAccess", Id::cuMemPoolSetAccess as u16),
     ("cuMemPrefetchAsync", Id::cuMemPrefetchAsync as u16),
     ("cuMemPrefetchAsync_ptsz", Id::cuMemPrefetchAsync_ptsz as u16),
     ("cuMemPrefetchAsync_v2", Id::cuMemPrefetchAsync_v2 as u16),
     ("cuMemPrefetchAsync_v2_ptsz", Id::cuMemPrefetchAsync_v2_ptsz as u16),
+    ("cuMemPrefetchBatchAsync", Id::cuMemPrefetchBatchAsync as u16),
+    ("cuMemPrefetchBatchAsync_ptsz", Id::cuMemPrefetchBatchAsync_ptsz as u16),
     ("cuMemSetAccess", Id::cuMemSetAccess as u16),
+    ("cuMemSetMemPool", Id::cuMemSetMemPool as u16),
+    ("cuMemcpy3DPeer", Id::cuMemcpy3DPeer as u16),
+    ("cuMemcpy3DPeerAsync", Id::cuMemcpy3DPeerAsync as u16),
+    ("cuMemcpy3DPeerAsync_ptsz", Id::cuMemcpy3DPeerAsync_ptsz as u16),
+    ("cuMemcpy3DPeer_ptds", Id::cuMemcpy3DPeer_ptds as u16),
+    ("cuMemcpyBatchAsync", Id::cuMemcpyBatchAsync as u16),
+    ("cuMemcpyBatchAsync_ptsz", Id::cuMemcpyBatchAsync_ptsz as u16),
+    ("cuMemcpyBatchAsync_v2", Id::cuMemcpyBatchAsync_v2 as u16),
+    ("cuMemcpyBatchAsync_v2_ptsz", Id::cuMemcpyBatchAsync_v2_ptsz as u16),
     ("cuMemcpyPeer", Id::cuMemcpyPeer as u16),
     ("cuMemcpyPeerAsync", Id::cuMemcpyPeerAsync as u16),
     ("cuMemcpyPeerAsync_ptsz", Id::cuMemcpyPeerAsync_ptsz as u16),
     ("cuMemcpyPeer_ptds", Id::cuMemcpyPeer_ptds as u16),
+    ("cuMemcpyWithAttributesAsync", Id::cuMemcpyWithAttributesAsync as u16),
+    ("cuMemcpyWithAttributesAsync_ptsz", Id::cuMemcpyWithAttributesAsync_ptsz as u16),
+    ("cuMulticastAddDevice", Id::cuMulticastAddDevice as u16),
+    ("cuMulticastBindAddr", Id::cuMulticastBindAddr as u16),
+    ("cuMulticastBindAddr_v2", Id::cuMulticastBindAddr_v2 as u16),
+    ("cuMulticastBindMem", Id::cuMulticastBindMem as u16),
+    ("cuMulticastBindMem_v2", Id::cuMulticastBindMem_v2 as u16),
+    ("cuMulticastUnbind", Id::cuMulticastUnbind as u16),
+    ("cudaChooseDevice", Id::cudaChooseDevice as u16),
     ("cudaDeviceCanAccessPeer", Id::cudaDeviceCanAccessPeer as u16),
     ("cudaDeviceEnablePeerAccess", Id::cudaDeviceEnablePeerAccess as u16),
     ("cudaDeviceGetAttribute", Id::cudaDeviceGetAttribute as u16),
+    ("cudaDeviceGetDefaultMemPool", Id::cudaDeviceGetDefaultMemPool as u16),
+    ("cudaDeviceGetDevResource", Id::cudaDeviceGetDevResource as u16),
+    ("cudaDeviceGetExecutionCtx", Id::cudaDeviceGetExecutionCtx as u16),
+    ("cudaDeviceGetGraphMemAttribute", Id::cudaDeviceGetGraphMemAttribute as u16),
+    ("cudaDeviceGetHostAtomicCapabilities", Id::cudaDeviceGetHostAtomicCapabilities as u16),
+    ("cudaDeviceGetMemPool", Id::cudaDeviceGetMemPool as u16),
+    ("cudaDeviceGetNvSciSyncAttributes", Id::cudaDeviceGetNvSciSyncAttributes as u16),
+    ("cudaDeviceGetP2PAtomicCapabilities", Id::cudaDeviceGetP2PAtomicCapabilities as u16),
+    ("cudaDeviceGetP2PAttribute", Id::cudaDeviceGetP2PAttribute as u16),
     ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId as u16),
+    ("cudaDeviceGetTexture1DLinearMaxWidth", Id::cudaDeviceGetTexture1DLinearMaxWidth as u16),
+    ("cudaDeviceGraphMemTrim", Id::cudaDeviceGraphMemTrim as u16),
+    ("cudaDeviceSetGraphMemAttribute", Id::cudaDeviceSetGraphMemAttribute as u16),
+    ("cudaDeviceSetMemPool", Id::cudaDeviceSetMemPool as u16),
+    ("cudaGetDeviceProperties", Id::cudaGetDeviceProperties as u16),
     ("cudaGetDeviceProperties_v2", Id::cudaGetDeviceProperties_v2 as u16),
     ("cudaGetDriverEntryPoint", Id::cudaGetDriverEntryPoint as u16),
     ("cudaGetDriverEntryPointByVersion", Id::cudaGetDriverEntryPointByVersion as u16),
     ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz as u16),
     ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz as u16),
+    ("cudaGraphAddMemAllocNode", Id::cudaGraphAddMemAllocNode as u16),
+    ("cudaGraphAddNode_v2", Id::cudaGraphAddNode_v2 as u16),
+    ("cudaGraphExecNodeSetParams", Id::cudaGraphExecNodeSetParams as u16),
+    ("cudaGraphNodeSetParams", Id::cudaGraphNodeSetParams as u16),
+    ("cudaGreenCtxCreate", Id::cudaGreenCtxCreate as u16),
+    ("cudaImportExternalMemory", Id::cudaImportExternalMemory as u16),
     ("cudaInitDevice", Id::cudaInitDevice as u16),
     ("cudaIpcGetEventHandle", Id::cudaIpcGetEventHandle as u16),
     ("cudaIpcGetMemHandle", Id::cudaIpcGetMemHandle as u16),
     ("cudaIpcOpenEventHandle", Id::cudaIpcOpenEventHandle as u16),
     ("cudaIpcOpenMemHandle", Id::cudaIpcOpenMemHandle as u16),
+    ("cudaKernelSetAttributeForDevice", Id::cudaKernelSetAttributeForDevice as u16),
+    ("cudaLaunchCooperativeKernelMultiDevice", Id::cudaLaunchCooperativeKernelMultiDevice as u16),
+    ("cudaMemDiscardAndPrefetchBatchAsync", Id::cudaMemDiscardAndPrefetchBatchAsync as u16),
+    ("cudaMemDiscardAndPrefetchBatchAsync_ptsz", Id::cudaMemDiscardAndPrefetchBatchAsync_ptsz as u16),
+    ("cudaMemGetDefaultMemPool", Id::cudaMemGetDefaultMemPool as u16),
+    ("cudaMemGetMemPool", Id::cudaMemGetMemPool as u16),
+    ("cudaMemPoolSetAccess", Id::cudaMemPoolSetAccess as u16),
     ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync as u16),
     ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz as u16),
+    ("cudaMemPrefetchBatchAsync", Id::cudaMemPrefetchBatchAsync as u16),
+    ("cudaMemPrefetchBatchAsync_ptsz", Id::cudaMemPrefetchBatchAsync_ptsz as u16),
+    ("cudaMemSetMemPool", Id::cudaMemSetMemPool as u16),
+    ("cudaMemcpy3DPeer", Id::cudaMemcpy3DPeer as u16),
+    ("cudaMemcpy3DPeerAsync", Id::cudaMemcpy3DPeerAsync as u16),
+    ("cudaMemcpy3DPeerAsync_ptsz", Id::cudaMemcpy3DPeerAsync_ptsz as u16),
+    ("cudaMemcpy3DPeer_ptds", Id::cudaMemcpy3DPeer_ptds as u16),
     ("cudaMemcpyPeer", Id::cudaMemcpyPeer as u16),
     ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync as u16),
     ("cudaSetDevice", Id::cudaSetDevice as u16),
+    ("cudaSetValidDevices", Id::cudaSetValidDevices as u16),
 ];
 
 /// Every guarded driver API name with the entries of its ABI variants, sorted by name
 /// (`cuGetProcAddress` routing: `table::driver_variants`).
-pub static DRIVER_APIS: [(&str, &[u16]); 33] = [
+pub static DRIVER_APIS: [(&str, &[u16]); 81] = [
+    ("cuCheckpointProcessRestore", &[Id::cuCheckpointProcessRestore as u16]),
     ("cuCtxCreate", &[Id::cuCtxCreate as u16, Id::cuCtxCreate_v2 as u16, Id::cuCtxCreate_v3 as u16, Id::cuCtxCreate_v4 as u16]),
     ("cuCtxEnablePeerAccess", &[Id::cuCtxEnablePeerAccess as u16]),
     ("cuDeviceCanAccessPeer", &[Id::cuDeviceCanAccessPeer as u16]),
+    ("cuDeviceComputeCapability", &[Id::cuDeviceComputeCapability as u16]),
     ("cuDeviceGet", &[Id::cuDeviceGet as u16]),
     ("cuDeviceGetAttribute", &[Id::cuDeviceGetAttribute as u16]),
+    ("cuDeviceGetByPCIBusId", &[Id::cuDeviceGetByPCIBusId as u16]),
+    ("cuDeviceGetCliqueCount", &[Id::cuDeviceGetCliqueCount as u16]),
+    ("cuDeviceGetCliqueInfo", &[Id::cuDeviceGetCliqueInfo as u16]),
+    ("cuDeviceGetDefaultMemPool", &[Id::cuDeviceGetDefaultMemPool as u16]),
+    ("cuDeviceGetDevResource", &[Id::cuDeviceGetDevResource as u16]),
+    ("cuDeviceGetExecAffinitySupport", &[Id::cuDeviceGetExecAffinitySupport as u16]),
+    ("cuDeviceGetFabricClusterUuid", &[Id::cuDeviceGetFabricClusterUuid as u16]),
+    ("cuDeviceGetGraphMemAttribute", &[Id::cuDeviceGetGraphMemAttribute as u16]),
+    ("cuDeviceGetHostAtomicCapabilities", &[Id::cuDeviceGetHostAtomicCapabilities as u16]),
+    ("cuDeviceGetLuid", &[Id::cuDeviceGetLuid as u16]),
+    ("cuDeviceGetMemPool", &[Id::cuDeviceGetMemPool as u16]),
     ("cuDeviceGetName", &[Id::cuDeviceGetName as u16]),
+    ("cuDeviceGetNvSciSyncAttributes", &[Id::cuDeviceGetNvSciSyncAttributes as u16]),
+    ("cuDeviceGetP2PAtomicCapabilities", &[Id::cuDeviceGetP2PAtomicCapabilities as u16]),
+    ("cuDeviceGetP2PAttribute", &[Id::cuDeviceGetP2PAttribute as u16]),
     ("cuDeviceGetPCIBusId", &[Id::cuDeviceGetPCIBusId as u16]),
+    ("cuDeviceGetProperties", &[Id::cuDeviceGetProperties as u16]),
+    ("cuDeviceGetTexture1DLinearMaxWidth", &[Id::cuDeviceGetTexture1DLinearMaxWidth as u16]),
     ("cuDeviceGetUuid", &[Id::cuDeviceGetUuid as u16, Id::cuDeviceGetUuid_v2 as u16]),
+    ("cuDeviceGraphMemTrim", &[Id::cuDeviceGraphMemTrim as u16]),
     ("cuDevicePrimaryCtxGetState", &[Id::cuDevicePrimaryCtxGetState as u16]),
     ("cuDevicePrimaryCtxRelease", &[Id::cuDevicePrimaryCtxRelease as u16, Id::cuDevicePrimaryCtxRelease_v2 as u16]),
     ("cuDevicePrimaryCtxReset", &[Id::cuDevicePrimaryCtxReset as u16, Id::cuDevicePrimaryCtxReset_v2 as u16]),
     ("cuDevicePrimaryCtxRetain", &[Id::cuDevicePrimaryCtxRetain as u16]),
     ("cuDevicePrimaryCtxSetFlags", &[Id::cuDevicePrimaryCtxSetFlags as u16, Id::cuDevicePrimaryCtxSetFlags_v2 as u16]),
+    ("cuDeviceSetGraphMemAttribute", &[Id::cuDeviceSetGraphMemAttribute as u16]),
+    ("cuDeviceSetMemPool", &[Id::cuDeviceSetMemPool as u16]),
     ("cuDeviceTotalMem", &[Id::cuDeviceTotalMem as u16, Id::cuDeviceTotalMem_v2 as u16]),
     ("cuGetProcAddress", &[Id::cuGetProcAddress as u16, Id::cuGetProcAddress_v2 as u16]),
+    ("cuGraphAddMemAllocNode", &[Id::cuGraphAddMemAllocNode as u16]),
+    ("cuGraphAddNode", &[Id::cuGraphAddNode as u16, Id::cuGraphAddNode_v2 as u16, Id::cuGraphAddNode_v3 as u16]),
+    ("cuGraphExecNodeSetParams", &[Id::cuGraphExecNodeSetParams as u16]),
+    ("cuGraphNodeSetParams", &[Id::cuGraphNodeSetParams as u16, Id::cuGraphNodeSetParams_v2 as u16]),
+    ("cuGreenCtxCreate", &[Id::cuGreenCtxCreate as u16]),
+    ("cuImportExternalMemory", &[Id::cuImportExternalMemory as u16]),
     ("cuInit", &[Id::cuInit as u16]),
     ("cuIpcGetEventHandle", &[Id::cuIpcGetEventHandle as u16]),
     ("cuIpcGetMemHandle", &[Id::cuIpcGetMemHandle as u16]),
     ("cuIpcOpenEventHandle", &[Id::cuIpcOpenEventHandle as u16]),
     ("cuIpcOpenMemHandle", &[Id::cuIpcOpenMemHandle as u16, Id::cuIpcOpenMemHandle_v2 as u16]),
+    ("cuKernelSetAttribute", &[Id::cuKernelSetAttribute as u16]),
+    ("cuLaunchCooperativeKernelMultiDevice", &[Id::cuLaunchCooperativeKernelMultiDevice as u16]),
+    ("cuLogicalEndpointAddDevice", &[Id::cuLogicalEndpointAddDevice as u16]),
+    ("cuLogicalEndpointBindAddr", &[Id::cuLogicalEndpointBindAddr as u16]),
+    ("cuLogicalEndpointBindMem", &[Id::cuLogicalEndpointBindMem as u16]),
+    ("cuLogicalEndpointUnbind", &[Id::cuLogicalEndpointUnbind as u16]),
     ("cuMemAdvise", &[Id::cuMemAdvise as u16, Id::cuMemAdvise_v2 as u16]),
     ("cuMemCreate", &[Id::cuMemCreate as u16]),
+    ("cuMemDiscardAndPrefetchBatchAsync", &[Id::cuMemDiscardAndPrefetchBatchAsync as u16, Id::cuMemDiscardAndPrefetchBatchAsync_ptsz as u16]),
     ("cuMemExportToShareableHandle", &[Id::cuMemExportToShareableHandle as u16]),
+    ("cuMemGetDefaultMemPool", &[Id::cuMemGetDefaultMemPool as u16]),
+    ("cuMemGetHandleForAddressRange", &[Id::cuMemGetHandleForAddressRange as u16]),
+    ("cuMemGetMemPool", &[Id::cuMemGetMemPool as u16]),
     ("cuMemImportFromShareableHandle", &[Id::cuMemImportFromShareableHandle as u16]),
     ("cuMemPoolCreate", &[Id::cuMemPoolCreate as u16]),
     ("cuMemPoolExportPointer", &[Id::cuMemPoolExportPointer as u16]),
     ("cuMemPoolExportToShareableHandle", &[Id::cuMemPoolExportToShareableHandle as u16]),
     ("cuMemPoolImportFromShareableHandle", &[Id::cuMemPoolImportFromShareableHandle as u16]),
     ("cuMemPoolImportPointer", &[Id::cuMemPoolImportPointer as u16]),
+    ("cuMemPoolSetAccess", &[Id::cuMemPoolSetAccess as u16]),
     ("cuMemPrefetchAsync", &[Id::cuMemPrefetchAsync as u16, Id::cuMemPrefetchAsync_ptsz as u16, Id::cuMemPrefetchAsync_v2 as u16, Id::cuMemPrefetchAsync_v2_ptsz as u16]),
+    ("cuMemPrefetchBatchAsync", &[Id::cuMemPrefetchBatchAsync as u16, Id::cuMemPrefetchBatchAsync_ptsz as u16]),
     ("cuMemSetAccess", &[Id::cuMemSetAccess as u16]),
+    ("cuMemSetMemPool", &[Id::cuMemSetMemPool as u16]),
+    ("cuMemcpy3DPeer", &[Id::cuMemcpy3DPeer as u16, Id::cuMemcpy3DPeer_ptds as u16]),
+    ("cuMemcpy3DPeerAsync", &[Id::cuMemcpy3DPeerAsync as u16, Id::cuMemcpy3DPeerAsync_ptsz as u16]),
+    ("cuMemcpyBatchAsync", &[Id::cuMemcpyBatchAsync as u16, Id::cuMemcpyBatchAsync_ptsz as u16, Id::cuMemcpyBatchAsync_v2 as u16, Id::cuMemcpyBatchAsync_v2_ptsz as u16]),
     ("cuMemcpyPeer", &[Id::cuMemcpyPeer as u16, Id::cuMemcpyPeer_ptds as u16]),
     ("cuMemcpyPeerAsync", &[Id::cuMemcpyPeerAsync as u16, Id::cuMemcpyPeerAsync_ptsz as u16]),
+    ("cuMemcpyWithAttributesAsync", &[Id::cuMemcpyWithAttributesAsync as u16, Id::cuMemcpyWithAttributesAsync_ptsz as u16]),
+    ("cuMulticastAddDevice", &[Id::cuMulticastAddDevice as u16]),
+    ("cuMulticastBindAddr", &[Id::cuMulticastBindAddr as u16, Id::cuMulticastBindAddr_v2 as u16]),
+    ("cuMulticastBindMem", &[Id::cuMulticastBindMem as u16, Id::cuMulticastBindMem_v2 as u16]),
+    ("cuMulticastUnbind", &[Id::cuMulticastUnbind as u16]),
 ];

@@ -33,7 +33,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::config::Mode;
 use crate::guard::decision_record::{self, Extra};
-use crate::guard::ffi::{CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult};
+use crate::guard::ffi::{
+    CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
+    EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+};
 use crate::guard::internal;
 use crate::guard::rank_root;
 use crate::guard::signal_safe::{self, StackBuf};
@@ -554,8 +557,55 @@ pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
     );
 }
 
+/// After a successful `cuMemGetHandleForAddressRange` of a dma-buf fd: device memory
+/// shared outside CUDA IPC keeps the same provenance as a VMM fd (its file identity).
+///
+/// # Safety
+/// `handle` points to the int the real call just wrote.
+pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
+    if handle.is_null() || !active() {
+        return;
+    }
+    // SAFETY: caller guarantees `handle` points to the exported fd.
+    let fd = unsafe { *(handle as *const c_int) };
+    let Some(key) = file_ident(fd).and_then(|f| Key::from_file(Kind::DmaBuf, f).ok()) else {
+        tracing::debug!(
+            fd,
+            "dma-buf fd has no unique file identity: provenance unknown"
+        );
+        return;
+    };
+    let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
+    record(key, gpu, Location::Device);
+}
+
 // ---------------------------------------------------------------------------------------
 // Imports
+
+/// The key of an external memory object imported from an opaque fd
+/// (`cuImportExternalMemory`, `cudaImportExternalMemory`): a dma-buf this node exported, or
+/// a VMM shareable fd, whichever has a record (the fd's identity is the same text for
+/// both). Other handle types (Windows, D3D, NvSciBuf) have no key: unknown provenance.
+///
+/// # Safety
+/// `desc` is NULL or points to a readable handle descriptor.
+pub unsafe fn key_of_external(desc: *const ExternalMemoryHandleDescHead) -> Option<Key> {
+    if desc.is_null() {
+        return None;
+    }
+    // SAFETY: caller guarantees readability.
+    let d = unsafe { &*desc };
+    if d.type_ != EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD {
+        return None;
+    }
+    let f = file_ident(d.fd)?;
+    let dmabuf = Key::from_file(Kind::DmaBuf, f).ok()?;
+    if !active() || lookup(&dmabuf).is_some() {
+        return Some(dmabuf);
+    }
+    let vmm = Key::from_file(Kind::VmmFd, f).ok()?;
+    Some(if lookup(&vmm).is_some() { vmm } else { dmabuf })
+}
 
 /// The key of a 64-byte handle passed by value.
 pub fn key_of(kind: Kind, h: &IpcHandle) -> Key {

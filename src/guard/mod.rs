@@ -28,6 +28,7 @@ pub mod missing;
 pub mod once;
 pub mod pyframes;
 pub mod rank_root;
+pub mod reach;
 pub mod real;
 pub mod route;
 pub mod signal_safe;

@@ -13,6 +13,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::guard::ffi::*;
 use crate::guard::ipc::IpcHandle;
+use crate::guard::reach;
 use crate::guard::route::{self, Routed};
 use crate::guard::{driver_query, init_check, missing};
 use crate::policy;

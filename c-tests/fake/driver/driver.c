@@ -359,6 +359,9 @@ FAKE_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attri
         v = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         break;
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: v = 1; break;
+    /* D-multicast (reach.c): whole GPUs on an NVSwitch node; dma-buf export. */
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = d->mig < 0; break;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: v = 1; break;
     /* The issue fixes GPU i's NUMA node as i*K/N for both ids (a real x86 H100 reports
      * NUMA_CONFIG none and NUMA_ID -1; see README "Known differences"). */
     case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: v = CU_DEVICE_NUMA_CONFIG_NONE; break;

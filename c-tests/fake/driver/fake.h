@@ -91,4 +91,22 @@ CUresult fake_stream_check(CUstream s);
 /* memory.c */
 void fake_memory_atfork_child(void);
 
+/* memory.c, for reach.c: what a known address range or VMM handle is backed by. */
+struct fake_range {
+    uintptr_t base;
+    size_t size;
+    int gpu, mig;                    /* physical owner; gpu -1 for host memory */
+    struct fake_ctx *ctx;
+    int fd;                          /* the memfd holding the bytes (-1: none reachable) */
+    size_t fd_off;                   /* where the range's first byte is in fd */
+    CUmemLocation loc;               /* VMM handles: the allocation's location */
+    unsigned handle_types;           /* VMM handles: requested shareable handle types */
+};
+int fake_range_of(uintptr_t p, size_t n, struct fake_range *out);      /* under fake_lock; 0 ok */
+int fake_vmm_handle_of(CUmemGenericAllocationHandle h, struct fake_range *out); /* same */
+void fake_add_ext_mapping(uintptr_t base, size_t size, int fd, int gpu, int mig,
+                          struct fake_ctx *ctx);                      /* under fake_lock */
+CUresult fake_copy(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev, size_t n,
+                   CUstream s, int async);
+
 #endif

@@ -27,7 +27,7 @@
             return r_;                       \
     } while (0)
 
-enum kind { K_DEVICE, K_MANAGED, K_IPC, K_VMM, K_POOL, K_POOL_IMPORT };
+enum kind { K_DEVICE, K_MANAGED, K_IPC, K_VMM, K_POOL, K_POOL_IMPORT, K_EXT };
 
 struct fake_pool;
 
@@ -47,7 +47,7 @@ struct alloc {
     unsigned long long ino;
     struct vmm_handle *vmm;           /* K_VMM */
     struct fake_pool *pool;           /* K_POOL, K_POOL_IMPORT */
-    size_t pool_off;                  /* offset of the data in the pool's memfd */
+    size_t pool_off;                  /* offset of the data in the pool's (VMM: handle's) memfd */
     int vmm_loc_id;                   /* K_VMM: the allocation's reported location.id */
     unsigned long long access[FAKE_MAX_GPUS]; /* K_VMM: CUmemAccess_flags per ordinal */
     int prot;                         /* host protection of the range (PROT_*) */
@@ -155,7 +155,8 @@ FAKE_API CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     pthread_mutex_lock(&fake_lock);
     struct alloc *a = find((uintptr_t)dptr, 1);
     CUresult r = CUDA_SUCCESS;
-    if (!a || a->base != (uintptr_t)dptr || (a->kind != K_DEVICE && a->kind != K_MANAGED)) {
+    if (!a || a->base != (uintptr_t)dptr ||
+        (a->kind != K_DEVICE && a->kind != K_MANAGED && a->kind != K_EXT)) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
         unlink_alloc(a);
@@ -922,6 +923,7 @@ FAKE_API CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
             a->id = next_id++;
             a->vmm = v;
             a->vmm_loc_id = v->prop.location.id;
+            a->pool_off = PAGE + offset;
             v->refs++;
             a->next = allocs;
             allocs = a;
@@ -1778,4 +1780,81 @@ FAKE_API CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryP
     }
     pthread_mutex_unlock(&fake_lock);
     return r;
+}
+
+/* ---------------------------------------------------------------- hooks for reach.c */
+
+/* Caller holds fake_lock. */
+int fake_range_of(uintptr_t p, size_t n, struct fake_range *out)
+{
+    struct alloc *a = find(p, n ? n : 1);
+    if (!a)
+        return -1;
+    out->base = a->base;
+    out->size = a->size;
+    out->gpu = a->gpu;
+    out->mig = a->mig;
+    out->ctx = a->ctx;
+    out->fd = -1;
+    out->fd_off = 0;
+    switch (a->kind) {
+    case K_DEVICE:
+    case K_MANAGED:
+    case K_EXT:
+        out->fd = a->fd;
+        break;
+    case K_VMM:
+        out->fd = a->vmm->fd;
+        out->fd_off = a->pool_off;
+        break;
+    case K_POOL:
+    case K_POOL_IMPORT:
+        out->fd = a->pool->fd;
+        out->fd_off = a->pool_off;
+        break;
+    case K_IPC:
+        break;
+    }
+    return 0;
+}
+
+/* Caller holds fake_lock. */
+int fake_vmm_handle_of(CUmemGenericAllocationHandle h, struct fake_range *out)
+{
+    struct vmm_handle *v = vmm_lookup(h);
+    if (!v)
+        return -1;
+    memset(out, 0, sizeof *out);
+    out->size = v->size;
+    out->gpu = v->gpu;
+    out->mig = v->mig;
+    out->fd = v->fd;
+    out->fd_off = PAGE;
+    out->loc = v->prop.location;
+    out->handle_types = (unsigned)v->prop.requestedHandleTypes;
+    return 0;
+}
+
+/* Caller holds fake_lock. Records a mapping of another file (an imported external
+ * buffer); takes ownership of fd; freed with cuMemFree. */
+void fake_add_ext_mapping(uintptr_t base, size_t size, int fd, int gpu, int mig, struct fake_ctx *ctx)
+{
+    struct alloc *a = calloc(1, sizeof *a);
+    a->kind = K_EXT;
+    a->prot = PROT_READ | PROT_WRITE;
+    a->base = base;
+    a->size = size;
+    a->fd = fd;
+    a->ctx = ctx;
+    a->gpu = gpu;
+    a->mig = mig;
+    a->id = next_id++;
+    a->next = allocs;
+    allocs = a;
+}
+
+CUresult fake_copy(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev, size_t n,
+                   CUstream s, int async)
+{
+    return copy(dst, dst_dev, src, src_dev, n, s, async);
 }

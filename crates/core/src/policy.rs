@@ -95,6 +95,10 @@ pub enum Detail {
     UnknownExporter,
     /// An imported mapping that the driver reports on another device than the rank's (R3).
     ImportedOnOtherDevice { device: i32 },
+    /// One cooperative launch across several devices (R4).
+    MultiDeviceLaunch { devices: u32 },
+    /// A checkpoint restore that moves a process's CUDA state onto another GPU (R1).
+    RestoreOntoOtherGpu,
 }
 
 impl Detail {
@@ -131,6 +135,12 @@ impl fmt::Display for Detail {
                     "the imported mapping is on device {device}, not the rank's device 0"
                 )
             }
+            Detail::MultiDeviceLaunch { devices } => {
+                write!(f, "one cooperative launch across {devices} devices")
+            }
+            Detail::RestoreOntoOtherGpu => f.write_str(
+                "a checkpoint restore remaps the process onto another GPU than it was checkpointed on",
+            ),
         }
     }
 }
@@ -255,6 +265,84 @@ pub fn peer_unknown() -> Verdict {
     })
 }
 
+/// The first verdict that is not Allow among several (each argument of an array: access
+/// descriptors, locations, a device list), else Allow. Violations and queries are reported
+/// for the first offending element, as the driver reports the first invalid one.
+#[inline]
+pub fn first<I: IntoIterator<Item = Verdict>>(verdicts: I) -> Verdict {
+    verdicts
+        .into_iter()
+        .find(|v| !v.is_allow())
+        .unwrap_or(Verdict::Allow)
+}
+
+/// A query about two devices (P2P attributes): recorded when either is not device 0.
+#[inline]
+pub fn query_pair(a: i32, b: i32) -> Verdict {
+    first([query(a), query(b)])
+}
+
+/// A location given only as a hint (batch and attribute copies' `srcLocHint`/`dstLocHint`,
+/// which the driver applies to managed memory): recorded in warn mode when it names a
+/// device other than 0, never denied (the copy itself is between pointers the rank holds).
+#[inline]
+pub fn location_hint(type_: u32, id: i32) -> Verdict {
+    match location(type_, id) {
+        Verdict::Violation(v) => Verdict::Query(v),
+        other => other,
+    }
+}
+
+/// Granting a device access to a memory pool (`cuMemPoolSetAccess`): R2 on the
+/// descriptor's location; and R4 when the pool lives on another device than the one
+/// granted access (PyTorch's allocator enables peer access this way, not through
+/// `cudaDeviceEnablePeerAccess`). `pool_device` is the pool's device when it has a device
+/// location and the guard could learn it; `None` for a host pool or an unknown one.
+#[inline]
+pub fn pool_access(pool_device: Option<i32>, type_: u32, id: i32) -> Verdict {
+    let r2 = location(type_, id);
+    if !r2.is_allow() || type_ != location::DEVICE {
+        return r2;
+    }
+    match pool_device {
+        Some(p) if p != id => peer(p, id),
+        _ => Verdict::Allow,
+    }
+}
+
+/// R4: one cooperative kernel launched on several devices at once
+/// (`cuLaunchCooperativeKernelMultiDevice`). A single device is the rank's own (its stream's
+/// context was created under R2).
+#[inline]
+pub fn multi_device(devices: u32) -> Verdict {
+    if devices <= 1 {
+        Verdict::Allow
+    } else {
+        Verdict::Violation(Violation {
+            rule: Rule::R4,
+            code: DenyCode::NotPermitted,
+            detail: Detail::MultiDeviceLaunch { devices },
+        })
+    }
+}
+
+/// R1 on a checkpoint restore (`cuCheckpointProcessRestore`, CUDA 13.5's GPU remapping):
+/// each pair moves the state of the GPU `old` onto `new`. A rank is one GPU, checked at its
+/// first `cuInit` against its `CUDA_VISIBLE_DEVICES` and rank GPU, and a restored process
+/// does not initialise again: a pair onto another GPU would move the rank off its GPU
+/// unseen. Pairs that keep the GPU are allowed.
+pub fn restore<'a, I: IntoIterator<Item = (&'a [u8; 16], &'a [u8; 16])>>(pairs: I) -> Verdict {
+    if pairs.into_iter().all(|(old, new)| old == new) {
+        Verdict::Allow
+    } else {
+        Verdict::Violation(Violation {
+            rule: Rule::R1,
+            code: DenyCode::NotPermitted,
+            detail: Detail::RestoreOntoOtherGpu,
+        })
+    }
+}
+
 /// What the R1 check at CUDA initialisation needs to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InitFacts {
@@ -345,6 +433,81 @@ mod tests {
         );
         assert!(matches!(peer(1, 1), Verdict::Violation(v) if v.rule == Rule::R2));
         assert!(!peer_unknown().is_allow());
+    }
+
+    #[test]
+    fn arrays_report_their_first_offender() {
+        assert!(first([]).is_allow());
+        assert!(first([ordinal(0), location(location::HOST, 3)]).is_allow());
+        let v = first([ordinal(0), ordinal(2), ordinal(5)]);
+        assert!(matches!(v, Verdict::Violation(x) if x.ordinal() == Some(2)));
+        // A device list (cudaSetValidDevices): any entry other than 0 is R2.
+        assert!(!first([0, 1].map(ordinal)).is_allow());
+        assert!(first([0, 0].map(ordinal)).is_allow());
+    }
+
+    #[test]
+    fn two_device_queries() {
+        assert!(query_pair(0, 0).is_allow());
+        assert!(matches!(query_pair(0, 1), Verdict::Query(v) if v.ordinal() == Some(1)));
+        assert!(matches!(query_pair(3, 0), Verdict::Query(v) if v.ordinal() == Some(3)));
+    }
+
+    #[test]
+    fn pool_access_grants() {
+        use location::*;
+        // The rank's own pool, its own device.
+        assert!(pool_access(Some(0), DEVICE, 0).is_allow());
+        // Unknown or host pool, device 0: nothing crosses devices that the guard can see.
+        assert!(pool_access(None, DEVICE, 0).is_allow());
+        // Another device named in the descriptor: R2, whatever the pool.
+        for pool in [None, Some(0), Some(1)] {
+            assert!(
+                matches!(pool_access(pool, DEVICE, 1), Verdict::Violation(v) if v.rule == Rule::R2 && v.code == DenyCode::InvalidDevice),
+                "{pool:?}"
+            );
+        }
+        // PyTorch's pattern: device 1's pool made accessible from device 0 is R4.
+        assert!(
+            matches!(pool_access(Some(1), DEVICE, 0), Verdict::Violation(v) if v.rule == Rule::R4 && v.code == DenyCode::NotPermitted && v.detail == Detail::Peer { device: 1, peer: 0 })
+        );
+        // Host locations are not devices.
+        assert!(pool_access(Some(1), HOST_NUMA, 0).is_allow());
+    }
+
+    #[test]
+    fn location_hints_are_observed() {
+        assert!(location_hint(location::DEVICE, 0).is_allow());
+        assert!(location_hint(location::HOST, 3).is_allow());
+        assert!(
+            matches!(location_hint(location::DEVICE, 2), Verdict::Query(v) if v.rule == Rule::R2)
+        );
+    }
+
+    #[test]
+    fn multi_device_launches() {
+        assert!(multi_device(0).is_allow());
+        assert!(multi_device(1).is_allow());
+        let v = multi_device(2);
+        assert!(
+            matches!(v, Verdict::Violation(x) if x.rule == Rule::R4 && x.code == DenyCode::NotPermitted)
+        );
+        if let Verdict::Violation(x) = v {
+            assert_eq!(
+                x.detail.to_string(),
+                "one cooperative launch across 2 devices"
+            );
+        }
+    }
+
+    #[test]
+    fn restores_keep_the_gpu() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert!(restore([]).is_allow());
+        assert!(restore([(&a, &a), (&b, &b)]).is_allow());
+        assert!(
+            matches!(restore([(&a, &a), (&a, &b)]), Verdict::Violation(v) if v.rule == Rule::R1 && v.code == DenyCode::NotPermitted && v.detail == Detail::RestoreOntoOtherGpu)
+        );
     }
 
     fn facts(cvd_set: bool, entries: usize, devices: i32) -> InitFacts {

@@ -60,6 +60,9 @@ const PID_MAX: u32 = 1 << 22;
 const MAGIC: &str = "rankguard-ipc-record 1";
 /// `ANON_INODE_FS_MAGIC` (linux/magic.h): every anon_inode file shares one inode.
 pub const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
+/// `DMA_BUF_MAGIC` (linux/magic.h): each dma-buf is its own inode of the dmabuf
+/// filesystem (not a regular file, but a unique identity).
+pub const DMA_BUF_MAGIC: i64 = 0x444d_4142;
 
 // ---------------------------------------------------------------------------------------
 // Keys
@@ -81,6 +84,8 @@ pub enum Kind {
     PoolFabric,
     /// `cuMemPoolExportPointer` export data (64 bytes).
     PoolPtr,
+    /// `cuMemGetHandleForAddressRange` dma-buf fd (file identity).
+    DmaBuf,
     /// Not a handle: a guarded process's rank record (`rank-<pid>`, see
     /// [`crate::rank_root`]): written at its first `cuInit` when no rank variables name its
     /// rank, so its descendants find the rank root. Its `gpu` is the rank GPU, its `root`
@@ -89,7 +94,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 8] = [
+    const ALL: [Kind; 9] = [
         Kind::Mem,
         Kind::Event,
         Kind::VmmFd,
@@ -97,6 +102,7 @@ impl Kind {
         Kind::PoolFd,
         Kind::PoolFabric,
         Kind::PoolPtr,
+        Kind::DmaBuf,
         Kind::Rank,
     ];
 
@@ -109,6 +115,7 @@ impl Kind {
             Kind::PoolFd => "poolfd",
             Kind::PoolFabric => "poolfabric",
             Kind::PoolPtr => "poolptr",
+            Kind::DmaBuf => "dmabuf",
             Kind::Rank => "rank",
         }
     }
@@ -164,7 +171,8 @@ impl Key {
 
     /// A file descriptor: its `(st_dev, st_ino)` where that is unique.
     pub fn from_file(kind: Kind, f: FileIdent) -> Result<Key, NoKey> {
-        if !f.regular || f.fs_magic == ANON_INODE_FS_MAGIC {
+        let dmabuf = f.fs_magic == DMA_BUF_MAGIC;
+        if !(f.regular || dmabuf) || f.fs_magic == ANON_INODE_FS_MAGIC {
             return Err(NoKey::NotUnique);
         }
         Ok(Key {
@@ -1172,6 +1180,16 @@ mod tests {
             fs_magic: 0x1021994,
         };
         assert_eq!(Key::from_file(Kind::VmmFd, chr), Err(NoKey::NotUnique));
+        // A real dma-buf is no regular file, but each is its own inode of the dmabuf fs.
+        let dmabuf = FileIdent {
+            dev: 13,
+            ino: 0x2c,
+            regular: false,
+            fs_magic: DMA_BUF_MAGIC,
+        };
+        let k = Key::from_file(Kind::DmaBuf, dmabuf).unwrap();
+        assert_eq!(k.file_name(), "dmabuf-d.2c");
+        assert_eq!(Key::parse_file_name("dmabuf-d.2c"), Some(k));
     }
 
     #[test]

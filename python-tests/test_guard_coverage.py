@@ -1,0 +1,188 @@
+"""Issue 15's ranked list: the functions that reach another device outside the first
+guarded set, each on every path a program reaches it by.
+
+For each function (c-tests/tests/guard_call.c makes the call):
+  - ordinal 0 / the rank's own device: reaches the driver unchanged (the same rc as an
+    unguarded run) and leaves no audit record;
+  - another ordinal (or a peer pair) under one visible GPU in enforce mode: denied with the
+    documented code (101 for R2, 800 for R4) and one deny record; queries are never denied
+    (the driver's own answer, no record);
+  - with two GPUs visible in warn mode: recorded with its rule and passed through, so the
+    program gets exactly what the driver alone answers.
+Plus PyTorch's cudaMallocAsync allocator pattern (c-tests/tests/pool_peer.c) and the
+dma-buf / external-memory R3 exchange (c-tests/tests/ipc_peer.c kinds dmabuf, rtdmabuf,
+extvmm).
+"""
+from __future__ import annotations
+
+import pytest
+
+from _guard import guarded, prog
+
+# (call, [versions], rule, code): rule None = a query (recorded in warn, never denied).
+DRIVER = [
+    ("cuDeviceGetDefaultMemPool", [11020], "R2", 101),
+    ("cuDeviceGetMemPool", [11020], "R2", 101),
+    ("cuDeviceSetMemPool", [11020], "R2", 101),
+    ("cuMemPoolSetAccess", [11020], "R2", 101),
+    ("cuMemcpy3DPeer", [4000], "R4", 800),
+    ("cuMemcpy3DPeerAsync", [4000], "R4", 800),
+    ("cuMulticastAddDevice", [12010], "R2", 101),
+    ("cuGreenCtxCreate", [12040], "R2", 101),
+    ("cuDeviceGetDevResource", [12040], "R2", 101),
+    ("cuLaunchCooperativeKernelMultiDevice", [9000], "R4", 800),
+    ("cuGraphAddMemAllocNode", [11040], "R2", 101),
+    ("cuGraphAddNode", [12020, 12030], "R2", 101),
+    ("cuMemGetDefaultMemPool", [13000], "R2", 101),
+    ("cuMemPrefetchBatchAsync", [13000], "R2", 101),
+    ("cuMemDiscardAndPrefetchBatchAsync", [13000], "R2", 101),
+    ("cuMemGetMemPool", [13000], "R2", 101),
+    ("cuMemSetMemPool", [13000], "R2", 101),
+    ("cuMulticastUnbind", [12010], "R2", 101),
+    ("cuMulticastBindMem", [13010], "R2", 101),
+    ("cuLogicalEndpointAddDevice", [13030], "R2", 101),
+    ("cuGraphNodeSetParams", [12020], "R2", 101),
+    ("cuCheckpointProcessRestore", [12080], "R1", 800),
+    ("cuDeviceGetP2PAttribute", [8000], None, None),
+    ("cuDeviceComputeCapability", [2000], None, None),
+    ("cuDeviceGetLuid", [10000], None, None),
+    ("cuMemcpyBatchAsync", [12080], None, None),
+    ("cuDeviceGetByPCIBusId", [4010], None, None),
+    ("cuDeviceGraphMemTrim", [11040], "R2", 101),
+    ("cuDeviceSetGraphMemAttribute", [11040], "R2", 101),
+    ("cuKernelSetAttribute", [12000], "R2", 101),
+    ("cuDeviceGetTexture1DLinearMaxWidth", [11010], None, None),
+    ("cuDeviceGetExecAffinitySupport", [11040], None, None),
+]
+PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"]
+# The runtime's cudaGetDriverEntryPoint (ep) asks at the runtime's own version (12.090 for
+# the fake libcudart.so.12 these programs link): it hands out the newest variant up to
+# then, and nothing introduced later (CUDA 13's entry points).
+CASES = [(p, c, v, rule, code) for c, vs, rule, code in DRIVER for p in PATHS for v in vs
+         if p != "ep" or v == max((x for x in vs if x <= 12090), default=None)]
+
+RUNTIME = [
+    ("cudaDeviceGetDefaultMemPool", "R2", 101),
+    ("cudaDeviceGetMemPool", "R2", 101),
+    ("cudaDeviceSetMemPool", "R2", 101),
+    ("cudaMemPoolSetAccess", "R2", 101),
+    ("cudaMemcpy3DPeer", "R4", 800),
+    ("cudaMemcpy3DPeerAsync", "R4", 800),
+    ("cudaSetValidDevices", "R2", 101),
+    ("cudaLaunchCooperativeKernelMultiDevice", "R4", 800),
+    ("cudaGraphAddMemAllocNode", "R2", 101),
+    ("cudaDeviceGetP2PAttribute", None, None),
+]
+
+_BASELINE: dict = {}
+
+
+def baseline(tmp_path, args, cvd, **env) -> int:
+    """What the fake platform alone answers (no guard)."""
+    key = (tuple(str(a) for a in args), cvd)
+    if key not in _BASELINE:
+        r = guarded(args, tmp_path, cvd=cvd, preload=False, **env)
+        assert "setup ok" in r.out, r.out + r.err
+        _BASELINE[key] = r.value("rc")
+    return _BASELINE[key]
+
+
+def check(tmp_path, args_of, call, rule, code, **env):
+    ok = guarded(args_of(0), tmp_path, cvd="3", **env)
+    assert ok.rc == 0 and "setup ok" in ok.out, ok.out + ok.err
+    assert ok.value("rc") == baseline(tmp_path, args_of(0), "3", **env), ok.out + ok.err
+    assert ok.audit == [] and "RANKGUARD" not in ok.err, ok.err
+
+    bad = guarded(args_of(1), tmp_path, cvd="3", **env)
+    assert bad.rc == 0 and "setup ok" in bad.out, bad.out + bad.err
+    mine = [r for r in bad.audit if r["call"] == call]
+    if rule is None:
+        # A query about another device: the driver's own answer, never denied.
+        assert bad.value("rc") == baseline(tmp_path, args_of(1), "3", **env), bad.out + bad.err
+        assert [r for r in mine if r["verdict"] == "deny"] == [], mine
+    else:
+        assert bad.value("rc") == code, bad.out + bad.err
+        assert len(mine) == 1, bad.audit
+        assert mine[0]["verdict"] == "deny" and mine[0]["rule"] == rule, mine
+        assert f"RANKGUARD WARN {call}(" in bad.err, bad.err
+
+    warn = guarded(args_of(1), tmp_path, cvd="0,1", mode="warn", **env)
+    assert warn.rc == 0 and "setup ok" in warn.out, warn.out + warn.err
+    assert warn.value("rc") == baseline(tmp_path, args_of(1), "0,1", **env), warn.out + warn.err
+    mine = [r for r in warn.audit if r["call"] == call]
+    assert len(mine) == 1 and mine[0]["verdict"] == "warn", warn.audit
+    assert mine[0]["rule"] == (rule or "R2"), mine
+
+
+@pytest.mark.parametrize("path,call,version,rule,code", CASES,
+                         ids=[f"{p}-{c}-{v}" for p, c, v, _, _ in CASES])
+def test_driver_function_on_every_path(tmp_path, path, call, version, rule, code):
+    check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o), str(version)], call, rule, code)
+
+
+@pytest.mark.parametrize("path", ["link", "dlsym"])
+@pytest.mark.parametrize("call,rule,code", RUNTIME, ids=[c for c, _, _ in RUNTIME])
+def test_runtime_function(tmp_path, path, call, rule, code):
+    check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o)], call, rule, code)
+
+
+RUNTIME13 = [
+    ("cudaMemGetDefaultMemPool", "R2", 101),
+    ("cudaMemGetMemPool", "R2", 101),
+    ("cudaMemSetMemPool", "R2", 101),
+    ("cudaDeviceGetDevResource", "R2", 101),
+    ("cudaGreenCtxCreate", "R2", 101),
+    ("cudaDeviceGetExecutionCtx", "R2", 101),
+    ("cudaMemPrefetchBatchAsync", "R2", 101),
+]
+
+
+@pytest.mark.parametrize("path", ["link", "dlsym"])
+@pytest.mark.parametrize("call,rule,code", RUNTIME13, ids=[c for c, _, _ in RUNTIME13])
+def test_cuda13_runtime_function(tmp_path, path, call, rule, code):
+    """CUDA 13 runtime names (a program linked against libcudart.so.13, on a 13.5 driver)."""
+    check(tmp_path, lambda o: [prog("reach13_calls"), path, call, str(o)], call, rule, code,
+          FAKECUDA_DRIVER_VERSION="13050")
+
+
+@pytest.mark.parametrize("call", ["cuMemcpy3DPeer", "cuMemcpy3DPeerAsync"])
+def test_per_thread_3d_peer_copies_are_their_own_variants(tmp_path, call):
+    """cuGetProcAddress_v2 with the per-thread flag hands out `_ptds`/`_ptsz`: guarded too
+    (an unknown variant of a guarded function would be refused with 500)."""
+    r = guarded([prog("guard_call"), "gpa2pt", call, "0", "7000"], tmp_path, cvd="3")
+    assert f"setup ok ({call}_pt" in r.out and r.value("rc") == 0, r.out + r.err
+    r = guarded([prog("guard_call"), "gpa2pt", call, "1", "7000"], tmp_path, cvd="3")
+    assert r.value("rc") == 800, r.out + r.err
+
+
+@pytest.mark.parametrize("api", ["rt", "drv"])
+def test_pytorch_allocator_pattern(tmp_path, api):
+    """`cudaDeviceGetDefaultMemPool(&pool, 1)` then `cudaMemPoolSetAccess(pool, {location
+    {device, 0}, readWrite})`: peer access through a pool (and its driver twin)."""
+    get, setacc = (("cudaDeviceGetDefaultMemPool", "cudaMemPoolSetAccess") if api == "rt"
+                   else ("cuDeviceGetDefaultMemPool", "cuMemPoolSetAccess"))
+    alone = guarded([prog("pool_peer"), api], tmp_path, cvd="0,1", preload=False)
+    assert (alone.value("getpool-rc"), alone.value("setaccess-rc"), alone.value("access")) == (0, 0, 3), alone.out
+
+    # enforce: refused at the first step; no pool of device 1, no access granted
+    bad = guarded([prog("pool_peer"), api], tmp_path, cvd="3")
+    assert bad.value("getpool-rc") == 101 and bad.value("pool") == 0, bad.out + bad.err
+    rec = [r for r in bad.audit if r["call"] == get]
+    assert len(rec) == 1 and rec[0]["rule"] == "R2" and rec[0]["verdict"] == "deny", bad.audit
+
+    # warn: both steps recorded (device 1's pool: R2; device 0 given access to it: R4), and
+    # the program gets exactly what the platform alone gives
+    warn = guarded([prog("pool_peer"), api], tmp_path, cvd="0,1", mode="warn")
+    assert (warn.value("getpool-rc"), warn.value("setaccess-rc"), warn.value("access")) == (0, 0, 3), warn.out
+    got = [r for r in warn.audit if r["call"] == get]
+    assert len(got) == 1 and got[0]["rule"] == "R2" and got[0]["verdict"] == "warn", warn.audit
+    acc = [r for r in warn.audit if r["call"] == setacc]
+    assert len(acc) == 1 and acc[0]["rule"] == "R4" and acc[0]["verdict"] == "warn", warn.audit
+    assert "peer access between device 1 and device 0" in acc[0]["detail"], acc[0]
+
+
+def test_a_pool_of_the_ranks_own_device_is_no_peer_grant(tmp_path):
+    """Device 0's pool made accessible from device 0 (what PyTorch does on a one-GPU rank):
+    allowed, unchanged, no record."""
+    r = guarded([prog("guard_call"), "link", "cudaMemPoolSetAccess", "0"], tmp_path, cvd="3")
+    assert r.value("rc") == 0 and r.audit == [], r.out + r.err

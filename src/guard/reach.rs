@@ -1,0 +1,288 @@
+//! What the guard must remember or read to judge the calls that reach another device
+//! through an object rather than an ordinal: memory pools (whose device a later
+//! `cuMemPoolSetAccess` grant crosses) and the two sides of a 3D peer copy.
+//!
+//! Pools: the guard learns a pool's device where it sees one handed out or created
+//! (`cuDeviceGetDefaultMemPool`, `cuDeviceGetMemPool`, `cuMemPoolCreate` at a device
+//! location, and the runtime twins, which reach the driver's). Up to [`SLOTS`] pools are
+//! remembered in a fixed table of atomics: no allocation, no lock, safe in a forked child
+//! and under re-entry. A pool the guard never saw (imported, or past the table) has no
+//! known device: its grant is judged by the descriptor alone (R2), which under R1 is the
+//! whole story (the rank sees one device).
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+
+use crate::guard::driver_query;
+use crate::guard::ffi::{
+    cudaMemcpy3DPeerParmsHead, CUcheckpointRestoreArgsHead, CUmemAccessDesc, CUmemLocation,
+    CUmemcpyAttributes, GraphNodeParamsHead, MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER,
+    CU_MEMORYTYPE_ARRAY, GRAPH_NODE_TYPE_MEM_ALLOC,
+};
+use crate::policy::{self, Verdict};
+
+/// How many pools' devices are remembered (a process has a default pool per device and a
+/// few of its own).
+pub const SLOTS: usize = 256;
+
+const UNKNOWN: i32 = i32::MIN;
+
+static POOL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static DEVICE: [AtomicI32; SLOTS] = [const { AtomicI32::new(UNKNOWN) }; SLOTS];
+
+/// Remember that `pool` lives on device `dev` (a later entry for the same pool wins).
+pub fn remember_pool(pool: *mut c_void, dev: i32) {
+    let p = pool as usize;
+    if p == 0 {
+        return;
+    }
+    for i in 0..SLOTS {
+        match POOL[i].compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                DEVICE[i].store(dev, Ordering::Release);
+                return;
+            }
+            Err(q) if q == p => {
+                DEVICE[i].store(dev, Ordering::Release);
+                return;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The device of a pool the guard saw handed out or created, if any.
+pub fn pool_device(pool: *mut c_void) -> Option<i32> {
+    let p = pool as usize;
+    if p == 0 {
+        return None;
+    }
+    for i in 0..SLOTS {
+        match POOL[i].load(Ordering::Acquire) {
+            0 => return None,
+            q if q == p => {
+                let d = DEVICE[i].load(Ordering::Acquire);
+                return (d != UNKNOWN).then_some(d);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// R2/R4 on every descriptor of a pool access grant (`cuMemPoolSetAccess`,
+/// `cudaMemPoolSetAccess`: the runtime's descriptor has the driver's layout).
+///
+/// # Safety
+/// `desc` is NULL or points to `count` readable descriptors.
+pub unsafe fn pool_access(
+    pool: *mut c_void,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> (Verdict, usize) {
+    if desc.is_null() {
+        return (Verdict::Allow, 0);
+    }
+    let dev = pool_device(pool);
+    for i in 0..count {
+        // SAFETY: caller guarantees `count` readable descriptors.
+        let l = unsafe { (*desc.add(i)).location };
+        let v = policy::pool_access(dev, l.type_, l.id);
+        if !v.is_allow() {
+            return (v, i);
+        }
+    }
+    (Verdict::Allow, 0)
+}
+
+/// R4 between the two contexts of a 3D peer copy (an array side's context is ignored by
+/// the driver, so it is by the guard).
+///
+/// # Safety
+/// `p` is NULL or points to a readable `CUDA_MEMCPY3D_PEER`.
+pub unsafe fn memcpy3d_peer(p: *const CUDA_MEMCPY3D_PEER) -> Verdict {
+    if p.is_null() {
+        return Verdict::Allow; // the driver refuses it itself
+    }
+    // SAFETY: caller guarantees readability.
+    let c = unsafe { &*p };
+    if c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY {
+        // One side is an array, whose context the driver takes from the array itself; the
+        // other side's context is the current one or the given one: compare those we have.
+        return Verdict::Allow;
+    }
+    if c.srcContext == c.dstContext {
+        return Verdict::Allow;
+    }
+    match (
+        driver_query::context_device(c.srcContext),
+        driver_query::context_device(c.dstContext),
+    ) {
+        (Some(a), Some(b)) => policy::peer(a, b),
+        _ => policy::peer_unknown(),
+    }
+}
+
+/// The two devices of a runtime 3D peer copy, `(dst, src)`.
+///
+/// # Safety
+/// `p` is NULL or points to a readable `cudaMemcpy3DPeerParms`.
+pub unsafe fn memcpy3d_peer_devices(p: *const cudaMemcpy3DPeerParmsHead) -> Option<(i32, i32)> {
+    // SAFETY: caller guarantees readability.
+    unsafe { p.as_ref() }.map(|c| (c.dstDevice, c.srcDevice))
+}
+
+/// R2 on a graph memory-allocation node: the pool location and every access descriptor
+/// (peer access to the node's memory is a grant like `cuMemSetAccess`).
+///
+/// # Safety
+/// `p` is NULL or points to readable node parameters whose `accessDescs` holds
+/// `accessDescCount` readable descriptors (or is NULL).
+pub unsafe fn alloc_node(p: *const MemAllocNodeParamsHead) -> Verdict {
+    // SAFETY: caller guarantees readability.
+    let Some(n) = (unsafe { p.as_ref() }) else {
+        return Verdict::Allow;
+    };
+    let l = n.poolProps.location;
+    let v = policy::location(l.type_, l.id);
+    if !v.is_allow() || n.accessDescs.is_null() {
+        return v;
+    }
+    // SAFETY: caller guarantees `accessDescCount` readable descriptors.
+    let d = unsafe { std::slice::from_raw_parts(n.accessDescs, n.accessDescCount) };
+    policy::first(
+        d.iter()
+            .map(|a| policy::location(a.location.type_, a.location.id)),
+    )
+}
+
+/// R2 on a generic graph node's parameters (`cuGraphAddNode`, `cuGraphNodeSetParams`,
+/// `cuGraphExecNodeSetParams`, runtime twins): a memory-allocation node as
+/// [`alloc_node`]; other node types name no device here.
+///
+/// # Safety
+/// `p` is NULL or points to readable node parameters (as for [`alloc_node`] when the type
+/// is a memory allocation).
+pub unsafe fn node_params(p: *const GraphNodeParamsHead) -> Verdict {
+    // SAFETY: caller guarantees readability.
+    match unsafe { p.as_ref() } {
+        Some(n) if n.type_ == GRAPH_NODE_TYPE_MEM_ALLOC => {
+            // SAFETY: a memory-allocation node's union member is the allocation's parameters.
+            unsafe { alloc_node(&raw const n.alloc) }
+        }
+        _ => Verdict::Allow,
+    }
+}
+
+/// The location hints of batch and attribute copies: observed (a query), never denied.
+///
+/// # Safety
+/// `attrs` is NULL or points to `n` readable attributes.
+pub unsafe fn copy_hints(attrs: *const CUmemcpyAttributes, n: usize) -> Verdict {
+    if attrs.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `n` readable attributes.
+    let a = unsafe { std::slice::from_raw_parts(attrs, n) };
+    policy::first(a.iter().flat_map(|x| {
+        [
+            policy::location_hint(x.srcLocHint.type_, x.srcLocHint.id),
+            policy::location_hint(x.dstLocHint.type_, x.dstLocHint.id),
+        ]
+    }))
+}
+
+/// R2 on every location of a batch prefetch (`cuMemPrefetchBatchAsync`,
+/// `cuMemDiscardAndPrefetchBatchAsync`).
+///
+/// # Safety
+/// `locs` is NULL or points to `n` readable locations.
+pub unsafe fn locations(locs: *const CUmemLocation, n: usize) -> Verdict {
+    if locs.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `n` readable locations.
+    let s = unsafe { std::slice::from_raw_parts(locs, n) };
+    policy::first(s.iter().map(|l| policy::location(l.type_, l.id)))
+}
+
+/// R1 on a checkpoint restore's GPU pairs.
+///
+/// # Safety
+/// `args` is NULL or points to readable restore arguments whose `gpuPairs` (when not NULL)
+/// holds `gpuPairsCount` readable pairs.
+pub unsafe fn restore(args: *const CUcheckpointRestoreArgsHead) -> Verdict {
+    // SAFETY: caller guarantees readability.
+    let Some(a) = (unsafe { args.as_ref() }) else {
+        return Verdict::Allow;
+    };
+    if a.gpuPairs.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `gpuPairsCount` readable pairs.
+    let pairs = unsafe { std::slice::from_raw_parts(a.gpuPairs, a.gpuPairsCount as usize) };
+    policy::restore(pairs.iter().map(|p| (&p.oldUuid.bytes, &p.newUuid.bytes)))
+}
+
+/// R2 on every entry of a device list (`cudaSetValidDevices`).
+///
+/// # Safety
+/// `list` is NULL or points to `len` readable ints.
+pub unsafe fn device_list(list: *const i32, len: i32) -> Verdict {
+    if list.is_null() || len <= 0 {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `len` readable ints.
+    let s = unsafe { std::slice::from_raw_parts(list, len as usize) };
+    policy::first(s.iter().map(|&d| policy::ordinal(d)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_remember_their_device() {
+        let a = 0x1000 as *mut c_void;
+        let b = 0x2000 as *mut c_void;
+        assert_eq!(pool_device(a), None);
+        remember_pool(a, 1);
+        remember_pool(b, 0);
+        assert_eq!(pool_device(a), Some(1));
+        assert_eq!(pool_device(b), Some(0));
+        remember_pool(a, 2);
+        assert_eq!(pool_device(a), Some(2));
+        assert_eq!(pool_device(std::ptr::null_mut()), None);
+        assert_eq!(pool_device(0x3000 as *mut c_void), None);
+    }
+
+    #[test]
+    fn grants_and_lists() {
+        let pool = 0x5000 as *mut c_void;
+        remember_pool(pool, 1);
+        let d = |id| CUmemAccessDesc {
+            location: crate::guard::ffi::CUmemLocation { type_: 1, id },
+            flags: 3,
+        };
+        let grant = [d(0)];
+        // SAFETY: a local array of one descriptor.
+        let (v, i) = unsafe { pool_access(pool, grant.as_ptr(), 1) };
+        assert!(
+            matches!(v, Verdict::Violation(x) if x.rule == policy::Rule::R4),
+            "{v:?}"
+        );
+        assert_eq!(i, 0);
+        let two = [d(0), d(3)];
+        // SAFETY: as above, two descriptors; an unknown pool.
+        let (v, i) = unsafe { pool_access(0x6000 as *mut c_void, two.as_ptr(), 2) };
+        assert!(matches!(v, Verdict::Violation(x) if x.rule == policy::Rule::R2));
+        assert_eq!(i, 1);
+        let ok = [0, 0];
+        // SAFETY: two readable ints.
+        assert!(unsafe { device_list(ok.as_ptr(), 2) }.is_allow());
+        let bad = [0, 1];
+        // SAFETY: two readable ints.
+        assert!(!unsafe { device_list(bad.as_ptr(), 2) }.is_allow());
+    }
+}
