@@ -58,12 +58,22 @@ def test_a_readme_that_disagrees_is_caught(tmp_path, monkeypatch):
         assert gen.generate(INCLUDES)[str(tampered)] == readme
 
 
+ITEM_RE = re.compile(r'^    (Driver|Runtime) (\d+) "(\w+)" "(\w+)" same (true|false)(?: symver "([^"]*)")?'
+                     r'(?: fallback "\w+")? fn (\w+)\((.*?)\) -> \w+ \|real\| \{$', re.M)
+
+
 def _wrappers_in(rs: str):
-    """{ident: (lib, api, [(name, rust type)])} of the generated `guarded!` items."""
+    """{ident: (lib, api, [(name, rust type)])} of the generated `guarded!` items; checks
+    each runtime wrapper is defined under its own major's version node."""
     out = {}
-    for m in re.finditer(r'^    (Driver|Runtime) "(\w+)" fn (\w+)\((.*?)\) -> \w+ \|real\| \{$', rs, re.M):
-        params = [tuple(p.split(": ", 1)) for p in m.group(4).split(", ") if p]
-        out[m.group(3)] = (m.group(1), m.group(2), params)
+    for m in ITEM_RE.finditer(rs):
+        lib, major, api, abi, _, symver, ident, params = m.groups()
+        if lib == "Runtime":
+            assert symver in (f"{abi}@libcudart.so.{major}", f"{abi}@@libcudart.so.{major}"), m.group(0)
+        else:
+            assert major == "0" and symver is None, m.group(0)
+        out[ident] = (lib, api, [tuple(p.split(": ", 1)) for p in params.split(", ") if p])
+    assert len(out) == rs.count("|real| {"), "an item the pattern does not read"
     return out
 
 

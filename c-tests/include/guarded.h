@@ -56,23 +56,42 @@
 
 #define GUARDED_RUNTIME_VARIANTS(X) \
     X(cudaSetDevice, cudaSetDevice, 12, "") \
+    X(cudaSetDevice, cudaSetDevice, 13, "") \
     X(cudaInitDevice, cudaInitDevice, 12, "") \
+    X(cudaInitDevice, cudaInitDevice, 13, "") \
     X(cudaMemPrefetchAsync, cudaMemPrefetchAsync, 12, "") \
     X(cudaMemPrefetchAsync, cudaMemPrefetchAsync_ptsz, 12, "_ptsz") \
+    X(cudaMemPrefetchAsync, cudaMemPrefetchAsync, 13, "") \
+    X(cudaMemPrefetchAsync, cudaMemPrefetchAsync_ptsz, 13, "_ptsz") \
     X(cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess, 12, "") \
+    X(cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess, 13, "") \
     X(cudaMemcpyPeer, cudaMemcpyPeer, 12, "") \
+    X(cudaMemcpyPeer, cudaMemcpyPeer, 13, "") \
     X(cudaMemcpyPeerAsync, cudaMemcpyPeerAsync, 12, "") \
+    X(cudaMemcpyPeerAsync, cudaMemcpyPeerAsync, 13, "") \
     X(cudaDeviceGetAttribute, cudaDeviceGetAttribute, 12, "") \
+    X(cudaDeviceGetAttribute, cudaDeviceGetAttribute, 13, "") \
     X(cudaDeviceGetPCIBusId, cudaDeviceGetPCIBusId, 12, "") \
+    X(cudaDeviceGetPCIBusId, cudaDeviceGetPCIBusId, 13, "") \
     X(cudaGetDeviceProperties, cudaGetDeviceProperties_v2, 12, "") \
+    X(cudaGetDeviceProperties, cudaGetDeviceProperties, 13, "") \
     X(cudaDeviceCanAccessPeer, cudaDeviceCanAccessPeer, 12, "") \
+    X(cudaDeviceCanAccessPeer, cudaDeviceCanAccessPeer, 13, "") \
     X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint, 12, "") \
     X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint_ptsz, 12, "_ptsz") \
+    X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint, 13, "") \
+    X(cudaGetDriverEntryPoint, cudaGetDriverEntryPoint_ptsz, 13, "_ptsz") \
     X(cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion, 12, "") \
     X(cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion_ptsz, 12, "_ptsz") \
+    X(cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion, 13, "") \
+    X(cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion_ptsz, 13, "_ptsz") \
     X(cudaIpcOpenMemHandle, cudaIpcOpenMemHandle, 12, "") \
+    X(cudaIpcOpenMemHandle, cudaIpcOpenMemHandle, 13, "") \
     X(cudaIpcOpenEventHandle, cudaIpcOpenEventHandle, 12, "") \
+    X(cudaIpcOpenEventHandle, cudaIpcOpenEventHandle, 13, "") \
     X(cudaIpcGetMemHandle, cudaIpcGetMemHandle, 12, "") \
+    X(cudaIpcGetMemHandle, cudaIpcGetMemHandle, 13, "") \
     X(cudaIpcGetEventHandle, cudaIpcGetEventHandle, 12, "") \
+    X(cudaIpcGetEventHandle, cudaIpcGetEventHandle, 13, "") \
 
 #endif

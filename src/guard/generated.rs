@@ -3,117 +3,117 @@
 
 guarded! {
     // cuCtxCreate v2000: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate" same true fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, flags, dev)
     }
     // cuCtxCreate v3020: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, flags, dev)
     }
     // cuCtxCreate v11040: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v3" same true fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "numParams={numParams}, flags={flags:#x}, dev={dev}");
         real(pctx, paramsArray, numParams, flags, dev)
     }
     // cuCtxCreate v12050: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v4" same true fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, ctxCreateParams, flags, dev)
     }
     // cuCtxEnablePeerAccess v4000: peer_ctx(current, peerContext)
-    Driver "cuCtxEnablePeerAccess" fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuCtxEnablePeerAccess" "cuCtxEnablePeerAccess" same true fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CuResult |real| {
         gate!(peer_contexts(std::ptr::null_mut(), peerContext), "peerContext={peerContext:p}, Flags={Flags:#x}");
         real(peerContext, Flags)
     }
     // cuDeviceCanAccessPeer v4000: query(dev, peerDev)
-    Driver "cuDeviceCanAccessPeer" fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceCanAccessPeer" "cuDeviceCanAccessPeer" same true fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CuResult |real| {
         gate!(policy::query(if dev != 0 { dev } else { peerDev }), "dev={dev}, peerDev={peerDev}");
         real(canAccessPeer, dev, peerDev)
     }
     // cuDeviceGet v2000: ordinal(ordinal)
-    Driver "cuDeviceGet" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
+    Driver 0 "cuDeviceGet" "cuDeviceGet" same true fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
         gate!(policy::ordinal(ordinal), "ordinal={ordinal}");
         real(device, ordinal)
     }
     // cuDeviceGetAttribute v2000: query(dev)
-    Driver "cuDeviceGetAttribute" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetAttribute" "cuDeviceGetAttribute" same true fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "attrib={attrib}, dev={dev}");
         real(pi, attrib, dev)
     }
     // cuDeviceGetName v2000: query(dev)
-    Driver "cuDeviceGetName" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetName" "cuDeviceGetName" same true fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(name, len, dev)
     }
     // cuDeviceGetPCIBusId v4010: query(dev)
-    Driver "cuDeviceGetPCIBusId" fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetPCIBusId" "cuDeviceGetPCIBusId" same true fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(pciBusId, len, dev)
     }
     // cuDeviceGetUuid v9020: query(dev)
-    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid" same true fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(uuid, dev)
     }
     // cuDeviceGetUuid v11040: query(dev)
-    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid_v2" same true fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(uuid, dev)
     }
     // cuDevicePrimaryCtxGetState v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxGetState" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxGetState" "cuDevicePrimaryCtxGetState" same true fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev, flags, active)
     }
     // cuDevicePrimaryCtxRelease v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease" same true fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxRelease v11000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease_v2" same true fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxReset v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset" same true fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxReset v11000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset_v2" same true fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxRetain v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxRetain" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRetain" "cuDevicePrimaryCtxRetain" same true fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(pctx, dev)
     }
     // cuDevicePrimaryCtxSetFlags v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags" same true fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
         real(dev, flags)
     }
     // cuDevicePrimaryCtxSetFlags v11000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags_v2" same true fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
         real(dev, flags)
     }
     // cuDeviceTotalMem v2000: query(dev)
-    Driver "cuDeviceTotalMem" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem" same true fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(bytes, dev)
     }
     // cuDeviceTotalMem v3020: query(dev)
-    Driver "cuDeviceTotalMem" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem_v2" same true fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(bytes, dev)
     }
     // cuGetProcAddress v11030: hook
-    Driver "cuGetProcAddress" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64) -> CuResult |real| {
+    Driver 0 "cuGetProcAddress" "cuGetProcAddress" same true fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64) -> CuResult |real| {
         let rc = real(symbol, pfn, driverVersion, flags);
         if rc == CuResult::SUCCESS && !route_out(pfn, symbol, std::ptr::null_mut()) {
             return CuResult::NOT_FOUND;
@@ -121,7 +121,7 @@ guarded! {
         rc
     }
     // cuGetProcAddress v12000: hook
-    Driver "cuGetProcAddress" fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64, symbolFound: *mut c_int) -> CuResult |real| {
+    Driver 0 "cuGetProcAddress" "cuGetProcAddress_v2" same true fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64, symbolFound: *mut c_int) -> CuResult |real| {
         let rc = real(symbol, pfn, driverVersion, flags, symbolFound);
         if rc == CuResult::SUCCESS && !route_out(pfn, symbol, symbolFound) {
             return CuResult::NOT_FOUND;
@@ -129,13 +129,16 @@ guarded! {
         rc
     }
     // cuInit v2000: hook
-    Driver "cuInit" fn cuInit(Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuInit" "cuInit" same true fn cuInit(Flags: c_uint) -> CuResult |real| {
         let rc = real(Flags);
         engine::after_init(rc);
+        // Every runtime initialises the driver: say once if one is of a major no wrapper
+        // exists for (its own calls pass untouched; guard/majors.rs).
+        crate::guard::majors::notice_unknown();
         rc
     }
     // cuIpcGetEventHandle v4010: hook
-    Driver "cuIpcGetEventHandle" fn cuIpcGetEventHandle(pHandle: *mut IpcHandle, event: CUevent) -> CuResult |real| {
+    Driver 0 "cuIpcGetEventHandle" "cuIpcGetEventHandle" same true fn cuIpcGetEventHandle(pHandle: *mut IpcHandle, event: CUevent) -> CuResult |real| {
         let rc = real(pHandle, event);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_event(pHandle);
@@ -143,7 +146,7 @@ guarded! {
         rc
     }
     // cuIpcGetMemHandle v4010: hook
-    Driver "cuIpcGetMemHandle" fn cuIpcGetMemHandle(pHandle: *mut IpcHandle, dptr: CUdeviceptr) -> CuResult |real| {
+    Driver 0 "cuIpcGetMemHandle" "cuIpcGetMemHandle" same true fn cuIpcGetMemHandle(pHandle: *mut IpcHandle, dptr: CUdeviceptr) -> CuResult |real| {
         let rc = real(pHandle, dptr);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_mem(pHandle, dptr);
@@ -151,7 +154,7 @@ guarded! {
         rc
     }
     // cuIpcOpenEventHandle v4010: hook
-    Driver "cuIpcOpenEventHandle" fn cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: IpcHandle) -> CuResult |real| {
+    Driver 0 "cuIpcOpenEventHandle" "cuIpcOpenEventHandle" same true fn cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: IpcHandle) -> CuResult |real| {
         use crate::guard::ipc;
         if let Err(code) = ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
             return code;
@@ -159,7 +162,7 @@ guarded! {
         real(phEvent, handle)
     }
     // cuIpcOpenMemHandle v4010: hook
-    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuIpcOpenMemHandle" "cuIpcOpenMemHandle" same true fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
         use crate::guard::ipc;
         let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
             Ok(c) => c,
@@ -177,7 +180,7 @@ guarded! {
         rc
     }
     // cuIpcOpenMemHandle v11000: hook
-    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuIpcOpenMemHandle" "cuIpcOpenMemHandle_v2" same true fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
         use crate::guard::ipc;
         let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
             Ok(c) => c,
@@ -195,23 +198,23 @@ guarded! {
         rc
     }
     // cuMemAdvise v8000: ordinal_or_host(device)
-    Driver "cuMemAdvise" fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
+    Driver 0 "cuMemAdvise" "cuMemAdvise" same true fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal_or_host(device), "devPtr={devPtr:#x}, count={count}, advice={advice}, device={device}");
         real(devPtr, count, advice, device)
     }
     // cuMemAdvise v12020: location(location)
-    Driver "cuMemAdvise" fn cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| {
+    Driver 0 "cuMemAdvise" "cuMemAdvise_v2" same true fn cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| {
         gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, advice={advice}, location={location:?}");
         real(devPtr, count, advice, location)
     }
     // cuMemCreate v10020: location_in(prop)
-    Driver "cuMemCreate" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemCreate" "cuMemCreate" same true fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| {
         let loc = if prop.is_null() { std::ptr::null() } else { &raw const (*prop).location };
         gate!(location_at(loc), "size={size}, flags={flags:#x}, prop.location={:?}", loc.as_ref());
         real(handle, size, prop, flags)
     }
     // cuMemExportToShareableHandle v10020: hook
-    Driver "cuMemExportToShareableHandle" fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: c_uint, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemExportToShareableHandle" "cuMemExportToShareableHandle" same true fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: c_uint, flags: u64) -> CuResult |real| {
         let rc = real(shareableHandle, handle, handleType, flags);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_allocation(shareableHandle, handle, handleType);
@@ -219,7 +222,7 @@ guarded! {
         rc
     }
     // cuMemImportFromShareableHandle v10020: hook
-    Driver "cuMemImportFromShareableHandle" fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: c_uint) -> CuResult |real| {
+    Driver 0 "cuMemImportFromShareableHandle" "cuMemImportFromShareableHandle" same true fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: c_uint) -> CuResult |real| {
         use crate::guard::ipc;
         use crate::registry::Kind;
         // The key first: the fd is the caller's until the call returns.
@@ -236,13 +239,13 @@ guarded! {
         rc
     }
     // cuMemPoolCreate v11020: location_in(poolProps)
-    Driver "cuMemPoolCreate" fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolPropsHead) -> CuResult |real| {
+    Driver 0 "cuMemPoolCreate" "cuMemPoolCreate" same true fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolPropsHead) -> CuResult |real| {
         let loc = if poolProps.is_null() { std::ptr::null() } else { &raw const (*poolProps).location };
         gate!(location_at(loc), "poolProps.location={:?}", loc.as_ref());
         real(pool, poolProps)
     }
     // cuMemPoolExportPointer v11020: hook
-    Driver "cuMemPoolExportPointer" fn cuMemPoolExportPointer(shareData_out: *mut IpcHandle, ptr: CUdeviceptr) -> CuResult |real| {
+    Driver 0 "cuMemPoolExportPointer" "cuMemPoolExportPointer" same true fn cuMemPoolExportPointer(shareData_out: *mut IpcHandle, ptr: CUdeviceptr) -> CuResult |real| {
         let rc = real(shareData_out, ptr);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_pool_pointer(shareData_out, ptr);
@@ -250,7 +253,7 @@ guarded! {
         rc
     }
     // cuMemPoolExportToShareableHandle v11020: hook
-    Driver "cuMemPoolExportToShareableHandle" fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handleType: c_uint, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemPoolExportToShareableHandle" "cuMemPoolExportToShareableHandle" same true fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handleType: c_uint, flags: u64) -> CuResult |real| {
         let rc = real(handle_out, pool, handleType, flags);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_pool(handle_out, handleType);
@@ -258,7 +261,7 @@ guarded! {
         rc
     }
     // cuMemPoolImportFromShareableHandle v11020: hook
-    Driver "cuMemPoolImportFromShareableHandle" fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handleType: c_uint, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemPoolImportFromShareableHandle" "cuMemPoolImportFromShareableHandle" same true fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handleType: c_uint, flags: u64) -> CuResult |real| {
         use crate::guard::ipc;
         use crate::registry::Kind;
         let key = ipc::key_of_shareable(Kind::PoolFd, Kind::PoolFabric, handle, handleType);
@@ -268,7 +271,7 @@ guarded! {
         real(pool_out, handle, handleType, flags)
     }
     // cuMemPoolImportPointer v11020: hook
-    Driver "cuMemPoolImportPointer" fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut IpcHandle) -> CuResult |real| {
+    Driver 0 "cuMemPoolImportPointer" "cuMemPoolImportPointer" same true fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut IpcHandle) -> CuResult |real| {
         use crate::guard::ipc;
         let key = shareData.as_ref().map(|d| ipc::key_of(crate::registry::Kind::PoolPtr, d));
         let checked = match ipc::check_import::<CuResult>(ID, key, None, format_args!("pool={pool:p}, shareData={shareData:p}")) {
@@ -287,27 +290,27 @@ guarded! {
         rc
     }
     // cuMemPrefetchAsync v8000: ordinal_or_host(dstDevice)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync" same true fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
         gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
         real(devPtr, count, dstDevice, hStream)
     }
     // cuMemPrefetchAsync v8000_ptsz: ordinal_or_host(dstDevice)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_ptsz" same true fn cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
         gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
         real(devPtr, count, dstDevice, hStream)
     }
     // cuMemPrefetchAsync v12020: location(location)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2" same true fn cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
         gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
         real(devPtr, count, location, flags, hStream)
     }
     // cuMemPrefetchAsync v12020_ptsz: location(location)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2_ptsz(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2_ptsz" same true fn cuMemPrefetchAsync_v2_ptsz(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
         gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
         real(devPtr, count, location, flags, hStream)
     }
     // cuMemSetAccess v10020: access(desc, count)
-    Driver "cuMemSetAccess" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
+    Driver 0 "cuMemSetAccess" "cuMemSetAccess" same true fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
         if !desc.is_null() {
             for i in 0..count {
                 let loc = &raw const (*desc.add(i)).location;
@@ -317,52 +320,52 @@ guarded! {
         real(ptr, size, desc, count)
     }
     // cuMemcpyPeer v4000: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeer" fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer" same true fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
     }
     // cuMemcpyPeerAsync v4000: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync" same true fn cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
     }
     // cuMemcpyPeerAsync v7000_ptsz: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync_ptsz" same true fn cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
     }
     // cuMemcpyPeer v7000_ptds: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeer" fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer_ptds" same true fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
     }
     // cudaDeviceCanAccessPeer, cuda_runtime_api.h 12: query(device, peerDevice)
-    Runtime "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@libcudart.so.12" fallback "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer_cu12(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
         gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
         real(canAccessPeer, device, peerDevice)
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 12: peer(current, peerDevice)
-    Runtime "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@libcudart.so.12" fallback "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess_cu12(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
         gate!(policy::peer(engine::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
         real(peerDevice, flags)
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@libcudart.so.12" fallback "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute_cu12(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "attr={attr}, device={device}");
         real(value, attr, device)
     }
     // cudaDeviceGetPCIBusId, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@libcudart.so.12" fallback "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId_cu12(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "len={len}, device={device}");
         real(pciBusId, len, device)
     }
     // cudaGetDeviceProperties, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaGetDeviceProperties" fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDeviceProperties" "cudaGetDeviceProperties_v2" same false symver "cudaGetDeviceProperties_v2@libcudart.so.12" fallback "cudaGetDeviceProperties_v2" fn cudaGetDeviceProperties_v2_cu12(prop: *mut c_void, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "device={device}");
         real(prop, device)
     }
     // cudaGetDriverEntryPoint, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true symver "cudaGetDriverEntryPoint@libcudart.so.12" fallback "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -370,7 +373,7 @@ guarded! {
         rc
     }
     // cudaGetDriverEntryPointByVersion, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true symver "cudaGetDriverEntryPointByVersion@libcudart.so.12" fallback "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -378,7 +381,7 @@ guarded! {
         rc
     }
     // cudaGetDriverEntryPointByVersion _ptsz, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion_ptsz" same true symver "cudaGetDriverEntryPointByVersion_ptsz@libcudart.so.12" fallback "cudaGetDriverEntryPointByVersion_ptsz" fn cudaGetDriverEntryPointByVersion_ptsz_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -386,7 +389,7 @@ guarded! {
         rc
     }
     // cudaGetDriverEntryPoint _ptsz, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint_ptsz" same true symver "cudaGetDriverEntryPoint_ptsz@libcudart.so.12" fallback "cudaGetDriverEntryPoint_ptsz" fn cudaGetDriverEntryPoint_ptsz_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -394,12 +397,12 @@ guarded! {
         rc
     }
     // cudaInitDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaInitDevice" fn cudaInitDevice(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@libcudart.so.12" fallback "cudaInitDevice" fn cudaInitDevice_cu12(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
         real(device, deviceFlags, flags)
     }
     // cudaIpcGetEventHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcGetEventHandle" fn cudaIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
+    Runtime 12 "cudaIpcGetEventHandle" "cudaIpcGetEventHandle" same true symver "cudaIpcGetEventHandle@libcudart.so.12" fallback "cudaIpcGetEventHandle" fn cudaIpcGetEventHandle_cu12(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
         let rc = {
             let _nested = crate::guard::ipc::RuntimeScope::enter();
             real(handle, event)
@@ -410,7 +413,7 @@ guarded! {
         rc
     }
     // cudaIpcGetMemHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcGetMemHandle" fn cudaIpcGetMemHandle(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
+    Runtime 12 "cudaIpcGetMemHandle" "cudaIpcGetMemHandle" same true symver "cudaIpcGetMemHandle@libcudart.so.12" fallback "cudaIpcGetMemHandle" fn cudaIpcGetMemHandle_cu12(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
         let rc = {
             let _nested = crate::guard::ipc::RuntimeScope::enter();
             real(handle, devPtr)
@@ -421,7 +424,7 @@ guarded! {
         rc
     }
     // cudaIpcOpenEventHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcOpenEventHandle" fn cudaIpcOpenEventHandle(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
+    Runtime 12 "cudaIpcOpenEventHandle" "cudaIpcOpenEventHandle" same true symver "cudaIpcOpenEventHandle@libcudart.so.12" fallback "cudaIpcOpenEventHandle" fn cudaIpcOpenEventHandle_cu12(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
         use crate::guard::ipc;
         if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
             return code;
@@ -430,7 +433,7 @@ guarded! {
         real(event, handle)
     }
     // cudaIpcOpenMemHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcOpenMemHandle" fn cudaIpcOpenMemHandle(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaIpcOpenMemHandle" "cudaIpcOpenMemHandle" same true symver "cudaIpcOpenMemHandle@libcudart.so.12" fallback "cudaIpcOpenMemHandle" fn cudaIpcOpenMemHandle_cu12(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
         use crate::guard::ipc;
         // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
         let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
@@ -452,34 +455,187 @@ guarded! {
         rc
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
-    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@libcudart.so.12" fallback "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
         gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
-    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_ptsz(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_ptsz" fn cudaMemPrefetchAsync_ptsz_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
         gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
-    Runtime "cudaMemcpyPeer" fn cudaMemcpyPeer(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
+    Runtime 12 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@libcudart.so.12" fallback "cudaMemcpyPeer" fn cudaMemcpyPeer_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
         gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}");
         real(dst, dstDevice, src, srcDevice, count)
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
-    Runtime "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@libcudart.so.12" fallback "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
         gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
         real(dst, dstDevice, src, srcDevice, count, stream)
     }
     // cudaSetDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaSetDevice" fn cudaSetDevice(device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@libcudart.so.12" fallback "cudaSetDevice" fn cudaSetDevice_cu12(device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(device)
+    }
+    // cudaDeviceCanAccessPeer, cuda_runtime_api.h 13: query(device, peerDevice)
+    Runtime 13 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@@libcudart.so.13" fn cudaDeviceCanAccessPeer_cu13(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
+        gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
+        real(canAccessPeer, device, peerDevice)
+    }
+    // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 13: peer(current, peerDevice)
+    Runtime 13 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@@libcudart.so.13" fn cudaDeviceEnablePeerAccess_cu13(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
+        gate!(policy::peer(engine::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+        real(peerDevice, flags)
+    }
+    // cudaDeviceGetAttribute, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@@libcudart.so.13" fn cudaDeviceGetAttribute_cu13(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "attr={attr}, device={device}");
+        real(value, attr, device)
+    }
+    // cudaDeviceGetPCIBusId, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@@libcudart.so.13" fn cudaDeviceGetPCIBusId_cu13(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "len={len}, device={device}");
+        real(pciBusId, len, device)
+    }
+    // cudaGetDeviceProperties, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaGetDeviceProperties" "cudaGetDeviceProperties" same false symver "cudaGetDeviceProperties@@libcudart.so.13" fn cudaGetDeviceProperties_cu13(prop: *mut c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}");
+        real(prop, device)
+    }
+    // cudaGetDriverEntryPoint, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true symver "cudaGetDriverEntryPoint@@libcudart.so.13" fn cudaGetDriverEntryPoint_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaGetDriverEntryPointByVersion, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true symver "cudaGetDriverEntryPointByVersion@@libcudart.so.13" fn cudaGetDriverEntryPointByVersion_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaGetDriverEntryPointByVersion _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion_ptsz" same true symver "cudaGetDriverEntryPointByVersion_ptsz@@libcudart.so.13" fn cudaGetDriverEntryPointByVersion_ptsz_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaGetDriverEntryPoint _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint_ptsz" same true symver "cudaGetDriverEntryPoint_ptsz@@libcudart.so.13" fn cudaGetDriverEntryPoint_ptsz_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaInitDevice, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@@libcudart.so.13" fn cudaInitDevice_cu13(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
+        real(device, deviceFlags, flags)
+    }
+    // cudaIpcGetEventHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcGetEventHandle" "cudaIpcGetEventHandle" same true symver "cudaIpcGetEventHandle@@libcudart.so.13" fn cudaIpcGetEventHandle_cu13(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
+        let rc = {
+            let _nested = crate::guard::ipc::RuntimeScope::enter();
+            real(handle, event)
+        };
+        if rc == CudaError::SUCCESS {
+            crate::guard::ipc::exported_event(handle);
+        }
+        rc
+    }
+    // cudaIpcGetMemHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcGetMemHandle" "cudaIpcGetMemHandle" same true symver "cudaIpcGetMemHandle@@libcudart.so.13" fn cudaIpcGetMemHandle_cu13(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
+        let rc = {
+            let _nested = crate::guard::ipc::RuntimeScope::enter();
+            real(handle, devPtr)
+        };
+        if rc == CudaError::SUCCESS {
+            crate::guard::ipc::exported_mem(handle, devPtr as CUdeviceptr);
+        }
+        rc
+    }
+    // cudaIpcOpenEventHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcOpenEventHandle" "cudaIpcOpenEventHandle" same true symver "cudaIpcOpenEventHandle@@libcudart.so.13" fn cudaIpcOpenEventHandle_cu13(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
+        use crate::guard::ipc;
+        if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
+            return code;
+        }
+        let _nested = ipc::RuntimeScope::enter();
+        real(event, handle)
+    }
+    // cudaIpcOpenMemHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcOpenMemHandle" "cudaIpcOpenMemHandle" same true symver "cudaIpcOpenMemHandle@@libcudart.so.13" fn cudaIpcOpenMemHandle_cu13(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
+        use crate::guard::ipc;
+        // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
+        let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let rc = {
+            let _nested = ipc::RuntimeScope::enter();
+            real(devPtr, handle, flags)
+        };
+        if rc == CudaError::SUCCESS && !devPtr.is_null() {
+            let p = *devPtr;
+            if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
+                ipc::close_mem_runtime(p);
+                *devPtr = std::ptr::null_mut();
+                return code;
+            }
+        }
+        rc
+    }
+    // cudaMemPrefetchAsync, cuda_runtime_api.h 13: location(location)
+    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@@libcudart.so.13" fn cudaMemPrefetchAsync_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        real(devPtr, count, location, flags, stream)
+    }
+    // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 13: location(location)
+    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchAsync_ptsz_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        real(devPtr, count, location, flags, stream)
+    }
+    // cudaMemcpyPeer, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
+    Runtime 13 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@@libcudart.so.13" fn cudaMemcpyPeer_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}");
+        real(dst, dstDevice, src, srcDevice, count)
+    }
+    // cudaMemcpyPeerAsync, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
+    Runtime 13 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@@libcudart.so.13" fn cudaMemcpyPeerAsync_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
+        real(dst, dstDevice, src, srcDevice, count, stream)
+    }
+    // cudaSetDevice, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         real(device)
     }
 }
 
-/// Every guarded ABI name and its entry, sorted by name (binary search: `table::find_abi`).
-pub static BY_ABI: [(&str, u16); 68] = [
+/// The runtime majors wrapped, each with its own parameters; the version node of each.
+pub const RUNTIME_MAJORS: [u8; 2] = [12, 13];
+
+/// The version node of a wrapped runtime major (`libcudart.so.12`).
+pub fn runtime_node(major: u8) -> Option<&'static ::std::ffi::CStr> {
+    match major {
+        12 => Some(c"libcudart.so.12"),
+        13 => Some(c"libcudart.so.13"),
+        _ => None,
+    }
+}
+
+/// Every guarded ABI name and its entries (a runtime name: one per major, in major
+/// order), sorted by name (binary search: `table::find_abi`).
+pub static BY_ABI: [(&str, u16); 87] = [
     ("cuCtxCreate", Id::cuCtxCreate as u16),
     ("cuCtxCreate_v2", Id::cuCtxCreate_v2 as u16),
     ("cuCtxCreate_v3", Id::cuCtxCreate_v3 as u16),
@@ -529,25 +685,44 @@ pub static BY_ABI: [(&str, u16); 68] = [
     ("cuMemcpyPeerAsync", Id::cuMemcpyPeerAsync as u16),
     ("cuMemcpyPeerAsync_ptsz", Id::cuMemcpyPeerAsync_ptsz as u16),
     ("cuMemcpyPeer_ptds", Id::cuMemcpyPeer_ptds as u16),
-    ("cudaDeviceCanAccessPeer", Id::cudaDeviceCanAccessPeer as u16),
-    ("cudaDeviceEnablePeerAccess", Id::cudaDeviceEnablePeerAccess as u16),
-    ("cudaDeviceGetAttribute", Id::cudaDeviceGetAttribute as u16),
-    ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId as u16),
-    ("cudaGetDeviceProperties_v2", Id::cudaGetDeviceProperties_v2 as u16),
-    ("cudaGetDriverEntryPoint", Id::cudaGetDriverEntryPoint as u16),
-    ("cudaGetDriverEntryPointByVersion", Id::cudaGetDriverEntryPointByVersion as u16),
-    ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz as u16),
-    ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz as u16),
-    ("cudaInitDevice", Id::cudaInitDevice as u16),
-    ("cudaIpcGetEventHandle", Id::cudaIpcGetEventHandle as u16),
-    ("cudaIpcGetMemHandle", Id::cudaIpcGetMemHandle as u16),
-    ("cudaIpcOpenEventHandle", Id::cudaIpcOpenEventHandle as u16),
-    ("cudaIpcOpenMemHandle", Id::cudaIpcOpenMemHandle as u16),
-    ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync as u16),
-    ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz as u16),
-    ("cudaMemcpyPeer", Id::cudaMemcpyPeer as u16),
-    ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync as u16),
-    ("cudaSetDevice", Id::cudaSetDevice as u16),
+    ("cudaDeviceCanAccessPeer", Id::cudaDeviceCanAccessPeer_cu12 as u16),
+    ("cudaDeviceCanAccessPeer", Id::cudaDeviceCanAccessPeer_cu13 as u16),
+    ("cudaDeviceEnablePeerAccess", Id::cudaDeviceEnablePeerAccess_cu12 as u16),
+    ("cudaDeviceEnablePeerAccess", Id::cudaDeviceEnablePeerAccess_cu13 as u16),
+    ("cudaDeviceGetAttribute", Id::cudaDeviceGetAttribute_cu12 as u16),
+    ("cudaDeviceGetAttribute", Id::cudaDeviceGetAttribute_cu13 as u16),
+    ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId_cu12 as u16),
+    ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId_cu13 as u16),
+    ("cudaGetDeviceProperties", Id::cudaGetDeviceProperties_cu13 as u16),
+    ("cudaGetDeviceProperties_v2", Id::cudaGetDeviceProperties_v2_cu12 as u16),
+    ("cudaGetDriverEntryPoint", Id::cudaGetDriverEntryPoint_cu12 as u16),
+    ("cudaGetDriverEntryPoint", Id::cudaGetDriverEntryPoint_cu13 as u16),
+    ("cudaGetDriverEntryPointByVersion", Id::cudaGetDriverEntryPointByVersion_cu12 as u16),
+    ("cudaGetDriverEntryPointByVersion", Id::cudaGetDriverEntryPointByVersion_cu13 as u16),
+    ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz_cu12 as u16),
+    ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz_cu13 as u16),
+    ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz_cu12 as u16),
+    ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz_cu13 as u16),
+    ("cudaInitDevice", Id::cudaInitDevice_cu12 as u16),
+    ("cudaInitDevice", Id::cudaInitDevice_cu13 as u16),
+    ("cudaIpcGetEventHandle", Id::cudaIpcGetEventHandle_cu12 as u16),
+    ("cudaIpcGetEventHandle", Id::cudaIpcGetEventHandle_cu13 as u16),
+    ("cudaIpcGetMemHandle", Id::cudaIpcGetMemHandle_cu12 as u16),
+    ("cudaIpcGetMemHandle", Id::cudaIpcGetMemHandle_cu13 as u16),
+    ("cudaIpcOpenEventHandle", Id::cudaIpcOpenEventHandle_cu12 as u16),
+    ("cudaIpcOpenEventHandle", Id::cudaIpcOpenEventHandle_cu13 as u16),
+    ("cudaIpcOpenMemHandle", Id::cudaIpcOpenMemHandle_cu12 as u16),
+    ("cudaIpcOpenMemHandle", Id::cudaIpcOpenMemHandle_cu13 as u16),
+    ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync_cu12 as u16),
+    ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync_cu13 as u16),
+    ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz_cu12 as u16),
+    ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz_cu13 as u16),
+    ("cudaMemcpyPeer", Id::cudaMemcpyPeer_cu12 as u16),
+    ("cudaMemcpyPeer", Id::cudaMemcpyPeer_cu13 as u16),
+    ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync_cu12 as u16),
+    ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync_cu13 as u16),
+    ("cudaSetDevice", Id::cudaSetDevice_cu12 as u16),
+    ("cudaSetDevice", Id::cudaSetDevice_cu13 as u16),
 ];
 
 /// Every guarded driver API name with the entries of its ABI variants, sorted by name

@@ -22,6 +22,7 @@ pub mod exec;
 pub mod ffi;
 pub mod internal;
 pub mod ipc;
+pub mod majors;
 pub mod once;
 pub mod pyframes;
 pub mod rank_root;
