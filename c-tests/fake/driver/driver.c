@@ -92,11 +92,41 @@ CUresult fake_check_init(void)
             return CUDA_ERROR_INVALID_DEVICE;                \
     } while (0)
 
+/* FAKECUDA_DRIVER_VERSION, read once: a CUDA version number (major * 1000 + minor * 10,
+ * 12000 to 99990). cuDriverGetVersion may be called before cuInit, so it is not read with
+ * the rest of the environment. A malformed value is a broken test set-up: the process
+ * stops with a message naming it. */
+static int driver_version = FAKE_DRIVER_VERSION;
+static pthread_once_t driver_version_once = PTHREAD_ONCE_INIT;
+
+static void driver_version_read(void)
+{
+    const char *s = getenv("FAKECUDA_DRIVER_VERSION");
+    if (!s || !*s)
+        return;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < 12000 || v > 99990 || v % 10) {
+        fprintf(stderr, "fake libcuda: FAKECUDA_DRIVER_VERSION=%s is not a CUDA version "
+                "(major*1000 + minor*10, e.g. 13050 for 13.5); unset it for %d\n", s,
+                FAKE_DRIVER_VERSION);
+        abort();
+    }
+    driver_version = (int)v;
+}
+
+int fake_driver_version(void)
+{
+    pthread_once(&driver_version_once, driver_version_read);
+    return driver_version;
+}
+
 FAKE_API CUresult CUDAAPI cuDriverGetVersion(int *driverVersion)
 {
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = FAKE_DRIVER_VERSION;
+    *driverVersion = fake_driver_version();
     return CUDA_SUCCESS;
 }
 
@@ -556,6 +586,26 @@ FAKE_API CUresult CUDAAPI cuCtxGetDevice(CUdevice *device)
     return r;
 }
 
+/* CUDA 13 (cuCtxGetDevice_v13000): the device of `ctx`, or of the current context when
+ * ctx is NULL. */
+FAKE_API CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    CHECK_INIT();
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    CUresult r = CUDA_SUCCESS;
+    if (!c)
+        r = fake_current_ctx(&c);
+    else if (!fake_ctx_valid(c))
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    if (r == CUDA_SUCCESS)
+        *device = c->dev;
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
 FAKE_API CUresult CUDAAPI cuCtxGetFlags(unsigned int *flags)
 {
     CHECK_INIT();
@@ -594,6 +644,21 @@ FAKE_API CUresult CUDAAPI cuCtxSynchronize(void)
     pthread_mutex_lock(&fake_lock);
     struct fake_ctx *c;
     CUresult r = fake_current_ctx(&c);
+    pthread_mutex_unlock(&fake_lock);
+    return r;                            /* all work is synchronous in the fake */
+}
+
+/* CUDA 13 (cuCtxSynchronize_v13000): synchronize `ctx`, or the current context when NULL. */
+FAKE_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    CUresult r = CUDA_SUCCESS;
+    if (!c)
+        r = fake_current_ctx(&c);
+    else if (!fake_ctx_valid(c))
+        r = CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_unlock(&fake_lock);
     return r;                            /* all work is synchronous in the fake */
 }

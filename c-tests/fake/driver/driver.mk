@@ -26,9 +26,13 @@ $(GEN)/fakecuda_implemented.txt: $(DRV_OBJS)
 	@mkdir -p $(GEN)
 	nm -g --defined-only $(DRV_OBJS) | awk 'NF == 3 && $$2 == "T" { print $$3 }' | sort -u > $@
 
-$(GEN)/fakecuda_routes.c: $(DRV_DIR)/gen_routes.py $(GEN)/fakecuda_implemented.txt | check-headers
-	$(DRV_PYTHON) $(DRV_DIR)/gen_routes.py --typedefs $(CUDA_INC)/cudaTypedefs.h \
-	  --cuda-h $(CUDA_INC)/cuda.h --implemented $(GEN)/fakecuda_implemented.txt -o $@
+# The routing table merges the 12.9 and the 13.x headers (requests up to 13xxx get the
+# variant a 13.x driver would return; 13's new entry points exist).
+$(GEN)/fakecuda_routes.c: $(DRV_DIR)/gen_routes.py $(GEN)/fakecuda_implemented.txt | check-headers check-headers13
+	$(DRV_PYTHON) $(DRV_DIR)/gen_routes.py \
+	  --typedefs $(CUDA_INC)/cudaTypedefs.h --cuda-h $(CUDA_INC)/cuda.h \
+	  --typedefs $(CUDA13_INC)/cudaTypedefs.h --cuda-h $(CUDA13_INC)/cuda.h \
+	  --implemented $(GEN)/fakecuda_implemented.txt -o $@
 
 $(DRV_OBJ)/fakecuda_routes.o: $(GEN)/fakecuda_routes.c $(DRV_DIR)/fakecuda_routes.h
 	@mkdir -p $(DRV_OBJ)

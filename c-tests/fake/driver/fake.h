@@ -14,7 +14,9 @@
 #define FAKE_API __attribute__((visibility("default")))
 #define FAKE_MAX_GPUS 64
 #define FAKE_MAX_MIG 7
+/* cuDriverGetVersion: FAKECUDA_DRIVER_VERSION (e.g. 13050, for CUDA 13 programs) or 12090. */
 #define FAKE_DRIVER_VERSION 12090
+int fake_driver_version(void);
 
 /* One physical GPU of the node (PCI bus order: index i has bus 0x18 + 0x10*i). */
 struct fake_gpu {
@@ -64,6 +66,24 @@ CUresult fake_check_init(void);
 int fake_ordinal_of_gpu(int gpu, int mig);           /* -1 when not visible */
 struct fake_ctx;
 CUresult fake_current_ctx(struct fake_ctx **out);
+/* CUDA 13 entry points the fake implements, declared here because the fake compiles
+ * against the 12.9 cuda.h, which does not have them (signatures: 13.x cudaTypedefs.h). */
+CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
+CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx);
+CUresult CUDAAPI cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location,
+                                        CUmemAllocationType type);
+CUresult CUDAAPI cuMemGetMemPool(CUmemoryPool *pool_out, CUmemLocation *location,
+                                 CUmemAllocationType type);
+CUresult CUDAAPI cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
+                                 CUmemoryPool pool);
+CUresult CUDAAPI cuMemPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                         CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                         size_t numPrefetchLocs, unsigned long long flags,
+                                         CUstream hStream);
+CUresult CUDAAPI cuMemPrefetchBatchAsync_ptsz(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                              CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                              size_t numPrefetchLocs, unsigned long long flags,
+                                              CUstream hStream);
 int fake_ctx_valid(struct fake_ctx *c);
 int fake_ctx_device(struct fake_ctx *c);             /* ordinal */
 CUresult fake_stream_check(CUstream s);

@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """Generate the fake driver's cuGetProcAddress routing table from NVIDIA's headers.
 
+Several header sets (the pinned 12.9 and 13.x wheels) are merged: --typedefs and --cuda-h
+are given once per set, in the same order. A function's variants are the union of its
+typedefs in every set (13.x adds cuCtxSynchronize_v13000 = cuCtxSynchronize_v2, ...;
+12.9 still has variants 13 no longer lists), every derived symbol must be declared by one
+of the cuda.h files, and each cuda.h's remapping macros are checked on their own.
+
 Why: cuGetProcAddress maps (base name, CUDA version, per-thread flag) to one exported ABI
 symbol (cuCtxCreate at 3020 -> cuCtxCreate_v2). Writing that table by hand is how earlier
 interposers returned the wrong variant (docs/design.md §4), so it is derived here from
@@ -32,7 +38,9 @@ import re
 import sys
 from collections import defaultdict
 
-PFN_RE = re.compile(r"\btypedef\s+CUresult\s+\(CUDAAPI\s+\*PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\)\s*\(")
+# `typedef CUresult (CUDAAPI *PFN_..` and, for some entry points (cuStreamGetDevResource,
+# the green-context ones), `typedef CUresult(CUDAAPI *PFN_..`: the space is optional.
+PFN_RE = re.compile(r"\btypedef\s+CUresult\s*\(CUDAAPI\s+\*PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\)\s*\(")
 DECL_RE = re.compile(r"\bCUDAAPI\s+(cu\w+)\s*\(")
 DEFINE_RE = re.compile(r"^\s*#define\s+(cu\w+)\s+(?:__CUDA_API_(PTDS|PTSZ)\((cu\w+)\)|(cu\w+))\s*$")
 
@@ -76,8 +84,22 @@ def derive(variants, per_thread):
     return routes
 
 
-def verify(routes, cuda_h: str):
-    declared = set(DECL_RE.findall(cuda_h))
+def verify(routes, cuda_hs: list[str]):
+    """Errors of the derived routes against every cuda.h (see the module docstring)."""
+    declared = set()
+    for cuda_h in cuda_hs:
+        declared |= set(DECL_RE.findall(cuda_h))
+    errors = []
+    checks = [verify_one(routes, cuda_h, declared) for cuda_h in cuda_hs]
+    for abi_missing, errs in checks:
+        errors += errs
+    # A symbol is missing only when no header declares it (or a macro targets it).
+    errors += sorted(set.intersection(*(m for m, _ in checks)))
+    return errors
+
+
+def verify_one(routes, cuda_h: str, declared_elsewhere: set):
+    declared = set(DECL_RE.findall(cuda_h)) | declared_elsewhere
     macro_target = {}
     for line in cuda_h.splitlines():
         m = DEFINE_RE.match(line)
@@ -96,10 +118,11 @@ def verify(routes, cuda_h: str):
             macro_target.setdefault(src, tgt)
             declared.add(tgt)
     errors = []
+    missing = set()
     for name, ver, pt, abi in routes:
         if abi not in declared:
-            errors.append(f"{name} v{ver}{' per-thread' if pt else ''} -> {abi}: "
-                          "not a function cuda.h declares")
+            missing.add(f"{name} v{ver}{' per-thread' if pt else ''} -> {abi}: "
+                        "not a function any cuda.h declares")
     # cuda.h's macros pick the variant new code compiles against, which is not always
     # the newest (cuCtxCreate stays _v2 for source compatibility): the target must be one
     # of the derived variants of that base name, and a macro naming a versioned variant
@@ -135,7 +158,7 @@ def verify(routes, cuda_h: str):
             checked += 1
     if checked < 50:
         errors.append(f"only {checked} cuda.h remapping macros checked: header layout changed?")
-    return errors
+    return missing, errors
 
 
 def parse_errors(cuda_h: str):
@@ -164,18 +187,27 @@ def c_str(s: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--typedefs", required=True)
-    ap.add_argument("--cuda-h", required=True)
+    ap.add_argument("--typedefs", required=True, action="append",
+                    help="cudaTypedefs.h of one header set (repeat per set)")
+    ap.add_argument("--cuda-h", required=True, action="append",
+                    help="cuda.h of the same set (same order as --typedefs)")
     ap.add_argument("--implemented", required=True,
                     help="file with the symbols the fake defines (nm output, one per line)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
 
-    typedefs = open(a.typedefs).read()
-    cuda_h = open(a.cuda_h).read()
-    variants, per_thread = parse_typedefs(typedefs)
+    if len(a.typedefs) != len(a.cuda_h):
+        ap.error("give --typedefs and --cuda-h once per header set, in the same order")
+    cuda_hs = [open(p).read() for p in a.cuda_h]
+    variants, per_thread = defaultdict(set), defaultdict(dict)
+    for p in a.typedefs:
+        v, pt = parse_typedefs(open(p).read())
+        for name, vers in v.items():
+            variants[name] |= vers
+        for name, d in pt.items():
+            per_thread[name].update(d)
     routes = derive(variants, per_thread)
-    errors = verify(routes, cuda_h)
+    errors = verify(routes, cuda_hs)
     if errors:
         print("gen_routes: the ABI naming rule disagrees with cuda.h:", file=sys.stderr)
         for e in errors:
@@ -223,12 +255,19 @@ def main() -> int:
     o.append(f"const unsigned fakecuda_routes_len = {len(routes)};")
     o.append("")
     o.append("const struct fakecuda_error fakecuda_errors[] = {")
-    for code, name, desc in parse_errors(cuda_h):
+    # Error names and device attributes: the union of the sets; where a code's text
+    # differs, the last (newest) header's.
+    errs = {}
+    for cuda_h in cuda_hs:
+        for code, name, desc in parse_errors(cuda_h):
+            errs[code] = (name, desc)
+    for code in sorted(errs):
+        name, desc = errs[code]
         o.append(f"    {{{code}, {c_str(name)}, {c_str(desc)}}},")
     o.append("};")
-    o.append(f"const unsigned fakecuda_errors_len = {len(parse_errors(cuda_h))};")
+    o.append(f"const unsigned fakecuda_errors_len = {len(errs)};")
     o.append("")
-    attrs = parse_device_attrs(cuda_h)
+    attrs = sorted(set().union(*(parse_device_attrs(h) for h in cuda_hs)))
     o.append("const int fakecuda_device_attrs[] = {" + ", ".join(map(str, attrs)) + "};")
     o.append(f"const unsigned fakecuda_device_attrs_len = {len(attrs)};")
     with open(a.output, "w") as f:

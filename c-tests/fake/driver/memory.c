@@ -1188,6 +1188,51 @@ FAKE_API CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t 
     return prefetch(devPtr, count, location, flags, hStream);
 }
 
+/* CUDA 13 (cuMemPrefetchBatchAsync_v13000): range i goes to prefetchLocs[k], where k is the
+ * last index with prefetchLocIdxs[k] <= i (prefetchLocIdxs[0] must be 0, the indices
+ * strictly increasing); flags must be 0. Every argument is checked before any range moves. */
+static CUresult prefetch_batch(CUdeviceptr *dptrs, size_t *sizes, size_t count, CUmemLocation *locs,
+                               size_t *locIdxs, size_t numLocs, unsigned long long flags,
+                               CUstream s)
+{
+    CHECK_INIT();
+    if (!dptrs || !sizes || !locs || !locIdxs || count == 0 || numLocs == 0 || numLocs > count ||
+        locIdxs[0] != 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t k = 1; k < numLocs; k++)
+        if (locIdxs[k] <= locIdxs[k - 1] || locIdxs[k] >= count)
+            return CUDA_ERROR_INVALID_VALUE;
+    for (size_t k = 0; k < numLocs; k++) {
+        CUresult r = check_location(&locs[k], 1);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    for (size_t i = 0, k = 0; i < count; i++) {
+        while (k + 1 < numLocs && locIdxs[k + 1] <= i)
+            k++;
+        CUresult r = prefetch(dptrs[i], sizes[i], locs[k], 0, s);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+FAKE_API CUresult CUDAAPI cuMemPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                  CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                                  size_t numPrefetchLocs, unsigned long long flags,
+                                                  CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags,
+                          hStream);
+}
+FAKE_API CUresult CUDAAPI cuMemPrefetchBatchAsync_ptsz(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                       CUmemLocation *prefetchLocs,
+                                                       size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                       unsigned long long flags, CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags,
+                          hStream);
+}
+
 static CUresult advise(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc)
 {
     CHECK_INIT();
@@ -1396,6 +1441,49 @@ FAKE_API CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
     pthread_mutex_unlock(&fake_lock);
     *pool = (CUmemoryPool)p;
     return p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* CUDA 13's location-based pool calls (cuMem{Get,Set,GetDefault}MemPool_v13000). The fake
+ * has device pools only: a device location with CU_MEM_ALLOCATION_TYPE_PINNED is the
+ * cuDevice*MemPool call of that device (cuda.h says they are equivalent); any other valid
+ * location or type is CUDA_ERROR_NOT_SUPPORTED (documented in c-tests/README.md). */
+static CUresult pool_location(const CUmemLocation *loc, CUmemAllocationType type, CUdevice *dev)
+{
+    if (!loc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_ALLOCATION_TYPE_PINNED || loc->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (loc->id < 0 || loc->id >= fake_visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = loc->id;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult CUDAAPI cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location,
+                                                 CUmemAllocationType type)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult r = pool_location(location, type, &dev);
+    return r != CUDA_SUCCESS ? r : cuDeviceGetDefaultMemPool(pool_out, dev);
+}
+
+FAKE_API CUresult CUDAAPI cuMemGetMemPool(CUmemoryPool *pool_out, CUmemLocation *location,
+                                          CUmemAllocationType type)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult r = pool_location(location, type, &dev);
+    return r != CUDA_SUCCESS ? r : cuDeviceGetMemPool(pool_out, dev);
+}
+
+FAKE_API CUresult CUDAAPI cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
+                                          CUmemoryPool pool)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult r = pool_location(location, type, &dev);
+    return r != CUDA_SUCCESS ? r : cuDeviceSetMemPool(dev, pool);
 }
 
 /* cuda.h: the pool must be located on dev. */

@@ -1,10 +1,13 @@
-/* cudart_api.c: the CUDA runtime API calls the fake libcudart.so.12 implements.
+/* cudart_api.c: the CUDA runtime API calls the fake libcudart.so.12 and .so.13 implement.
  *
  * Why it exists: rankguard guards runtime calls (cudaSetDevice, IPC, peer access, entry
  * points) of unmodified programs; its tests need a runtime with the real semantics and
  * error codes (cuda_runtime_api.h documentation of CUDA 12.9) on top of the fake driver.
  * Each call maps onto the driver the way the runtime documents ("\sa ::cu..." lines).
- * Every error return goes through rt_ret() so cudaGetLastError sees it.
+ * Every error return goes through rt_ret() so cudaGetLastError sees it. One source serves
+ * both majors: compiled against the 12.9 or the 13.x headers, `#if CUDART_VERSION >= 13000`
+ * where a signature or an exported name differs (the list: gen_sigdiff.py). The calls
+ * rankguard guards, and those whose signature differs, record their arguments (RT_LOG).
  */
 #include <stddef.h>
 #include <string.h>
@@ -21,10 +24,15 @@ RT_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count,
 RT_EXPORT cudaError_t cudaMemset_ptds(void *devPtr, int value, size_t count);
 RT_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
 RT_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream);
+#if CUDART_VERSION >= 13000
+RT_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count,
+        struct cudaMemLocation location, unsigned int flags, cudaStream_t stream);
+#else
 RT_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count, int dstDevice,
                                                 cudaStream_t stream);
 RT_EXPORT cudaError_t cudaMemPrefetchAsync_v2_ptsz(const void *devPtr, size_t count,
         struct cudaMemLocation location, unsigned int flags, cudaStream_t stream);
+#endif
 RT_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
         unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus);
 RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol,
@@ -42,7 +50,7 @@ RT_EXPORT cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
 {
     if (!runtimeVersion)
         return rt_ret(cudaErrorInvalidValue);
-    *runtimeVersion = CUDART_VERSION; /* 12090: the pinned headers' version */
+    *runtimeVersion = FAKECUDART_RUNTIME_VERSION; /* the pinned headers' version: 12090, 13050 */
     return cudaSuccess;
 }
 
@@ -73,6 +81,7 @@ RT_EXPORT cudaError_t cudaGetDeviceCount(int *count)
 
 RT_EXPORT cudaError_t cudaSetDevice(int device)
 {
+    RT_LOG("cudaSetDevice", "device=%d", device);
     TRY(rt_check_device(device));
     rt_set_current_device(device);
     /* CUDA 12: "This function will also immediately initialize the runtime state on the
@@ -92,6 +101,8 @@ RT_EXPORT cudaError_t cudaGetDevice(int *device)
 
 RT_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags)
 {
+    RT_LOG("cudaInitDevice", "device=%d deviceFlags=%u flags=%u", device, deviceFlags,
+           flags);
     TRY(rt_check_device(device));
     if (flags & ~(unsigned int)cudaInitDeviceFlagsAreValid)
         return rt_ret(cudaErrorInvalidValue);
@@ -128,6 +139,8 @@ RT_EXPORT cudaError_t cudaDeviceReset(void)
 
 RT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
+    RT_LOG("cudaDeviceGetAttribute", "value=%p attr=%d device=%d", (void *)value, (int)attr,
+           device);
     if (!value)
         return rt_ret(cudaErrorInvalidValue);
     CUdevice cu;
@@ -139,6 +152,8 @@ RT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr att
 
 RT_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
 {
+    RT_LOG("cudaDeviceGetPCIBusId", "pciBusId=%p len=%d device=%d", (void *)pciBusId, len,
+           device);
     if (!pciBusId || len <= 0)
         return rt_ret(cudaErrorInvalidValue);
     CUdevice cu;
@@ -158,7 +173,9 @@ static const struct prop_attr prop_attrs[] = {
     PA(major, COMPUTE_CAPABILITY_MAJOR),
     PA(minor, COMPUTE_CAPABILITY_MINOR),
     PA(multiProcessorCount, MULTIPROCESSOR_COUNT),
+#if CUDART_VERSION < 13000 /* fields removed from cudaDeviceProp in 13.0 */
     PA(clockRate, CLOCK_RATE),
+#endif
     PA(warpSize, WARP_SIZE),
     PA(maxThreadsPerBlock, MAX_THREADS_PER_BLOCK),
     PA(maxThreadsDim[0], MAX_BLOCK_DIM_X),
@@ -170,7 +187,9 @@ static const struct prop_attr prop_attrs[] = {
     PA(regsPerBlock, MAX_REGISTERS_PER_BLOCK),
     PA(integrated, INTEGRATED),
     PA(canMapHostMemory, CAN_MAP_HOST_MEMORY),
+#if CUDART_VERSION < 13000 /* fields removed from cudaDeviceProp in 13.0 */
     PA(computeMode, COMPUTE_MODE),
+#endif
     PA(concurrentKernels, CONCURRENT_KERNELS),
     PA(ECCEnabled, ECC_ENABLED),
     PA(pciBusID, PCI_BUS_ID),
@@ -178,7 +197,9 @@ static const struct prop_attr prop_attrs[] = {
     PA(pciDomainID, PCI_DOMAIN_ID),
     PA(asyncEngineCount, ASYNC_ENGINE_COUNT),
     PA(unifiedAddressing, UNIFIED_ADDRESSING),
+#if CUDART_VERSION < 13000 /* fields removed from cudaDeviceProp in 13.0 */
     PA(memoryClockRate, MEMORY_CLOCK_RATE),
+#endif
     PA(memoryBusWidth, GLOBAL_MEMORY_BUS_WIDTH),
     PA(l2CacheSize, L2_CACHE_SIZE),
     PA(maxThreadsPerMultiProcessor, MAX_THREADS_PER_MULTIPROCESSOR),
@@ -194,8 +215,18 @@ static const struct prop_attr prop_attrs[] = {
 };
 #undef PA
 
-RT_EXPORT cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device)
+/* 12 exports the current struct under cudaGetDeviceProperties_v2 (the header maps the
+ * plain name onto it); 13 exports it under the plain name and has no _v2. */
+#if CUDART_VERSION >= 13000
+#define GET_DEVICE_PROPERTIES cudaGetDeviceProperties
+#define GET_DEVICE_PROPERTIES_NAME "cudaGetDeviceProperties"
+#else
+#define GET_DEVICE_PROPERTIES cudaGetDeviceProperties_v2
+#define GET_DEVICE_PROPERTIES_NAME "cudaGetDeviceProperties_v2"
+#endif
+RT_EXPORT cudaError_t GET_DEVICE_PROPERTIES(struct cudaDeviceProp *prop, int device)
 {
+    RT_LOG(GET_DEVICE_PROPERTIES_NAME, "prop=%p device=%d", (void *)prop, device);
     if (!prop)
         return rt_ret(cudaErrorInvalidValue);
     CUdevice cu;
@@ -274,6 +305,7 @@ RT_EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int
     return cudaSuccess;
 }
 
+#if CUDART_VERSION < 13000
 static cudaError_t prefetch_with(const struct rt_stream_fns *s, const void *devPtr,
                                  size_t count, int dstDevice, cudaStream_t stream)
 {
@@ -285,18 +317,25 @@ static cudaError_t prefetch_with(const struct rt_stream_fns *s, const void *devP
     NEED(s->memPrefetchAsync);
     DRIVER(s->memPrefetchAsync((CUdeviceptr)(uintptr_t)devPtr, count, dst, stream));
 }
+#endif
 
+#if CUDART_VERSION < 13000
 RT_EXPORT cudaError_t cudaMemPrefetchAsync(const void *devPtr, size_t count, int dstDevice,
                                            cudaStream_t stream)
 {
+    RT_LOG("cudaMemPrefetchAsync", "devPtr=%p count=%zu dstDevice=%d stream=%p", devPtr, count,
+           dstDevice, (void *)stream);
     return prefetch_with(&rt_legacy, devPtr, count, dstDevice, stream);
 }
 
 RT_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count, int dstDevice,
                                                 cudaStream_t stream)
 {
+    RT_LOG("cudaMemPrefetchAsync_ptsz", "devPtr=%p count=%zu dstDevice=%d stream=%p", devPtr,
+           count, dstDevice, (void *)stream);
     return prefetch_with(&rt_per_thread, devPtr, count, dstDevice, stream);
 }
+#endif
 
 static cudaError_t prefetch_v2_with(const struct rt_stream_fns *s, const void *devPtr,
                                     size_t count, struct cudaMemLocation location,
@@ -315,15 +354,30 @@ static cudaError_t prefetch_v2_with(const struct rt_stream_fns *s, const void *d
     DRIVER(s->memPrefetchAsyncV2((CUdeviceptr)(uintptr_t)devPtr, count, loc, flags, stream));
 }
 
-RT_EXPORT cudaError_t cudaMemPrefetchAsync_v2(const void *devPtr, size_t count,
+/* 12: cudaMemPrefetchAsync_v2(_ptsz); 13: the same signature under the plain name, and
+ * no _v2 (13 removed it). */
+#if CUDART_VERSION >= 13000
+#define PREFETCH_LOC(suffix) cudaMemPrefetchAsync##suffix
+#define PREFETCH_LOC_NAME "cudaMemPrefetchAsync"
+#else
+#define PREFETCH_LOC(suffix) cudaMemPrefetchAsync_v2##suffix
+#define PREFETCH_LOC_NAME "cudaMemPrefetchAsync_v2"
+#endif
+#define PREFETCH_LOC_LOG(name) \
+    RT_LOG(name, "devPtr=%p count=%zu location=" RT_LOC_FMT " flags=%u stream=%p", devPtr, \
+           count, RT_LOC_ARGS(location), flags, (void *)stream)
+
+RT_EXPORT cudaError_t PREFETCH_LOC()(const void *devPtr, size_t count,
         struct cudaMemLocation location, unsigned int flags, cudaStream_t stream)
 {
+    PREFETCH_LOC_LOG(PREFETCH_LOC_NAME);
     return prefetch_v2_with(&rt_legacy, devPtr, count, location, flags, stream);
 }
 
-RT_EXPORT cudaError_t cudaMemPrefetchAsync_v2_ptsz(const void *devPtr, size_t count,
+RT_EXPORT cudaError_t PREFETCH_LOC(_ptsz)(const void *devPtr, size_t count,
         struct cudaMemLocation location, unsigned int flags, cudaStream_t stream)
 {
+    PREFETCH_LOC_LOG(PREFETCH_LOC_NAME "_ptsz");
     return prefetch_v2_with(&rt_per_thread, devPtr, count, location, flags, stream);
 }
 
@@ -452,6 +506,7 @@ RT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *att
 
 RT_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
 {
+    RT_LOG("cudaIpcGetMemHandle", "handle=%p devPtr=%p", (void *)handle, devPtr);
     if (!handle)
         return rt_ret(cudaErrorInvalidValue);
     TRY(rt_bind());
@@ -468,6 +523,8 @@ RT_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devP
 RT_EXPORT cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
                                            unsigned int flags)
 {
+    RT_LOG_HEX("cudaIpcOpenMemHandle", handle.reserved, "devPtr=%p handle={reserved=%s} flags=%u",
+               (void *)devPtr, hex_, flags);
     if (!devPtr)
         return rt_ret(cudaErrorInvalidValue);
     /* "flags - Flags for this operation. Must be specified as
@@ -495,6 +552,7 @@ RT_EXPORT cudaError_t cudaIpcCloseMemHandle(void *devPtr)
 
 RT_EXPORT cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event)
 {
+    RT_LOG("cudaIpcGetEventHandle", "handle=%p event=%p", (void *)handle, (void *)event);
     if (!handle)
         return rt_ret(cudaErrorInvalidValue);
     TRY(rt_bind());
@@ -510,6 +568,8 @@ RT_EXPORT cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEv
 
 RT_EXPORT cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle)
 {
+    RT_LOG_HEX("cudaIpcOpenEventHandle", handle.reserved, "event=%p handle={reserved=%s}",
+               (void *)event, hex_);
     if (!event)
         return rt_ret(cudaErrorInvalidValue);
     TRY(rt_bind());
@@ -621,6 +681,8 @@ RT_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 RT_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice)
 {
+    RT_LOG("cudaDeviceCanAccessPeer", "canAccessPeer=%p device=%d peerDevice=%d",
+           (void *)canAccessPeer, device, peerDevice);
     if (!canAccessPeer)
         return rt_ret(cudaErrorInvalidValue);
     CUdevice cu, peer;
@@ -632,6 +694,7 @@ RT_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, in
 
 RT_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
 {
+    RT_LOG("cudaDeviceEnablePeerAccess", "peerDevice=%d flags=%u", peerDevice, flags);
     TRY(rt_check_device(peerDevice));
     if (flags != 0)
         return rt_ret(cudaErrorInvalidValue);
@@ -669,6 +732,8 @@ RT_EXPORT cudaError_t cudaDeviceDisablePeerAccess(int peerDevice)
 RT_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
                                      size_t count)
 {
+    RT_LOG("cudaMemcpyPeer", "dst=%p dstDevice=%d src=%p srcDevice=%d count=%zu", dst,
+           dstDevice, src, srcDevice, count);
     TRY(rt_check_device(dstDevice));
     TRY(rt_check_device(srcDevice));
     CUcontext dctx, sctx;
@@ -685,6 +750,8 @@ RT_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, 
 RT_EXPORT cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
                                           int srcDevice, size_t count, cudaStream_t stream)
 {
+    RT_LOG("cudaMemcpyPeerAsync", "dst=%p dstDevice=%d src=%p srcDevice=%d count=%zu stream=%p",
+           dst, dstDevice, src, srcDevice, count, (void *)stream);
     TRY(rt_check_device(dstDevice));
     TRY(rt_check_device(srcDevice));
     CUcontext dctx, sctx;
@@ -756,20 +823,27 @@ static cudaError_t entry_point(const char *symbol, void **funcPtr, int cudaVersi
 RT_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr,
         unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus)
 {
+    RT_LOG("cudaGetDriverEntryPoint", "symbol=%s funcPtr=%p flags=%llu driverStatus=%p",
+           RT_STR(symbol), (void *)funcPtr, flags, (void *)driverStatus);
     /* "the API will use the CUDA runtime version" (CUDART_VERSION). */
-    return entry_point(symbol, funcPtr, CUDART_VERSION, flags, driverStatus, 0);
+    return entry_point(symbol, funcPtr, FAKECUDART_RUNTIME_VERSION, flags, driverStatus, 0);
 }
 
 RT_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
         unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-    return entry_point(symbol, funcPtr, CUDART_VERSION, flags, driverStatus, 1);
+    RT_LOG("cudaGetDriverEntryPoint_ptsz", "symbol=%s funcPtr=%p flags=%llu driverStatus=%p",
+           RT_STR(symbol), (void *)funcPtr, flags, (void *)driverStatus);
+    return entry_point(symbol, funcPtr, FAKECUDART_RUNTIME_VERSION, flags, driverStatus, 1);
 }
 
 RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
         unsigned int cudaVersion, unsigned long long flags,
         enum cudaDriverEntryPointQueryResult *driverStatus)
 {
+    RT_LOG("cudaGetDriverEntryPointByVersion",
+           "symbol=%s funcPtr=%p cudaVersion=%u flags=%llu driverStatus=%p", RT_STR(symbol),
+           (void *)funcPtr, cudaVersion, flags, (void *)driverStatus);
     return entry_point(symbol, funcPtr, (int)cudaVersion, flags, driverStatus, 0);
 }
 
@@ -777,5 +851,8 @@ RT_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol,
         void **funcPtr, unsigned int cudaVersion, unsigned long long flags,
         enum cudaDriverEntryPointQueryResult *driverStatus)
 {
+    RT_LOG("cudaGetDriverEntryPointByVersion_ptsz",
+           "symbol=%s funcPtr=%p cudaVersion=%u flags=%llu driverStatus=%p", RT_STR(symbol),
+           (void *)funcPtr, cudaVersion, flags, (void *)driverStatus);
     return entry_point(symbol, funcPtr, (int)cudaVersion, flags, driverStatus, 1);
 }

@@ -173,14 +173,15 @@ static void do_init(void)
         init_error = rt_map(r);
         return;
     }
-    /* cudart 12.x runs on any 12.x driver (minor-version compatibility), not on 11.x. */
+    /* cudart N.x runs on any N.x or newer driver (minor-version compatibility), not on an
+     * older major: the 13 runtime on a 12.9 driver is cudaErrorInsufficientDriver. */
     int version = 0;
     r = rt_drv.driverGetVersion(&version);
     if (r != CUDA_SUCCESS) {
         init_error = rt_map(r);
         return;
     }
-    if (version < 12000) {
+    if (version < FAKECUDART_MAJOR * 1000) {
         init_error = cudaErrorInsufficientDriver;
         return;
     }

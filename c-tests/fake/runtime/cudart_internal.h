@@ -1,4 +1,4 @@
-/* cudart_internal.h: shared state of the fake libcudart.so.12.
+/* cudart_internal.h: shared state of the fake libcudart.so.12 and .so.13.
  *
  * Why it exists: the fake runtime is split into the driver layer (cudart_driver.c: loading
  * libcuda.so.1 the way the real runtime does, lazy init, primary contexts), the public API
@@ -11,6 +11,16 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+
+/* The major this copy of the fake runtime is (its soname libcudart.so.<major> and version
+ * node), and what cudaRuntimeGetVersion reports. From the headers it is compiled against,
+ * unless the build says otherwise (the stand-in libcudart.so.14, built from 13.x headers). */
+#ifndef FAKECUDART_MAJOR
+#define FAKECUDART_MAJOR (CUDART_VERSION / 1000)
+#endif
+#ifndef FAKECUDART_RUNTIME_VERSION
+#define FAKECUDART_RUNTIME_VERSION CUDART_VERSION
+#endif
 
 /* Everything not in the version script (libcudart.map) is local anyway; hidden visibility
  * additionally keeps internal calls from going through the PLT. */
@@ -113,5 +123,32 @@ RT_HIDDEN cudaError_t rt_last_error(int reset);
 
 /* CUresult -> cudaError_t (see cudart_errors.c for the rule). */
 RT_HIDDEN cudaError_t rt_map(CUresult r);
+
+/* The argument log (cudart_arglog.c): RT_LOG("cudaX", "a=%d b=%p", a, b) appends
+ * `libcudart.so.<major> cudaX a=.. b=..` to $FAKECUDA_ARGLOG; nothing when unset. */
+RT_HIDDEN int rt_arglog_on(void);
+RT_HIDDEN void rt_arglog(const char *symbol, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+#define RT_LOG(symbol, ...) do { if (rt_arglog_on()) rt_arglog(symbol, __VA_ARGS__); } while (0)
+/* An opaque handle (cudaStream_t, cudaGraph_t, ...) for %p; the build fails if the type is
+ * not a pointer (GCC's pointer_type_class is 5). */
+#define RT_LOG_HANDLE(h) \
+    ((void)sizeof(char[__builtin_classify_type(h) == 5 ? 1 : -1]), (const void *)(h))
+/* A byte array (an IPC handle's `reserved`) in hex: RT_LOG_HEX(symbol, bytes, fmt, ...)
+ * names the hex string `hex_` for the arguments; it is built only when the log is on. */
+#define RT_LOG_HEX(symbol, bytes, ...) do { if (rt_arglog_on()) { \
+        char hex_[2 * sizeof(bytes) + 1]; \
+        rt_hex(hex_, (bytes), sizeof(bytes)); \
+        rt_arglog(symbol, __VA_ARGS__); } } while (0)
+RT_HIDDEN void rt_hex(char *out, const void *bytes, size_t n);
+/* A C string argument, "(null)" for NULL. */
+#define RT_STR(s) ((s) ? (s) : "(null)")
+/* A cudaMemLocation by value, every field. */
+#define RT_LOC_FMT "{type=%d,id=%d}"
+#define RT_LOC_ARGS(l) (int)(l).type, (l).id
+
+/* The generated stubs (gen_sigdiff.py) of functions whose signature differs between
+ * majors: exported, weak, so a hand-written definition replaces one. */
+#define RT_STUB __attribute__((weak, visibility("default")))
 
 #endif
