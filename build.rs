@@ -295,7 +295,10 @@ fn symver_cfg() {
     println!("cargo:rustc-check-cfg=cfg(rankguard_symver)");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     let linker = env::var("RUSTC_LINKER").unwrap_or_default();
-    if Path::new(&linker).file_name().is_some_and(|n| n == "link-glibc-2.28") {
+    if Path::new(&linker)
+        .file_name()
+        .is_some_and(|n| n == "link-glibc-2.28")
+    {
         println!("cargo:rustc-cfg=rankguard_symver");
     } else if env::var_os(NESTED).is_none() {
         println!("cargo:warning=librankguard.so is not linked by scripts/link-glibc-2.28 (linker: {}): no \

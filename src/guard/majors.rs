@@ -42,7 +42,11 @@ fn loaded_runtimes(out: &mut [*const c_char; MAX_RUNTIMES]) -> usize {
         names: [*const c_char; MAX_RUNTIMES],
         n: usize,
     }
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
         // SAFETY: dl_iterate_phdr passes a valid info for the duration of the callback;
         // `data` is the `Found` below.
         unsafe {
@@ -80,7 +84,9 @@ pub fn major_of(path: &[u8]) -> Option<u32> {
     if digits.is_empty() || digits.len() > 4 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    digits.iter().try_fold(0u32, |n, &d| Some(n * 10 + u32::from(d - b'0')))
+    digits
+        .iter()
+        .try_fold(0u32, |n, &d| Some(n * 10 + u32::from(d - b'0')))
 }
 
 /// `dlvsym` with this library as the caller (so `RTLD_NEXT` means: after it).
@@ -123,9 +129,9 @@ pub fn resolve(e: &Entry) -> *mut c_void {
 /// The wrapped major whose version node `handle`'s definition `found` of `name` carries,
 /// or None (a runtime of a major no wrapper exists for).
 pub fn major_at(handle: *mut c_void, name: &CStr, found: *mut c_void) -> Option<u8> {
-    table::RUNTIME_MAJORS.into_iter().find(|&m| {
-        table::runtime_node(m).is_some_and(|node| dlvsym(handle, name, node) == found)
-    })
+    table::RUNTIME_MAJORS
+        .into_iter()
+        .find(|&m| table::runtime_node(m).is_some_and(|node| dlvsym(handle, name, node) == found))
 }
 
 static UNKNOWN_SAID: AtomicBool = AtomicBool::new(false);
@@ -145,7 +151,8 @@ pub fn notice_unknown() {
     for &path in &names[..n] {
         // SAFETY: a loaded object's NUL-terminated name.
         let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
-        let known = major_of(bytes).is_some_and(|m| table::RUNTIME_MAJORS.iter().any(|&k| u32::from(k) == m));
+        let known = major_of(bytes)
+            .is_some_and(|m| table::RUNTIME_MAJORS.iter().any(|&k| u32::from(k) == m));
         if known || UNKNOWN_SAID.swap(true, Ordering::Relaxed) {
             continue;
         }
@@ -153,7 +160,10 @@ pub fn notice_unknown() {
         let mut b = StackBuf::<768>::new();
         crate::guard::engine::prefix(&mut b, "WARN");
         let shown = std::str::from_utf8(bytes).unwrap_or("libcudart (name not UTF-8)");
-        let _ = write!(b, "{shown} is a CUDA runtime of a major this guard has no wrappers for (it wraps ");
+        let _ = write!(
+            b,
+            "{shown} is a CUDA runtime of a major this guard has no wrappers for (it wraps "
+        );
         for (i, m) in table::RUNTIME_MAJORS.iter().enumerate() {
             let _ = write!(b, "{}{m}", if i > 0 { " and " } else { "" });
         }
@@ -192,7 +202,10 @@ mod tests {
     #[test]
     fn nodes_of_the_wrapped_majors() {
         for m in table::RUNTIME_MAJORS {
-            assert_eq!(table::runtime_node(m).unwrap().to_bytes(), format!("libcudart.so.{m}").as_bytes());
+            assert_eq!(
+                table::runtime_node(m).unwrap().to_bytes(),
+                format!("libcudart.so.{m}").as_bytes()
+            );
         }
         assert!(table::runtime_node(14).is_none());
         assert!(table::runtime_node(0).is_none());

@@ -112,7 +112,10 @@ fn resolve(id: usize) -> *mut c_void {
             if p.is_null() || is_own(p) {
                 return ptr::null_mut();
             }
-            match e.real.compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
+            match e
+                .real
+                .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => p,
                 Err(existing) => existing,
             }

@@ -242,14 +242,18 @@ mod tests {
         for (id, e) in TABLE.iter().enumerate() {
             let all = abi_entries(e.abi().as_bytes());
             assert!(all.iter().any(|&(_, i)| i as usize == id), "{}", e.abi());
-            assert!(all.iter().all(|&(abi, i)| abi == e.abi() && TABLE[i as usize].lib == e.lib));
+            assert!(all
+                .iter()
+                .all(|&(abi, i)| abi == e.abi() && TABLE[i as usize].lib == e.lib));
             if e.lib == Lib::Driver {
                 assert_eq!(all.len(), 1, "{}", e.abi());
                 assert_eq!(e.major, 0);
             } else {
                 assert!(RUNTIME_MAJORS.contains(&e.major), "{}", e.abi());
                 // One per major, in major order.
-                assert!(all.windows(2).all(|w| TABLE[w[0].1 as usize].major < TABLE[w[1].1 as usize].major));
+                assert!(all
+                    .windows(2)
+                    .all(|w| TABLE[w[0].1 as usize].major < TABLE[w[1].1 as usize].major));
             }
             if e.lib == Lib::Driver {
                 let vs = driver_variants(e.call.as_bytes()).expect(e.call);
