@@ -453,8 +453,9 @@ def render_py(wrappers, entries, sources) -> str:
 
 def render_h(wrappers, entries, sources) -> str:
     out = [f"/* {HEADER_NOTE.format(sources=sources)}. */",
-           "/* GUARDED_DRIVER(api, abi, version, per_thread) and GUARDED_RUNTIME(api, abi, major,",
-           " * per_thread): every guarded ABI variant; the version is the cudaTypedefs.h PFN's. */",
+           "/* GUARDED_DRIVER_VARIANTS(X) and GUARDED_RUNTIME<major>_VARIANTS(X) call",
+           " * X(api, abi, version or major, per_thread suffix) for every guarded ABI variant; a",
+           " * driver variant's version is its cudaTypedefs.h PFN's. */",
            "#ifndef RANKGUARD_GUARDED_H", "#define RANKGUARD_GUARDED_H",
            "#define GUARDED_DRIVER_VARIANTS(X) \\"]
     rows = matrix(wrappers, entries)
@@ -463,12 +464,14 @@ def render_h(wrappers, entries, sources) -> str:
             for abi, tag, pt in vs:
                 out.append(f"    X({api}, {abi}, {tag}, \"{pt}\") \\")
     out.append("")
-    out.append("#define GUARDED_RUNTIME_VARIANTS(X) \\")
-    for lib, api, kind, vs in rows:
-        if lib == "runtime":
-            for abi, tag, pt in vs:
-                out.append(f"    X({api}, {abi}, {tag}, \"{pt}\") \\")
-    out.append("")
+    for m in RUNTIME_MAJORS:
+        out.append(f"#define GUARDED_RUNTIME{m}_VARIANTS(X) \\")
+        for lib, api, kind, vs in rows:
+            if lib == "runtime":
+                for abi, tag, pt in vs:
+                    if tag == m:
+                        out.append(f"    X({api}, {abi}, {tag}, \"{pt}\") \\")
+        out.append("")
     out.append("#endif")
     return "\n".join(out) + "\n"
 
