@@ -1,11 +1,12 @@
 //! The one declarative table of guarded functions, and the macros that build it.
 //!
-//! `guarded!` (invoked once, in `wrappers.rs`) takes every guarded ABI symbol with its C
-//! signature and body and generates, from that single list:
-//! - the exported wrapper (`#[no_mangle]`, unversioned, so it also satisfies
-//!   `cudaSetDevice@libcudart.so.12` references);
-//! - its entry in [`TABLE`]: ABI name, the API name programs call it by, library, the
-//!   slot of the real function, the wrapper's address.
+//! `guarded!` (invoked once, by `wrappers.rs` including the generated `generated.rs`)
+//! takes every guarded ABI symbol (a runtime one once per major) with its C signature and
+//! body and generates, from that single list:
+//! - the exported wrapper (driver: `#[no_mangle]`, unversioned; runtime: defined under its
+//!   major's version node, `cudaSetDevice@libcudart.so.12` / `@@libcudart.so.13`);
+//! - its entry in [`TABLE`]: ABI name, the API name programs call it by, library, runtime
+//!   major, the slot of the real function, the wrapper's address.
 //!
 //! Every interposition layer (exported symbols, `dlsym`, `cuGetProcAddress`,
 //! `cudaGetDriverEntryPoint`) derives from [`TABLE`]; nothing is listed twice.
