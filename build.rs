@@ -63,6 +63,7 @@ fn main() {
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     for p in [
         "src",
+        "crates",
         "Cargo.toml",
         "Cargo.lock",
         ".cargo/config.toml",

@@ -91,7 +91,7 @@ def test_run_execs_in_place_and_keeps_identity_and_job():
     assert c["env"]["RANKGUARD_RANK_GPU_UUID"] == uuid(2)
     assert c["env"]["RANKGUARD_JOB"] == "job-7"
     c = one(run_rank("--", *child_cmd("--no-cuda"), CUDA_VISIBLE_DEVICES="2", SLURM_JOB_ID="99", SLURM_STEP_ID="1"))
-    assert c["env"]["RANKGUARD_JOB"] == "slurm:99.1"  # the guard's own derivation (src/jobid.rs)
+    assert c["env"]["RANKGUARD_JOB"] == "slurm:99.1"  # the guard's own derivation (crates/core/src/jobid.rs)
 
 
 def test_run_missing_command_is_127():

@@ -1,4 +1,4 @@
-"""One job id for the guard and `rankguard run` (src/jobid.rs).
+"""One job id for the guard and `rankguard run` (crates/core/src/jobid.rs).
 
 Under an engine (Slurm, torchrun), a rank's process started through `rankguard run` gets
 `RANKGUARD_JOB` from the CLI, and another process of the same rank preloaded directly

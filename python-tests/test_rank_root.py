@@ -1,6 +1,6 @@
 """One program is one rank (issue 12): without a launcher or rank variables, a guarded
 process belongs to the rank of its outermost guarded ancestor given a single-entry
-CUDA_VISIBLE_DEVICES (src/rank_root.rs), so R1 (a process of the rank on another GPU) and
+CUDA_VISIBLE_DEVICES (crates/core/src/rank_root.rs), so R1 (a process of the rank on another GPU) and
 R3 (cross-device IPC inside the rank) hold under plain LD_PRELOAD.
 
 The programs are python-tests/_rank_root_prog.py (NVIDIA's cuda.bindings on the fake node):

@@ -249,7 +249,7 @@ def check_ranks(kids: list[dict], entries: list[str]):
     step = {(k["env"]["SLURM_JOB_ID"], k["env"]["SLURM_STEP_ID"]) for k in kids}
     assert len(step) == 1
     ((job, stepid),) = step
-    # The job id is Slurm's (the same derivation as the guard's, src/jobid.rs).
+    # The job id is Slurm's (the same derivation as the guard's, crates/core/src/jobid.rs).
     assert {k["env"]["RANKGUARD_JOB"] for k in kids} == {f"slurm:{job}.{stepid}"}
 
 

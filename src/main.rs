@@ -1,23 +1,18 @@
 //! `rankguard`: the command line half of the one-rank-one-GPU contract.
 //!
-//! A thin binary over pure modules shared with the preload library. It declares those
-//! modules itself (the library is a cdylib that exports CUDA and `dlsym` symbols, so the CLI
-//! must never link it) and never declares the interposition modules (`guard`). Unsafe code is
-//! denied here and allowed only in `cli/sys.rs`, the FFI module.
+//! A thin binary over the pure crate `rankguard-core` (crates/core), which the preload
+//! library uses too: the CVD parser, the job id, the rank-GPU identity, the mode, rule
+//! names and records are computed there once for both. The binary never links the preload
+//! library (a cdylib that exports CUDA and `dlsym` symbols). Unsafe code is denied here and
+//! allowed only in `cli/sys.rs`, the FFI module.
 #![deny(unsafe_code)]
 
-// Shared with librankguard.so; the CLI uses only part of its API.
-#[allow(dead_code)]
-mod cvd;
-// Reading audit files back (`rankguard report`).
-mod audit;
+use rankguard_core::{audit, config, cvd, jobid, rankgpu};
+
 mod cli;
+// CPU sets, the node's topology and the placement plan: the CLI's own (`launch`, `plan`).
 mod cpuset;
-// The job id, derived by the same function as the guard's (`config.rs`).
-mod jobid;
 mod plan;
-// Whether a process sees its rank's GPU: the guard's R1 decision, shared with `check`.
-mod rankgpu;
 mod topology;
 
 fn main() -> std::process::ExitCode {

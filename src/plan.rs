@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::cpuset::CpuSet;
-use crate::cvd::{self, Entry, Visibility};
+use crate::cvd::{self, CvdEntry, Visibility};
 use crate::topology::Topology;
 
 /// A planning error: the message names the inputs in conflict and the fix.
@@ -57,8 +57,8 @@ pub enum Source {
 /// One host-visible device: the entry a child gets in its CVD, and its identity when the
 /// driver could be asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Device {
-    pub entry: Entry,
+pub struct VisibleDevice {
+    pub entry: CvdEntry,
     pub uuid: Option<String>,
     pub bus_id: Option<String>,
 }
@@ -67,7 +67,7 @@ pub struct Device {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostView {
     pub source: Source,
-    pub devices: Vec<Device>,
+    pub devices: Vec<VisibleDevice>,
 }
 
 impl HostView {
@@ -114,8 +114,8 @@ pub fn host_view(
         let devices = gpus
             .iter()
             .enumerate()
-            .map(|(i, g)| Device {
-                entry: Entry::Index(i as u32),
+            .map(|(i, g)| VisibleDevice {
+                entry: CvdEntry::Index(i as u32),
                 uuid: Some(g.uuid.clone()),
                 bus_id: Some(g.bus_id.clone()),
             })
@@ -143,9 +143,9 @@ pub fn host_view(
              exactly the GPUs meant",
             entries.len(), items.len(), shown.join(","), items[entries.len()].trim()));
     }
-    let mut devices: Vec<Device> = entries
+    let mut devices: Vec<VisibleDevice> = entries
         .into_iter()
-        .map(|entry| Device {
+        .map(|entry| VisibleDevice {
             entry,
             uuid: None,
             bus_id: None,
@@ -290,7 +290,7 @@ pub struct RankPlan {
     pub local_rank: u32,
     /// Position of the device in the launcher's visible list.
     pub position: u32,
-    pub device: Device,
+    pub device: VisibleDevice,
     pub numa_node: Option<u32>,
     pub cpus: Option<CpuSet>,
 }
@@ -429,7 +429,7 @@ pub fn plan(
     })
 }
 
-fn gpu_info<'t>(t: &'t Topology, d: &Device) -> Option<&'t crate::topology::GpuInfo> {
+fn gpu_info<'t>(t: &'t Topology, d: &VisibleDevice) -> Option<&'t crate::topology::GpuInfo> {
     d.bus_id
         .as_deref()
         .and_then(|b| t.by_bus_id(b))
@@ -689,7 +689,7 @@ mod tests {
 
     #[test]
     fn uuid_and_mig_entries_stay_verbatim() {
-        // UUID entries are matched verbatim (no space stripping: src/cvd.rs, pytorch#92315).
+        // UUID entries are matched verbatim (no space stripping: crates/core/src/cvd.rs, pytorch#92315).
         let h = host_view(
             Some("MIG-1000a11c-0000-4000-8000-000000000000,MIG-1001a11c"),
             Err("no driver"),

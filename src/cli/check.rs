@@ -15,7 +15,8 @@ use super::args::{Lexer, Token};
 use super::json::Value;
 use super::launch::SYSROOT_VAR;
 use super::{env, gpus, lib_path, sys, Error, Result, EXIT_VIOLATION};
-use crate::cvd::{self, Entry, Visibility};
+use crate::config::{Mode, MODE_EXPECTED};
+use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan::DriverGpu;
 use crate::rankgpu::{self, RankGpu};
 use crate::topology::Topology;
@@ -87,7 +88,7 @@ struct Report {
     driver: std::result::Result<Vec<DeviceReport>, String>,
     guard_preloaded: Option<String>,
     guard_lib: Option<String>,
-    guard_mode: String,
+    guard_mode: Mode,
     rank_gpu: Option<String>,
     rank_gpu_matches: Option<bool>,
     /// The rank's GPU is named in a form this process cannot verify.
@@ -112,13 +113,13 @@ fn gather(sysroot: &std::path::Path) -> Report {
             None => Visibility::Entries(vec![]),
         },
     };
-    let entries: Vec<Entry> = vis.entries().map(|e| e.to_vec()).unwrap_or_default();
+    let entries: Vec<CvdEntry> = vis.entries().map(|e| e.to_vec()).unwrap_or_default();
     let mode = match (&vis, entries.first()) {
         (Visibility::Unset, _) => "unset",
         (_, None) => "none",
-        (_, Some(Entry::Index(_))) => "index",
-        (_, Some(Entry::Uuid(_))) => "uuid",
-        (_, Some(Entry::Mig(_))) => "mig",
+        (_, Some(CvdEntry::Index(_))) => "index",
+        (_, Some(CvdEntry::Uuid(_))) => "uuid",
+        (_, Some(CvdEntry::Mig(_))) => "mig",
     };
     let fix =
         "start the rank with `rankguard launch`, or through `rankguard run --narrow-by LOCAL_RANK`";
@@ -182,8 +183,7 @@ fn gather(sysroot: &std::path::Path) -> Report {
     let mut rank_gpu_unverifiable = false;
     if let (Some(rg), Ok(d)) = (&rank_gpu_raw, &driver) {
         if d.len() == 1 {
-            let resolved = std::env::var_os(env::RANK_GPU_UUID)
-                .filter(|v| !v.as_bytes().trim_ascii().is_empty());
+            let resolved = std::env::var_os(env::RANK_GPU_UUID);
             let decided = rankgpu::decide(
                 rg.as_bytes(),
                 resolved.as_ref().map(|v| v.as_bytes()),
@@ -215,23 +215,23 @@ fn gather(sysroot: &std::path::Path) -> Report {
                 .to_string(),
         );
     }
+    // Parsed as the guard parses it (crate::config, one function).
     let guard_mode = match std::env::var("RANKGUARD_MODE")
         .ok()
-        .map(|m| m.trim().to_ascii_lowercase())
+        .filter(|m| !m.is_empty())
     {
-        None => "enforce".to_string(),
-        Some(m) if m.is_empty() => "enforce".to_string(),
-        Some(m) if ["enforce", "warn", "abort", "off"].contains(&m.as_str()) => m,
-        Some(m) => {
+        None => Mode::Enforce,
+        Some(m) => Mode::parse(&m).unwrap_or_else(|| {
             warnings.push(format!(
-                "RANKGUARD_MODE='{m}' is not enforce, warn, abort or off; the guard uses enforce"
+                "RANKGUARD_MODE='{m}' is not valid: expected {MODE_EXPECTED}, as the guard does"
             ));
-            "enforce".to_string()
-        }
+            Mode::Enforce
+        }),
     };
-    if guard_mode == "warn" || guard_mode == "off" {
+    if matches!(guard_mode, Mode::Warn | Mode::Off) {
         warnings.push(format!(
-            "RANKGUARD_MODE={guard_mode}: violations are not stopped"
+            "RANKGUARD_MODE={}: violations are not stopped",
+            guard_mode.as_str()
         ));
     }
     Report {
@@ -310,7 +310,7 @@ impl Report {
                         Value::opt_str(self.guard_preloaded.clone()),
                     ),
                     ("library", Value::opt_str(self.guard_lib.clone())),
-                    ("mode", Value::str(self.guard_mode.clone())),
+                    ("mode", Value::str(self.guard_mode.as_str())),
                 ]),
             ),
             ("rank_gpu", Value::opt_str(self.rank_gpu.clone())),
@@ -388,7 +388,7 @@ impl Report {
                 .map_or("not in LD_PRELOAD".to_string(), |p| format!(
                     "in LD_PRELOAD ({p})"
                 )),
-            self.guard_mode,
+            self.guard_mode.as_str(),
             dash(&self.guard_lib)
         ));
         let matches = match self.rank_gpu_matches {

@@ -67,9 +67,9 @@ pub fn preloaded_guard(existing: Option<&OsStr>) -> Option<String> {
 }
 
 /// The entry itself when it is already a full `GPU-`/`MIG-` UUID (8-4-4-4-12 hex digits).
-pub fn full_uuid(entry: &crate::cvd::Entry) -> Option<String> {
-    use crate::cvd::Entry;
-    let (Entry::Uuid(s) | Entry::Mig(s)) = entry else {
+pub fn full_uuid(entry: &crate::cvd::CvdEntry) -> Option<String> {
+    use crate::cvd::CvdEntry;
+    let (CvdEntry::Uuid(s) | CvdEntry::Mig(s)) = entry else {
         return None;
     };
     crate::rankgpu::is_full_uuid(s).then(|| s.clone())
@@ -147,20 +147,23 @@ mod tests {
 
     #[test]
     fn full_uuids_are_recognised() {
-        use crate::cvd::Entry;
+        use crate::cvd::CvdEntry;
         let full = "GPU-12c0ffee-0000-4000-8000-000000000002";
-        assert_eq!(full_uuid(&Entry::Uuid(full.into())).as_deref(), Some(full));
-        assert!(full_uuid(&Entry::Mig(
+        assert_eq!(
+            full_uuid(&CvdEntry::Uuid(full.into())).as_deref(),
+            Some(full)
+        );
+        assert!(full_uuid(&CvdEntry::Mig(
             "MIG-1200a11c-0000-4000-8000-000000000200".into()
         ))
         .is_some());
-        assert_eq!(full_uuid(&Entry::Uuid("GPU-12".into())), None);
+        assert_eq!(full_uuid(&CvdEntry::Uuid("GPU-12".into())), None);
         assert_eq!(
-            full_uuid(&Entry::Mig(
+            full_uuid(&CvdEntry::Mig(
                 "MIG-GPU-12c0ffee-0000-4000-8000-000000000002/1/0".into()
             )),
             None
         );
-        assert_eq!(full_uuid(&Entry::Index(3)), None);
+        assert_eq!(full_uuid(&CvdEntry::Index(3)), None);
     }
 }

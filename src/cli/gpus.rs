@@ -24,21 +24,9 @@ use std::os::fd::AsFd;
 use std::process::{Command, ExitCode};
 
 use super::{env, sys, Error, Result};
-use crate::cvd::{self, Entry, Visibility};
+use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan::DriverGpu;
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, nvidia-smi's spelling of a CUuuid.
-fn format_uuid(prefix: &str, b: &[u8; 16]) -> String {
-    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{prefix}-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
-}
+use rankguard_core::uuid::{uuid_text, UuidKind};
 
 /// The helper's answer: one `gpu<TAB>uuid<TAB>bus id` line per device, or the error.
 fn answer() -> std::result::Result<String, String> {
@@ -48,7 +36,7 @@ fn answer() -> std::result::Result<String, String> {
         .map(|g| {
             format!(
                 "gpu\t{}\t{}\n",
-                format_uuid("GPU", &g.uuid),
+                uuid_text(UuidKind::Gpu, &g.uuid),
                 g.bus_id.trim()
             )
         })
@@ -129,7 +117,7 @@ pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<Driv
     };
     // Under a MIG-mode CVD the driver enumerates MIG instances and cuDeviceGetUuid_v2 gives
     // their UUIDs, which nvidia-smi spells `MIG-...`.
-    let mig = matches!(cvd::parse(effective.as_deref()), Visibility::Entries(e) if matches!(e.first(), Some(Entry::Mig(_))));
+    let mig = matches!(cvd::parse(effective.as_deref()), Visibility::Entries(e) if matches!(e.first(), Some(CvdEntry::Mig(_))));
     let mut gpus = Vec::new();
     for line in stdout.lines() {
         let f: Vec<&str> = line.split('\t').collect();
@@ -179,20 +167,4 @@ fn query_exec(cvd_override: Option<Option<&str>>) -> std::result::Result<String,
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uuids_are_spelled_like_nvidia_smi() {
-        let b = [
-            0x12, 0xc0, 0xff, 0xee, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 2,
-        ];
-        assert_eq!(
-            format_uuid("GPU", &b),
-            "GPU-12c0ffee-0000-4000-8000-000000000002"
-        );
-    }
 }

@@ -232,7 +232,7 @@ fn make_plan(o: &Options) -> Result<Plan> {
         // CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
         // Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
         // about one entry at a time.
-        cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::Entry::Mig(_)) => {
+        cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::CvdEntry::Mig(_)) => {
             mig_driver_list(&e)
         }
         _ => gpus::query(None),
@@ -254,7 +254,7 @@ fn make_plan(o: &Options) -> Result<Plan> {
 
 /// The driver's answer for each MIG entry, in order; stops at the first entry the driver
 /// does not enumerate, so `plan::host_view` names it.
-fn mig_driver_list(entries: &[cvd::Entry]) -> std::result::Result<Vec<plan::DriverGpu>, String> {
+fn mig_driver_list(entries: &[cvd::CvdEntry]) -> std::result::Result<Vec<plan::DriverGpu>, String> {
     let mut out = Vec::new();
     for e in entries {
         match gpus::query(Some(Some(&e.text())))?.into_iter().next() {

@@ -88,12 +88,12 @@ fn free_port() -> Result<u16> {
 mod tests {
     use super::*;
     use crate::cpuset::CpuSet;
-    use crate::cvd::Entry;
-    use crate::plan::{CpuPolicy, Device, HostView, Source};
+    use crate::cvd::CvdEntry;
+    use crate::plan::{CpuPolicy, HostView, Source, VisibleDevice};
 
     fn plan_of(uuid: Option<&str>, cpus: Option<&str>) -> Plan {
-        let device = Device {
-            entry: Entry::Index(5),
+        let device = VisibleDevice {
+            entry: CvdEntry::Index(5),
             uuid: uuid.map(String::from),
             bus_id: None,
         };

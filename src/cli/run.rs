@@ -22,7 +22,7 @@ use std::process::{Command, ExitCode};
 
 use super::args::{Lexer, Token};
 use super::{env, gpus, lib_path, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
-use crate::cvd::{self, Entry, Visibility};
+use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan;
 
 const HELP: &str = "\
@@ -44,7 +44,7 @@ pub fn choose(
     raw: Option<&str>,
     narrow: Option<(&str, Option<&str>)>,
     device: Option<&str>,
-) -> Result<Entry> {
+) -> Result<CvdEntry> {
     let var = cvd::VAR;
     if narrow.is_some() && device.is_some() {
         return Err(Error::usage(
@@ -52,7 +52,7 @@ pub fn choose(
         ));
     }
     // The parent's list, with the same malformed-value checks as `launch`.
-    let list: Option<Vec<Entry>> = match raw {
+    let list: Option<Vec<CvdEntry>> = match raw {
         None => None,
         Some(v) => Some(
             plan::host_view(Some(v), Err("not asked"))
@@ -63,7 +63,7 @@ pub fn choose(
                 .collect(),
         ),
     };
-    let shown = |l: &[Entry]| format!("{var}='{}' ({} visible)", raw.unwrap_or(""), l.len());
+    let shown = |l: &[CvdEntry]| format!("{var}='{}' ({} visible)", raw.unwrap_or(""), l.len());
 
     if let Some(text) = device {
         let want = match cvd::parse(Some(text)) {
@@ -76,7 +76,7 @@ pub fn choose(
         };
         return match (list, want) {
             (None, w) => Ok(w),
-            (Some(l), Entry::Index(p)) => l.get(p as usize).cloned().ok_or_else(|| {
+            (Some(l), CvdEntry::Index(p)) => l.get(p as usize).cloned().ok_or_else(|| {
                 Error::usage(format!(
                     "rankguard run: --device {p} names position {p}, but {} has only positions 0-{}; pick a \
                      visible position", shown(&l), l.len() - 1))
@@ -122,7 +122,7 @@ pub fn choose(
         ))
     })?;
     match list {
-        None => Ok(Entry::Index(pos)),
+        None => Ok(CvdEntry::Index(pos)),
         Some(l) => l.get(pos as usize).cloned().ok_or_else(|| {
             Error::usage(format!(
                 "rankguard run: --narrow-by {name}: {name}={pos} is past the end of {}; start at most {} ranks \
@@ -231,7 +231,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
 /// The entry's full UUID: itself when it is one, else the driver's answer under
 /// `CUDA_VISIBLE_DEVICES=<entry>` (one helper process). None when the driver cannot say; the
 /// guard then compares entries by text, failing closed.
-fn resolve_uuid(entry: &Entry) -> Option<String> {
+fn resolve_uuid(entry: &CvdEntry) -> Option<String> {
     if let Some(u) = env::full_uuid(entry) {
         return Some(u);
     }

@@ -131,7 +131,7 @@ guarded! {
     // cuInit v2000: hook
     Driver 0 "cuInit" "cuInit" same true fn cuInit(Flags: c_uint) -> CuResult |real| {
         let rc = real(Flags);
-        engine::after_init(rc);
+        init_check::after_init(rc);
         // Every runtime initialises the driver: say once if one is of a major no wrapper
         // exists for (its own calls pass untouched; guard/majors.rs).
         crate::guard::majors::notice_unknown();
@@ -346,7 +346,7 @@ guarded! {
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 12: peer(current, peerDevice)
     Runtime 12 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@libcudart.so.12" fallback "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess_cu12(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(engine::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+        gate!(policy::peer(driver_query::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
         real(peerDevice, flags)
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 12: query(device)
@@ -486,7 +486,7 @@ guarded! {
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 13: peer(current, peerDevice)
     Runtime 13 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@@libcudart.so.13" fn cudaDeviceEnablePeerAccess_cu13(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(engine::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+        gate!(policy::peer(driver_query::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
         real(peerDevice, flags)
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 13: query(device)

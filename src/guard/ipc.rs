@@ -32,16 +32,20 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::config::Mode;
-use crate::guard::engine::{self, Code, Extra};
+use crate::guard::decision_record::{self, Extra};
 use crate::guard::ffi::{CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult};
 use crate::guard::internal;
 use crate::guard::rank_root;
-use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::state;
+use crate::guard::verdict::{self, Code};
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
-    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, Record, Registry,
+    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, ProvenanceRecord,
+    Registry,
 };
+use rankguard_core::record::{Exporter, RootRef, RuleFields};
+use std::borrow::Cow;
 
 /// Every 64-byte opaque CUDA handle: `CUipcMemHandle`, `CUipcEventHandle`, their runtime
 /// twins `cudaIpcMemHandle_t`/`cudaIpcEventHandle_t`, `CUmemFabricHandle` and
@@ -138,7 +142,7 @@ fn current_device() -> Option<i32> {
     (unsafe { f(&mut d) } == CuResult::SUCCESS && d >= 0).then_some(d)
 }
 
-use crate::guard::engine::device_uuid;
+use crate::guard::driver_query::device_uuid;
 
 /// This process's GPU: what the R1 check established, else device 0's.
 fn own_gpu() -> Option<String> {
@@ -227,10 +231,10 @@ fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
         return;
     }
     let mut b = StackBuf::<1024>::new();
-    engine::prefix(&mut b, "WARN");
+    decision_record::prefix(&mut b, "WARN");
     let _ = b.write_fmt(args);
     let _ = b.write_char('\n');
-    report::write_all(2, b.as_bytes());
+    signal_safe::write_all(2, b.as_bytes());
 }
 
 pub(crate) fn euid() -> u32 {
@@ -383,7 +387,7 @@ fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
 fn record(key: Key, gpu: Option<String>, location: Location) {
     let _ = shielded("writing", || {
         let reg = open_registry()?;
-        let pid = report::pid();
+        let pid = signal_safe::pid();
         if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
             let swept = reg.sweep(&ProcFs);
             tracing::debug!(?swept, "swept the IPC provenance registry");
@@ -393,7 +397,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
             say_once(&SAID_WRITE, format_args!("cannot read /proc/self/stat: IPC exports of this process are not recorded; importers will see unknown provenance"));
             return None;
         };
-        let rec = Record {
+        let rec = ProvenanceRecord {
             key,
             job: cfg.job.as_deref().map(registry::job_token),
             rank: cfg.rank,
@@ -419,7 +423,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
 }
 
 /// The trusted record of `key`, if any (problems said once).
-fn lookup(key: &Key) -> Option<Record> {
+fn lookup(key: &Key) -> Option<ProvenanceRecord> {
     shielded("reading", || {
         let reg = open_registry()?;
         match reg.lookup(key, &ProcFs) {
@@ -622,74 +626,37 @@ pub fn check_import<R: Code>(
         );
         return Ok(Checked(Some(d)));
     }
-    let (json, human) = describe(key.as_ref(), rec.as_ref(), gpu.as_deref(), d);
-    engine::on_verdict_with(
+    let mut host = [0u8; 64];
+    let host = signal_safe::hostname(&mut host);
+    let short = key.as_ref().map(Key::short);
+    let fields = RuleFields::Import {
+        handle: key.as_ref().map(|k| Cow::Borrowed(k.kind().as_str())),
+        key: short.as_deref().map(Cow::Borrowed),
+        decision: Cow::Borrowed(d.as_str()),
+        exporter: rec.as_ref().map(|r| Exporter {
+            pid: r.pid,
+            rank: r.rank,
+            job: r.job.as_deref().map(Cow::Borrowed),
+            gpu: r.gpu.as_deref().map(Cow::Borrowed),
+            location: Cow::Borrowed(r.location.as_str()),
+            // The exporter's root is on this host (the registry is per node).
+            rank_root: r.root.map(|id| RootRef {
+                pid: id.pid,
+                start: id.start,
+                host: Some(Cow::Borrowed(host)),
+            }),
+        }),
+    };
+    verdict::on_verdict_with(
         id,
         verdict,
         args,
         Some(Extra {
-            json: &json,
-            human: &human,
+            fields,
+            gpu: gpu.as_deref(),
         }),
     )?;
     Ok(Checked(Some(d)))
-}
-
-/// The exporter fields of a report: JSON members and the human tail.
-fn describe(
-    key: Option<&Key>,
-    rec: Option<&Record>,
-    own: Option<&str>,
-    d: Decision,
-) -> (String, String) {
-    let mut json = String::with_capacity(256);
-    let mut human = String::with_capacity(160);
-    let _ = json.write_str(",\"handle\":");
-    let _ = json_opt_str(&mut json, key.map(|k| k.kind().as_str()), 16);
-    let _ = json.write_str(",\"key\":");
-    let _ = json_opt_str(&mut json, key.map(Key::short).as_deref(), 40);
-    let _ = json.write_str(",\"decision\":");
-    let _ = json_str(&mut json, d.as_str(), 80);
-    match rec {
-        Some(r) => {
-            let _ = write!(json, ",\"exporter_pid\":{}", r.pid);
-            match r.rank {
-                Some(x) => {
-                    let _ = write!(json, ",\"exporter_rank\":{x}");
-                }
-                None => json.push_str(",\"exporter_rank\":null"),
-            }
-            let _ = json.write_str(",\"exporter_job\":");
-            let _ = json_opt_str(&mut json, r.job.as_deref(), 128);
-            let _ = json.write_str(",\"exporter_gpu\":");
-            let _ = json_opt_str(&mut json, r.gpu.as_deref(), 64);
-            let _ = json.write_str(",\"exporter_location\":");
-            let _ = json_str(&mut json, r.location.as_str(), 24);
-            let _ = rank_root::write_exporter_json(&mut json, r.root);
-            let _ = write!(
-                human,
-                "; the {} handle was exported by pid {} (rank {}) on {}, imported here on {}",
-                r.key.kind().as_str(),
-                r.pid,
-                match (r.rank, r.root) {
-                    (Some(x), _) => x.to_string(),
-                    (None, Some(root)) => format!("root {}", root.pid),
-                    (None, None) => "-".to_string(),
-                },
-                r.gpu.as_deref().unwrap_or("an unknown GPU"),
-                own.unwrap_or("an unknown GPU")
-            );
-        }
-        None => {
-            json.push_str(",\"exporter_pid\":null,\"exporter_gpu\":null");
-            let _ = write!(
-                human,
-                "; no trusted provenance record for handle {}",
-                key.map_or_else(|| "(no unique identity)".to_string(), Key::short)
-            );
-        }
-    }
-    (json, human)
 }
 
 /// After a successful import that [`check_import`] allowed: where the driver reports the
@@ -715,15 +682,13 @@ pub fn verify_mapping<R: Code>(
         code: DenyCode::NotPermitted,
         detail: Detail::ImportedOnOtherDevice { device },
     };
-    let json = format!(",\"decision\":\"mapping on device {device}\",\"device\":{device}");
-    let human = format!("; the driver reports the imported memory on device {device}");
-    engine::on_verdict_with(
+    verdict::on_verdict_with(
         id,
         Verdict::Violation(v),
         args,
         Some(Extra {
-            json: &json,
-            human: &human,
+            fields: RuleFields::Mapping { device },
+            gpu: None,
         }),
     )
 }

@@ -29,7 +29,7 @@ use std::fmt::Write;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::table::{self, Entry};
 
 /// At most this many runtimes are looked at (a process with more is not a real case; the
@@ -158,7 +158,7 @@ pub fn notice_unknown() {
         }
         UNKNOWN_PATH.store(path.cast_mut(), Ordering::Relaxed);
         let mut b = StackBuf::<768>::new();
-        crate::guard::engine::prefix(&mut b, "WARN");
+        crate::guard::decision_record::prefix(&mut b, "WARN");
         let shown = std::str::from_utf8(bytes).unwrap_or("libcudart (name not UTF-8)");
         let _ = write!(
             b,
@@ -171,7 +171,7 @@ pub fn notice_unknown() {
             b,
             "): its runtime calls pass untouched; the driver layer (cuInit, device ordinals, peer access, IPC) still enforces the contract. Upgrade rankguard."
         );
-        report::write_all(2, b.as_bytes());
+        signal_safe::write_all(2, b.as_bytes());
         return;
     }
 }

@@ -15,22 +15,26 @@
 // `table` first: its macros must be defined before `wrappers` uses them.
 #[macro_use]
 pub mod table;
+pub mod decision_record;
 pub mod dlsym;
+pub mod driver_query;
 pub mod elfsym;
-pub mod engine;
 pub mod exec;
 pub mod ffi;
+pub mod init_check;
 pub mod internal;
 pub mod ipc;
 pub mod majors;
+pub mod missing;
 pub mod once;
 pub mod pyframes;
 pub mod rank_root;
 pub mod real;
-pub mod report;
 pub mod route;
+pub mod signal_safe;
 pub mod sink;
 pub mod site;
 pub mod state;
 pub mod tally;
+pub mod verdict;
 pub mod wrappers;

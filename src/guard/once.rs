@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::guard::report;
+use crate::guard::signal_safe;
 
 const DONE: u32 = u32::MAX;
 
@@ -62,7 +62,7 @@ impl ForkSafeOnce {
 
     /// True when the caller must do the set-up; false when it is done.
     fn claim(&self) -> bool {
-        let me = report::pid();
+        let me = signal_safe::pid();
         let mut spins = 0;
         loop {
             let s = self.state.load(Ordering::Acquire);
@@ -109,7 +109,7 @@ impl PidLock {
     }
 
     pub fn lock(&self) -> PidGuard<'_> {
-        let me = report::pid();
+        let me = signal_safe::pid();
         let mut spins = 0;
         loop {
             let s = self.holder.load(Ordering::Acquire);
@@ -187,7 +187,7 @@ mod tests {
         let once = ForkSafeOnce::new();
         // What a child forked in the middle of its parent's set-up finds.
         once.state
-            .store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
+            .store(signal_safe::pid().wrapping_add(1).max(1), Ordering::Relaxed);
         let mut ran = false;
         once.call(|| ran = true);
         assert!(ran && once.is_done());
@@ -198,7 +198,7 @@ mod tests {
     fn a_lock_held_by_another_process_is_taken_over() {
         let lock = PidLock::new();
         lock.holder
-            .store(report::pid().wrapping_add(1).max(1), Ordering::Relaxed);
+            .store(signal_safe::pid().wrapping_add(1).max(1), Ordering::Relaxed);
         drop(lock.lock());
         assert_eq!(lock.holder.load(Ordering::Relaxed), 0);
     }

@@ -14,7 +14,7 @@
 use std::ffi::c_void;
 use std::fmt::Write;
 
-use crate::guard::report::StackBuf;
+use crate::guard::signal_safe::StackBuf;
 
 /// Offsets read from `_Py_DebugOffsets` (byte offsets of 3.13's layout, see `load`).
 #[derive(Clone, Copy, Debug)]

@@ -3,7 +3,8 @@
 //! result for the process's lines and records, and leave a rank record for descendants.
 //!
 //! Cold path only: the walk runs once, inside the R1 check at the first `cuInit` or at the
-//! first violation reported before it (`engine::emit`); afterwards a set value is read.
+//! first violation reported before it (`decision_record::record_decision`); afterwards a
+//! set value is read.
 //! A process that never initialises CUDA (and breaks no rule) never walks. Measured: about
 //! 160 syscalls and 0.6 ms of CPU for six ancestors with a tmpfs registry.
 //! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
@@ -14,7 +15,6 @@
 //! check walks again: "no root GPU, this process is the root" is the parent's fact, not
 //! the child's. No lock is involved: the value is a leaked box behind an atomic pointer.
 
-use std::fmt::{self, Write};
 use std::fs::{self, File};
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -25,10 +25,12 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::ipc;
-use crate::guard::report::{self, json_str};
+use crate::guard::signal_safe;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
 use crate::rankgpu;
-use crate::registry::{self, Key, Location, Lookup, ProcFs, Record, Registry};
+use crate::registry::{self, Key, Location, Lookup, ProcFs, ProvenanceRecord, Registry};
+use rankguard_core::record::RootRef;
+use std::borrow::Cow;
 
 /// Largest `/proc/<pid>/environ` read (ARG_MAX-sized environments fit).
 const MAX_ENVIRON: u64 = 8 << 20;
@@ -59,7 +61,7 @@ pub fn current() -> Option<&'static Root> {
 
 /// The rank root this process found itself (not one inherited across fork).
 fn mine() -> Option<&'static Root> {
-    current().filter(|r| r.by == report::pid())
+    current().filter(|r| r.by == signal_safe::pid())
 }
 
 pub fn id() -> Option<RootId> {
@@ -67,9 +69,9 @@ pub fn id() -> Option<RootId> {
 }
 
 /// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU
-/// (set at all, even empty: the R1 check then fails closed on it, as `engine` decides).
+/// (set at all, even empty: the R1 check then fails closed on it, as `init_check` decides).
 pub fn applies(cfg: &Config) -> bool {
-    cfg.rank.is_none() && report::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
+    cfg.rank.is_none() && signal_safe::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
 }
 
 /// The real `/proc`, and the registry for rank records (opened once per walk).
@@ -113,7 +115,7 @@ impl ProcView for ProcFsView {
 /// This process's rank root, found on first use: at the first `cuInit`, or at a violation
 /// reported before it (a `cudaSetDevice(2)` denied before the runtime initialised). None
 /// when rank variables name the rank ([`applies`]) or the identity could not be read.
-/// Never called from [`super::engine::prefix`]: the walk may say a registry problem, whose
+/// Never called from [`super::decision_record::prefix`]: the walk may say a registry problem, whose
 /// line calls `prefix`, which reads [`current`] only.
 pub fn ensure(cfg: &Config) -> Option<&'static Root> {
     if let Some(r) = mine() {
@@ -127,13 +129,13 @@ pub fn ensure(cfg: &Config) -> Option<&'static Root> {
 
 fn establish() -> Option<&'static Root> {
     let found = std::panic::catch_unwind(|| {
-        let me = report::pid();
+        let me = signal_safe::pid();
         let start = registry::own_start_time()?;
         let mut view = ProcFsView { reg: None };
         let ancestor = rank_root::find(me, ipc::euid(), &mut view);
         tracing::debug!(?ancestor, "rank root walk");
         let mut host = [0u8; 64];
-        let host = report::hostname(&mut host).to_string();
+        let host = signal_safe::hostname(&mut host).to_string();
         Some(match ancestor {
             Some(Ancestor { root, gpu, .. }) => Root {
                 id: root,
@@ -193,11 +195,11 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
     };
     let _ = std::panic::catch_unwind(|| {
         let reg = ipc::open_registry()?;
-        let rec = Record {
-            key: Key::rank(report::pid()),
+        let rec = ProvenanceRecord {
+            key: Key::rank(signal_safe::pid()),
             job: cfg.job.as_deref().map(registry::job_token),
             rank: None,
-            pid: report::pid(),
+            pid: signal_safe::pid(),
             start: registry::own_start_time()?,
             gpu: Some(gpu),
             location: Location::Device,
@@ -218,31 +220,11 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
     });
 }
 
-/// `,"rank_root":{"pid":P,"start":S,"host":"H"}` (or `null`) for an audit record.
-pub fn write_json<W: Write>(j: &mut W, root: Option<&Root>) -> fmt::Result {
-    let Some(r) = root else {
-        return j.write_str(",\"rank_root\":null");
-    };
-    write!(
-        j,
-        ",\"rank_root\":{{\"pid\":{},\"start\":{},\"host\":",
-        r.id.pid, r.id.start
-    )?;
-    json_str(j, &r.host, 64)?;
-    j.write_char('}')
-}
-
-/// `,"exporter_rank_root":{...}` for an R3 record: the exporter's root (same host).
-pub fn write_exporter_json<W: Write>(j: &mut W, root: Option<RootId>) -> fmt::Result {
-    let Some(id) = root else {
-        return j.write_str(",\"exporter_rank_root\":null");
-    };
-    let mut host = [0u8; 64];
-    write!(
-        j,
-        ",\"exporter_rank_root\":{{\"pid\":{},\"start\":{},\"host\":",
-        id.pid, id.start
-    )?;
-    json_str(j, report::hostname(&mut host), 64)?;
-    j.write_char('}')
+/// A root as a record names it.
+pub fn as_ref(r: &Root) -> RootRef<'_> {
+    RootRef {
+        pid: r.id.pid,
+        start: r.id.start,
+        host: Some(Cow::Borrowed(&r.host)),
+    }
 }

@@ -23,9 +23,9 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::config;
-use crate::guard::engine;
+use crate::guard::decision_record;
 use crate::guard::once::PidLock;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 
 pub struct Sink {
     /// The variable that names the file (`RANKGUARD_AUDIT`, `RANKGUARD_DEBUG_FILE`).
@@ -111,7 +111,7 @@ impl Sink {
 
     fn lose(&self, template: &str, err: i32) {
         let total = self.lost.fetch_add(1, Ordering::Relaxed) + 1;
-        let pid = report::pid();
+        let pid = signal_safe::pid();
         if self.lost_said.swap(pid, Ordering::Relaxed) == pid {
             return;
         }
@@ -121,26 +121,26 @@ impl Sink {
             std::io::Error::from_raw_os_error(err).to_string()
         };
         let mut b = StackBuf::<1024>::new();
-        engine::prefix(&mut b, "WARN");
+        decision_record::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
             "{}={:?}: a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: free space on that file system or point {} elsewhere",
             self.var, self.path(template), self.what, self.var
         );
-        report::write_all(2, b.as_bytes());
+        signal_safe::write_all(2, b.as_bytes());
     }
 
     fn path(&self, template: &str) -> String {
         let mut host = [0u8; 64];
-        let host = report::hostname(&mut host).to_string();
-        config::expand_path(template, &host, report::pid())
+        let host = signal_safe::hostname(&mut host).to_string();
+        config::expand_path(template, &host, signal_safe::pid())
     }
 
     /// Our descriptor of the file, checked to still be the file we opened; reopened when
     /// the program closed it and reused the number (or it was opened by a vfork child in
     /// its own descriptor table). None when it cannot be opened (said once).
     fn descriptor(&self, template: &str) -> Option<i32> {
-        let pid = report::pid();
+        let pid = signal_safe::pid();
         if self.refused.load(Ordering::Relaxed) == pid {
             return None;
         }
@@ -193,9 +193,9 @@ impl Sink {
             ),
         };
         let mut b = StackBuf::<1024>::new();
-        engine::prefix(&mut b, "WARN");
+        decision_record::prefix(&mut b, "WARN");
         let _ = writeln!(b, "{}={path:?} {what}; {}", self.var, self.instead);
-        report::write_all(2, b.as_bytes());
+        signal_safe::write_all(2, b.as_bytes());
     }
 }
 
@@ -260,7 +260,7 @@ impl std::io::Write for DebugWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self.template {
             Some(t) if DEBUG.write(t, buf) => {}
-            _ => report::write_all(2, buf),
+            _ => signal_safe::write_all(2, buf),
         }
         Ok(buf.len())
     }

@@ -24,7 +24,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::guard::real;
-use crate::guard::report::StackBuf;
+use crate::guard::signal_safe::StackBuf;
 
 /// Most Python frames kept in a record (`py_stack`), innermost ones, printed outermost first.
 pub const PY_FRAMES: usize = 32;
@@ -34,9 +34,9 @@ pub const NATIVE_FRAMES: usize = 16;
 pub const MAX_WALK: usize = 64;
 /// Longest site text, in bytes: records and summaries cut it the same way, so the report
 /// groups them together.
-pub const SITE_MAX: usize = 240;
+pub const SITE_MAX: usize = rankguard_core::record::caps::SITE;
 /// Longest text of one stack frame in a record.
-pub const FRAME_MAX: usize = 300;
+pub const FRAME_MAX: usize = rankguard_core::record::caps::FRAME;
 
 // ---------------------------------------------------------------------------------------
 // The cheap key: the wrapper's return address
@@ -509,73 +509,6 @@ pub fn capture(python: Option<*mut c_void>) -> Capture {
     c
 }
 
-/// End a WARN/DENY line: ` at SITE` and the newline.
-pub fn line_suffix(line: &mut String, cap: &Capture) {
-    line.push_str(" at ");
-    line.push_str(cap.site.as_deref().unwrap_or("<unknown site>"));
-    line.push('\n');
-}
-
-/// Longest record the guard writes, in bytes: stacks are cut (outermost Python frames
-/// first, then outer native frames) to stay within it; `rankguard report` skips lines over
-/// 64 KiB.
-pub const RECORD_MAX: usize = 48 * 1024;
-
-/// The record's site members: `"site"`, `"py_stack"` (outermost first; absent without
-/// Python frames), `"py_stack_cut"` when outer frames were left out, `"native_stack"`, and
-/// `"native_stack_cut"`. Every frame is capped at FRAME_MAX source bytes and the whole
-/// record at [`RECORD_MAX`], so it is written whole in one `write(2)`, never torn or cut
-/// into invalid JSON.
-pub fn record_fields(j: &mut String, cap: &Capture) {
-    use crate::guard::report::{json_opt_str, json_str};
-    j.push_str(",\"site\":");
-    let _ = json_opt_str(j, cap.site.as_deref(), SITE_MAX);
-    let quoted = |f: &str| {
-        let mut q = String::new();
-        let _ = json_str(&mut q, f, FRAME_MAX);
-        q
-    };
-    // Room left for the stacks, with the closing "}\n" and the members' names.
-    let mut room = RECORD_MAX.saturating_sub(j.len() + 96);
-    let mut py: Vec<String> = Vec::new();
-    let mut py_cut = cap.py_cut;
-    for f in cap.py_stack.iter().rev() {
-        let q = quoted(f);
-        if q.len() + 1 > room {
-            py_cut = true;
-            break;
-        }
-        room -= q.len() + 1;
-        py.push(q);
-    }
-    let mut native: Vec<String> = Vec::new();
-    let mut native_cut = cap.native_cut;
-    for f in &cap.native_stack {
-        let q = quoted(f);
-        if q.len() + 1 > room {
-            native_cut = true;
-            break;
-        }
-        room -= q.len() + 1;
-        native.push(q);
-    }
-    if !cap.py_stack.is_empty() {
-        py.reverse();
-        j.push_str(",\"py_stack\":[");
-        j.push_str(&py.join(","));
-        j.push(']');
-        if py_cut {
-            j.push_str(",\"py_stack_cut\":true");
-        }
-    }
-    j.push_str(",\"native_stack\":[");
-    j.push_str(&native.join(","));
-    j.push(']');
-    if native_cut {
-        j.push_str(",\"native_stack_cut\":true");
-    }
-}
-
 /// A site text cut to SITE_MAX bytes on a character boundary.
 pub fn cut_site(s: &str) -> String {
     if s.len() <= SITE_MAX {
@@ -696,32 +629,6 @@ mod tests {
         assert!(in_package("/usr/lib/python3/dist-packages/x.py:1 in f"));
         assert!(!in_package("/home/u/train.py:7 in place_learner"));
         assert!(!in_package("/home/u/train.py:7 in site-packages/"));
-    }
-
-    #[test]
-    fn a_record_stays_within_its_limit_and_valid() {
-        // Frames of control characters: each escapes to six bytes per source byte.
-        let nasty = "\u{1}".repeat(FRAME_MAX);
-        let cap = Capture {
-            site: Some("x.py:1 in f".into()),
-            py_stack: vec![nasty.clone(); PY_FRAMES],
-            native_stack: vec![nasty; NATIVE_FRAMES],
-            ..Capture::default()
-        };
-        let mut j = String::from("{\"call\":\"c\"");
-        record_fields(&mut j, &cap);
-        j.push('}');
-        assert!(j.len() <= RECORD_MAX, "{}", j.len());
-        assert!(j.contains("\"py_stack_cut\":true") && j.contains("\"native_stack_cut\":true"));
-        assert!(j.ends_with("}") && !j.contains(",,") && !j.contains("[,"));
-        // A small capture keeps everything.
-        let cap = Capture {
-            py_stack: vec!["a.py:1 in <module>".into(), "a.py:2 in f".into()],
-            ..Capture::default()
-        };
-        let mut j = String::new();
-        record_fields(&mut j, &cap);
-        assert_eq!(j, ",\"site\":null,\"py_stack\":[\"a.py:1 in <module>\",\"a.py:2 in f\"],\"native_stack\":[]");
     }
 
     #[test]

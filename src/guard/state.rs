@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::config::{Config, Level, Mode};
 use crate::guard::once::ForkSafeCell;
 use crate::guard::real;
-use crate::guard::report::{self, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::sink;
 use crate::guard::table::{Id, TABLE};
 
@@ -68,18 +68,18 @@ fn init() -> &'static State {
         let dlopened = !secure && !interposing();
         if dlopened {
             let mut b = StackBuf::<512>::new();
-            engine::prefix(&mut b, "WARN");
+            decision_record::prefix(&mut b, "WARN");
             let _ = std::fmt::Write::write_str(
                 &mut b,
                 "librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)\n",
             );
-            report::write_all(2, b.as_bytes());
+            signal_safe::write_all(2, b.as_bytes());
         }
         let inert = secure || dlopened;
         // A value that is not UTF-8 is read lossily: an invalid mode is then reported as
         // invalid (and means enforce), an invalid path is refused (config.rs).
         let config = Config::from_lookup(|k| {
-            report::getenv_bytes(k).map(|b| String::from_utf8_lossy(b).into_owned())
+            signal_safe::getenv_bytes(k).map(|b| String::from_utf8_lossy(b).into_owned())
         });
         let state = State { config, inert };
         if !inert {
@@ -152,9 +152,9 @@ pub fn audit_on() -> bool {
 /// A configuration problem, said on stderr.
 fn warn_once_config(var: &str, value: &str, what: &str) {
     let mut b = StackBuf::<768>::new();
-    engine::prefix(&mut b, "WARN");
+    decision_record::prefix(&mut b, "WARN");
     let _ = std::fmt::Write::write_fmt(&mut b, format_args!("{var}={value:?} {what}\n"));
-    report::write_all(2, b.as_bytes());
+    signal_safe::write_all(2, b.as_bytes());
 }
 
 static CONFIG_WARNED: AtomicU32 = AtomicU32::new(0);
@@ -214,4 +214,4 @@ pub fn owned_gpu() -> Option<&'static str> {
     OWNED_GPU.get().map(String::as_str)
 }
 
-use crate::guard::engine;
+use crate::guard::decision_record;

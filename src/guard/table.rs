@@ -193,7 +193,7 @@ macro_rules! guarded_wrapper {
             const ID: usize = Id::$sym as usize;
             let p = $crate::guard::real::get(ID);
             if p.is_null() {
-                return $crate::guard::engine::missing::<$ret>(ID);
+                return $crate::guard::missing::missing::<$ret>(ID);
             }
             // SAFETY: `p` is the real function exported under this wrapper's own ABI
             // name (or the pointer the driver returned for it), so it has exactly this
@@ -215,11 +215,11 @@ macro_rules! gate {
         let verdict = $verdict;
         if !verdict.is_allow() {
             let ra = $crate::caller_address!();
-            match $crate::guard::engine::repeated(ID, verdict, ra) {
+            match $crate::guard::verdict::repeated(ID, verdict, ra) {
                 Some(Ok(())) => {}
                 Some(Err(code)) => return code,
                 None => {
-                    if let Err(code) = $crate::guard::engine::on_verdict_ra(ID, verdict, format_args!($($fmt)*), ra) {
+                    if let Err(code) = $crate::guard::verdict::on_verdict_ra(ID, verdict, format_args!($($fmt)*), ra) {
                         return code;
                     }
                 }

@@ -21,15 +21,16 @@
 //!   parent writes what it counted.
 #![allow(unsafe_code)]
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::config::Mode;
-use crate::guard::report::{self, json_opt_str, json_str, StackBuf};
+use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::site::{self, Capture, SITE_MAX};
 use crate::guard::state;
 use crate::guard::table::TABLE;
 use crate::policy::Rule;
+use rankguard_core::record::{Action, AuditRecord, FixedWriter, RuleId, Summary, FIXED_MAX};
+use std::borrow::Cow;
 
 /// Occurrences per (rule, call, site) and process written as full records.
 pub const FULL_PER_SITE: u64 = 100;
@@ -381,7 +382,7 @@ fn after_count(slot: &'static Slot) {
 }
 
 fn now_us() -> u64 {
-    (report::now() * 1e6) as u64
+    signal_safe::now_us()
 }
 
 /// First violation in this process image: register the exit and fork handlers.
@@ -398,7 +399,7 @@ fn activate_slow() {
     if ACTIVE.swap(true, Ordering::AcqRel) {
         return;
     }
-    OWNER_PID.store(report::pid(), Ordering::Relaxed);
+    OWNER_PID.store(signal_safe::pid(), Ordering::Relaxed);
     FAST_MODE.store(
         match state::mode() {
             Mode::Warn => 1,
@@ -430,14 +431,14 @@ extern "C" fn after_fork_child() {
     OVERFLOW.reset();
     FLUSHER.store(0, Ordering::Relaxed);
     FLUSH_LOCK.store(false, Ordering::Relaxed);
-    OWNER_PID.store(report::pid(), Ordering::Relaxed);
+    OWNER_PID.store(signal_safe::pid(), Ordering::Relaxed);
 }
 
 /// Before `exec*` replaces this process image: write what is pending. Not in a `vfork`
 /// child (it shares the parent's memory and counts), which has another pid.
 #[cfg_attr(test, allow(dead_code))]
 pub fn before_exec() {
-    if !ACTIVE.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) != report::pid() {
+    if !ACTIVE.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) != signal_safe::pid() {
         return;
     }
     let _ = std::panic::catch_unwind(flush_all);
@@ -517,67 +518,41 @@ fn flush_slot(s: &Slot) {
     let site_text = std::str::from_utf8(site_text.as_bytes())
         .ok()
         .filter(|t| !t.is_empty());
-    let mut j = StackBuf::<2048>::new();
-    let _ = summary_record(&mut j, meta, d, since, until, site_text, st);
-    state::write_audit(j.as_bytes());
-}
-
-/// `{"ts":..,"summary":true,"count":N,"since":..,"call":..,..,"site":..}` plus newline.
-fn summary_record<W: Write>(
-    j: &mut W,
-    meta: u32,
-    count: u64,
-    since_us: u64,
-    until_us: u64,
-    site: Option<&str>,
-    st: &state::State,
-) -> std::fmt::Result {
     let id = (meta >> 8) as usize;
     let e = TABLE.get(id);
-    let rule = rule_of((meta >> 1) & 0x7f);
-    let deny = meta & 1 != 0;
-    let mode = if st.inert { Mode::Off } else { st.config.mode };
     let mut host = [0u8; 64];
-    let host = report::hostname(&mut host);
-    write!(
-        j,
-        "{{\"ts\":{}.{:06},\"summary\":true,\"count\":{count},\"since\":",
-        until_us / 1_000_000,
-        until_us % 1_000_000
-    )?;
-    if since_us == 0 {
-        j.write_str("null")?;
-    } else {
-        write!(j, "{}.{:06}", since_us / 1_000_000, since_us % 1_000_000)?;
+    let host = signal_safe::hostname(&mut host);
+    let rec = AuditRecord {
+        ts_us: Some(until),
+        summary: Some(Summary {
+            count: d,
+            since_us: (since != 0).then_some(since),
+        }),
+        call: Cow::Borrowed(e.map_or("?", |e| e.call)),
+        abi: Some(Cow::Borrowed(e.map_or("?", |e| e.abi()))),
+        action: Some(if meta & 1 != 0 {
+            Action::Deny
+        } else {
+            Action::Warn
+        }),
+        rule: Some(RuleId::Known(rule_of((meta >> 1) & 0x7f))),
+        mode: Some(if st.inert { Mode::Off } else { st.config.mode }),
+        pid: Some(signal_safe::pid()),
+        host: Some(Cow::Borrowed(host)),
+        rank: st.config.rank,
+        local_rank: st.config.local_rank,
+        job: st.config.job.as_deref().map(Cow::Borrowed),
+        // the rank root the full records of this process named (an atomic load)
+        rank_root: crate::guard::rank_root::current().map(crate::guard::rank_root::as_ref),
+        site: site_text.map(Cow::Borrowed),
+        ..AuditRecord::default()
+    };
+    // A summary has no stacks: it always fits FIXED_MAX (every field is capped).
+    let mut buf = [0u8; FIXED_MAX];
+    let mut j = FixedWriter::new(&mut buf);
+    if rec.write_json(&mut j).is_ok() {
+        state::write_audit(j.as_bytes());
     }
-    j.write_str(",\"call\":")?;
-    json_str(j, e.map_or("?", |e| e.call), 64)?;
-    j.write_str(",\"abi\":")?;
-    json_str(j, e.map_or("?", |e| e.abi()), 64)?;
-    write!(
-        j,
-        ",\"verdict\":\"{}\",\"rule\":\"{}\",\"mode\":\"{}\",\"pid\":{},\"host\":",
-        if deny { "deny" } else { "warn" },
-        rule.as_str(),
-        mode.as_str(),
-        report::pid()
-    )?;
-    json_str(j, host, 64)?;
-    match st.config.rank {
-        Some(r) => write!(j, ",\"rank\":{r}")?,
-        None => j.write_str(",\"rank\":null")?,
-    }
-    match st.config.local_rank {
-        Some(r) => write!(j, ",\"local_rank\":{r}")?,
-        None => j.write_str(",\"local_rank\":null")?,
-    }
-    j.write_str(",\"job\":")?;
-    json_opt_str(j, st.config.job.as_deref(), 128)?;
-    // the rank root the full records of this process named (an atomic load)
-    crate::guard::rank_root::write_json(j, crate::guard::rank_root::current())?;
-    j.write_str(",\"site\":")?;
-    json_opt_str(j, site, SITE_MAX)?;
-    j.write_str("}\n")
 }
 
 #[cfg(test)]

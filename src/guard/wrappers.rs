@@ -11,10 +11,10 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use crate::guard::engine;
 use crate::guard::ffi::*;
 use crate::guard::ipc::IpcHandle;
 use crate::guard::route::{self, Routed};
+use crate::guard::{driver_query, init_check, missing};
 use crate::policy;
 
 /// Route `*pfn` after a successful entry-point query; refuse an unknown variant of a
@@ -36,7 +36,7 @@ unsafe fn route_out(pfn: *mut *mut c_void, symbol: *const c_char, status: *mut c
             true
         }
         Routed::Unknown => {
-            engine::unknown_variant(symbol);
+            missing::unknown_variant(symbol);
             // SAFETY: as above; `status` may be NULL (optional out-parameter).
             unsafe {
                 *pfn = std::ptr::null_mut();
@@ -68,7 +68,10 @@ fn peer_contexts(a: CUcontext, b: CUcontext) -> policy::Verdict {
     if a == b {
         return policy::Verdict::Allow;
     }
-    match (engine::context_device(a), engine::context_device(b)) {
+    match (
+        driver_query::context_device(a),
+        driver_query::context_device(b),
+    ) {
         (Some(x), Some(y)) => policy::peer(x, y),
         _ => policy::peer_unknown(),
     }

@@ -6,7 +6,6 @@
 //! returns: an ordinal other than 0 gets the code the driver itself gives for an invisible
 //! device (`CUDA_ERROR_INVALID_DEVICE`/`cudaErrorInvalidDevice`, 101); every other denial
 //! gets `CUDA_ERROR_NOT_PERMITTED`/`cudaErrorNotPermitted` (800).
-#![deny(unsafe_code)]
 
 use std::fmt;
 
@@ -30,6 +29,28 @@ impl Rule {
             Rule::R2 => "R2",
             Rule::R3 => "R3",
             Rule::R4 => "R4",
+        }
+    }
+
+    /// A rule's short id as records spell it (`R1`..`R4`); None for an id this build does
+    /// not know (a record of a newer guard).
+    pub fn parse(id: &str) -> Option<Rule> {
+        match id {
+            "R1" => Some(Rule::R1),
+            "R2" => Some(Rule::R2),
+            "R3" => Some(Rule::R3),
+            "R4" => Some(Rule::R4),
+            _ => None,
+        }
+    }
+
+    /// The rule's human name, as the stderr line and `rankguard report` print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::R1 => "one GPU per rank",
+            Rule::R2 => "cuda:0 only",
+            Rule::R3 => "no cross-device IPC inside a rank",
+            Rule::R4 => "no peer access inside a rank",
         }
     }
 
@@ -76,6 +97,11 @@ pub enum Detail {
     ImportedOnOtherDevice { device: i32 },
 }
 
+impl Detail {
+    /// The text of [`Detail::NotRankGpu`] (the stderr line adds what the process sees).
+    pub const NOT_RANK_GPU: &'static str = "the process sees one GPU, but not the rank's GPU";
+}
+
 impl fmt::Display for Detail {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
@@ -92,7 +118,7 @@ impl fmt::Display for Detail {
                 "the process sees {devices} device(s) from {entries} CUDA_VISIBLE_DEVICES entr{}",
                 if entries == 1 { "y" } else { "ies" }
             ),
-            Detail::NotRankGpu => f.write_str("the process sees one GPU, but not the rank's GPU"),
+            Detail::NotRankGpu => f.write_str(Detail::NOT_RANK_GPU),
             Detail::CrossDeviceIpc => {
                 f.write_str("IPC import of memory exported on another GPU by the same rank")
             }

@@ -1,7 +1,7 @@
 //! Reading `RANKGUARD_AUDIT` files back: what `rankguard report` aggregates.
 //!
-//! The guard appends one JSON object per line per decision (`guard/engine.rs`,
-//! `audit_record`). A job leaves one file per rank, host or process (`%h`, `%p`), so this
+//! The guard appends one JSON object per line per decision (the typed record of
+//! [`crate::record`], parsed back here by [`parse_record`]). A job leaves one file per rank, host or process (`%h`, `%p`), so this
 //! module takes the lines of many files and groups them the way a person debugging a legacy
 //! config reads them: by rule, then call, then rank, with counts and the first occurrence.
 //!
@@ -17,314 +17,36 @@
 //! - "first occurrence" is the smallest `ts`; equal or missing times fall back to input
 //!   order (file order as given, then line order);
 //! - a record with `rank: null` (no RANK/LOCAL_RANK/... in its environment) is grouped by
-//!   its `rank_root` (the process whose tree is the rank, `src/rank_root.rs`): one group
+//!   its `rank_root` (the process whose tree is the rank, [`crate::rank_root`]): one group
 //!   per (host, pid, start time), listed after the numbered ranks; records with neither
 //!   are grouped under "rank -", listed last;
 //! - an empty line is not a problem (nothing was written there), a line without its final
 //!   newline that fails to parse is reported as torn.
-#![deny(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Human names of the rules, as the guard prints them (`guard/engine.rs` `rule_name`).
+use std::borrow::Cow;
+
+use crate::record::{self, Action, AuditRecord, RuleFields, Text};
+
+use crate::policy::Rule;
+
+/// The human name of a rule id as a record spells it ([`Rule::name`], the guard's own
+/// words); an id this build does not know is said as such.
 pub fn rule_name(rule: &str) -> &'static str {
-    match rule {
-        "R1" => "one GPU per rank",
-        "R2" => "cuda:0 only",
-        "R3" => "no cross-device IPC inside a rank",
-        "R4" => "no peer access inside a rank",
-        _ => "a rule this rankguard does not know (newer guard?)",
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// JSON: a small strict parser for one line (the crate set is fixed; see cli/json.rs).
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    pub fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(m) => m.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-}
-
-/// Nesting deeper than this is not an audit record; refusing it bounds the recursion.
-const MAX_DEPTH: usize = 32;
-
-/// Parse one complete JSON value (surrounding whitespace allowed, nothing after it).
-pub fn parse_json(text: &str) -> Result<Json, String> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        i: 0,
-    };
-    p.ws();
-    let v = p.value(0)?;
-    p.ws();
-    if p.i != p.s.len() {
-        return Err(format!(
-            "unexpected '{}' after the JSON value at byte {}",
-            p.peek_char(),
-            p.i + 1
-        ));
-    }
-    Ok(v)
-}
-
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\r' | b'\n') {
-            self.i += 1;
-        }
-    }
-    fn peek_char(&self) -> char {
-        std::str::from_utf8(&self.s[self.i..])
-            .ok()
-            .and_then(|t| t.chars().next())
-            .unwrap_or('?')
-    }
-    fn eof(&self) -> String {
-        "the line ends inside a JSON value".to_string()
-    }
-    fn expect(&mut self, b: u8) -> Result<(), String> {
-        match self.s.get(self.i) {
-            Some(&c) if c == b => {
-                self.i += 1;
-                Ok(())
-            }
-            Some(_) => Err(format!(
-                "expected '{}' at byte {}, found '{}'",
-                b as char,
-                self.i + 1,
-                self.peek_char()
-            )),
-            None => Err(self.eof()),
-        }
-    }
-    fn value(&mut self, depth: usize) -> Result<Json, String> {
-        if depth > MAX_DEPTH {
-            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
-        }
-        match self.s.get(self.i) {
-            None => Err(self.eof()),
-            Some(b'{') => self.object(depth),
-            Some(b'[') => self.array(depth),
-            Some(b'"') => self.string().map(Json::Str),
-            Some(b't') => self.word("true", Json::Bool(true)),
-            Some(b'f') => self.word("false", Json::Bool(false)),
-            Some(b'n') => self.word("null", Json::Null),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(_) => Err(format!(
-                "unexpected '{}' at byte {}",
-                self.peek_char(),
-                self.i + 1
-            )),
-        }
-    }
-    fn word(&mut self, w: &str, v: Json) -> Result<Json, String> {
-        let end = self.i + w.len();
-        if end <= self.s.len() && &self.s[self.i..end] == w.as_bytes() {
-            self.i = end;
-            Ok(v)
-        } else if end > self.s.len() && w.as_bytes().starts_with(&self.s[self.i..]) {
-            Err(self.eof())
-        } else {
-            Err(format!(
-                "unexpected '{}' at byte {}",
-                self.peek_char(),
-                self.i + 1
-            ))
-        }
-    }
-    fn number(&mut self) -> Result<Json, String> {
-        let start = self.i;
-        if self.s.get(self.i) == Some(&b'-') {
-            self.i += 1;
-        }
-        let digits = |p: &mut Self| {
-            let s = p.i;
-            while p.i < p.s.len() && p.s[p.i].is_ascii_digit() {
-                p.i += 1;
-            }
-            p.i - s
-        };
-        if digits(self) == 0 {
-            return Err(format!("malformed number at byte {}", start + 1));
-        }
-        if self.s.get(self.i) == Some(&b'.') {
-            self.i += 1;
-            if digits(self) == 0 {
-                return Err(format!("malformed number at byte {}", start + 1));
-            }
-        }
-        if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
-            self.i += 1;
-            if matches!(self.s.get(self.i), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
-            if digits(self) == 0 {
-                return Err(format!("malformed number at byte {}", start + 1));
-            }
-        }
-        // The slice is ASCII digits, signs, '.', 'e': valid UTF-8 and a valid f64 literal.
-        let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
-        text.parse::<f64>()
-            .map(Json::Num)
-            .map_err(|e| format!("malformed number '{text}': {e}"))
-    }
-    fn hex4(&mut self) -> Result<u32, String> {
-        if self.i + 4 > self.s.len() {
-            return Err(self.eof());
-        }
-        let t = std::str::from_utf8(&self.s[self.i..self.i + 4])
-            .map_err(|_| "bad \\u escape".to_string())?;
-        let v = u32::from_str_radix(t, 16).map_err(|_| format!("bad \\u escape '\\u{t}'"))?;
-        self.i += 4;
-        Ok(v)
-    }
-    fn string(&mut self) -> Result<String, String> {
-        self.expect(b'"')?;
-        let mut out = String::new();
-        loop {
-            let start = self.i;
-            while self.i < self.s.len()
-                && !matches!(self.s[self.i], b'"' | b'\\')
-                && self.s[self.i] >= 0x20
-            {
-                self.i += 1;
-            }
-            out.push_str(
-                std::str::from_utf8(&self.s[start..self.i])
-                    .map_err(|_| "a string is not valid UTF-8".to_string())?,
-            );
-            match self.s.get(self.i) {
-                None => return Err(self.eof()),
-                Some(b'"') => {
-                    self.i += 1;
-                    return Ok(out);
-                }
-                Some(b'\\') => {
-                    self.i += 1;
-                    let Some(&e) = self.s.get(self.i) else {
-                        return Err(self.eof());
-                    };
-                    self.i += 1;
-                    match e {
-                        b'"' => out.push('"'),
-                        b'\\' => out.push('\\'),
-                        b'/' => out.push('/'),
-                        b'b' => out.push('\u{8}'),
-                        b'f' => out.push('\u{c}'),
-                        b'n' => out.push('\n'),
-                        b'r' => out.push('\r'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            let c = if (0xD800..0xDC00).contains(&hi) {
-                                if self.s.get(self.i) != Some(&b'\\')
-                                    || self.s.get(self.i + 1) != Some(&b'u')
-                                {
-                                    return Err("unpaired surrogate in a \\u escape".into());
-                                }
-                                self.i += 2;
-                                let lo = self.hex4()?;
-                                if !(0xDC00..0xE000).contains(&lo) {
-                                    return Err("unpaired surrogate in a \\u escape".into());
-                                }
-                                char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
-                            } else {
-                                char::from_u32(hi)
-                            };
-                            out.push(c.ok_or("invalid \\u escape")?);
-                        }
-                        _ => {
-                            return Err(format!("bad escape '\\{}' at byte {}", e as char, self.i))
-                        }
-                    }
-                }
-                Some(_) => {
-                    return Err(format!(
-                        "raw control character in a string at byte {}",
-                        self.i + 1
-                    ))
-                }
-            }
-        }
-    }
-    fn array(&mut self, depth: usize) -> Result<Json, String> {
-        self.expect(b'[')?;
-        let mut items = Vec::new();
-        self.ws();
-        if self.s.get(self.i) == Some(&b']') {
-            self.i += 1;
-            return Ok(Json::Arr(items));
-        }
-        loop {
-            self.ws();
-            items.push(self.value(depth + 1)?);
-            self.ws();
-            match self.s.get(self.i) {
-                Some(b',') => self.i += 1,
-                Some(b']') => {
-                    self.i += 1;
-                    return Ok(Json::Arr(items));
-                }
-                None => return Err(self.eof()),
-                Some(_) => return Err(format!("expected ',' or ']' at byte {}", self.i + 1)),
-            }
-        }
-    }
-    fn object(&mut self, depth: usize) -> Result<Json, String> {
-        self.expect(b'{')?;
-        let mut items = Vec::new();
-        self.ws();
-        if self.s.get(self.i) == Some(&b'}') {
-            self.i += 1;
-            return Ok(Json::Obj(items));
-        }
-        loop {
-            self.ws();
-            let k = self.string()?;
-            self.ws();
-            self.expect(b':')?;
-            self.ws();
-            let v = self.value(depth + 1)?;
-            items.push((k, v));
-            self.ws();
-            match self.s.get(self.i) {
-                Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    return Ok(Json::Obj(items));
-                }
-                None => return Err(self.eof()),
-                Some(_) => return Err(format!("expected ',' or '}}' at byte {}", self.i + 1)),
-            }
-        }
-    }
+    Rule::parse(rule).map_or(
+        "a rule this rankguard does not know (newer guard?)",
+        Rule::name,
+    )
 }
 
 // ---------------------------------------------------------------------------------------
 // Records
 
-/// One audit record, as far as the report uses it.
+/// One audit record as the report aggregates it: the facts of an [`AuditRecord`] it
+/// groups and prints, with every text owned.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Record {
+pub struct Row {
     pub ts: Option<f64>,
     pub call: String,
     pub abi: Option<String>,
@@ -382,126 +104,59 @@ impl RootRef {
     }
 }
 
-fn opt_root(v: &Json, key: &str) -> Result<Option<RootRef>, String> {
-    let bad =
-        || format!("not an audit record: field '{key}' is not a rank root {{pid, start, host}}");
-    match v.get(key) {
-        None | Some(Json::Null) => Ok(None),
-        Some(o @ Json::Obj(_)) => Ok(Some(RootRef {
-            pid: opt_int(o, "pid").map_err(|_| bad())?.ok_or_else(bad)?,
-            start: opt_int(o, "start").map_err(|_| bad())?.ok_or_else(bad)?,
-            host: opt_str(o, "host").map_err(|_| bad())?,
-        })),
-        Some(_) => Err(bad()),
-    }
-}
-
-fn opt_str(v: &Json, key: &str) -> Result<Option<String>, String> {
-    match v.get(key) {
-        None | Some(Json::Null) => Ok(None),
-        Some(Json::Str(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(format!(
-            "not an audit record: field '{key}' is not a string"
-        )),
-    }
-}
-
-fn opt_int(v: &Json, key: &str) -> Result<Option<i64>, String> {
-    match v.get(key) {
-        None | Some(Json::Null) => Ok(None),
-        Some(Json::Num(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => Ok(Some(*n as i64)),
-        Some(_) => Err(format!(
-            "not an audit record: field '{key}' is not an integer"
-        )),
-    }
-}
-
-fn str_list(v: &Json, key: &str) -> Result<Vec<String>, String> {
-    match v.get(key) {
-        None | Some(Json::Null) => Ok(Vec::new()),
-        Some(Json::Arr(items)) => items
-            .iter()
-            .map(|i| match i {
-                Json::Str(s) => Ok(s.clone()),
-                _ => Err(format!(
-                    "not an audit record: field '{key}' is not a list of strings"
-                )),
+impl From<AuditRecord<'static>> for Row {
+    fn from(r: AuditRecord<'static>) -> Row {
+        let s = |t: Option<Text<'static>>| t.map(Cow::into_owned);
+        let root = |r: Option<record::RootRef<'static>>| {
+            r.map(|r| RootRef {
+                host: s(r.host),
+                pid: r.pid.into(),
+                start: r.start as i64,
             })
-            .collect(),
-        Some(_) => Err(format!(
-            "not an audit record: field '{key}' is not a list of strings"
-        )),
-    }
-}
-
-fn req_str(v: &Json, key: &str) -> Result<String, String> {
-    match opt_str(v, key)? {
-        Some(s) if !s.is_empty() => Ok(s),
-        _ => Err(format!("not an audit record: field '{key}' is missing")),
-    }
-}
-
-/// The record in one audit line.
-pub fn parse_record(line: &str) -> Result<Record, String> {
-    let v = parse_json(line).map_err(|e| {
-        if e.starts_with("the line ends") {
-            format!("partial record: {e} (a cut or interleaved write?)")
-        } else {
-            format!("not JSON: {e}")
+        };
+        let rule = r.rule_str().to_string();
+        let exporter = match r.rule_fields {
+            RuleFields::Import { exporter, .. } => {
+                Some(exporter.map_or_else(Exporter::default, |x| Exporter {
+                    pid: Some(x.pid.into()),
+                    rank: x.rank.map(i64::from),
+                    job: s(x.job),
+                    gpu: s(x.gpu),
+                    location: Some(x.location.into_owned()),
+                    rank_root: root(x.rank_root),
+                }))
+            }
+            _ => None,
+        };
+        Row {
+            ts: r.ts_us.map(|us| us as f64 / 1e6),
+            call: r.call.into_owned(),
+            abi: s(r.abi),
+            verdict: r.action.map_or("?", Action::as_str).to_string(),
+            rule,
+            mode: r.mode.map(|m| m.as_str().to_string()),
+            pid: r.pid.map(i64::from),
+            host: s(r.host),
+            rank: r.rank.map(i64::from),
+            rank_root: root(r.rank_root),
+            job: s(r.job),
+            ordinal: r.ordinal.map(i64::from),
+            cvd: s(r.cvd),
+            gpu: s(r.gpu),
+            args: s(r.args),
+            detail: s(r.detail),
+            exporter,
+            site: s(r.site),
+            py_stack: r.py_stack.into_owned(),
+            count: r.summary.map_or(1, |x| x.count),
+            summary: r.summary.is_some(),
         }
-    })?;
-    if !matches!(v, Json::Obj(_)) {
-        return Err("not an audit record: a JSON value that is not an object".into());
     }
-    let ts = match v.get("ts") {
-        None | Some(Json::Null) => None,
-        Some(Json::Num(n)) if n.is_finite() => Some(*n),
-        Some(_) => return Err("not an audit record: field 'ts' is not a number".into()),
-    };
-    let summary = match v.get("summary") {
-        None | Some(Json::Null) | Some(Json::Bool(false)) => false,
-        Some(Json::Bool(true)) => true,
-        Some(_) => return Err("not an audit record: field 'summary' is not true or false".into()),
-    };
-    let count = match (summary, opt_int(&v, "count")?) {
-        (false, _) => 1,
-        (true, Some(n)) if n > 0 => n as u64,
-        (true, _) => return Err("not an audit record: a summary without a positive 'count'".into()),
-    };
-    Ok(Record {
-        ts,
-        site: opt_str(&v, "site")?,
-        py_stack: str_list(&v, "py_stack")?,
-        count,
-        summary,
-        call: req_str(&v, "call")?,
-        abi: opt_str(&v, "abi")?,
-        verdict: req_str(&v, "verdict")?,
-        rule: req_str(&v, "rule")?,
-        mode: opt_str(&v, "mode")?,
-        pid: opt_int(&v, "pid")?,
-        host: opt_str(&v, "host")?,
-        rank: opt_int(&v, "rank")?,
-        rank_root: opt_root(&v, "rank_root")?,
-        job: opt_str(&v, "job")?,
-        ordinal: opt_int(&v, "ordinal")?,
-        cvd: opt_str(&v, "cvd")?,
-        gpu: opt_str(&v, "gpu")?,
-        args: opt_str(&v, "args")?,
-        detail: opt_str(&v, "detail")?,
-        exporter: if v.get("exporter_pid").is_some() || v.get("exporter_gpu").is_some() {
-            Some(Exporter {
-                pid: opt_int(&v, "exporter_pid")?,
-                rank: opt_int(&v, "exporter_rank")?,
-                job: opt_str(&v, "exporter_job")?,
-                gpu: opt_str(&v, "exporter_gpu")?,
-                location: opt_str(&v, "exporter_location")?,
-                rank_root: opt_root(&v, "exporter_rank_root")?,
-            })
-        } else {
-            None
-        },
-    })
+}
+
+/// The record in one audit line, as the report aggregates it ([`AuditRecord::parse`]).
+pub fn parse_record(line: &str) -> Result<Row, String> {
+    AuditRecord::parse(line).map(Row::from)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -534,7 +189,7 @@ pub struct RankStats {
     pub warned: usize,
     /// Distinct (host, pid) pairs.
     pub processes: usize,
-    pub first: Record,
+    pub first: Row,
     pub first_at: Origin,
 }
 
@@ -563,7 +218,7 @@ pub struct SiteStats {
     /// Numbered ranks ascending, then rank "-" (`None`).
     pub ranks: Vec<Option<i64>>,
     pub processes: usize,
-    pub first: Record,
+    pub first: Row,
     pub first_at: Origin,
 }
 
@@ -599,7 +254,7 @@ enum RankKey {
     Unknown,
 }
 
-fn rank_key(r: &Record) -> RankKey {
+fn rank_key(r: &Row) -> RankKey {
     match (r.rank, &r.rank_root) {
         (Some(n), _) => RankKey::Numbered(n),
         (None, Some(root)) => RankKey::Root(root.clone()),
@@ -622,11 +277,11 @@ struct Acc {
     warned: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
     ranks: BTreeSet<(bool, i64)>,
-    first: Option<(Record, Origin, usize)>,
+    first: Option<(Row, Origin, usize)>,
 }
 
 impl Acc {
-    fn add(&mut self, r: &Record, at: &Origin, seq: usize) {
+    fn add(&mut self, r: &Row, at: &Origin, seq: usize) {
         let n = r.count as usize;
         self.count += n;
         if r.verdict == "deny" {
@@ -744,7 +399,7 @@ impl Aggregator {
         }
     }
 
-    pub fn add_record(&mut self, r: Record, at: Origin) {
+    pub fn add_record(&mut self, r: Row, at: Origin) {
         self.seq += 1;
         let seq = self.seq;
         self.procs.insert((r.host.clone(), r.pid));
@@ -907,6 +562,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[allow(clippy::type_complexity)] // tuples spelled out so each test shows what it compares
 mod tests {
     use super::*;
+    use crate::json::{parse_json, Json};
 
     fn rec(ts: f64, call: &str, rule: &str, verdict: &str, rank: Option<i64>, pid: i64) -> String {
         let rank = rank.map_or("null".to_string(), |r| r.to_string());

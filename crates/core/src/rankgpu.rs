@@ -12,9 +12,8 @@
 //! - everything else names no single GPU as far as the process can tell (`GPU-`, an
 //!   ambiguous or unresolved prefix, an empty or non-UTF-8 value, a resolved UUID that is
 //!   not a full UUID): the check fails closed.
-#![deny(unsafe_code)]
 
-use crate::cvd::{self, Entry};
+use crate::cvd::{self, CvdEntry};
 
 /// The outcome, with the reason when it is not the rank's GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,14 +49,15 @@ pub fn is_full_uuid(s: &str) -> bool {
 }
 
 /// Decide. `rank_entry`: the raw bytes of `RANKGUARD_RANK_GPU` (set, maybe empty);
-/// `rank_uuid`: the raw bytes of `RANKGUARD_RANK_GPU_UUID` when set and not blank;
+/// `rank_uuid`: the raw bytes of `RANKGUARD_RANK_GPU_UUID` when set (a blank value counts
+/// as unset);
 /// `own_uuid`: the driver's UUID of the one device the process sees ("" when unknown);
 /// `own_entries`: the process's parsed `CUDA_VISIBLE_DEVICES` entries.
 pub fn decide(
     rank_entry: &[u8],
     rank_uuid: Option<&[u8]>,
     own_uuid: &str,
-    own_entries: Option<&[Entry]>,
+    own_entries: Option<&[CvdEntry]>,
 ) -> RankGpu {
     let same = |full: &str| {
         if own_uuid.is_empty() {
@@ -68,7 +68,7 @@ pub fn decide(
             RankGpu::Other
         }
     };
-    if let Some(u) = rank_uuid {
+    if let Some(u) = rank_uuid.filter(|u| !u.trim_ascii().is_empty()) {
         return match std::str::from_utf8(u).map(str::trim) {
             Ok(u) if is_full_uuid(u) => same(u),
             _ => RankGpu::Unverifiable("RANKGUARD_RANK_GPU_UUID is not a full GPU-/MIG- UUID"),
@@ -92,8 +92,8 @@ pub fn decide(
         return RankGpu::Same;
     }
     match rank {
-        Entry::Index(_) => RankGpu::Other,
-        Entry::Uuid(_) | Entry::Mig(_) => RankGpu::Unverifiable(
+        CvdEntry::Index(_) => RankGpu::Other,
+        CvdEntry::Uuid(_) | CvdEntry::Mig(_) => RankGpu::Unverifiable(
             "it is a UUID prefix other than this process's own entry, and only the driver can tell whether a prefix is unique; set RANKGUARD_RANK_GPU_UUID to the full UUID (rankguard launch/run do)",
         ),
     }
@@ -106,7 +106,7 @@ mod tests {
     const U2: &str = "GPU-12c0ffee-0000-4000-8000-000000000002";
     const U3: &str = "GPU-13c0ffee-0000-4000-8000-000000000003";
 
-    fn own(cvd: &str) -> Vec<Entry> {
+    fn own(cvd: &str) -> Vec<CvdEntry> {
         cvd::parse(Some(cvd)).entries().unwrap().to_vec()
     }
 
@@ -163,9 +163,21 @@ mod tests {
             decide(b"GPU-12", None, U2, Some(&own("2"))),
             RankGpu::Unverifiable(_)
         ));
-        for bad in [&b"GPU-"[..], b"GPU-12", b"", b"\xff"] {
+        for bad in [&b"GPU-"[..], b"GPU-12", b"\xff"] {
             assert!(matches!(
                 decide(b"2", Some(bad), U2, Some(&own("2"))),
+                RankGpu::Unverifiable(_)
+            ));
+        }
+        // A blank resolved UUID counts as unset (shells export `VAR=` to clear), for the
+        // guard and `check` alike: the entry decides.
+        for blank in [&b""[..], b"  "] {
+            assert_eq!(
+                decide(b"2", Some(blank), U2, Some(&own("2"))),
+                RankGpu::Same
+            );
+            assert!(matches!(
+                decide(b"GPU-1", Some(blank), U2, Some(&own("2"))),
                 RankGpu::Unverifiable(_)
             ));
         }

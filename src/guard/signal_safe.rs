@@ -1,9 +1,10 @@
-//! What the guard says: the human line on stderr and the JSON-lines audit record.
+//! Primitives the guard can use where fork or signals bite: stack buffers, one-`write`
+//! output to a descriptor that never blocks the program for long, `getenv` without std's
+//! environment lock, pid/tid/host name, the time, and a scratch mapping that is not taken
+//! from the allocator. Nothing here allocates or locks.
 //!
-//! Both are formatted into fixed-size stack buffers and written with one `write(2)` each:
-//! no allocation, no lock, and one `write` on an `O_APPEND` descriptor is one record, so
-//! many processes appending to one audit file never interleave a line. A value too long
-//! for its buffer is cut, never the record's syntax (JSON strings are length-capped).
+//! One `write` on an `O_APPEND` descriptor is one record, so many processes appending to
+//! one audit file never interleave a line (the record itself: rankguard-core `record`).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, CStr};
@@ -40,37 +41,6 @@ impl<const N: usize> Write for StackBuf<N> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         self.push_bytes(s.as_bytes());
         Ok(())
-    }
-}
-
-/// Write a JSON string literal of at most `cap` source bytes (cut on a char boundary).
-pub fn json_str<W: Write>(w: &mut W, s: &str, cap: usize) -> fmt::Result {
-    w.write_char('"')?;
-    let mut used = 0;
-    for c in s.chars() {
-        used += c.len_utf8();
-        if used > cap {
-            w.write_str("...")?;
-            break;
-        }
-        match c {
-            '"' => w.write_str("\\\"")?,
-            '\\' => w.write_str("\\\\")?,
-            '\n' => w.write_str("\\n")?,
-            '\r' => w.write_str("\\r")?,
-            '\t' => w.write_str("\\t")?,
-            c if (c as u32) < 0x20 => write!(w, "\\u{:04x}", c as u32)?,
-            c => w.write_char(c)?,
-        }
-    }
-    w.write_char('"')
-}
-
-/// `Some(s)` as a JSON string, `None` as null.
-pub fn json_opt_str<W: Write>(w: &mut W, s: Option<&str>, cap: usize) -> fmt::Result {
-    match s {
-        Some(s) => json_str(w, s, cap),
-        None => w.write_str("null"),
     }
 }
 
@@ -182,15 +152,54 @@ pub fn escape_bytes<W: Write>(w: &mut W, bytes: &[u8]) -> fmt::Result {
     Ok(())
 }
 
-/// Seconds since the epoch, with microseconds.
-pub fn now() -> f64 {
+/// A private anonymous mapping to render one record into: taken from the kernel, not the
+/// allocator (a forked child or a signal handler may find the allocator's lock held),
+/// unmapped when dropped. The cold path only: two system calls per full record.
+pub struct Scratch {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Scratch {
+    /// `len` zeroed bytes; None when the kernel refuses (the caller has a fallback).
+    pub fn new(len: usize) -> Option<Scratch> {
+        // SAFETY: an anonymous private mapping at an address of the kernel's choice; no
+        // existing memory is touched. The result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then(|| Scratch { ptr: p.cast(), len })
+    }
+    pub fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live read-write mapping of `len` bytes owned by `self`, and
+        // the borrow of `self` keeps it exclusive until it ends.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `new` made; no slice of it outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Microseconds since the epoch.
+pub fn now_us() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as f64 + (ts.tv_nsec / 1000) as f64 / 1e6
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 
 #[cfg(test)]
@@ -202,18 +211,5 @@ mod tests {
         let mut b = StackBuf::<8>::new();
         write!(b, "0123456789").unwrap();
         assert_eq!(b.as_bytes(), b"01234567");
-    }
-
-    #[test]
-    fn json_strings_escape_and_cap() {
-        let mut b = StackBuf::<128>::new();
-        json_str(&mut b, "a\"b\\c\nd\u{1}", 64).unwrap();
-        assert_eq!(
-            std::str::from_utf8(b.as_bytes()).unwrap(),
-            r#""a\"b\\c\nd\u0001""#
-        );
-        let mut b = StackBuf::<128>::new();
-        json_str(&mut b, "ééééé", 4).unwrap();
-        assert_eq!(std::str::from_utf8(b.as_bytes()).unwrap(), "\"éé...\"");
     }
 }

@@ -34,7 +34,6 @@
 //!   unique (a memfd/tmpfs inode names one file while it exists); an `anon_inode` fd (one
 //!   inode shared by every such file) or a device node is not, and has no key
 //!   ([`Key::from_file`]): its provenance is unknown.
-#![deny(unsafe_code)]
 
 use std::fmt::{self, Write as _};
 use std::fs::{self, File, OpenOptions};
@@ -262,9 +261,10 @@ impl Location {
     }
 }
 
-/// Who exported a handle.
+/// A provenance record: who exported a handle (or, keyed by a rank root, which GPU a
+/// rank owns).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
+pub struct ProvenanceRecord {
     pub key: Key,
     /// The job token ([`job_token`]), None when the exporter knew no job.
     pub job: Option<String>,
@@ -331,7 +331,7 @@ fn valid_gpu(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
 }
 
-impl Record {
+impl ProvenanceRecord {
     /// The record's file content.
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(320);
@@ -359,7 +359,7 @@ impl Record {
     /// Parse a record's text; every field must be present once and well-formed, the key
     /// must be `expect` (a record renamed to another key is not trusted), and the text must
     /// end with the `end` line (a truncated record is rejected).
-    pub fn parse(text: &str, expect: &Key) -> Result<Record, Corrupt> {
+    pub fn parse(text: &str, expect: &Key) -> Result<ProvenanceRecord, Corrupt> {
         let mut lines = text.split('\n');
         if lines.next() != Some(MAGIC) {
             return Err(Corrupt("not a rankguard IPC record (bad first line)"));
@@ -450,7 +450,7 @@ impl Record {
         if &key != expect {
             return Err(Corrupt("the record names another key than its file name"));
         }
-        Ok(Record {
+        Ok(ProvenanceRecord {
             key,
             job: job.ok_or(Corrupt("no job"))?,
             rank: rank.ok_or(Corrupt("no rank"))?,
@@ -635,7 +635,7 @@ impl fmt::Display for Skip {
 /// The outcome of a lookup.
 #[derive(Debug)]
 pub enum Lookup {
-    Found(Record),
+    Found(ProvenanceRecord),
     /// No record for this key.
     Missing,
     /// A record was there but is not trusted (and was removed when possible).
@@ -738,7 +738,7 @@ impl Registry {
     }
 
     /// Write (or replace) the record of `rec.key`. A full registry is swept first.
-    pub fn write(&self, rec: &Record, procs: &dyn Procs) -> Result<(), WriteProblem> {
+    pub fn write(&self, rec: &ProvenanceRecord, procs: &dyn Procs) -> Result<(), WriteProblem> {
         let text = rec.render();
         if text.len() as u64 > MAX_RECORD_BYTES {
             return Err(WriteProblem::TooLarge);
@@ -805,7 +805,7 @@ impl Registry {
     }
 
     /// Whether the record's exporter is the live process it names.
-    fn alive(&self, rec: &Record, procs: &dyn Procs) -> Result<(), Skip> {
+    fn alive(&self, rec: &ProvenanceRecord, procs: &dyn Procs) -> Result<(), Skip> {
         match procs.info(rec.pid) {
             None => Err(Skip::Dead { pid: rec.pid }),
             Some(p) if p.start != rec.start || p.uid != self.uid => {
@@ -822,7 +822,7 @@ impl Registry {
         &self,
         path: &Path,
         key: &Key,
-    ) -> Result<Option<(Record, (u64, u64))>, (Skip, Option<(u64, u64)>)> {
+    ) -> Result<Option<(ProvenanceRecord, (u64, u64))>, (Skip, Option<(u64, u64)>)> {
         let lmd = match fs::symlink_metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -870,7 +870,7 @@ impl Registry {
         }
         let text =
             std::str::from_utf8(&buf).map_err(|_| (Skip::Corrupt(Corrupt("not UTF-8")), ident))?;
-        let rec = Record::parse(text, key).map_err(|c| (Skip::Corrupt(c), ident))?;
+        let rec = ProvenanceRecord::parse(text, key).map_err(|c| (Skip::Corrupt(c), ident))?;
         Ok(Some((rec, (md.dev(), md.ino()))))
     }
 
@@ -1029,7 +1029,7 @@ pub fn same_gpu(a: &str, b: &str) -> bool {
 /// - a GPU missing on either side: unknown.
 pub fn decide(
     me: &Importer<'_>,
-    exporter: Option<&Record>,
+    exporter: Option<&ProvenanceRecord>,
     location: Option<Location>,
     ipc: IpcPolicy,
 ) -> Decision {
@@ -1110,8 +1110,8 @@ mod tests {
         fs::metadata("/proc/self").unwrap().uid()
     }
 
-    fn rec(key: Key, rank: Option<u32>, gpu: Option<&str>) -> Record {
-        Record {
+    fn rec(key: Key, rank: Option<u32>, gpu: Option<&str>) -> ProvenanceRecord {
+        ProvenanceRecord {
             key,
             job: Some(job_token("job-1")),
             rank,
@@ -1180,13 +1180,16 @@ mod tests {
         let r = rec(k.clone(), Some(3), Some(G0));
         let text = r.render();
         assert!(text.len() < 400);
-        assert_eq!(Record::parse(&text, &k), Ok(r.clone()));
+        assert_eq!(ProvenanceRecord::parse(&text, &k), Ok(r.clone()));
         // every truncation is rejected, never half-trusted
         for cut in 0..text.len() - 1 {
-            assert!(Record::parse(&text[..cut], &k).is_err(), "cut at {cut}");
+            assert!(
+                ProvenanceRecord::parse(&text[..cut], &k).is_err(),
+                "cut at {cut}"
+            );
         }
         // another key
-        assert!(Record::parse(&text, &mem_key(2)).is_err());
+        assert!(ProvenanceRecord::parse(&text, &mem_key(2)).is_err());
         // hostile values
         for (from, to) in [
             ("pid 4242", "pid 0"),
@@ -1202,16 +1205,16 @@ mod tests {
             ("start 777", "start 777\nextra 1"),
         ] {
             let bad = text.replacen(from, to, 1);
-            assert!(Record::parse(&bad, &k).is_err(), "{from} -> {to}");
+            assert!(ProvenanceRecord::parse(&bad, &k).is_err(), "{from} -> {to}");
         }
-        let none = Record {
+        let none = ProvenanceRecord {
             job: None,
             rank: None,
             gpu: None,
             location: Location::Host,
             ..r
         };
-        assert_eq!(Record::parse(&none.render(), &k), Ok(none));
+        assert_eq!(ProvenanceRecord::parse(&none.render(), &k), Ok(none));
     }
 
     #[test]
@@ -1515,7 +1518,7 @@ mod tests {
             OtherJob
         );
         // host memory, by record or by the driver
-        let host = Record {
+        let host = ProvenanceRecord {
             location: Location::Host,
             gpu: None,
             ..r0g0.clone()
@@ -1572,7 +1575,7 @@ mod tests {
             pid: 10,
             start: 555,
         };
-        let x = Record {
+        let x = ProvenanceRecord {
             job: None,
             rank: None,
             root: Some(a),
@@ -1599,7 +1602,7 @@ mod tests {
         );
         // no root on one side: unknown, as before
         assert_eq!(decide(&me_root(None, G1), Some(&x), None, s), UnknownStrict);
-        let old = Record {
+        let old = ProvenanceRecord {
             root: None,
             ..x.clone()
         };
@@ -1608,7 +1611,7 @@ mod tests {
             UnknownStrict
         );
         // explicit ranks win over roots: same rank by variables, whatever the roots say
-        let ranked = Record {
+        let ranked = ProvenanceRecord {
             rank: Some(0),
             root: Some(b),
             ..x.clone()
@@ -1632,23 +1635,25 @@ mod tests {
         let key = Key::rank(4242);
         assert_eq!(key.file_name(), "rank-4242");
         assert_eq!(Key::parse_file_name("rank-4242"), Some(key.clone()));
-        let r = Record {
+        let r = ProvenanceRecord {
             root: Some(RootId { pid: 7, start: 70 }),
             ..rec(key.clone(), None, Some(G1))
         };
         let text = r.render();
         assert!(text.contains("\nroot 7.70\nend\n"), "{text}");
-        assert_eq!(Record::parse(&text, &key), Ok(r));
+        assert_eq!(ProvenanceRecord::parse(&text, &key), Ok(r));
         // records without a root line (older guards) parse, with no root
         let plain = rec(mem_key(3), Some(1), Some(G0));
         assert!(!plain.render().contains("root"));
         assert_eq!(
-            Record::parse(&plain.render(), &mem_key(3)).unwrap().root,
+            ProvenanceRecord::parse(&plain.render(), &mem_key(3))
+                .unwrap()
+                .root,
             None
         );
         for bad in ["root 7\n", "root x.1\n", "root 7.70\nroot 7.70\n"] {
             let t = text.replace("root 7.70\n", bad);
-            assert!(Record::parse(&t, &key).is_err(), "{bad}");
+            assert!(ProvenanceRecord::parse(&t, &key).is_err(), "{bad}");
         }
     }
 }

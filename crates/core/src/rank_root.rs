@@ -25,7 +25,6 @@
 //! reused: a recycled pid is never taken for an ancestor), at pid 0 and after
 //! [`MAX_DEPTH`] steps. A root is named by `(pid, start time)`, which no other process on
 //! the node shares, even after the pid is reused.
-#![deny(unsafe_code)]
 
 use std::fmt;
 

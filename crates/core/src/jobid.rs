@@ -12,7 +12,6 @@
 //! per step; `-` when no step is set, as in a batch script), a PMIx namespace (`mpirun`,
 //! `srun --mpi=pmix`), Open MPI's `OMPI_MCA_ess_base_jobid`. Values are trimmed; an empty
 //! value counts as unset (shells export `VAR=` to clear).
-#![deny(unsafe_code)]
 
 /// The variable `rankguard launch`/`run` set, read first.
 pub const VAR: &str = "RANKGUARD_JOB";

@@ -1,7 +1,7 @@
 //! The guard's configuration: every `RANKGUARD_*` variable and the rank identity, read once
 //! from the environment through a lookup function so the parsing is testable without it.
 //!
-//! Variables (the README's table is generated from the same list, keep them in step):
+//! Variables (the README's "Configuration" table lists the same ones: keep them in step):
 //! - `RANKGUARD_MODE`        enforce (default) | warn | abort | off
 //! - `RANKGUARD_AUDIT`       path of the JSON-lines audit file (`%h` host, `%p` pid)
 //! - `RANKGUARD_DEBUG`       debug log level: WARN | INFO | DEBUG | TRACE (like NCCL_DEBUG)
@@ -11,7 +11,6 @@
 //! - `RANKGUARD_RANK_GPU`    the CUDA_VISIBLE_DEVICES entry the rank was given
 //! - `RANKGUARD_RANK_GPU_UUID` that entry's full GPU/MIG UUID, resolved by the launcher
 //! - `RANKGUARD_REGISTRY`    directory of the IPC provenance registry
-#![deny(unsafe_code)]
 
 use std::fmt;
 
@@ -28,7 +27,22 @@ pub enum Mode {
     Off,
 }
 
+/// What [`Mode::parse`] accepts, and what an invalid `RANKGUARD_MODE` falls back to.
+pub const MODE_EXPECTED: &str = "enforce, warn, abort or off (using enforce)";
+
 impl Mode {
+    /// A `RANKGUARD_MODE` value (case and surrounding blanks ignored); None when it names
+    /// no mode, which the guard treats as enforce (it fails closed).
+    pub fn parse(value: &str) -> Option<Mode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "enforce" => Some(Mode::Enforce),
+            "warn" => Some(Mode::Warn),
+            "abort" => Some(Mode::Abort),
+            "off" => Some(Mode::Off),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Enforce => "enforce",
@@ -108,20 +122,14 @@ impl Config {
         let mut errors = Vec::new();
         let mode = match get("RANKGUARD_MODE") {
             None => Mode::Enforce,
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "enforce" => Mode::Enforce,
-                "warn" => Mode::Warn,
-                "abort" => Mode::Abort,
-                "off" => Mode::Off,
-                _ => {
-                    errors.push(ConfigError {
-                        var: "RANKGUARD_MODE",
-                        value: v,
-                        expected: "enforce, warn, abort or off (using enforce)",
-                    });
-                    Mode::Enforce
-                }
-            },
+            Some(v) => Mode::parse(&v).unwrap_or_else(|| {
+                errors.push(ConfigError {
+                    var: "RANKGUARD_MODE",
+                    value: v,
+                    expected: MODE_EXPECTED,
+                });
+                Mode::Enforce
+            }),
         };
         let debug = match get("RANKGUARD_DEBUG") {
             None => None,

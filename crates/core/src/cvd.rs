@@ -13,7 +13,6 @@
 //!   against the same vectors as the fake driver (`c-tests/cvd-vectors.tsv`).
 //!
 //! Pure and safe: no environment access except in [`from_env`].
-#![deny(unsafe_code)]
 
 use std::fmt;
 
@@ -22,7 +21,7 @@ pub const VAR: &str = "CUDA_VISIBLE_DEVICES";
 
 /// One entry of a visible-devices list, as the user wrote it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Entry {
+pub enum CvdEntry {
     /// A device ordinal in the parent's enumeration order.
     Index(u32),
     /// `GPU-<uuid>` or a prefix of it (at least `GPU-`), verbatim, trimmed.
@@ -31,7 +30,7 @@ pub enum Entry {
     Mig(String),
 }
 
-impl Entry {
+impl CvdEntry {
     /// The text to hand to a child's `CUDA_VISIBLE_DEVICES`. UUID entries are preserved
     /// verbatim (a prefix stays the prefix the parent chose); indices are normalised
     /// (`" +3"` -> `"3"`), which is what the driver read them as.
@@ -39,20 +38,20 @@ impl Entry {
         self.to_string()
     }
 
-    fn mode(&self) -> Mode {
+    fn kind(&self) -> EntryKind {
         match self {
-            Entry::Index(_) => Mode::Index,
-            Entry::Uuid(_) => Mode::Uuid,
-            Entry::Mig(_) => Mode::Mig,
+            CvdEntry::Index(_) => EntryKind::Index,
+            CvdEntry::Uuid(_) => EntryKind::Uuid,
+            CvdEntry::Mig(_) => EntryKind::Mig,
         }
     }
 }
 
-impl fmt::Display for Entry {
+impl fmt::Display for CvdEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Entry::Index(i) => write!(f, "{i}"),
-            Entry::Uuid(s) | Entry::Mig(s) => f.write_str(s),
+            CvdEntry::Index(i) => write!(f, "{i}"),
+            CvdEntry::Uuid(s) | CvdEntry::Mig(s) => f.write_str(s),
         }
     }
 }
@@ -63,12 +62,12 @@ pub enum Visibility {
     /// Not set: every device of the node.
     Unset,
     /// Set: these entries in this order; empty means no device at all.
-    Entries(Vec<Entry>),
+    Entries(Vec<CvdEntry>),
 }
 
 impl Visibility {
     /// The entries, or `None` when the variable is unset (all devices).
-    pub fn entries(&self) -> Option<&[Entry]> {
+    pub fn entries(&self) -> Option<&[CvdEntry]> {
         match self {
             Visibility::Unset => None,
             Visibility::Entries(e) => Some(e),
@@ -82,7 +81,8 @@ impl Visibility {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
+/// Which form an entry takes; a list keeps to the form of its first entry.
+enum EntryKind {
     Index,
     Uuid,
     Mig,
@@ -93,17 +93,17 @@ pub fn parse(value: Option<&str>) -> Visibility {
     let Some(value) = value else {
         return Visibility::Unset;
     };
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut mode = None;
+    let mut entries: Vec<CvdEntry> = Vec::new();
+    let mut kind = None;
     for token in value.split(',') {
         let Some(entry) = parse_entry(token) else {
             break;
         };
-        // The first entry's form decides the mode; an entry of another form is invalid
+        // The first entry's form decides the list's; an entry of another form is invalid
         // and truncates the list like any other invalid entry.
-        match mode {
-            None => mode = Some(entry.mode()),
-            Some(m) if m != entry.mode() => break,
+        match kind {
+            None => kind = Some(entry.kind()),
+            Some(m) if m != entry.kind() => break,
             Some(_) => {}
         }
         entries.push(entry);
@@ -127,7 +127,7 @@ pub fn from_env() -> Visibility {
     }
 }
 
-fn has_duplicate(entries: &[Entry]) -> bool {
+fn has_duplicate(entries: &[CvdEntry]) -> bool {
     entries
         .iter()
         .enumerate()
@@ -137,14 +137,14 @@ fn has_duplicate(entries: &[Entry]) -> bool {
 /// UUID entries are taken verbatim, as the driver matches them (no space stripping: a
 /// leading space makes an entry an index, which is then invalid; PyTorch's model of the
 /// driver, pytorch#92315, does the same). Indices skip leading spaces like `strtoul`.
-fn parse_entry(token: &str) -> Option<Entry> {
+fn parse_entry(token: &str) -> Option<CvdEntry> {
     if token.starts_with("GPU-") {
-        return Some(Entry::Uuid(token.to_string()));
+        return Some(CvdEntry::Uuid(token.to_string()));
     }
     if token.starts_with("MIG-") {
-        return Some(Entry::Mig(token.to_string()));
+        return Some(CvdEntry::Mig(token.to_string()));
     }
-    parse_strtoul(token.trim_start_matches(|c: char| c.is_ascii_whitespace())).map(Entry::Index)
+    parse_strtoul(token.trim_start_matches(|c: char| c.is_ascii_whitespace())).map(CvdEntry::Index)
 }
 
 /// `strtoul`-style: optional sign, decimal digits, anything after the digits ignored
@@ -171,7 +171,7 @@ fn parse_strtoul(t: &str) -> Option<u32> {
 
 /// One enumerable device of a node: a whole GPU or a MIG instance of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Device {
+pub enum NodeDevice {
     /// Physical GPU index (PCI bus order).
     Gpu(usize),
     /// MIG instance `instance` of physical GPU `gpu`.
@@ -182,38 +182,38 @@ pub enum Device {
 pub trait Node {
     /// Devices enumerated when the variable is unset, in enumeration order (a GPU in MIG
     /// mode appears as its instance 0, see [`Node::whole_gpu`]).
-    fn default_order(&self) -> Vec<Device>;
+    fn default_order(&self) -> Vec<NodeDevice>;
     /// What naming a whole GPU enumerates: the GPU, or its MIG instance 0 when it is in
     /// MIG mode (the fake's decision D-migenum, c-tests/fake/driver/cvd.c).
-    fn whole_gpu(&self, gpu: usize) -> Device;
+    fn whole_gpu(&self, gpu: usize) -> NodeDevice;
     /// Every GPU's UUID (`GPU-...`), by physical index.
     fn gpu_uuids(&self) -> Vec<String>;
     /// Every MIG instance with its UUID (`MIG-...`).
-    fn mig_uuids(&self) -> Vec<(Device, String)>;
+    fn mig_uuids(&self) -> Vec<(NodeDevice, String)>;
 }
 
 /// Resolve a parsed value against a node: the devices the driver enumerates, in order.
-pub fn resolve(vis: &Visibility, node: &dyn Node) -> Vec<Device> {
+pub fn resolve(vis: &Visibility, node: &dyn Node) -> Vec<NodeDevice> {
     let entries = match vis {
         Visibility::Unset => return node.default_order(),
         Visibility::Entries(e) => e,
     };
-    let mut out: Vec<Device> = Vec::new();
+    let mut out: Vec<NodeDevice> = Vec::new();
     for entry in entries {
         let found = match entry {
-            Entry::Index(i) => node.default_order().get(*i as usize).copied(),
-            Entry::Uuid(prefix) => unique_match(
+            CvdEntry::Index(i) => node.default_order().get(*i as usize).copied(),
+            CvdEntry::Uuid(prefix) => unique_match(
                 prefix,
                 node.gpu_uuids()
                     .into_iter()
                     .enumerate()
-                    .map(|(i, u)| (Device::Gpu(i), u)),
+                    .map(|(i, u)| (NodeDevice::Gpu(i), u)),
             )
             .map(|d| match d {
-                Device::Gpu(g) => node.whole_gpu(g),
+                NodeDevice::Gpu(g) => node.whole_gpu(g),
                 other => other,
             }),
-            Entry::Mig(text) => resolve_mig(text, node),
+            CvdEntry::Mig(text) => resolve_mig(text, node),
         };
         match found {
             Some(d) => {
@@ -230,8 +230,8 @@ pub fn resolve(vis: &Visibility, node: &dyn Node) -> Vec<Device> {
     // Device Enumeration"): later MIG devices are dropped, later whole GPUs stay.
     let mut seen_mig = false;
     out.retain(|d| match d {
-        Device::Mig { .. } => !std::mem::replace(&mut seen_mig, true),
-        Device::Gpu(_) => true,
+        NodeDevice::Mig { .. } => !std::mem::replace(&mut seen_mig, true),
+        NodeDevice::Gpu(_) => true,
     });
     out
 }
@@ -239,8 +239,8 @@ pub fn resolve(vis: &Visibility, node: &dyn Node) -> Vec<Device> {
 /// The only candidate whose UUID starts with `prefix`; none or several -> `None`.
 fn unique_match(
     prefix: &str,
-    candidates: impl Iterator<Item = (Device, String)>,
-) -> Option<Device> {
+    candidates: impl Iterator<Item = (NodeDevice, String)>,
+) -> Option<NodeDevice> {
     let mut hit = None;
     for (dev, uuid) in candidates {
         if uuid.starts_with(prefix) {
@@ -253,7 +253,7 @@ fn unique_match(
     hit
 }
 
-fn resolve_mig(text: &str, node: &dyn Node) -> Option<Device> {
+fn resolve_mig(text: &str, node: &dyn Node) -> Option<NodeDevice> {
     // Legacy form: MIG-GPU-<gpu uuid>/<gi>/<ci>; the fake numbers instances by GI with CI 0.
     if let Some(rest) = text.strip_prefix("MIG-GPU-") {
         let mut parts = rest.split('/');
@@ -263,17 +263,17 @@ fn resolve_mig(text: &str, node: &dyn Node) -> Option<Device> {
         if parts.next().is_some() || ci != 0 {
             return None;
         }
-        let Device::Gpu(gpu) = unique_match(
+        let NodeDevice::Gpu(gpu) = unique_match(
             &gpu_prefix,
             node.gpu_uuids()
                 .into_iter()
                 .enumerate()
-                .map(|(i, u)| (Device::Gpu(i), u)),
+                .map(|(i, u)| (NodeDevice::Gpu(i), u)),
         )?
         else {
             return None;
         };
-        let dev = Device::Mig { gpu, instance: gi };
+        let dev = NodeDevice::Mig { gpu, instance: gi };
         return node
             .mig_uuids()
             .iter()
@@ -288,7 +288,7 @@ mod tests {
     use super::*;
 
     fn idx(v: &[u32]) -> Visibility {
-        Visibility::Entries(v.iter().copied().map(Entry::Index).collect())
+        Visibility::Entries(v.iter().copied().map(CvdEntry::Index).collect())
     }
 
     #[test]
@@ -309,12 +309,12 @@ mod tests {
     fn first_entry_decides_the_mode() {
         assert_eq!(
             parse(Some("GPU-12, 3")),
-            Visibility::Entries(vec![Entry::Uuid("GPU-12".into())])
+            Visibility::Entries(vec![CvdEntry::Uuid("GPU-12".into())])
         );
         assert_eq!(parse(Some("3,GPU-12")), idx(&[3]));
         assert_eq!(
             parse(Some("MIG-1000a11c,GPU-12")),
-            Visibility::Entries(vec![Entry::Mig("MIG-1000a11c".into())])
+            Visibility::Entries(vec![CvdEntry::Mig("MIG-1000a11c".into())])
         );
         // UUID entries are verbatim: a leading space makes the entry an (invalid) index.
         assert_eq!(parse(Some(" GPU-12")), idx(&[]));
@@ -362,11 +362,11 @@ mod tests {
         // FASTEST_FIRST on the fake node (c-tests/fake/driver/cvd.c, D-fastest): whole GPUs
         // are identical (PCI order); a MIG GPU enumerates as its instance 0, whose speed is
         // its slice, 7/N sevenths: slower than any whole GPU, larger slices first.
-        fn default_order(&self) -> Vec<Device> {
-            let mut d: Vec<Device> = (0..self.gpus).map(|g| self.whole_gpu(g)).collect();
+        fn default_order(&self) -> Vec<NodeDevice> {
+            let mut d: Vec<NodeDevice> = (0..self.gpus).map(|g| self.whole_gpu(g)).collect();
             d.sort_by_key(|dev| match dev {
-                Device::Gpu(_) => (0, 0),
-                Device::Mig { gpu, .. } => {
+                NodeDevice::Gpu(_) => (0, 0),
+                NodeDevice::Mig { gpu, .. } => {
                     let n = self
                         .mig
                         .iter()
@@ -377,11 +377,11 @@ mod tests {
             });
             d
         }
-        fn whole_gpu(&self, gpu: usize) -> Device {
+        fn whole_gpu(&self, gpu: usize) -> NodeDevice {
             if self.is_mig(gpu) {
-                Device::Mig { gpu, instance: 0 }
+                NodeDevice::Mig { gpu, instance: 0 }
             } else {
-                Device::Gpu(gpu)
+                NodeDevice::Gpu(gpu)
             }
         }
         fn gpu_uuids(&self) -> Vec<String> {
@@ -389,12 +389,12 @@ mod tests {
                 .map(|i| format!("GPU-{:02x}c0ffee-0000-4000-8000-{:012x}", 0x10 + i, i))
                 .collect()
         }
-        fn mig_uuids(&self) -> Vec<(Device, String)> {
+        fn mig_uuids(&self) -> Vec<(NodeDevice, String)> {
             let mut out = Vec::new();
             for &(gpu, n) in &self.mig {
                 for j in 0..n {
                     out.push((
-                        Device::Mig { gpu, instance: j },
+                        NodeDevice::Mig { gpu, instance: j },
                         format!(
                             "MIG-{:02x}{:02x}a11c-0000-4000-8000-{:012x}",
                             0x10 + gpu,
@@ -408,14 +408,14 @@ mod tests {
         }
     }
 
-    fn render(devs: &[Device]) -> String {
+    fn render(devs: &[NodeDevice]) -> String {
         if devs.is_empty() {
             return "-".into();
         }
         devs.iter()
             .map(|d| match d {
-                Device::Gpu(g) => g.to_string(),
-                Device::Mig { gpu, instance } => format!("{gpu}/{instance}"),
+                NodeDevice::Gpu(g) => g.to_string(),
+                NodeDevice::Mig { gpu, instance } => format!("{gpu}/{instance}"),
             })
             .collect::<Vec<_>>()
             .join(",")
@@ -424,7 +424,7 @@ mod tests {
     /// Every row of the vector file shared with the fake driver's conformance suite.
     #[test]
     fn shared_vectors_agree_with_the_fake_driver() {
-        let text = include_str!("../c-tests/cvd-vectors.tsv");
+        let text = include_str!("../../../c-tests/cvd-vectors.tsv");
         let mut cases = 0;
         for (n, line) in text.lines().enumerate() {
             if line.starts_with('#') || line.trim().is_empty() {
@@ -495,14 +495,14 @@ mod tests {
                 prop_assume!(!e.is_empty());
                 for (i, x) in e.iter().enumerate() {
                     prop_assert_eq!(Some(x.clone()), parse_entry(&tokens[i]));
-                    prop_assert_eq!(x.mode(), e[0].mode());
+                    prop_assert_eq!(x.kind(), e[0].kind());
                 }
                 if let Some(next) = tokens.get(e.len()) {
                     // What stopped the list was invalid or of another mode (or the whole set
                     // would have had a duplicate, which empties it instead).
                     match parse_entry(next) {
                         None => {}
-                        Some(n) => prop_assert!(n.mode() != e[0].mode()),
+                        Some(n) => prop_assert!(n.kind() != e[0].kind()),
                     }
                 }
             }
@@ -513,7 +513,7 @@ mod tests {
                 prop_assume!(v.iter().all(|x| seen.insert(*x)));
                 let text: Vec<String> = v.iter().map(|x| format!(" +{x} ")).collect();
                 let parsed = parse(Some(&text.join(",")));
-                let want: Vec<Entry> = v.iter().copied().map(Entry::Index).collect();
+                let want: Vec<CvdEntry> = v.iter().copied().map(CvdEntry::Index).collect();
                 prop_assert_eq!(parsed, Visibility::Entries(want));
             }
         }
