@@ -131,3 +131,30 @@ def test_a_type_without_a_rust_mapping_is_refused():
     assert gen.rust_type("const CUmemAccessDesc_v1*", "x") == "*const CUmemAccessDesc"
     assert gen.rust_type("CUgraphNode*", "x") == "*mut c_void"      # opaque pointee
     assert gen.rust_type("void**", "x") == "*mut *mut c_void"
+
+
+@pytest.mark.parametrize("major", [12, 13])
+def test_the_c_compiler_agrees_with_each_majors_wrappers(major):
+    """c-tests/tests{,13}/guard_sigs<major>.c (generated) compile only when every runtime
+    wrapper's parameter types are what that major's own header declares (the compiler reads
+    the header, not this project's parser); built by make, they report how many they check."""
+    with open(gen.OUT_SIGS[major], encoding="utf-8") as f:
+        n = f.read().count("\nSAME(")
+    exe = os.path.join(ROOT, "c-tests", "build", "tests", f"guard_sigs{major}")
+    r = subprocess.run([exe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = re.match(rf"guard_sigs{major}: (\d+) wrappers", r.stdout)
+    assert m and int(m.group(1)) == n >= 16, r.stdout
+
+
+def test_a_wrapper_with_the_other_majors_parameters_does_not_compile(tmp_path):
+    """Control: the CUDA 13 checks compiled against the 12.9 header fail, at the functions
+    whose parameters differ (cudaMemPrefetchAsync first)."""
+    src = open(gen.OUT_SIGS[13], encoding="utf-8").read().replace("CUDART_VERSION / 1000 != 13", "0")
+    f = tmp_path / "sigs.c"
+    f.write_text(src)
+    r = subprocess.run(["cc", "-std=gnu11", "-fsyntax-only", "-I", INCLUDES[0], "-idirafter",
+                        os.path.join(ROOT, "c-tests", "fake", "runtime", "compat"), str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "cudaMemPrefetchAsync: the header's parameters are not the wrapper's" in r.stderr.replace("\\'", "'")
