@@ -15,7 +15,9 @@ import subprocess
 import pytest
 
 from _arglog import DRIVER_13, DRIVER_14, logged_run, prog, sigdiff_names
-from conftest import GUARD
+from _guard import guarded
+from _guard import prog as gprog
+from conftest import GUARD, TESTS
 
 ENFORCE = {"CUDA_VISIBLE_DEVICES": "0", "RANKGUARD_MODE": "enforce"}
 
@@ -166,3 +168,24 @@ def test_a_known_major_says_nothing(tmp_path):
     r = guarded_run([prog("cu13_calls"), "basic"], tmp_path, driver=DRIVER_13, mode="warn", cvd="0,1")
     assert r.rc == 0, r.out + r.err
     assert "no wrappers for" not in r.err
+
+
+def test_two_copies_of_one_major_share_the_wrappers(tmp_path):
+    """Two copies of runtime 12 in one process (the program's libcudart.so.12 and
+    libuses_cudart.so's private copy, same version node): decided (README, "Runtime
+    majors"), the private copy's caller gets the same 12 wrapper, which serves it with the
+    first copy found. The call is guarded exactly once and has the unguarded outcome. (The
+    fake runtimes, like NVIDIA's, keep the current device in the driver's current context,
+    so which copy served it is not visible here, nor to the program.)"""
+    cmd = [gprog("guard_two_copies"), TESTS, "1"]
+    plain = guarded(cmd, tmp_path, cvd="0,1", preload=False)
+    assert "rc=0 global=1 private=1" in plain.out, plain.out + plain.err
+    warn = guarded(cmd, tmp_path, cvd="0,1", mode="warn")
+    assert "rc=0 global=1 private=1" in warn.out, warn.out + warn.err
+    rec = [x for x in warn.audit if x["call"] == "cudaSetDevice"]
+    assert len(rec) == 1 and rec[0]["rule"] == "R2" and rec[0]["abi"] == "cudaSetDevice", warn.audit
+    bad = guarded(cmd, tmp_path, cvd="0")
+    assert "rc=101 global=0 private=0" in bad.out, bad.out + bad.err
+    assert [x["verdict"] for x in bad.audit if x["call"] == "cudaSetDevice"] == ["deny"]
+    ok = guarded([gprog("guard_two_copies"), TESTS, "0"], tmp_path, cvd="0")
+    assert "rc=0 global=0 private=0" in ok.out and ok.audit == [], ok.out + ok.err
