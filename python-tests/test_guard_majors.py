@@ -189,3 +189,30 @@ def test_two_copies_of_one_major_share_the_wrappers(tmp_path):
     assert [x["verdict"] for x in bad.audit if x["call"] == "cudaSetDevice"] == ["deny"]
     ok = guarded([gprog("guard_two_copies"), TESTS, "0"], tmp_path, cvd="0")
     assert "rc=0 global=0 private=0" in ok.out and ok.audit == [], ok.out + ok.err
+
+
+@pytest.mark.parametrize("how", ["handle", "default", "next"])
+def test_cu13_dlsym_paths_hand_out_the_13_wrapper(tmp_path, how):
+    """dlsym of cudaMemPrefetchAsync on the 13 runtime's handle, RTLD_DEFAULT and RTLD_NEXT:
+    the wrapper with CUDA 13's parameters, calling the 13 runtime (device 1 denied, every
+    argument intact)."""
+    r = guarded_run([prog("guard_dlsym13"), how], tmp_path)
+    assert r.rc == 0, r.out + r.err
+    assert [c for _, c in r.results] == [0, 0, 101], r.out + r.err
+    assert r.logged == r.expected[:2]
+    rec = [x for x in r.records if x["call"] == "cudaMemPrefetchAsync"]
+    assert len(rec) == 1 and rec[0]["rule"] == "R2" and rec[0]["verdict"] == "deny", r.records
+
+
+def test_cu12_rtld_next_reaches_the_default_13_wrapper(tmp_path):
+    """A CUDA 12 program's dlsym(RTLD_NEXT, name) finds the guard's default (13) definition:
+    cudaSetDevice (same parameters in both majors) reaches the 12 runtime, guarded;
+    cudaMemPrefetchAsync (parameters differ) is refused with 500 and one line naming why,
+    never called with the wrong parameters."""
+    for ordinal, code in (("0", 0), ("1", 101)):
+        r = guarded([gprog("guard_next12"), "cudaSetDevice", ordinal], tmp_path, cvd="0")
+        assert f"rc={code}" in r.out, r.out + r.err
+    r = guarded([gprog("guard_next12"), "cudaMemPrefetchAsync", "0"], tmp_path, cvd="0")
+    assert "rc=500" in r.out, r.out + r.err
+    assert "cudaMemPrefetchAsync: the real function was not found in a CUDA 13 runtime" in r.err
+    assert "its parameters differ in the other CUDA majors" in r.err
