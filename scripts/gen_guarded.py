@@ -196,8 +196,10 @@ def rust_type(ctype: str, where: str) -> str:
 
 def shown(p: cudaapi.Param, rt: str):
     """How the cold path describes a parameter in a record's `args`, or None."""
+    if p.ctype == "const void*":
+        return f"{p.name}={{{p.name}:p}}"   # an address the call reads (devPtr, src)
     if p.ctype.endswith("*") or rt == "IpcHandle":
-        return None       # out-parameters and opaque buffers: not shown
+        return None       # out-parameters, structs behind pointers, opaque buffers: not shown
     if "flags" in p.name.lower() or rt == "CUdeviceptr":
         return f"{p.name}={{{p.name}:#x}}"
     base = rt
@@ -309,7 +311,6 @@ def build(headers: list[Headers], entries: dict[str, Entry]):
                                 f"header set ({', '.join(driver[abi].ctypes())}): the driver never changes "
                                 "an exported symbol's signature; check the headers")
             driver.setdefault(abi, f)
-    apis = {e for e in entries if not any(e == f.abi and e != f.api for f in driver.values())}
     wrappers: list[Wrapper] = []
     used = set()
     for abi in sorted(driver):
@@ -343,7 +344,6 @@ def build(headers: list[Headers], entries: dict[str, Entry]):
     unused = sorted(set(entries) - used)
     if unused:
         raise SpecError("guarded.spec names functions no header declares: " + ", ".join(unused))
-    del apis
     return wrappers
 
 

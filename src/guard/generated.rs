@@ -456,22 +456,22 @@ guarded! {
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
     Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@libcudart.so.12" fallback "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
+        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
     Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_ptsz" fn cudaMemPrefetchAsync_ptsz_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
+        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
     Runtime 12 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@libcudart.so.12" fallback "cudaMemcpyPeer" fn cudaMemcpyPeer_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}");
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
         real(dst, dstDevice, src, srcDevice, count)
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
     Runtime 12 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@libcudart.so.12" fallback "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
         real(dst, dstDevice, src, srcDevice, count, stream)
     }
     // cudaSetDevice, cuda_runtime_api.h 12: ordinal(device)
@@ -596,22 +596,22 @@ guarded! {
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 13: location(location)
     Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@@libcudart.so.13" fn cudaMemPrefetchAsync_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
         real(devPtr, count, location, flags, stream)
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 13: location(location)
     Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchAsync_ptsz_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
         real(devPtr, count, location, flags, stream)
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
     Runtime 13 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@@libcudart.so.13" fn cudaMemcpyPeer_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}");
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
         real(dst, dstDevice, src, srcDevice, count)
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
     Runtime 13 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@@libcudart.so.13" fn cudaMemcpyPeerAsync_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
         real(dst, dstDevice, src, srcDevice, count, stream)
     }
     // cudaSetDevice, cuda_runtime_api.h 13: ordinal(device)
