@@ -28,11 +28,22 @@ def _driver(kinds):
             for lib, api, kind, vs in GUARDED if lib == "driver" and kind in kinds]
 
 
-def _runtime(kinds, major=12):
-    """Every CUDA 12 runtime ABI symbol of those policies (guard_call is a CUDA 12 program;
-    the 13 wrappers are test_guard_majors.py's)."""
-    return [(api, abi) for lib, api, kind, vs in GUARDED if lib == "runtime" and kind in kinds
-            for abi, m, _ in vs if m == major]
+def _runtime(kinds):
+    """(major, api, abi) of every runtime ABI symbol of those policies, in every wrapped
+    major: guard_call (CUDA 12) and guard_call13 (the same program built against CUDA 13)
+    call each through their own runtime, with its parameters."""
+    return [(m, api, abi) for lib, api, kind, vs in GUARDED if lib == "runtime" and kind in kinds
+            for abi, m, _ in vs]
+
+
+# The program of each runtime major, and the driver version its runtime needs.
+RUNTIME_PROG = {12: ("guard_call", None), 13: ("guard_call13", "13050")}
+
+
+def _rt(major, path, call, ordinal, tmp_path, **kw):
+    name, driver = RUNTIME_PROG[major]
+    env = {"FAKECUDA_DRIVER_VERSION": driver} if driver else {}
+    return guarded([prog(name), path, call, ordinal], tmp_path, **kw, **env)
 
 
 DRIVER_CALLS = _driver(R2_POLICIES)
@@ -46,7 +57,8 @@ RUNTIME_QUERIES = _runtime({"query"})
 def test_the_matrix_covers_every_guarded_function():
     """Every guarded function is called here or named as another suite's."""
     covered = {a for a, _ in DRIVER_CALLS + DRIVER_QUERIES} | set(DRIVER_PEER) | {
-        a for a, _ in RUNTIME_R2 + RUNTIME_R4 + RUNTIME_QUERIES}
+        a for _, a, _ in RUNTIME_R2 + RUNTIME_R4 + RUNTIME_QUERIES}
+    assert {m for m, _, _ in RUNTIME_R2} == set(RUNTIME_PROG)
     hooks = {api for _, api, kind, _ in GUARDED if kind == "hook"}
     assert covered | hooks == {api for _, api, _, _ in GUARDED}
     assert {"cudaMemPrefetchAsync", "cudaGetDeviceProperties", "cuDeviceGetUuid"} <= covered
@@ -142,37 +154,39 @@ def test_driver_query_on_every_path(tmp_path, path, call, version):
 
 
 @pytest.mark.parametrize("path", ["link", "dlsym"])
-@pytest.mark.parametrize("api,call", RUNTIME_R2 + RUNTIME_R4, ids=[c for _, c in RUNTIME_R2 + RUNTIME_R4])
-def test_runtime_call(tmp_path, path, api, call):
-    rule, code = ("R2", 101) if (api, call) in RUNTIME_R2 else ("R4", 800)
-    ok = guarded([prog("guard_call"), path, call, "0"], tmp_path, cvd="3")
+@pytest.mark.parametrize("major,api,call", RUNTIME_R2 + RUNTIME_R4,
+                         ids=[f"{c}-cu{m}" for m, _, c in RUNTIME_R2 + RUNTIME_R4])
+def test_runtime_call(tmp_path, path, major, api, call):
+    rule, code = ("R2", 101) if (major, api, call) in RUNTIME_R2 else ("R4", 800)
+    ok = _rt(major, path, call, "0", tmp_path, cvd="3")
     assert ok.rc == 0, ok.out + ok.err
     assert ok.audit == []
     if rule == "R2" or call != "cudaDeviceEnablePeerAccess":
         assert ok.value("rc") == 0, ok.out + ok.err
 
-    bad = guarded([prog("guard_call"), path, call, "1"], tmp_path, cvd="3")
+    bad = _rt(major, path, call, "1", tmp_path, cvd="3")
     assert bad.value("rc") == code, bad.out + bad.err
     rec = [r for r in bad.audit if r["call"] == api]
     assert len(rec) == 1 and rec[0]["rule"] == rule and rec[0]["verdict"] == "deny"
     assert rec[0]["abi"] == call
 
-    warn = guarded([prog("guard_call"), path, call, "1"], tmp_path, cvd="0,1", mode="warn")
+    warn = _rt(major, path, call, "1", tmp_path, cvd="0,1", mode="warn")
     assert warn.value("rc") == 0, warn.out + warn.err
     rec = [r for r in warn.audit if r["call"] == api]
     assert len(rec) == 1 and rec[0]["rule"] == rule and rec[0]["verdict"] == "warn"
 
 
 @pytest.mark.parametrize("path", ["link", "dlsym"])
-@pytest.mark.parametrize("api,call", RUNTIME_QUERIES, ids=[c for _, c in RUNTIME_QUERIES])
-def test_runtime_query(tmp_path, path, api, call):
-    args = [prog("guard_call"), path, call]
+@pytest.mark.parametrize("major,api,call", RUNTIME_QUERIES,
+                         ids=[f"{c}-cu{m}" for m, _, c in RUNTIME_QUERIES])
+def test_runtime_query(tmp_path, path, major, api, call):
     for ordinal in ("0", "1"):
-        r = guarded(args + [ordinal], tmp_path, cvd="3")
+        r = _rt(major, path, call, ordinal, tmp_path, cvd="3")
         assert r.rc == 0, r.out + r.err
-        assert r.value("rc") == guarded(args + [ordinal], tmp_path, cvd="3", preload=False).value("rc")
+        assert r.value("rc") == _rt(major, path, call, ordinal, tmp_path, cvd="3",
+                                    preload=False).value("rc")
         assert [x for x in r.audit if x["verdict"] != "query"] == [], r.audit
-    warn = guarded(args + ["1"], tmp_path, cvd="0,1", mode="warn")
+    warn = _rt(major, path, call, "1", tmp_path, cvd="0,1", mode="warn")
     assert warn.value("rc") == 0, warn.out + warn.err
     rec = [x for x in warn.audit if x["call"] == api]
     assert len(rec) == 1 and rec[0]["rule"] == "R2" and rec[0]["abi"] == call, warn.audit

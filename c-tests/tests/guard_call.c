@@ -5,7 +5,7 @@
  *   guard_call PATH CALL ORDINAL [VERSION]
  *
  * PATH   link    the exported symbol, referenced at link time (-lcuda / -lcudart)
- *        dlsym   dlopen("libcuda.so.1" / "libcudart.so.12") + dlsym(ABI name)
+ *        dlsym   dlopen("libcuda.so.1" / "libcudart.so.12" or .13) + dlsym(ABI name)
  *        gpa1    cuGetProcAddress (4 args, CUDA 11.3), linked
  *        gpa2    cuGetProcAddress_v2 (5 args, CUDA 12.0), linked
  *        gpa2pt  cuGetProcAddress_v2 with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
@@ -44,13 +44,25 @@
 #define HELPERS(X) X(cuMemRelease) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged) \
     X(cuMemAddressReserve) X(cuMemMap) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cudaMalloc) \
     X(cudaMallocManaged)
+/* Built twice: against the 12.9 headers and libcudart.so.12 (tests/guard_call), and
+ * against the 13.x headers and libcudart.so.13 (tests13/guard_call13.c includes this file):
+ * the runtime calls are that major's, with its parameters. */
+#if CUDART_VERSION >= 13000
+#define RT_MAJOR 13
+#define GUARDED_RUNTIME_VARIANTS GUARDED_RUNTIME13_VARIANTS
+#else
+#define RT_MAJOR 12
+#define GUARDED_RUNTIME_VARIANTS GUARDED_RUNTIME12_VARIANTS
+#endif
+#define STR_(x) #x
+#define STR(x) STR_(x)
 GUARDED_DRIVER_VARIANTS(ABI_OF)
-GUARDED_RUNTIME12_VARIANTS(ABI_OF)
+GUARDED_RUNTIME_VARIANTS(ABI_OF)
 HELPERS(ABI)
 #define ROW(n) {#n, (void *)abi_##n},
 #define ROW_OF(api, abi, v, pt) {#abi, (void *)abi_##abi},
 static const struct { const char *name; void *fn; } linked[] = {
-    GUARDED_DRIVER_VARIANTS(ROW_OF) GUARDED_RUNTIME12_VARIANTS(ROW_OF) HELPERS(ROW)
+    GUARDED_DRIVER_VARIANTS(ROW_OF) GUARDED_RUNTIME_VARIANTS(ROW_OF) HELPERS(ROW)
 };
 
 /* Every guarded driver variant with the version of its cudaTypedefs.h PFN. */
@@ -165,7 +177,7 @@ int main(int argc, char **argv) {
     if (argc > 4) version = atoi(argv[4]);
 
     hdrv = dlopen("libcuda.so.1", RTLD_NOW);
-    hrt = dlopen("libcudart.so.12", RTLD_NOW);
+    hrt = dlopen("libcudart.so." STR(RT_MAJOR), RTLD_NOW);
     if (!hdrv) { printf("setup failed: dlopen libcuda.so.1: %s\n", dlerror()); return 2; }
     if (path == STATIC)
         static_gpa = (PFN_cuGetProcAddress_v12000)need(dlsym(hdrv, "cuGetProcAddress_v2"),
@@ -204,8 +216,14 @@ int main(int argc, char **argv) {
                 return 2;
             }
             printf("setup ok\n");
+#if RT_MAJOR >= 13
+            struct cudaMemLocation loc = {.type = cudaMemLocationTypeDevice, .id = ord};
+            rc = ((cudaError_t(*)(const void *, size_t, struct cudaMemLocation, unsigned,
+                                  cudaStream_t))rt(call))(p, 4096, loc, 0, NULL);
+#else
             rc = ((cudaError_t(*)(const void *, size_t, int, cudaStream_t))rt(call))(p, 4096, ord,
                                                                                     NULL);
+#endif
             printf("rc=%d\n", rc);
             return 0;
         } else if (!strcmp(call, "cudaDeviceGetAttribute")) {
@@ -215,7 +233,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(call, "cudaDeviceGetPCIBusId")) {
             char buf[64];
             rc = ((cudaError_t(*)(char *, int, int))rt(call))(buf, (int)sizeof buf, ord);
-        } else if (!strcmp(call, "cudaGetDeviceProperties_v2")) {
+        } else if (!strcmp(call, "cudaGetDeviceProperties_v2") ||
+                   !strcmp(call, "cudaGetDeviceProperties")) {
             struct cudaDeviceProp prop;
             rc = ((cudaError_t(*)(struct cudaDeviceProp *, int))rt(call))(&prop, ord);
         } else if (!strcmp(call, "cudaDeviceCanAccessPeer")) {
@@ -326,7 +345,7 @@ int main(int argc, char **argv) {
             &p, 4096, CU_MEM_ATTACH_GLOBAL));
         printf("setup ok (%s)\n", abi);
         void *f = need(drv(abi, call, version), call);
-        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ord};
         if (is(abi, "cuMemPrefetchAsync_v2"))
             rc = ((PFN_cuMemPrefetchAsync_v12020)f)(p, 4096, loc, 0, NULL);
         else if (is(abi, "cuMemAdvise_v2"))
