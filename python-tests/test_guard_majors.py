@@ -17,7 +17,7 @@ import pytest
 from _arglog import DRIVER_13, DRIVER_14, logged_run, prog, sigdiff_names
 from _guard import guarded
 from _guard import prog as gprog
-from conftest import GUARD, TESTS
+from conftest import GUARD, NATIVE_GUARD, TESTS
 
 ENFORCE = {"CUDA_VISIBLE_DEVICES": "0", "RANKGUARD_MODE": "enforce"}
 
@@ -42,10 +42,13 @@ def guarded_run(cmd, tmp_path, mode="enforce", cvd="0", gpus="2", **env):
     return r
 
 
-def test_the_guard_defines_each_runtime_wrapper_under_its_major():
+@pytest.mark.parametrize("lib", [GUARD, NATIVE_GUARD], ids=["glibc-2.28", "glibc-2.34"])
+def test_the_guard_defines_each_runtime_wrapper_under_its_major(lib):
     """cudaMemPrefetchAsync@libcudart.so.12 and @@libcudart.so.13 (the default), distinct
-    functions; every other export stays unversioned (dlsym must satisfy dlsym@GLIBC_2.34)."""
-    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(GUARD)], capture_output=True,
+    functions; every other export stays unversioned (dlsym must satisfy dlsym@GLIBC_2.34).
+    Both builds (docs/install.md, "Two builds")."""
+    assert lib.is_file(), f"{lib} missing: cargo build --release (scripts/setup for zig)"
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(lib)], capture_output=True,
                          text=True, check=True).stdout
     syms = {}
     for line in out.splitlines():
