@@ -219,3 +219,15 @@ def test_cu12_rtld_next_reaches_the_default_13_wrapper(tmp_path):
     assert "rc=500" in r.out, r.out + r.err
     assert "cudaMemPrefetchAsync: the real function was not found in a CUDA 13 runtime" in r.err
     assert "its parameters differ in the other CUDA majors" in r.err
+
+
+def test_cu12_rtld_default_gets_the_12_wrapper(tmp_path):
+    """dlsym(RTLD_DEFAULT, "cudaMemPrefetchAsync") in a CUDA 12 process finds the guard's
+    default (13) definition first; with no 13 runtime loaded the guard hands out the 12
+    wrapper instead, so the call has 12's parameters: device 0 allowed, device 1 R2."""
+    ok = guarded([gprog("guard_next12"), "cudaMemPrefetchAsync", "0", "default"], tmp_path, cvd="0")
+    assert "rc=0" in ok.out and ok.audit == [], ok.out + ok.err
+    bad = guarded([gprog("guard_next12"), "cudaMemPrefetchAsync", "1", "default"], tmp_path, cvd="0")
+    assert "rc=101" in bad.out, bad.out + bad.err
+    rec = [x for x in bad.audit if x["call"] == "cudaMemPrefetchAsync"]
+    assert len(rec) == 1 and rec[0]["rule"] == "R2" and "dstDevice=1" in rec[0]["args"], bad.audit

@@ -101,7 +101,20 @@ fn dlvsym(handle: *mut c_void, name: &CStr, node: &CStr) -> *mut c_void {
 /// loaded. Null when there is none.
 pub fn resolve(e: &Entry) -> *mut c_void {
     let name = e.abi_cstr();
-    if let Some(node) = table::runtime_node(e.major) {
+    let p = in_major(name, e.major);
+    if !p.is_null() {
+        return p;
+    }
+    if e.same_everywhere {
+        return crate::guard::real::any_runtime(name);
+    }
+    ptr::null_mut()
+}
+
+/// `name` as defined by a loaded runtime of `major` (by version node): the global scope's
+/// after this library, else a privately loaded one's; null if none.
+pub fn in_major(name: &CStr, major: u8) -> *mut c_void {
+    if let Some(node) = table::runtime_node(major) {
         let p = dlvsym(libc::RTLD_NEXT, name, node);
         if !p.is_null() && !crate::guard::real::is_own(p) {
             return p;
@@ -119,9 +132,6 @@ pub fn resolve(e: &Entry) -> *mut c_void {
                 return p;
             }
         }
-    }
-    if e.same_everywhere {
-        return crate::guard::real::any_runtime(name);
     }
     ptr::null_mut()
 }

@@ -99,6 +99,28 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         return std::ptr::null_mut();
     }
     if real::is_own(found) {
+        // An unversioned lookup (RTLD_DEFAULT, the program's own handle) found the guard's
+        // default (CUDA 13) runtime definition. Where no 13 runtime is loaded but one of
+        // another wrapped major is, hand out that major's wrapper: a CUDA 12 process asking
+        // the global scope gets the function with its own parameters (guard/majors.rs).
+        let e = &TABLE[first as usize];
+        if e.lib == table::Lib::Runtime
+            && found
+                == TABLE[entries[entries.len() - 1].1 as usize]
+                    .wrapper()
+                    .cast_mut()
+        {
+            let default = TABLE[entries[entries.len() - 1].1 as usize].major;
+            if crate::guard::majors::in_major(cname, default).is_null() {
+                for &(_, i) in entries.iter().rev().skip(1) {
+                    let p = crate::guard::majors::in_major(cname, TABLE[i as usize].major);
+                    if !p.is_null() {
+                        real::record(i as usize, p);
+                        return TABLE[i as usize].wrapper() as *mut c_void;
+                    }
+                }
+            }
+        }
         return found;
     }
     let id = if TABLE[first as usize].lib == table::Lib::Driver {
