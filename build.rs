@@ -34,6 +34,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     frame_pointer_cfg();
     symver_cfg();
+    library_link_args();
     println!("cargo:rerun-if-env-changed=RANKGUARD_EMBED");
     println!("cargo:rerun-if-env-changed={NESTED}");
     println!("cargo:rerun-if-env-changed=RANKGUARD_SYSTEM_LINKER");
@@ -306,5 +307,18 @@ fn symver_cfg() {
                   libcudart.so.12/.13 version nodes, so CUDA 13 programs' runtime calls reach the CUDA 12 \
                   wrappers (README, \"Runtime majors\"). Build from the checkout to get them.",
                  if linker.is_empty() { "the default" } else { &linker });
+    }
+}
+
+/// librankguard.so binds its own references to its own exports (`-Bsymbolic`): the guarded
+/// table's pointers to the wrappers (and calls between them) are then relative relocations,
+/// which the loader applies without a symbol lookup, instead of ~70 lookups through every
+/// object of the process at each process start (docs/benchmarks.md, figure 3). Other
+/// objects still find the exports as before; only a definition of the same name earlier in
+/// the lookup order (the executable's, another preload's) no longer captures the guard's
+/// own references to them, which is what the table means anyway.
+fn library_link_args() {
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
     }
 }

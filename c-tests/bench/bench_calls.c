@@ -12,6 +12,11 @@
  *       drv-repeat cuDeviceGet(&d, 1) from one call site, again and again: under the guard in
  *                  warn mode with CUDA_VISIBLE_DEVICES=0,1, a repeated violation (the warm-up
  *                  takes the site's full records; every timed call is only counted)
+ *       rt-where   times nothing: prints which object and symbol the program's calls to
+ *                  cudaSetDevice reach (dladdr of the address they use), as
+ *                  "served_by=<file> symbol=<name> offset=0x<offset in the file's mapping>"
+ * The same source is also linked with the CUDA 13 runtime (build/bench/bench_calls13,
+ * bench.mk): its rt-set and rt-where cases are then the cu13 runtime's.
  * Timed with the thread's CPU clock, after 1000 warm-up calls, in 10 chunks of N/10 calls:
  * the figure is the fastest chunk (see TIMED). N must be a multiple of 10.
  * Output: "case=<CASE> calls=<N> ns_per_call=<x>". Exit 0 on success, 1 if a call
@@ -19,6 +24,7 @@
  * Needs CUDA_VISIBLE_DEVICES to name one device when run under the guard (R1).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
@@ -86,7 +92,7 @@ static int run(const char *c, long n, double *ns)
         LOOP(1000, cuDriverGetVersion(&v));
         TIMED(n, cuDriverGetVersion(&v));
     } else {
-        fprintf(stderr, "bench_calls: unknown case '%s' (drv-link, drv-gpa2, rt-set, drv-wrap, drv-pass, drv-repeat)\n", c);
+        fprintf(stderr, "bench_calls: unknown case '%s' (drv-link, drv-gpa2, rt-set, drv-wrap, drv-pass, drv-repeat, rt-where)\n", c);
         return 2;
     }
     if (rc != 0) {
@@ -104,6 +110,19 @@ int main(int argc, char **argv)
     if (argc != 3 || !end || *end || n <= 0 || n % CHUNKS) {
         fprintf(stderr, "usage: bench_calls CASE N   (N: a positive multiple of %d)\n", CHUNKS);
         return 2;
+    }
+    if (!strcmp(argv[1], "rt-where")) {
+        /* The address the linked calls use (read from the GOT in a PIE): the guard's wrapper
+         * when it interposes, else the runtime's own function. */
+        void *f = (void *)cudaSetDevice;
+        Dl_info di;
+        if (!dladdr(f, &di) || !di.dli_fname) {
+            fprintf(stderr, "bench_calls: dladdr(cudaSetDevice) found no object\n");
+            return 1;
+        }
+        printf("served_by=%s symbol=%s offset=0x%lx\n", di.dli_fname, di.dli_sname ? di.dli_sname : "?",
+               (unsigned long)((char *)f - (char *)di.dli_fbase));
+        return 0;
     }
     /* The runtime case initialises through cudaSetDevice itself, as programs do. */
     if (strcmp(argv[1], "rt-set") != 0) {

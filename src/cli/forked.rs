@@ -26,17 +26,6 @@ pub fn single_threaded() -> bool {
         .unwrap_or(false)
 }
 
-/// Whether a file named `name` is mapped into this process (e.g. a preloaded library).
-pub fn is_mapped(name: &str) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return true;
-    };
-    // A file replaced after it was mapped shows as "<path> (deleted)": still mapped.
-    maps.lines()
-        .map(|l| l.trim_end_matches(" (deleted)"))
-        .any(|l| l.contains('/') && l.rsplit('/').next() == Some(name))
-}
-
 /// How the child is set up.
 pub struct Setup {
     /// The child's fd 0 (None: /dev/null).

@@ -15,7 +15,7 @@
 //! The helper is a `fork` of the CLI that asks the driver and `_exit`s (`forked.rs`: no
 //! `exec`, no loader, so it costs a fraction of one rank's start; `launch` asks once per
 //! launch, whatever the number of ranks). Where that is not possible (the CLI has the
-//! guard mapped, i.e. it runs under it; or more than one thread) it is an `exec` of
+//! guard loaded (`sys::object_loaded`), i.e. it runs under it; or more than one thread) it is an `exec` of
 //! `rankguard __driver-query` with the guard removed from `LD_PRELOAD`, as before. Both
 //! speak the same lines (`gpu<TAB>uuid<TAB>bus id`, or the error on stderr).
 
@@ -54,14 +54,16 @@ pub fn helper_main(_args: Vec<OsString>) -> Result<ExitCode> {
     }
 }
 
-/// The helper forked (see the module doc): its answer. None when a forked helper cannot be
-/// used here.
-fn query_forked(cvd_override: Option<Option<&str>>) -> Option<std::result::Result<String, String>> {
-    use std::io::{Read, Write};
-    if super::forked::is_mapped(super::env::GUARD_FILE) {
+/// The helper forked (see the module doc), still running: the read end of its stdout and
+/// the child. None when a forked helper cannot be used here.
+fn start_forked(
+    cvd_override: Option<Option<&str>>,
+) -> Option<(std::io::PipeReader, super::forked::Child)> {
+    use std::io::Write;
+    if sys::object_loaded(super::env::GUARD_FILE) {
         return None;
     }
-    let (mut out_r, out_w) = std::io::pipe().ok()?;
+    let (out_r, out_w) = std::io::pipe().ok()?;
     let setup = super::forked::Setup {
         stdin: None,
         stdout: Some(out_w.into()),
@@ -89,6 +91,15 @@ fn query_forked(cvd_override: Option<Option<&str>>) -> Option<std::result::Resul
         }
     })
     .ok()?;
+    Some((out_r, child))
+}
+
+/// The forked helper's answer, once it has written it and exited.
+fn finish_forked(
+    mut out_r: std::io::PipeReader,
+    child: super::forked::Child,
+) -> std::result::Result<String, String> {
+    use std::io::Read;
     let mut out = String::new();
     let read = out_r.read_to_string(&mut out);
     let status = child.wait();
@@ -96,24 +107,54 @@ fn query_forked(cvd_override: Option<Option<&str>>) -> Option<std::result::Resul
         .lines()
         .find_map(|l| l.strip_prefix("error\t"))
         .map(str::to_string);
-    Some(match (read, status, error) {
+    match (read, status, error) {
         (Ok(_), Ok(0), None) => Ok(out),
         (Ok(_), Ok(_), Some(e)) => Err(e),
         (Ok(_), Ok(s), None) => Err(format!("the driver query helper failed (status {s})")),
         (Err(e), _, _) | (_, Err(e), _) => Err(format!("the driver query helper: {e}")),
-    })
+    }
 }
 
-/// What the driver enumerates, in ordinal order. `cvd`: None = this process's own
-/// `CUDA_VISIBLE_DEVICES`; Some(None) = unset; Some(Some(v)) = as if it were `v`.
+/// A driver query under way ([`start`]): the forked helper asks the driver while the
+/// caller does other work (`launch` resolves its environment and starts its reaper
+/// meanwhile); [`Pending::finish`] collects the answer.
+pub struct Pending {
+    cvd_override: Option<Option<String>>,
+    forked: Option<(std::io::PipeReader, super::forked::Child)>,
+}
+
+/// Start asking the driver which GPUs it enumerates. `cvd`: None = this process's own
+/// `CUDA_VISIBLE_DEVICES`; Some(None) = unset; Some(Some(v)) = as if it were `v`. Where a
+/// forked helper cannot be used, the exec'ed one runs in [`Pending::finish`].
+pub fn start(cvd_override: Option<Option<&str>>) -> Pending {
+    Pending {
+        forked: start_forked(cvd_override),
+        cvd_override: cvd_override.map(|v| v.map(str::to_string)),
+    }
+}
+
+/// What the driver enumerates, in ordinal order (see [`start`]).
 pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<DriverGpu>, String> {
+    start(cvd_override).finish()
+}
+
+impl Pending {
+    /// The answer: what the driver enumerates, in ordinal order.
+    pub fn finish(self) -> std::result::Result<Vec<DriverGpu>, String> {
+        let cvd_override = self.cvd_override.as_ref().map(|v| v.as_deref());
+        let stdout = match self.forked {
+            Some((out_r, child)) => finish_forked(out_r, child)?,
+            None => query_exec(cvd_override)?,
+        };
+        Ok(parse_answer(cvd_override, &stdout))
+    }
+}
+
+/// The helper's lines as `DriverGpu`s.
+fn parse_answer(cvd_override: Option<Option<&str>>, stdout: &str) -> Vec<DriverGpu> {
     let effective: Option<String> = match cvd_override {
         None => std::env::var(cvd::VAR).ok(),
         Some(v) => v.map(str::to_string),
-    };
-    let stdout = match query_forked(cvd_override) {
-        Some(answer) => answer?,
-        None => query_exec(cvd_override)?,
     };
     // Under a MIG-mode CVD the driver enumerates MIG instances and cuDeviceGetUuid_v2 gives
     // their UUIDs, which nvidia-smi spells `MIG-...`.
@@ -131,7 +172,7 @@ pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<Driv
             gpus.push(DriverGpu { uuid, bus_id: bus });
         }
     }
-    Ok(gpus)
+    gpus
 }
 
 /// The exec'ed helper, `rankguard __driver-query` without the guard: its stdout.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::args::{number, Lexer, Token};
 use super::json::Value;
 use super::rank_env::Launch;
-use super::{gpus, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use super::{gpus, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
 use crate::cvd;
 use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
 use crate::topology::Topology;
@@ -218,6 +218,26 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
 
 /// Gather the inputs and plan.
 fn make_plan(o: &Options) -> Result<Plan> {
+    begin_plan()?.finish(o)
+}
+
+/// A plan whose driver query is under way (`gpus::start`): `launch` does the rest of its
+/// set-up while the helper asks the driver, then [`PlanStart::finish`] plans.
+struct PlanStart {
+    raw: Option<String>,
+    driver: DriverQuery,
+}
+
+enum DriverQuery {
+    One(gpus::Pending),
+    /// CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
+    /// Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
+    /// about one entry at a time.
+    PerMigEntry(Vec<cvd::CvdEntry>),
+}
+
+/// Read `CUDA_VISIBLE_DEVICES` and start asking the driver.
+fn begin_plan() -> Result<PlanStart> {
     let raw = match std::env::var_os(cvd::VAR) {
         None => None,
         Some(v) => Some(v.into_string().map_err(|v| {
@@ -229,27 +249,38 @@ fn make_plan(o: &Options) -> Result<Plan> {
         })?),
     };
     let driver = match cvd::parse(raw.as_deref()) {
-        // CUDA enumerates at most one MIG instance per process (NVIDIA MIG User Guide, "CUDA
-        // Device Enumeration"; the fake's rule D-mig1), so a list of MIG entries is asked
-        // about one entry at a time.
         cvd::Visibility::Entries(e) if e.len() > 1 && matches!(e[0], cvd::CvdEntry::Mig(_)) => {
-            mig_driver_list(&e)
+            DriverQuery::PerMigEntry(e)
         }
-        _ => gpus::query(None),
+        _ => DriverQuery::One(gpus::start(None)),
     };
-    let host = plan::host_view(raw.as_deref(), driver.as_deref().map_err(|e| e.as_str()))?;
-    let affinity = sys::affinity().map_err(|e| {
-        Error::usage(format!(
-            "cannot read the launcher's CPU affinity (sched_getaffinity): {e}"
-        ))
-    })?;
-    let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
-    Ok(plan::plan(
-        &o.req,
-        &host,
-        &affinity,
-        topo.as_ref().map_err(|e| e.as_str()),
-    )?)
+    Ok(PlanStart { raw, driver })
+}
+
+impl PlanStart {
+    /// The driver's answer, the launcher's affinity and the topology: the plan.
+    fn finish(self, o: &Options) -> Result<Plan> {
+        let driver = match self.driver {
+            DriverQuery::One(pending) => pending.finish(),
+            DriverQuery::PerMigEntry(e) => mig_driver_list(&e),
+        };
+        let host = plan::host_view(
+            self.raw.as_deref(),
+            driver.as_deref().map_err(|e| e.as_str()),
+        )?;
+        let affinity = sys::affinity().map_err(|e| {
+            Error::usage(format!(
+                "cannot read the launcher's CPU affinity (sched_getaffinity): {e}"
+            ))
+        })?;
+        let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
+        Ok(plan::plan(
+            &o.req,
+            &host,
+            &affinity,
+            topo.as_ref().map_err(|e| e.as_str()),
+        )?)
+    }
 }
 
 /// The driver's answer for each MIG entry, in order; stops at the first entry the driver
@@ -423,78 +454,88 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let Some(o) = parse("launch", args)? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let p = make_plan(&o)?;
-    let launch = Launch::resolve(o.master_addr.as_deref(), o.master_port)?;
-    if matches!(
-        p.cpu_policy,
-        plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous
-    ) {
-        eprintln!("rankguard launch: cpu: {}", p.cpu_note);
-    }
+    // The driver query runs in a helper while the launcher resolves the ranks' environment
+    // and starts its reaper (on a node with more than one CPU, at the same time).
+    let started = begin_plan()?;
+    let launch = Launch::resolve(o.master_addr.as_deref(), o.master_port);
     // Block the signals we wait for before any thread exists, so every thread inherits it.
-    let signals =
-        sys::Signals::block().map_err(|e| Error::usage(format!("cannot block signals: {e}")))?;
+    let signals = match sys::Signals::block() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = started.finish(&o);
+            return Err(Error::usage(format!("cannot block signals: {e}")));
+        }
+    };
     // Descendants that leave the ranks' process groups (setsid) are re-parented to us when
     // orphaned, so they are still found and killed at the end (issue 14).
     if let Err(e) = sys::become_subreaper() {
         eprintln!("rankguard launch: warning: cannot become a child subreaper ({e}); processes that ranks \
                    start in a new session may outlive the launcher");
     }
-
     let mut reaper = Reaper::start();
+    let (p, launch) = match (started.finish(&o), launch) {
+        (Ok(p), Ok(l)) => (p, l),
+        (Err(e), _) | (Ok(_), Err(e)) => {
+            reaper.done();
+            return Err(e);
+        }
+    };
+    if matches!(
+        p.cpu_policy,
+        plan::CpuPolicy::Numa | plan::CpuPolicy::Contiguous
+    ) {
+        eprintln!("rankguard launch: cpu: {}", p.cpu_note);
+    }
+
     let mut ranks: Vec<Rank> = Vec::new();
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
+    // Children lead their own process groups; reading a terminal from a background group
+    // stops the process, so ranks get no stdin.
+    let null = std::fs::File::open("/dev/null").map_err(|e| Error {
+        msg: format!("rankguard launch: cannot open /dev/null for the ranks' stdin: {e}"),
+        code: EXIT_CANNOT_EXECUTE,
+    })?;
+    let base_env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
     for r in &p.ranks {
-        let mut cmd = Command::new(&o.cmd[0]);
-        cmd.args(&o.cmd[1..]);
-        for (k, v) in launch.rank_env(&p, r) {
-            match v {
-                Some(v) => cmd.env(k, v),
-                None => cmd.env_remove(k),
-            };
-        }
-        // Children lead their own process groups; reading a terminal from a background group
-        // stops the process, so ranks get no stdin.
-        cmd.stdin(Stdio::null());
-        if o.prefix {
-            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        }
-        sys::prepare_rank_child(&mut cmd, r.cpus.as_ref());
-        match cmd.spawn() {
-            Ok(mut child) => {
+        // Ranks are forked and exec'ed without waiting for the exec (`sys::spawn_rank`): one
+        // that cannot exec says so on its stderr and exits 126/127, seen by `supervise`.
+        let started = spawn::prepare(
+            r.rank,
+            &o.cmd,
+            &spawn::merge_env(&base_env, &launch.rank_env(&p, r)),
+        )
+        .and_then(|prep| {
+            sys::spawn_rank(&prep, r.cpus.as_ref(), &null, o.prefix).map_err(|e| e.to_string())
+        });
+        match started {
+            Ok(child) => {
                 if o.prefix {
                     let tag = format!("[rank {}] ", r.rank);
-                    if let Some(out) = child.stdout.take() {
+                    if let Some(out) = child.stdout {
                         readers.push(relay(out, tag.clone(), false));
                     }
-                    if let Some(err) = child.stderr.take() {
+                    if let Some(err) = child.stderr {
                         readers.push(relay(err, tag, true));
                     }
                 }
-                reaper.watch(child.id());
+                reaper.watch(child.pid);
                 ranks.push(Rank {
                     rank: r.rank,
-                    pid: child.id(),
-                    child,
+                    pid: child.pid,
                     status: None,
                 });
             }
             Err(e) => {
                 stop_all(&mut ranks, sys::SIGKILL);
                 for rk in &mut ranks {
-                    let _ = rk.child.wait();
+                    let _ = sys::wait_child(rk.pid, true);
                 }
                 reaper.done();
                 kill_leftovers();
-                let code = if e.kind() == std::io::ErrorKind::NotFound {
-                    EXIT_NOT_FOUND
-                } else {
-                    EXIT_CANNOT_EXECUTE
-                };
                 return Err(Error {
                     msg: format!("rankguard launch: cannot start rank {} ('{}'): {e}; no rank was left running",
                                  r.rank, o.cmd[0].to_string_lossy()),
-                    code,
+                    code: EXIT_CANNOT_EXECUTE,
                 });
             }
         }
@@ -568,7 +609,8 @@ impl Reaper {
 
     fn watch(&mut self, pgid: u32) {
         if let Some((_, pipe)) = &mut self.0 {
-            let _ = writeln!(pipe, "{pgid}");
+            // One write(2): the pipe is not buffered.
+            let _ = pipe.write_all(format!("{pgid}\n").as_bytes());
         }
     }
 
@@ -606,8 +648,13 @@ pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut groups: Vec<u32> = Vec::new();
     let mut known: Vec<tree::Proc> = Vec::new();
     let mut pending: Vec<u8> = Vec::new();
+    // The descendants are read every 100 ms, not after every line the launcher writes: while
+    // the ranks start, a scan per rank would compete with them for the CPUs.
+    let period = Duration::from_millis(100);
+    let mut next_scan = Instant::now() + period;
     loop {
-        if sys::wait_readable(0, Duration::from_millis(100)) {
+        let wait = next_scan.saturating_duration_since(Instant::now());
+        if sys::wait_readable(0, wait) {
             let mut chunk = [0u8; 512];
             match sys::read_fd(0, &mut chunk) {
                 Ok(0) => break,
@@ -626,6 +673,10 @@ pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
                 }
             }
         }
+        if Instant::now() < next_scan {
+            continue;
+        }
+        next_scan = Instant::now() + period;
         known.retain(|&(p, s)| tree::start_time(p) == Some(s));
         if let (Some(l), true) = (launcher, launcher_alive()) {
             for p in tree::descendants(&[l], me) {
@@ -667,8 +718,8 @@ fn kill_leftovers() {
 
 struct Rank {
     rank: u32,
+    /// Also its process group.
     pid: u32,
-    child: Child,
     status: Option<ExitStatus>,
 }
 
@@ -740,7 +791,7 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
             if r.status.is_some() {
                 continue;
             }
-            if let Ok(Some(st)) = r.child.try_wait() {
+            if let Ok(Some(st)) = sys::wait_child(r.pid, false) {
                 r.status = Some(st);
                 if !st.success() && first_failure.is_none() && interrupted.is_none() {
                     first_failure = Some((r.rank, st));

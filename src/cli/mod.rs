@@ -19,6 +19,7 @@ mod lib_path;
 mod rank_env;
 mod report;
 mod run;
+mod spawn;
 #[allow(unsafe_code)]
 mod sys;
 mod tree;

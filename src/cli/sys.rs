@@ -1,14 +1,12 @@
-//! The CLI's only FFI: CPU affinity, the child set-up between fork and exec (affinity,
-//! `PR_SET_PDEATHSIG`, its own process group, a clean signal mask), signals to process
-//! groups, synchronous signal waiting, and the driver query through `libloading`.
+//! The CLI's only FFI: CPU affinity, a rank's fork and exec (affinity, `PR_SET_PDEATHSIG`,
+//! its own process group, a clean signal mask; `spawn.rs` prepares what it needs), signals
+//! to process groups, synchronous signal waiting, and the driver query through `libloading`.
 //!
 //! `unsafe` is allowed in this module only (main.rs denies it); each block states the
 //! invariant that makes it sound. Everything exported here is a safe function.
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::io;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::cpuset::{CpuSet, MAX_CPU};
@@ -71,59 +69,231 @@ pub fn glibc_version() -> Option<(u32, u32)> {
     super::lib_build::parse_version(&v.to_string_lossy())
 }
 
-/// Arrange for `cmd`'s child, between fork and exec, to: run on `cpus` (inherited by its
-/// threads and descendants), die with SIGKILL when the launcher dies (`PR_SET_PDEATHSIG`),
-/// lead its own process group (so signals reach the rank's whole tree), and start with an
-/// empty signal mask (the launcher blocks the signals it waits for).
-pub fn prepare_rank_child(cmd: &mut Command, cpus: Option<&CpuSet>) {
+/// A rank's process, started by [`spawn_rank`]: its pid (also its process group) and, when
+/// its output is relayed, the read ends of its stdout and stderr.
+pub struct RankProcess {
+    pub pid: u32,
+    pub stdout: Option<std::io::PipeReader>,
+    pub stderr: Option<std::io::PipeReader>,
+}
+
+/// Fork and exec one rank as `prep` says, without waiting for the exec: the child runs on
+/// `cpus` (inherited by its threads and descendants), dies with SIGKILL when the launcher
+/// dies (`PR_SET_PDEATHSIG`), leads its own process group (so signals reach the rank's
+/// whole tree), starts with an empty signal mask and SIGPIPE at its default (the launcher
+/// blocks the signals it waits for; Rust ignores SIGPIPE), reads `/dev/null` (`null`) and,
+/// with `capture`, writes into two pipes. When a step or the exec fails, the child writes
+/// one line to its stderr (`prep.setup_failed`/`prep.exec_failed`, the reason) and exits
+/// 127 (not found) or 126 (`spawn::failure_status`): its program never runs without its
+/// set-up. Err only when the launcher itself cannot (pipe, fork).
+pub fn spawn_rank(
+    prep: &super::spawn::Prepared,
+    cpus: Option<&CpuSet>,
+    null: &std::fs::File,
+    capture: bool,
+) -> io::Result<RankProcess> {
+    use std::os::fd::AsRawFd;
     let mask = cpus.map(Mask::from_set);
+    // argv and envp: NULL-terminated arrays of pointers into `prep`, which outlives the fork.
+    let mut argv: Vec<*const c_char> = prep.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const c_char> = prep.envp.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let pipes = if capture {
+        Some((std::io::pipe()?, std::io::pipe()?))
+    } else {
+        None
+    };
+    let fds = [
+        null.as_raw_fd(),
+        pipes.as_ref().map_or(1, |((_, w), _)| w.as_raw_fd()),
+        pipes.as_ref().map_or(2, |(_, (_, w))| w.as_raw_fd()),
+    ];
     // SAFETY: getpid is always safe to call.
     let launcher = unsafe { libc::getpid() };
-    let hook = move || -> io::Result<()> {
-        // Only async-signal-safe calls below: the child of a multi-threaded parent may not
-        // allocate or take locks before exec. `mask` was built before fork.
-        // SAFETY: an empty, initialised sigset_t is passed by pointer to pthread_sigmask.
-        unsafe {
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        }
-        if let Some(m) = &mask {
-            // SAFETY: the pointer and size describe `m`, a live mask owned by this closure.
-            let rc = unsafe {
-                libc::sched_setaffinity(
-                    0,
-                    std::mem::size_of::<Mask>(),
-                    (m as *const Mask).cast::<libc::cpu_set_t>(),
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        // SAFETY: prctl(PR_SET_PDEATHSIG, sig) takes an integer signal number; no pointers.
-        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The launcher may have died before the prctl: then nothing would ever kill us.
-        // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } != launcher {
-            // ESRCH: "no such process", the launcher is gone. No allocation after fork.
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
-        // SAFETY: setpgid(0, 0) makes this process a group leader; no pointers.
-        if unsafe { libc::setpgid(0, 0) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    };
-    // SAFETY: the hook runs in the forked child before exec and only makes
-    // async-signal-safe calls (sigemptyset, pthread_sigmask, sched_setaffinity, prctl,
-    // getppid, setpgid) on data captured before the fork, and never allocates (its errors
-    // are raw OS error codes).
-    unsafe {
-        cmd.pre_exec(hook);
+    // SAFETY: fork has no preconditions; the child only runs `rank_child`, which makes
+    // async-signal-safe calls on data built before the fork (see there).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
     }
+    if pid == 0 {
+        // SAFETY: we are the child of the fork above; the pointers point into `prep`,
+        // `argv`, `envp` and `mask`, which the fork copied with the rest of the memory.
+        unsafe { rank_child(prep, &argv, &envp, mask.as_ref(), fds, launcher) }
+    }
+    // The parent sets the child's process group too: the launcher may signal the group
+    // (another rank failed) before the child has run its own setpgid, and would then miss
+    // it. Whichever call comes first makes the group; the other is a no-op, or EACCES once
+    // the child has exec'ed (ignored).
+    // SAFETY: setpgid takes integers only; `pid` is our child.
+    unsafe { libc::setpgid(pid, pid) };
+    // The parent: the write ends are the child's now (dropped here), the read ends ours.
+    let (stdout, stderr) = match pipes {
+        Some(((out_r, _), (err_r, _))) => (Some(out_r), Some(err_r)),
+        None => (None, None),
+    };
+    Ok(RankProcess {
+        pid: pid as u32,
+        stdout,
+        stderr,
+    })
+}
+
+/// The child's side of [`spawn_rank`]; never returns.
+///
+/// # Safety
+/// Only in the child of `fork`. The launcher may have other threads (output relays), which
+/// do not exist here and may have held the allocator's lock: so only async-signal-safe
+/// calls (dup2, fcntl, sigemptyset, pthread_sigmask, signal, sched_setaffinity, prctl,
+/// getppid, setpgid, execvpe, write, _exit) on data built before the fork, no allocation
+/// (errors are formatted into a stack buffer, `spawn::Line`). `argv`/`envp` end with NULL.
+/// glibc's `execvpe` searches `PATH` with a stack buffer, no `malloc`.
+unsafe fn rank_child(
+    prep: &super::spawn::Prepared,
+    argv: &[*const c_char],
+    envp: &[*const c_char],
+    mask: Option<&Mask>,
+    fds: [c_int; 3],
+    launcher: libc::pid_t,
+) -> ! {
+    use super::spawn::{failure_status, Line};
+    let errno = || io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    let fail = |step: &[u8], e: i32| -> ! {
+        let mut line = Line::new();
+        line.push(&prep.setup_failed)
+            .push(step)
+            .push(b": ")
+            .push_errno(e);
+        let l = line.finish();
+        // SAFETY: `l` is a live buffer of that length; write and _exit are
+        // async-signal-safe.
+        unsafe {
+            libc::write(2, l.as_ptr().cast(), l.len());
+            libc::_exit(failure_status(e))
+        }
+    };
+    for (target, fd) in fds.into_iter().enumerate() {
+        let target = target as c_int;
+        // SAFETY: dup2 and fcntl take descriptor numbers only. dup2 onto itself leaves
+        // FD_CLOEXEC set (our descriptors have it), so it is cleared explicitly then.
+        let rc = unsafe {
+            if fd == target {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, target)
+            }
+        };
+        if rc < 0 {
+            fail(b"redirecting its standard streams (dup2)", errno());
+        }
+    }
+    // SAFETY: an empty, initialised sigset_t passed by pointer; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    if let Some(m) = mask {
+        // SAFETY: the pointer and size describe `m`, a live mask built before the fork.
+        let rc = unsafe {
+            libc::sched_setaffinity(
+                0,
+                std::mem::size_of::<Mask>(),
+                (m as *const Mask).cast::<libc::cpu_set_t>(),
+            )
+        };
+        if rc != 0 {
+            fail(b"setting its CPU affinity (sched_setaffinity)", errno());
+        }
+    }
+    // SAFETY: prctl(PR_SET_PDEATHSIG, sig) takes an integer signal number; no pointers.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+        fail(b"PR_SET_PDEATHSIG", errno());
+    }
+    // The launcher may have died before the prctl: then nothing would ever kill us.
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != launcher {
+        fail(b"the launcher exited", libc::ESRCH);
+    }
+    // SAFETY: setpgid(0, 0) makes this process a group leader; no pointers.
+    if unsafe { libc::setpgid(0, 0) } != 0 {
+        fail(b"leading its own process group (setpgid)", errno());
+    }
+    // SAFETY: `program` is NUL-terminated; argv and envp are NULL-terminated arrays of
+    // NUL-terminated strings owned by `prep` (the caller's invariant).
+    unsafe { libc::execvpe(prep.program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    let e = errno();
+    let mut line = Line::new();
+    line.push(&prep.exec_failed).push_errno(e);
+    let l = line.finish();
+    // SAFETY: as in `fail`.
+    unsafe {
+        libc::write(2, l.as_ptr().cast(), l.len());
+        libc::_exit(failure_status(e))
+    }
+}
+
+/// Whether child `pid` has ended, without blocking (`wait` false), or once it has (`wait`
+/// true); reaps it. Its status as `ExitStatus`.
+pub fn wait_child(pid: u32, wait: bool) -> io::Result<Option<std::process::ExitStatus>> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
+    let flags = if wait { 0 } else { libc::WNOHANG };
+    loop {
+        let mut status: c_int = 0;
+        // SAFETY: `status` is a valid out-pointer; `pid` is our own child.
+        let rc = unsafe { libc::waitpid(pid, &mut status, flags) };
+        if rc == pid {
+            return Ok(Some(std::process::ExitStatus::from_raw(status)));
+        }
+        if rc == 0 {
+            return Ok(None);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Whether an ELF object with the file name `name` is loaded in this process (the
+/// program's libraries, preloaded or `dlopen`ed), from the loader's own list
+/// (`dl_iterate_phdr`): no file to read, unlike `/proc/self/maps`.
+pub fn object_loaded(name: &str) -> bool {
+    struct Search<'a> {
+        name: &'a [u8],
+        found: bool,
+    }
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the `Search` passed below, alive for the whole iteration;
+        // `info` is valid during the callback and `dlpi_name` is NULL or NUL-terminated.
+        let (search, path) = unsafe {
+            let search = &mut *data.cast::<Search>();
+            let p = (*info).dlpi_name;
+            if p.is_null() {
+                return 0;
+            }
+            (search, CStr::from_ptr(p).to_bytes())
+        };
+        let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        search.found = file == search.name;
+        c_int::from(search.found)
+    }
+    let mut search = Search {
+        name: name.as_bytes(),
+        found: false,
+    };
+    // SAFETY: `visit` matches the callback type, never unwinds (no panicking code), and
+    // `search` outlives the call; a non-zero return ends the iteration.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+    search.found
 }
 
 /// Make this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant orphaned
@@ -369,4 +539,17 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_loaded_finds_libc_by_file_name_only() {
+        assert!(object_loaded("libc.so.6"));
+        assert!(!object_loaded("librankguard-test-not-loaded.so"));
+        assert!(!object_loaded("libc.so")); // a whole file name, not a prefix
+        assert!(!object_loaded("/lib/x86_64-linux-gnu/libc.so.6")); // not a path
+    }
 }

@@ -52,7 +52,9 @@ pub fn start_time(pid: u32) -> Option<u64> {
 
 /// The children of `pid`, from `/proc/<pid>/task/*/children` (cost proportional to the
 /// tree, not to the node); None where the kernel does not provide those files
-/// (CONFIG_PROC_CHILDREN unset).
+/// (CONFIG_PROC_CHILDREN unset). A process that is gone has no children (they were
+/// re-parented): an empty list, not None, which would make the caller read every process
+/// of the node (a rank that just exited would cost a scan of all of `/proc`).
 fn children_of(pid: u32) -> Option<Vec<u32>> {
     static HAVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let have = *HAVE.get_or_init(|| {
@@ -63,10 +65,10 @@ fn children_of(pid: u32) -> Option<Vec<u32>> {
         return None;
     }
     let mut out = Vec::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-    {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Some(out);
+    };
+    for t in tasks.flatten() {
         if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
             out.extend(
                 text.split_ascii_whitespace()
@@ -129,6 +131,14 @@ mod tests {
             "4242 (a) b (c) S 17 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_stat(line), Some((17, 987654)));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_process_that_is_gone_has_no_children_without_a_scan_of_proc() {
+        // A pid above the kernel's maximum (pid_max <= 2^22) never exists.
+        if children_of(std::process::id()).is_some() {
+            assert_eq!(children_of(1 << 23), Some(vec![]));
+        }
     }
 
     #[test]
