@@ -33,6 +33,7 @@ const NESTED: &str = "RANKGUARD_NESTED_BUILD";
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     frame_pointer_cfg();
+    symver_cfg();
     library_link_args();
     println!("cargo:rerun-if-env-changed=RANKGUARD_EMBED");
     println!("cargo:rerun-if-env-changed={NESTED}");
@@ -282,6 +283,30 @@ fn frame_pointer_cfg() {
     }
     if on {
         println!("cargo:rustc-cfg=rankguard_frame_pointers");
+    }
+}
+
+/// `rankguard_symver`: the library is linked by `scripts/link-glibc-2.28`, which gives the
+/// linker `src/guard/librankguard.map` (the runtime majors' version nodes) in place of
+/// rustc's anonymous version script, so each runtime major's wrappers can be defined under
+/// their node (`cudaSetDevice@libcudart.so.12`, `@@libcudart.so.13`; docs/design.md §2).
+/// Linked any other way (a `cargo install` run outside the checkout), the nodes cannot be
+/// defined: the 12 wrappers are exported unversioned, as before CUDA 13 support, and this
+/// says so.
+fn symver_cfg() {
+    println!("cargo:rustc-check-cfg=cfg(rankguard_symver)");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
+    let linker = env::var("RUSTC_LINKER").unwrap_or_default();
+    if Path::new(&linker)
+        .file_name()
+        .is_some_and(|n| n == "link-glibc-2.28")
+    {
+        println!("cargo:rustc-cfg=rankguard_symver");
+    } else if env::var_os(NESTED).is_none() {
+        println!("cargo:warning=librankguard.so is not linked by scripts/link-glibc-2.28 (linker: {}): no \
+                  libcudart.so.12/.13 version nodes, so CUDA 13 programs' runtime calls reach the CUDA 12 \
+                  wrappers (README, \"Runtime majors\"). Build from the checkout to get them.",
+                 if linker.is_empty() { "the default" } else { &linker });
     }
 }
 

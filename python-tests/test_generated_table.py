@@ -58,12 +58,22 @@ def test_a_readme_that_disagrees_is_caught(tmp_path, monkeypatch):
         assert gen.generate(INCLUDES)[str(tampered)] == readme
 
 
+ITEM_RE = re.compile(r'^    (Driver|Runtime) (\d+) "(\w+)" "(\w+)" same (true|false)(?: symver "([^"]*)")?'
+                     r'(?: fallback "\w+")? fn (\w+)\((.*?)\) -> \w+ \|real\| \{$', re.M)
+
+
 def _wrappers_in(rs: str):
-    """{ident: (lib, api, [(name, rust type)])} of the generated `guarded!` items."""
+    """{ident: (lib, api, [(name, rust type)])} of the generated `guarded!` items; checks
+    each runtime wrapper is defined under its own major's version node."""
     out = {}
-    for m in re.finditer(r'^    (Driver|Runtime) "(\w+)" fn (\w+)\((.*?)\) -> \w+ \|real\| \{$', rs, re.M):
-        params = [tuple(p.split(": ", 1)) for p in m.group(4).split(", ") if p]
-        out[m.group(3)] = (m.group(1), m.group(2), params)
+    for m in ITEM_RE.finditer(rs):
+        lib, major, api, abi, _, symver, ident, params = m.groups()
+        if lib == "Runtime":
+            assert symver in (f"{abi}@libcudart.so.{major}", f"{abi}@@libcudart.so.{major}"), m.group(0)
+        else:
+            assert major == "0" and symver is None, m.group(0)
+        out[ident] = (lib, api, [tuple(p.split(": ", 1)) for p in params.split(", ") if p])
+    assert len(out) == rs.count("|real| {"), "an item the pattern does not read"
     return out
 
 
@@ -125,3 +135,30 @@ def test_a_type_without_a_rust_mapping_is_refused():
     assert gen.rust_type("const CUmemAccessDesc_v1*", "x") == "*const CUmemAccessDesc"
     assert gen.rust_type("CUgraphNode*", "x") == "*mut c_void"      # opaque pointee
     assert gen.rust_type("void**", "x") == "*mut *mut c_void"
+
+
+@pytest.mark.parametrize("major", [12, 13])
+def test_the_c_compiler_agrees_with_each_majors_wrappers(major):
+    """c-tests/tests{,13}/guard_sigs<major>.c (generated) compile only when every runtime
+    wrapper's parameter types are what that major's own header declares (the compiler reads
+    the header, not this project's parser); built by make, they report how many they check."""
+    with open(gen.OUT_SIGS[major], encoding="utf-8") as f:
+        n = f.read().count("\nSAME(")
+    exe = os.path.join(ROOT, "c-tests", "build", "tests", f"guard_sigs{major}")
+    r = subprocess.run([exe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = re.match(rf"guard_sigs{major}: (\d+) wrappers", r.stdout)
+    assert m and int(m.group(1)) == n >= 16, r.stdout
+
+
+def test_a_wrapper_with_the_other_majors_parameters_does_not_compile(tmp_path):
+    """Control: the CUDA 13 checks compiled against the 12.9 header fail, at the functions
+    whose parameters differ (cudaMemPrefetchAsync first)."""
+    src = open(gen.OUT_SIGS[13], encoding="utf-8").read().replace("CUDART_VERSION / 1000 != 13", "0")
+    f = tmp_path / "sigs.c"
+    f.write_text(src)
+    r = subprocess.run(["cc", "-std=gnu11", "-fsyntax-only", "-I", INCLUDES[0], "-idirafter",
+                        os.path.join(ROOT, "c-tests", "fake", "runtime", "compat"), str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "cudaMemPrefetchAsync: the header's parameters are not the wrapper's" in r.stderr.replace("\\'", "'")

@@ -53,9 +53,14 @@ def load_classification(path: pathlib.Path = TSV) -> dict[str, tuple[str, str]]:
 def guarded_names(path: pathlib.Path = WRAPPERS) -> set[str]:
     """Every API and ABI name the guarded table holds."""
     names: set[str] = set()
-    for m in re.finditer(r'\b(?:Driver|Runtime)\s+"(\w+)"\s+fn\s+([\w\s|]+?)\s*\(', path.read_text()):
+    # `Driver 0 "api" "abi" ... fn abi(` and, per runtime major, `Runtime 12 "api" "abi" ... fn abi_cu12(`.
+    for m in re.finditer(r'\b(?:Driver|Runtime)(?:\s+\d+)?\s+"(\w+)"(?:\s+"(\w+)")?[^\n]*?\bfn\s+([\w\s|]+?)\s*\(',
+                         path.read_text()):
         names.add(m.group(1))
-        names.update(x.strip() for x in m.group(2).split("|") if x.strip())
+        if m.group(2):
+            names.add(m.group(2))
+        else:
+            names.update(x.strip() for x in m.group(3).split("|") if x.strip())
     return names
 
 

@@ -5,7 +5,7 @@
  *   guard_call PATH CALL ORDINAL [VERSION]
  *
  * PATH   link    the exported symbol, referenced at link time (-lcuda / -lcudart)
- *        dlsym   dlopen("libcuda.so.1" / "libcudart.so.12") + dlsym(ABI name)
+ *        dlsym   dlopen("libcuda.so.1" / "libcudart.so.12" or .13) + dlsym(ABI name)
  *        gpa1    cuGetProcAddress (4 args, CUDA 11.3), linked
  *        gpa2    cuGetProcAddress_v2 (5 args, CUDA 12.0), linked
  *        gpa2pt  cuGetProcAddress_v2 with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
@@ -13,6 +13,9 @@
  *                cuGetProcAddress_v2, everything else through it
  *        ep      cudaGetDriverEntryPoint (the runtime's version picks the variant)
  *        epv     cudaGetDriverEntryPointByVersion at VERSION
+ * CALL   a guarded driver API name or CUDA 12 runtime ABI symbol: every one in
+ *        c-tests/include/guarded.h (generated with the guard's table) whose policy is not
+ *        hand-written (cuInit, the entry points and IPC have their own programs)
  * VERSION picks the ABI variant for the driver paths (default: newest, 12090), e.g.
  *        cuCtxCreate: 2000 bare, 3020 _v2, 11040 _v3, 12050 _v4.
  *
@@ -30,9 +33,37 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Link-time references to exact ABI symbols (asm labels bypass cuda.h's macros). */
+#include "guarded.h"
+
+/* Link-time references to exact ABI symbols (asm labels bypass cuda.h's macros): every
+ * guarded driver variant and CUDA 12 runtime symbol (c-tests/include/guarded.h, generated
+ * with the guard's table by scripts/gen_guarded.py), and the helpers the set-up uses. */
 #define ABI(n) extern void abi_##n(void) __asm__(#n);
-#define ABIS(X) X(cuInit) X(cuDeviceGet) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) \
+/* `#abi` and `abi_##abi` here, not through ABI(): an argument passed on is macro-expanded
+ * first, and cuda.h remaps names (`#define cuCtxCreate cuCtxCreate_v2`). */
+#define ABI_OF(api, abi, v, pt) extern void abi_##abi(void) __asm__(#abi);
+#define HELPERS(X) X(cuMemRelease) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged) \
+    X(cuMemAddressReserve) X(cuMemMap) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cudaMalloc) \
+    X(cudaMallocManaged)
+/* Built twice: against the 12.9 headers and libcudart.so.12 (tests/guard_call), and
+ * against the 13.x headers and libcudart.so.13 (tests13/guard_call13.c includes this file):
+ * the runtime calls are that major's, with its parameters. */
+#if CUDART_VERSION >= 13000
+#define RT_MAJOR 13
+#define GUARDED_RUNTIME_VARIANTS GUARDED_RUNTIME13_VARIANTS
+#else
+#define RT_MAJOR 12
+#define GUARDED_RUNTIME_VARIANTS GUARDED_RUNTIME12_VARIANTS
+#endif
+#define STR_(x) #x
+#define STR(x) STR_(x)
+GUARDED_DRIVER_VARIANTS(ABI_OF)
+/* Weak: a guarded runtime function the fake runtime does not implement links as NULL
+ * (the path tests call the ones it implements; test_guard_coverage.py the rest). */
+#define ABI_OF_WEAK(api, abi, v, pt) extern void abi_##abi(void) __asm__(#abi) __attribute__((weak));
+GUARDED_RUNTIME_VARIANTS(ABI_OF_WEAK)
+HELPERS(ABI)
+#define COVERAGE_ABIS(X) X(cuInit) X(cuDeviceGet) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) \
     X(cuCtxCreate_v4) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
     X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2) \
     X(cuDevicePrimaryCtxSetFlags) X(cuDevicePrimaryCtxSetFlags_v2) X(cuDevicePrimaryCtxGetState) \
@@ -62,7 +93,12 @@
     X(cuMulticastUnbind) X(cuMulticastBindMem_v2) X(cuLogicalEndpointAddDevice) X(cuMemSetMemPool) \
     X(cuMemGetMemPool) X(cuMemDiscardAndPrefetchBatchAsync) X(cuMemDiscardAndPrefetchBatchAsync_ptsz) \
     X(cuGraphNodeSetParams)
-ABIS(ABI)
+#if RT_MAJOR == 12
+COVERAGE_ABIS(ABI)
+#define COVERAGE_ROWS COVERAGE_ABIS(ROW)
+#else
+#define COVERAGE_ROWS
+#endif
 
 /* CUDA 13 entry points (this program is compiled against the 12.9 headers): their
  * signatures from the 13.x cudaTypedefs.h. */
@@ -79,7 +115,16 @@ typedef CUresult (*PFN_cuMemPrefetchBatchAsync_v13000)(CUdeviceptr *dptrs, size_
                                                        size_t numPrefetchLocs, unsigned long long flags,
                                                        CUstream hStream);
 #define ROW(n) {#n, (void *)abi_##n},
-static const struct { const char *name; void *fn; } linked[] = { ABIS(ROW) };
+#define ROW_OF(api, abi, v, pt) {#abi, (void *)abi_##abi},
+static const struct { const char *name; void *fn; } linked[] = {
+    GUARDED_DRIVER_VARIANTS(ROW_OF) GUARDED_RUNTIME_VARIANTS(ROW_OF) HELPERS(ROW) COVERAGE_ROWS
+};
+
+/* Every guarded driver variant with the version of its cudaTypedefs.h PFN. */
+#define VARIANT_OF(api, abi, v, pt) {#api, #abi, v, pt},
+static const struct { const char *api, *abi; int since; const char *pt; } variants[] = {
+    GUARDED_DRIVER_VARIANTS(VARIANT_OF)
+};
 
 enum path { LINK, DLSYM, GPA1, GPA2, GPA2PT, STATIC, EP, EPV };
 static enum path path;
@@ -147,39 +192,29 @@ static void *need(void *p, const char *what) {
 #define CHECK_SETUP(expr) do { CUresult r_ = (expr); if (r_) { \
     printf("setup failed: %s = %d\n", #expr, r_); exit(2); } } while (0)
 
-/* The ABI variant a driver API resolves to at `ver` (cudaTypedefs.h PFN_*_vNNNNN). */
+/* The ABI variant a driver API resolves to at `ver`: the newest variant at or before it,
+ * per-thread when the path asks for the per-thread default stream and one exists. */
 static const char *variant(const char *base, int ver) {
     static char buf[128];
-    struct { const char *base; int since; const char *abi; } v[] = {
-        {"cuCtxCreate", 2000, "cuCtxCreate"}, {"cuCtxCreate", 3020, "cuCtxCreate_v2"},
-        {"cuCtxCreate", 11040, "cuCtxCreate_v3"}, {"cuCtxCreate", 12050, "cuCtxCreate_v4"},
-        {"cuDevicePrimaryCtxRelease", 7000, "cuDevicePrimaryCtxRelease"},
-        {"cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2"},
-        {"cuDevicePrimaryCtxReset", 7000, "cuDevicePrimaryCtxReset"},
-        {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2"},
-        {"cuDevicePrimaryCtxSetFlags", 7000, "cuDevicePrimaryCtxSetFlags"},
-        {"cuDevicePrimaryCtxSetFlags", 11000, "cuDevicePrimaryCtxSetFlags_v2"},
-        {"cuMemPrefetchAsync", 8000, "cuMemPrefetchAsync"},
-        {"cuMemPrefetchAsync", 12020, "cuMemPrefetchAsync_v2"},
-        {"cuMemAdvise", 8000, "cuMemAdvise"}, {"cuMemAdvise", 12020, "cuMemAdvise_v2"},
-        {"cuGraphAddNode", 12020, "cuGraphAddNode"}, {"cuGraphAddNode", 12030, "cuGraphAddNode_v2"},
-        {"cuMulticastBindMem", 12010, "cuMulticastBindMem"}, {"cuMulticastBindMem", 13010, "cuMulticastBindMem_v2"},
-    };
     const char *best = NULL;
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        if (!strcmp(v[i].base, base) && v[i].since <= ver) best = v[i].abi;
-    if (best) return best;
-    if (path == GPA2PT) {
-        if (!strcmp(base, "cuMemcpyPeer")) return "cuMemcpyPeer_ptds";
-        if (!strcmp(base, "cuMemcpyPeerAsync")) return "cuMemcpyPeerAsync_ptsz";
-        if (!strcmp(base, "cuMemcpy3DPeer")) return "cuMemcpy3DPeer_ptds";
-        if (!strcmp(base, "cuMemcpy3DPeerAsync")) return "cuMemcpy3DPeerAsync_ptsz";
-        if (!strcmp(base, "cuMemPrefetchBatchAsync")) return "cuMemPrefetchBatchAsync_ptsz";
-        if (!strcmp(base, "cuMemcpyBatchAsync")) return "cuMemcpyBatchAsync_ptsz";
-        if (!strcmp(base, "cuMemDiscardAndPrefetchBatchAsync")) return "cuMemDiscardAndPrefetchBatchAsync_ptsz";
+    for (int pt = (path == GPA2PT); pt >= 0 && !best; pt--) {
+        int since = -1;
+        for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++)
+            if (!strcmp(variants[i].api, base) && (variants[i].pt[0] != 0) == pt &&
+                variants[i].since <= ver && variants[i].since > since) {
+                best = variants[i].abi;
+                since = variants[i].since;
+            }
     }
+    if (best) return best;
     snprintf(buf, sizeof buf, "%s", base);
     return buf;
+}
+
+/* `abi` is `name` or its per-thread form (`cuMemPrefetchAsync_v2_ptsz` is `_v2`). */
+static int is(const char *abi, const char *name) {
+    size_t n = strlen(name);
+    return !strncmp(abi, name, n) && (!abi[n] || !strcmp(abi + n, "_ptsz") || !strcmp(abi + n, "_ptds"));
 }
 
 int main(int argc, char **argv) {
@@ -197,7 +232,7 @@ int main(int argc, char **argv) {
     if (argc > 4) version = atoi(argv[4]);
 
     hdrv = dlopen("libcuda.so.1", RTLD_NOW);
-    hrt = dlopen("libcudart.so.12", RTLD_NOW);
+    hrt = dlopen("libcudart.so." STR(RT_MAJOR), RTLD_NOW);
     if (!hdrv) { printf("setup failed: dlopen libcuda.so.1: %s\n", dlerror()); return 2; }
     if (path == STATIC)
         static_gpa = (PFN_cuGetProcAddress_v12000)need(dlsym(hdrv, "cuGetProcAddress_v2"),
@@ -272,12 +307,14 @@ int main(int argc, char **argv) {
         } else if (!strcmp(call, "cudaSetValidDevices")) {
             int list[2] = {0, ord};
             rc = ((cudaError_t(*)(int *, int))rt(call))(list, 2);
+#if RT_MAJOR == 12 /* CUDA 13 removed it and struct cudaLaunchParams */
         } else if (!strcmp(call, "cudaLaunchCooperativeKernelMultiDevice")) {
             /* ORDINAL+1 devices; no kernel exists on the fake (invalid handle, after the
              * argument checks). */
             struct cudaLaunchParams lp[2];
             memset(lp, 0, sizeof lp);
             rc = ((cudaError_t(*)(struct cudaLaunchParams *, unsigned, unsigned))rt(call))(lp, (unsigned)ord + 1, 0);
+#endif
         } else if (!strcmp(call, "cudaGraphAddMemAllocNode")) {
             struct cudaMemAllocNodeParams np;
             memset(&np, 0, sizeof np);
@@ -292,6 +329,38 @@ int main(int argc, char **argv) {
             int v = -1;
             rc = ((cudaError_t(*)(int *, enum cudaDeviceP2PAttr, int, int))rt(call))(
                 &v, cudaDevP2PAttrAccessSupported, 0, ord);
+        } else if (is(call, "cudaMemPrefetchAsync")) {
+            void *p = NULL;
+            if (((cudaError_t(*)(void **, size_t, unsigned))rt("cudaMallocManaged"))(
+                    &p, 4096, cudaMemAttachGlobal)) {
+                printf("setup failed: cudaMallocManaged\n");
+                return 2;
+            }
+            printf("setup ok\n");
+#if RT_MAJOR >= 13
+            struct cudaMemLocation loc = {.type = cudaMemLocationTypeDevice, .id = ord};
+            rc = ((cudaError_t(*)(const void *, size_t, struct cudaMemLocation, unsigned,
+                                  cudaStream_t))rt(call))(p, 4096, loc, 0, NULL);
+#else
+            rc = ((cudaError_t(*)(const void *, size_t, int, cudaStream_t))rt(call))(p, 4096, ord,
+                                                                                    NULL);
+#endif
+            printf("rc=%d\n", rc);
+            return 0;
+        } else if (!strcmp(call, "cudaDeviceGetAttribute")) {
+            int v;
+            rc = ((cudaError_t(*)(int *, enum cudaDeviceAttr, int))rt(call))(
+                &v, cudaDevAttrMultiProcessorCount, ord);
+        } else if (!strcmp(call, "cudaDeviceGetPCIBusId")) {
+            char buf[64];
+            rc = ((cudaError_t(*)(char *, int, int))rt(call))(buf, (int)sizeof buf, ord);
+        } else if (!strcmp(call, "cudaGetDeviceProperties_v2") ||
+                   !strcmp(call, "cudaGetDeviceProperties")) {
+            struct cudaDeviceProp prop;
+            rc = ((cudaError_t(*)(struct cudaDeviceProp *, int))rt(call))(&prop, ord);
+        } else if (!strcmp(call, "cudaDeviceCanAccessPeer")) {
+            int can;
+            rc = ((cudaError_t(*)(int *, int, int))rt(call))(&can, ord, 0);
         } else {
             fprintf(stderr, "guard_call: unknown runtime call %s\n", call);
             return 3;
@@ -321,11 +390,11 @@ int main(int argc, char **argv) {
         void *f = drv(abi, call, version);
         if (!f) { printf("setup failed: resolve\n"); return 2; }
         printf("setup ok (%s)\n", abi);
-        if (!strcmp(abi, "cuCtxCreate_v4")) {
+        if (is(abi, "cuCtxCreate_v4")) {
             CUctxCreateParams params;
             memset(&params, 0, sizeof params);
             rc = ((PFN_cuCtxCreate_v12050)f)(&c, &params, 0, dev);
-        } else if (!strcmp(abi, "cuCtxCreate_v3"))
+        } else if (is(abi, "cuCtxCreate_v3"))
             rc = ((PFN_cuCtxCreate_v11040)f)(&c, NULL, 0, 0, dev);
         else
             rc = ((PFN_cuCtxCreate_v3020)f)(&c, 0, dev);
@@ -397,10 +466,10 @@ int main(int argc, char **argv) {
             &p, 4096, CU_MEM_ATTACH_GLOBAL));
         printf("setup ok (%s)\n", abi);
         void *f = need(drv(abi, call, version), call);
-        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
-        if (!strcmp(abi, "cuMemPrefetchAsync_v2"))
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ord};
+        if (is(abi, "cuMemPrefetchAsync_v2"))
             rc = ((PFN_cuMemPrefetchAsync_v12020)f)(p, 4096, loc, 0, NULL);
-        else if (!strcmp(abi, "cuMemAdvise_v2"))
+        else if (is(abi, "cuMemAdvise_v2"))
             rc = ((PFN_cuMemAdvise_v12020)f)(p, 4096, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc);
         else if (!strcmp(call, "cuMemAdvise"))
             rc = ((PFN_cuMemAdvise_v8000)f)(p, 4096, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, dev);
@@ -649,6 +718,32 @@ int main(int argc, char **argv) {
             rc = ((PFN_cuMemcpy3DPeer_v4000)f)(&c);
         else
             rc = ((PFN_cuMemcpy3DPeerAsync_v4000)f)(&c, NULL);
+    } else if (!strcmp(call, "cuDeviceGetAttribute")) {
+        int v;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetAttribute_v2000, abi, call, version)(
+            &v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    } else if (!strcmp(call, "cuDeviceGetName") || !strcmp(call, "cuDeviceGetPCIBusId")) {
+        char buf[64]; /* both are (char *, int len, CUdevice) */
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetName_v2000, abi, call, version)(buf, (int)sizeof buf, dev);
+    } else if (!strcmp(call, "cuDeviceGetUuid")) {
+        CUuuid u;
+        printf("setup ok (%s)\n", abi);
+        rc = DRV(PFN_cuDeviceGetUuid_v11040, abi, call, version)(&u, dev);
+    } else if (!strcmp(call, "cuDeviceTotalMem")) {
+        printf("setup ok (%s)\n", abi);
+        if (is(abi, "cuDeviceTotalMem_v2")) {
+            size_t b;
+            rc = DRV(PFN_cuDeviceTotalMem_v3020, abi, call, version)(&b, dev);
+        } else { /* the 2.0 variant: an unsigned int out-parameter */
+            unsigned b;
+            rc = DRV(CUresult(*)(unsigned *, CUdevice), abi, call, version)(&b, dev);
+        }
+    } else if (!strcmp(call, "cuDeviceCanAccessPeer")) {
+        int can;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceCanAccessPeer_v4000, abi, call, version)(&can, dev, 0);
     } else {
         fprintf(stderr, "guard_call: unknown driver call %s\n", call);
         return 3;

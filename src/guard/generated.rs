@@ -3,57 +3,57 @@
 
 guarded! {
     // cuCheckpointProcessRestore v12080: hook
-    Driver "cuCheckpointProcessRestore" fn cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgsHead) -> CuResult |real| {
+    Driver 0 "cuCheckpointProcessRestore" "cuCheckpointProcessRestore" same true fn cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgsHead) -> CuResult |real| {
         gate!(reach::restore(args), "pid={pid}, gpuPairsCount={}", (*args).gpuPairsCount);
         real(pid, args)
     }
     // cuCtxCreate v2000: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate" same true fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, flags, dev)
     }
     // cuCtxCreate v3020: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, flags, dev)
     }
     // cuCtxCreate v11040: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v3" same true fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "numParams={numParams}, flags={flags:#x}, dev={dev}");
         real(pctx, paramsArray, numParams, flags, dev)
     }
     // cuCtxCreate v12050: ordinal(dev)
-    Driver "cuCtxCreate" fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v4" same true fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
         real(pctx, ctxCreateParams, flags, dev)
     }
     // cuCtxEnablePeerAccess v4000: peer_ctx(current, peerContext)
-    Driver "cuCtxEnablePeerAccess" fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuCtxEnablePeerAccess" "cuCtxEnablePeerAccess" same true fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CuResult |real| {
         gate!(peer_contexts(std::ptr::null_mut(), peerContext), "peerContext={peerContext:p}, Flags={Flags:#x}");
         real(peerContext, Flags)
     }
     // cuDeviceCanAccessPeer v4000: query(dev, peerDev)
-    Driver "cuDeviceCanAccessPeer" fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceCanAccessPeer" "cuDeviceCanAccessPeer" same true fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CuResult |real| {
         gate!(policy::query(if dev != 0 { dev } else { peerDev }), "dev={dev}, peerDev={peerDev}");
         real(canAccessPeer, dev, peerDev)
     }
     // cuDeviceComputeCapability v2000: query(dev)
-    Driver "cuDeviceComputeCapability" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceComputeCapability" "cuDeviceComputeCapability" same true fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(major, minor, dev)
     }
     // cuDeviceGet v2000: ordinal(ordinal)
-    Driver "cuDeviceGet" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
+    Driver 0 "cuDeviceGet" "cuDeviceGet" same true fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
         gate!(policy::ordinal(ordinal), "ordinal={ordinal}");
         real(device, ordinal)
     }
     // cuDeviceGetAttribute v2000: query(dev)
-    Driver "cuDeviceGetAttribute" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetAttribute" "cuDeviceGetAttribute" same true fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "attrib={attrib}, dev={dev}");
         real(pi, attrib, dev)
     }
     // cuDeviceGetByPCIBusId v4010: hook
-    Driver "cuDeviceGetByPCIBusId" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pciBusId: *const c_char) -> CuResult |real| {
+    Driver 0 "cuDeviceGetByPCIBusId" "cuDeviceGetByPCIBusId" same true fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pciBusId: *const c_char) -> CuResult |real| {
         let rc = real(dev, pciBusId);
         if rc == CuResult::SUCCESS && !dev.is_null() {
             let d = *dev;
@@ -62,17 +62,17 @@ guarded! {
         rc
     }
     // cuDeviceGetCliqueCount v13040: query(dev)
-    Driver "cuDeviceGetCliqueCount" fn cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetCliqueCount" "cuDeviceGetCliqueCount" same true fn cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(count, dev)
     }
     // cuDeviceGetCliqueInfo v13040: query(dev)
-    Driver "cuDeviceGetCliqueInfo" fn cuDeviceGetCliqueInfo(cliqueInfo: *mut c_void, count: *mut usize, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetCliqueInfo" "cuDeviceGetCliqueInfo" same true fn cuDeviceGetCliqueInfo(cliqueInfo: *mut c_void, count: *mut usize, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(cliqueInfo, count, dev)
     }
     // cuDeviceGetDefaultMemPool v11020: hook
-    Driver "cuDeviceGetDefaultMemPool" fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetDefaultMemPool" "cuDeviceGetDefaultMemPool" same true fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         let rc = real(pool_out, dev);
         if rc == CuResult::SUCCESS && !pool_out.is_null() {
@@ -81,37 +81,37 @@ guarded! {
         rc
     }
     // cuDeviceGetDevResource v12040: ordinal(dev)
-    Driver "cuDeviceGetDevResource" fn cuDeviceGetDevResource(dev: CUdevice, result: *mut c_void, type_: c_uint) -> CuResult |real| {
+    Driver 0 "cuDeviceGetDevResource" "cuDeviceGetDevResource" same true fn cuDeviceGetDevResource(dev: CUdevice, result: *mut c_void, type_: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}, type_={type_}");
         real(dev, result, type_)
     }
     // cuDeviceGetExecAffinitySupport v11040: query(dev)
-    Driver "cuDeviceGetExecAffinitySupport" fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetExecAffinitySupport" "cuDeviceGetExecAffinitySupport" same true fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "type_={type_}, dev={dev}");
         real(pi, type_, dev)
     }
     // cuDeviceGetFabricClusterUuid v13040: query(dev)
-    Driver "cuDeviceGetFabricClusterUuid" fn cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetFabricClusterUuid" "cuDeviceGetFabricClusterUuid" same true fn cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(uuid, dev)
     }
     // cuDeviceGetGraphMemAttribute v11040: query(device)
-    Driver "cuDeviceGetGraphMemAttribute" fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
+    Driver 0 "cuDeviceGetGraphMemAttribute" "cuDeviceGetGraphMemAttribute" same true fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
         gate!(policy::query(device), "device={device}, attr={attr}");
         real(device, attr, value)
     }
     // cuDeviceGetHostAtomicCapabilities v13000: query(dev)
-    Driver "cuDeviceGetHostAtomicCapabilities" fn cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetHostAtomicCapabilities" "cuDeviceGetHostAtomicCapabilities" same true fn cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "count={count}, dev={dev}");
         real(capabilities, operations, count, dev)
     }
     // cuDeviceGetLuid v10000: query(dev)
-    Driver "cuDeviceGetLuid" fn cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetLuid" "cuDeviceGetLuid" same true fn cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(luid, deviceNodeMask, dev)
     }
     // cuDeviceGetMemPool v11020: hook
-    Driver "cuDeviceGetMemPool" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetMemPool" "cuDeviceGetMemPool" same true fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         let rc = real(pool, dev);
         if rc == CuResult::SUCCESS && !pool.is_null() {
@@ -120,117 +120,117 @@ guarded! {
         rc
     }
     // cuDeviceGetName v2000: query(dev)
-    Driver "cuDeviceGetName" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetName" "cuDeviceGetName" same true fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(name, len, dev)
     }
     // cuDeviceGetNvSciSyncAttributes v10020: query(dev)
-    Driver "cuDeviceGetNvSciSyncAttributes" fn cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CuResult |real| {
+    Driver 0 "cuDeviceGetNvSciSyncAttributes" "cuDeviceGetNvSciSyncAttributes" same true fn cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}, flags={flags:#x}");
         real(nvSciSyncAttrList, dev, flags)
     }
     // cuDeviceGetP2PAtomicCapabilities v13000: query(srcDevice, dstDevice)
-    Driver "cuDeviceGetP2PAtomicCapabilities" fn cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetP2PAtomicCapabilities" "cuDeviceGetP2PAtomicCapabilities" same true fn cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
         gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
         real(capabilities, operations, count, srcDevice, dstDevice)
     }
     // cuDeviceGetP2PAttribute v8000: query(srcDevice, dstDevice)
-    Driver "cuDeviceGetP2PAttribute" fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetP2PAttribute" "cuDeviceGetP2PAttribute" same true fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
         gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attrib={attrib}, srcDevice={srcDevice}, dstDevice={dstDevice}");
         real(value, attrib, srcDevice, dstDevice)
     }
     // cuDeviceGetPCIBusId v4010: query(dev)
-    Driver "cuDeviceGetPCIBusId" fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetPCIBusId" "cuDeviceGetPCIBusId" same true fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "len={len}, dev={dev}");
         real(pciBusId, len, dev)
     }
     // cuDeviceGetProperties v2000: query(dev)
-    Driver "cuDeviceGetProperties" fn cuDeviceGetProperties(prop: *mut c_void, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetProperties" "cuDeviceGetProperties" same true fn cuDeviceGetProperties(prop: *mut c_void, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(prop, dev)
     }
     // cuDeviceGetTexture1DLinearMaxWidth v11010: query(dev)
-    Driver "cuDeviceGetTexture1DLinearMaxWidth" fn cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: c_int, numChannels: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetTexture1DLinearMaxWidth" "cuDeviceGetTexture1DLinearMaxWidth" same true fn cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: c_int, numChannels: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "format={format}, numChannels={numChannels}, dev={dev}");
         real(maxWidthInElements, format, numChannels, dev)
     }
     // cuDeviceGetUuid v9020: query(dev)
-    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid" same true fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(uuid, dev)
     }
     // cuDeviceGetUuid v11040: query(dev)
-    Driver "cuDeviceGetUuid" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid_v2" same true fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(uuid, dev)
     }
     // cuDeviceGraphMemTrim v11040: ordinal(device)
-    Driver "cuDeviceGraphMemTrim" fn cuDeviceGraphMemTrim(device: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGraphMemTrim" "cuDeviceGraphMemTrim" same true fn cuDeviceGraphMemTrim(device: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(device), "device={device}");
         real(device)
     }
     // cuDevicePrimaryCtxGetState v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxGetState" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxGetState" "cuDevicePrimaryCtxGetState" same true fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev, flags, active)
     }
     // cuDevicePrimaryCtxRelease v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease" same true fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxRelease v11000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease_v2" same true fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxReset v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset" same true fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxReset v11000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset_v2" same true fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(dev)
     }
     // cuDevicePrimaryCtxRetain v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxRetain" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRetain" "cuDevicePrimaryCtxRetain" same true fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}");
         real(pctx, dev)
     }
     // cuDevicePrimaryCtxSetFlags v7000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags" same true fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
         real(dev, flags)
     }
     // cuDevicePrimaryCtxSetFlags v11000: ordinal(dev)
-    Driver "cuDevicePrimaryCtxSetFlags" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags_v2" same true fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
         real(dev, flags)
     }
     // cuDeviceSetGraphMemAttribute v11040: ordinal(device)
-    Driver "cuDeviceSetGraphMemAttribute" fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
+    Driver 0 "cuDeviceSetGraphMemAttribute" "cuDeviceSetGraphMemAttribute" same true fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
         gate!(policy::ordinal(device), "device={device}, attr={attr}");
         real(device, attr, value)
     }
     // cuDeviceSetMemPool v11020: ordinal(dev)
-    Driver "cuDeviceSetMemPool" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CuResult |real| {
+    Driver 0 "cuDeviceSetMemPool" "cuDeviceSetMemPool" same true fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CuResult |real| {
         gate!(policy::ordinal(dev), "dev={dev}, pool={pool:p}");
         real(dev, pool)
     }
     // cuDeviceTotalMem v2000: query(dev)
-    Driver "cuDeviceTotalMem" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem" same true fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(bytes, dev)
     }
     // cuDeviceTotalMem v3020: query(dev)
-    Driver "cuDeviceTotalMem" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem_v2" same true fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
         gate!(policy::query(dev), "dev={dev}");
         real(bytes, dev)
     }
     // cuGetProcAddress v11030: hook
-    Driver "cuGetProcAddress" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64) -> CuResult |real| {
+    Driver 0 "cuGetProcAddress" "cuGetProcAddress" same true fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64) -> CuResult |real| {
         let rc = real(symbol, pfn, driverVersion, flags);
         if rc == CuResult::SUCCESS && !route_out(pfn, symbol, std::ptr::null_mut()) {
             return CuResult::NOT_FOUND;
@@ -238,7 +238,7 @@ guarded! {
         rc
     }
     // cuGetProcAddress v12000: hook
-    Driver "cuGetProcAddress" fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64, symbolFound: *mut c_int) -> CuResult |real| {
+    Driver 0 "cuGetProcAddress" "cuGetProcAddress_v2" same true fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64, symbolFound: *mut c_int) -> CuResult |real| {
         let rc = real(symbol, pfn, driverVersion, flags, symbolFound);
         if rc == CuResult::SUCCESS && !route_out(pfn, symbol, symbolFound) {
             return CuResult::NOT_FOUND;
@@ -246,47 +246,47 @@ guarded! {
         rc
     }
     // cuGraphAddMemAllocNode v11040: hook
-    Driver "cuGraphAddMemAllocNode" fn cuGraphAddMemAllocNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CuResult |real| {
+    Driver 0 "cuGraphAddMemAllocNode" "cuGraphAddMemAllocNode" same true fn cuGraphAddMemAllocNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CuResult |real| {
         gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
         real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
     }
     // cuGraphAddNode v12020: hook
-    Driver "cuGraphAddNode" fn cuGraphAddNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+    Driver 0 "cuGraphAddNode" "cuGraphAddNode" same true fn cuGraphAddNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
     }
     // cuGraphAddNode v12030: hook
-    Driver "cuGraphAddNode" fn cuGraphAddNode_v2(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+    Driver 0 "cuGraphAddNode" "cuGraphAddNode_v2" same true fn cuGraphAddNode_v2(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
     }
     // cuGraphAddNode v13040: hook
-    Driver "cuGraphAddNode" fn cuGraphAddNode_v3(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+    Driver 0 "cuGraphAddNode" "cuGraphAddNode_v3" same true fn cuGraphAddNode_v3(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
     }
     // cuGraphExecNodeSetParams v12020: hook
-    Driver "cuGraphExecNodeSetParams" fn cuGraphExecNodeSetParams(hGraphExec: *mut c_void, hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+    Driver 0 "cuGraphExecNodeSetParams" "cuGraphExecNodeSetParams" same true fn cuGraphExecNodeSetParams(hGraphExec: *mut c_void, hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(hGraphExec, hNode, nodeParams)
     }
     // cuGraphNodeSetParams v12020: hook
-    Driver "cuGraphNodeSetParams" fn cuGraphNodeSetParams(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+    Driver 0 "cuGraphNodeSetParams" "cuGraphNodeSetParams" same true fn cuGraphNodeSetParams(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(hNode, nodeParams)
     }
     // cuGraphNodeSetParams v13040: hook
-    Driver "cuGraphNodeSetParams" fn cuGraphNodeSetParams_v2(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
+    Driver 0 "cuGraphNodeSetParams" "cuGraphNodeSetParams_v2" same true fn cuGraphNodeSetParams_v2(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(hNode, nodeParams)
     }
     // cuGreenCtxCreate v12040: ordinal(dev)
-    Driver "cuGreenCtxCreate" fn cuGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuGreenCtxCreate" "cuGreenCtxCreate" same true fn cuGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CuResult |real| {
         gate!(policy::ordinal(dev), "desc={desc:p}, dev={dev}, flags={flags:#x}");
         real(phCtx, desc, dev, flags)
     }
     // cuImportExternalMemory v10000: hook
-    Driver "cuImportExternalMemory" fn cuImportExternalMemory(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CuResult |real| {
+    Driver 0 "cuImportExternalMemory" "cuImportExternalMemory" same true fn cuImportExternalMemory(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CuResult |real| {
         use crate::guard::ipc;
         // The key first: on success the fd belongs to the driver (cuda.h).
         let key = ipc::key_of_external(memHandleDesc);
@@ -296,13 +296,16 @@ guarded! {
         real(extMem_out, memHandleDesc)
     }
     // cuInit v2000: hook
-    Driver "cuInit" fn cuInit(Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuInit" "cuInit" same true fn cuInit(Flags: c_uint) -> CuResult |real| {
         let rc = real(Flags);
         init_check::after_init(rc);
+        // Every runtime initialises the driver: say once if one is of a major no wrapper
+        // exists for (its own calls pass untouched; guard/majors.rs).
+        crate::guard::majors::notice_unknown();
         rc
     }
     // cuIpcGetEventHandle v4010: hook
-    Driver "cuIpcGetEventHandle" fn cuIpcGetEventHandle(pHandle: *mut IpcHandle, event: CUevent) -> CuResult |real| {
+    Driver 0 "cuIpcGetEventHandle" "cuIpcGetEventHandle" same true fn cuIpcGetEventHandle(pHandle: *mut IpcHandle, event: CUevent) -> CuResult |real| {
         let rc = real(pHandle, event);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_event(pHandle);
@@ -310,7 +313,7 @@ guarded! {
         rc
     }
     // cuIpcGetMemHandle v4010: hook
-    Driver "cuIpcGetMemHandle" fn cuIpcGetMemHandle(pHandle: *mut IpcHandle, dptr: CUdeviceptr) -> CuResult |real| {
+    Driver 0 "cuIpcGetMemHandle" "cuIpcGetMemHandle" same true fn cuIpcGetMemHandle(pHandle: *mut IpcHandle, dptr: CUdeviceptr) -> CuResult |real| {
         let rc = real(pHandle, dptr);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_mem(pHandle, dptr);
@@ -318,7 +321,7 @@ guarded! {
         rc
     }
     // cuIpcOpenEventHandle v4010: hook
-    Driver "cuIpcOpenEventHandle" fn cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: IpcHandle) -> CuResult |real| {
+    Driver 0 "cuIpcOpenEventHandle" "cuIpcOpenEventHandle" same true fn cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: IpcHandle) -> CuResult |real| {
         use crate::guard::ipc;
         if let Err(code) = ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
             return code;
@@ -326,7 +329,7 @@ guarded! {
         real(phEvent, handle)
     }
     // cuIpcOpenMemHandle v4010: hook
-    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuIpcOpenMemHandle" "cuIpcOpenMemHandle" same true fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
         use crate::guard::ipc;
         let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
             Ok(c) => c,
@@ -344,7 +347,7 @@ guarded! {
         rc
     }
     // cuIpcOpenMemHandle v11000: hook
-    Driver "cuIpcOpenMemHandle" fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuIpcOpenMemHandle" "cuIpcOpenMemHandle_v2" same true fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
         use crate::guard::ipc;
         let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
             Ok(c) => c,
@@ -362,63 +365,63 @@ guarded! {
         rc
     }
     // cuKernelSetAttribute v12000: ordinal(dev)
-    Driver "cuKernelSetAttribute" fn cuKernelSetAttribute(attrib: c_int, val: c_int, kernel: *mut c_void, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuKernelSetAttribute" "cuKernelSetAttribute" same true fn cuKernelSetAttribute(attrib: c_int, val: c_int, kernel: *mut c_void, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "attrib={attrib}, val={val}, kernel={kernel:p}, dev={dev}");
         real(attrib, val, kernel, dev)
     }
     // cuLaunchCooperativeKernelMultiDevice v9000: hook
-    Driver "cuLaunchCooperativeKernelMultiDevice" fn cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuLaunchCooperativeKernelMultiDevice" "cuLaunchCooperativeKernelMultiDevice" same true fn cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CuResult |real| {
         gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
         real(launchParamsList, numDevices, flags)
     }
     // cuLogicalEndpointAddDevice v13030: ordinal(dev)
-    Driver "cuLogicalEndpointAddDevice" fn cuLogicalEndpointAddDevice(leId: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointAddDevice" "cuLogicalEndpointAddDevice" same true fn cuLogicalEndpointAddDevice(leId: c_uint, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "leId={leId}, dev={dev}");
         real(leId, dev)
     }
     // cuLogicalEndpointBindAddr v13030: ordinal(dev)
-    Driver "cuLogicalEndpointBindAddr" fn cuLogicalEndpointBindAddr(leId: c_uint, dev: CUdevice, offset: u64, ptr: *mut c_void, size: u64, flags: u64) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointBindAddr" "cuLogicalEndpointBindAddr" same true fn cuLogicalEndpointBindAddr(leId: c_uint, dev: CUdevice, offset: u64, ptr: *mut c_void, size: u64, flags: u64) -> CuResult |real| {
         gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}, flags={flags:#x}");
         real(leId, dev, offset, ptr, size, flags)
     }
     // cuLogicalEndpointBindMem v13030: ordinal(dev)
-    Driver "cuLogicalEndpointBindMem" fn cuLogicalEndpointBindMem(leId: c_uint, dev: CUdevice, offset: u64, memHandle: CUmemGenericAllocationHandle, memOffset: u64, size: u64, flags: u64) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointBindMem" "cuLogicalEndpointBindMem" same true fn cuLogicalEndpointBindMem(leId: c_uint, dev: CUdevice, offset: u64, memHandle: CUmemGenericAllocationHandle, memOffset: u64, size: u64, flags: u64) -> CuResult |real| {
         gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
         real(leId, dev, offset, memHandle, memOffset, size, flags)
     }
     // cuLogicalEndpointUnbind v13030: ordinal(dev)
-    Driver "cuLogicalEndpointUnbind" fn cuLogicalEndpointUnbind(leId: c_uint, dev: CUdevice, offset: u64, size: u64) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointUnbind" "cuLogicalEndpointUnbind" same true fn cuLogicalEndpointUnbind(leId: c_uint, dev: CUdevice, offset: u64, size: u64) -> CuResult |real| {
         gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}");
         real(leId, dev, offset, size)
     }
     // cuMemAdvise v8000: ordinal_or_host(device)
-    Driver "cuMemAdvise" fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
+    Driver 0 "cuMemAdvise" "cuMemAdvise" same true fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal_or_host(device), "devPtr={devPtr:#x}, count={count}, advice={advice}, device={device}");
         real(devPtr, count, advice, device)
     }
     // cuMemAdvise v12020: location(location)
-    Driver "cuMemAdvise" fn cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| {
+    Driver 0 "cuMemAdvise" "cuMemAdvise_v2" same true fn cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| {
         gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, advice={advice}, location={location:?}");
         real(devPtr, count, advice, location)
     }
     // cuMemCreate v10020: location_in(prop)
-    Driver "cuMemCreate" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemCreate" "cuMemCreate" same true fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| {
         let loc = if prop.is_null() { std::ptr::null() } else { &raw const (*prop).location };
         gate!(location_at(loc), "size={size}, flags={flags:#x}, prop.location={:?}", loc.as_ref());
         real(handle, size, prop, flags)
     }
     // cuMemDiscardAndPrefetchBatchAsync v13000: hook
-    Driver "cuMemDiscardAndPrefetchBatchAsync" fn cuMemDiscardAndPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemDiscardAndPrefetchBatchAsync" "cuMemDiscardAndPrefetchBatchAsync" same true fn cuMemDiscardAndPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
     }
     // cuMemDiscardAndPrefetchBatchAsync v13000_ptsz: hook
-    Driver "cuMemDiscardAndPrefetchBatchAsync" fn cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemDiscardAndPrefetchBatchAsync" "cuMemDiscardAndPrefetchBatchAsync_ptsz" same true fn cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
     }
     // cuMemExportToShareableHandle v10020: hook
-    Driver "cuMemExportToShareableHandle" fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: c_uint, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemExportToShareableHandle" "cuMemExportToShareableHandle" same true fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: c_uint, flags: u64) -> CuResult |real| {
         let rc = real(shareableHandle, handle, handleType, flags);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_allocation(shareableHandle, handle, handleType);
@@ -426,7 +429,7 @@ guarded! {
         rc
     }
     // cuMemGetDefaultMemPool v13000: hook
-    Driver "cuMemGetDefaultMemPool" fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
+    Driver 0 "cuMemGetDefaultMemPool" "cuMemGetDefaultMemPool" same true fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
         gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
         let rc = real(pool_out, location, type_);
         if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
@@ -435,7 +438,7 @@ guarded! {
         rc
     }
     // cuMemGetHandleForAddressRange v11070: hook
-    Driver "cuMemGetHandleForAddressRange" fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, handleType: c_uint, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemGetHandleForAddressRange" "cuMemGetHandleForAddressRange" same true fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, handleType: c_uint, flags: u64) -> CuResult |real| {
         let rc = real(handle, dptr, size, handleType, flags);
         if rc == CuResult::SUCCESS && handleType == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD {
             crate::guard::ipc::exported_dmabuf(handle, dptr);
@@ -443,7 +446,7 @@ guarded! {
         rc
     }
     // cuMemGetMemPool v13000: hook
-    Driver "cuMemGetMemPool" fn cuMemGetMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
+    Driver 0 "cuMemGetMemPool" "cuMemGetMemPool" same true fn cuMemGetMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
         gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
         let rc = real(pool_out, location, type_);
         if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
@@ -452,7 +455,7 @@ guarded! {
         rc
     }
     // cuMemImportFromShareableHandle v10020: hook
-    Driver "cuMemImportFromShareableHandle" fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: c_uint) -> CuResult |real| {
+    Driver 0 "cuMemImportFromShareableHandle" "cuMemImportFromShareableHandle" same true fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: c_uint) -> CuResult |real| {
         use crate::guard::ipc;
         use crate::registry::Kind;
         // The key first: the fd is the caller's until the call returns.
@@ -469,7 +472,7 @@ guarded! {
         rc
     }
     // cuMemPoolCreate v11020: hook
-    Driver "cuMemPoolCreate" fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolPropsHead) -> CuResult |real| {
+    Driver 0 "cuMemPoolCreate" "cuMemPoolCreate" same true fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolPropsHead) -> CuResult |real| {
         let loc = if poolProps.is_null() { std::ptr::null() } else { &raw const (*poolProps).location };
         gate!(location_at(loc), "poolProps.location={:?}", loc.as_ref());
         let rc = real(pool, poolProps);
@@ -479,7 +482,7 @@ guarded! {
         rc
     }
     // cuMemPoolExportPointer v11020: hook
-    Driver "cuMemPoolExportPointer" fn cuMemPoolExportPointer(shareData_out: *mut IpcHandle, ptr: CUdeviceptr) -> CuResult |real| {
+    Driver 0 "cuMemPoolExportPointer" "cuMemPoolExportPointer" same true fn cuMemPoolExportPointer(shareData_out: *mut IpcHandle, ptr: CUdeviceptr) -> CuResult |real| {
         let rc = real(shareData_out, ptr);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_pool_pointer(shareData_out, ptr);
@@ -487,7 +490,7 @@ guarded! {
         rc
     }
     // cuMemPoolExportToShareableHandle v11020: hook
-    Driver "cuMemPoolExportToShareableHandle" fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handleType: c_uint, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemPoolExportToShareableHandle" "cuMemPoolExportToShareableHandle" same true fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handleType: c_uint, flags: u64) -> CuResult |real| {
         let rc = real(handle_out, pool, handleType, flags);
         if rc == CuResult::SUCCESS {
             crate::guard::ipc::exported_pool(handle_out, handleType);
@@ -495,7 +498,7 @@ guarded! {
         rc
     }
     // cuMemPoolImportFromShareableHandle v11020: hook
-    Driver "cuMemPoolImportFromShareableHandle" fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handleType: c_uint, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemPoolImportFromShareableHandle" "cuMemPoolImportFromShareableHandle" same true fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handleType: c_uint, flags: u64) -> CuResult |real| {
         use crate::guard::ipc;
         use crate::registry::Kind;
         let key = ipc::key_of_shareable(Kind::PoolFd, Kind::PoolFabric, handle, handleType);
@@ -505,7 +508,7 @@ guarded! {
         real(pool_out, handle, handleType, flags)
     }
     // cuMemPoolImportPointer v11020: hook
-    Driver "cuMemPoolImportPointer" fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut IpcHandle) -> CuResult |real| {
+    Driver 0 "cuMemPoolImportPointer" "cuMemPoolImportPointer" same true fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut IpcHandle) -> CuResult |real| {
         use crate::guard::ipc;
         let key = shareData.as_ref().map(|d| ipc::key_of(crate::registry::Kind::PoolPtr, d));
         let checked = match ipc::check_import::<CuResult>(ID, key, None, format_args!("pool={pool:p}, shareData={shareData:p}")) {
@@ -524,43 +527,43 @@ guarded! {
         rc
     }
     // cuMemPoolSetAccess v11020: hook
-    Driver "cuMemPoolSetAccess" fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
+    Driver 0 "cuMemPoolSetAccess" "cuMemPoolSetAccess" same true fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
         let (verdict, i) = reach::pool_access(pool, map, count);
         gate!(verdict, "pool={pool:p}, map[{i}].location={:?}, count={count}", (*map.add(i)).location);
         real(pool, map, count)
     }
     // cuMemPrefetchAsync v8000: ordinal_or_host(dstDevice)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync" same true fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
         gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
         real(devPtr, count, dstDevice, hStream)
     }
     // cuMemPrefetchAsync v8000_ptsz: ordinal_or_host(dstDevice)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_ptsz" same true fn cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
         gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
         real(devPtr, count, dstDevice, hStream)
     }
     // cuMemPrefetchAsync v12020: location(location)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2" same true fn cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
         gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
         real(devPtr, count, location, flags, hStream)
     }
     // cuMemPrefetchAsync v12020_ptsz: location(location)
-    Driver "cuMemPrefetchAsync" fn cuMemPrefetchAsync_v2_ptsz(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2_ptsz" same true fn cuMemPrefetchAsync_v2_ptsz(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
         gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
         real(devPtr, count, location, flags, hStream)
     }
     // cuMemPrefetchBatchAsync v13000: hook
-    Driver "cuMemPrefetchBatchAsync" fn cuMemPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchBatchAsync" "cuMemPrefetchBatchAsync" same true fn cuMemPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
     }
     // cuMemPrefetchBatchAsync v13000_ptsz: hook
-    Driver "cuMemPrefetchBatchAsync" fn cuMemPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchBatchAsync" "cuMemPrefetchBatchAsync_ptsz" same true fn cuMemPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
     }
     // cuMemSetAccess v10020: access(desc, count)
-    Driver "cuMemSetAccess" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
+    Driver 0 "cuMemSetAccess" "cuMemSetAccess" same true fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
         if !desc.is_null() {
             for i in 0..count {
                 let loc = &raw const (*desc.add(i)).location;
@@ -570,110 +573,110 @@ guarded! {
         real(ptr, size, desc, count)
     }
     // cuMemSetMemPool v13000: hook
-    Driver "cuMemSetMemPool" fn cuMemSetMemPool(location: *mut CUmemLocation, type_: c_uint, pool: CUmemoryPool) -> CuResult |real| {
+    Driver 0 "cuMemSetMemPool" "cuMemSetMemPool" same true fn cuMemSetMemPool(location: *mut CUmemLocation, type_: c_uint, pool: CUmemoryPool) -> CuResult |real| {
         gate!(location_at(location), "location={:?}, type={type_}, pool={pool:p}", location.as_ref());
         real(location, type_, pool)
     }
     // cuMemcpy3DPeer v4000: hook
-    Driver "cuMemcpy3DPeer" fn cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
+    Driver 0 "cuMemcpy3DPeer" "cuMemcpy3DPeer" same true fn cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
         gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
         real(pCopy)
     }
     // cuMemcpy3DPeerAsync v4000: hook
-    Driver "cuMemcpy3DPeerAsync" fn cuMemcpy3DPeerAsync(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpy3DPeerAsync" "cuMemcpy3DPeerAsync" same true fn cuMemcpy3DPeerAsync(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
         gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
         real(pCopy, hStream)
     }
     // cuMemcpy3DPeerAsync v7000_ptsz: hook
-    Driver "cuMemcpy3DPeerAsync" fn cuMemcpy3DPeerAsync_ptsz(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpy3DPeerAsync" "cuMemcpy3DPeerAsync_ptsz" same true fn cuMemcpy3DPeerAsync_ptsz(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
         gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
         real(pCopy, hStream)
     }
     // cuMemcpy3DPeer v7000_ptds: hook
-    Driver "cuMemcpy3DPeer" fn cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
+    Driver 0 "cuMemcpy3DPeer" "cuMemcpy3DPeer_ptds" same true fn cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
         gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
         real(pCopy)
     }
     // cuMemcpyBatchAsync v12080: hook
-    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync" same true fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
         gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
     }
     // cuMemcpyBatchAsync v12080_ptsz: hook
-    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_ptsz" same true fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
         gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
     }
     // cuMemcpyBatchAsync v13000: hook
-    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_v2" same true fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
         gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
     }
     // cuMemcpyBatchAsync v13000_ptsz: hook
-    Driver "cuMemcpyBatchAsync" fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_v2_ptsz" same true fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
         gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
     }
     // cuMemcpyPeer v4000: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeer" fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer" same true fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
     }
     // cuMemcpyPeerAsync v4000: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync" same true fn cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
     }
     // cuMemcpyPeerAsync v7000_ptsz: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeerAsync" fn cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync_ptsz" same true fn cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
     }
     // cuMemcpyPeer v7000_ptds: peer_ctx(dstContext, srcContext)
-    Driver "cuMemcpyPeer" fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer_ptds" same true fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
         gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
         real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
     }
     // cuMemcpyWithAttributesAsync v13020: hook
-    Driver "cuMemcpyWithAttributesAsync" fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyWithAttributesAsync" "cuMemcpyWithAttributesAsync" same true fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
         gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
         real(dst, src, size, attr, hStream)
     }
     // cuMemcpyWithAttributesAsync v13020_ptsz: hook
-    Driver "cuMemcpyWithAttributesAsync" fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyWithAttributesAsync" "cuMemcpyWithAttributesAsync_ptsz" same true fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
         gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
         real(dst, src, size, attr, hStream)
     }
     // cuMulticastAddDevice v12010: ordinal(dev)
-    Driver "cuMulticastAddDevice" fn cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuMulticastAddDevice" "cuMulticastAddDevice" same true fn cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CuResult |real| {
         gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}");
         real(mcHandle, dev)
     }
     // cuMulticastBindAddr v12010: hook
-    Driver "cuMulticastBindAddr" fn cuMulticastBindAddr(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMulticastBindAddr" "cuMulticastBindAddr" same true fn cuMulticastBindAddr(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
         real(mcHandle, mcOffset, memptr, size, flags)
     }
     // cuMulticastBindAddr v13010: ordinal(dev)
-    Driver "cuMulticastBindAddr" fn cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMulticastBindAddr" "cuMulticastBindAddr_v2" same true fn cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
         gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memptr={memptr:#x}, size={size}, flags={flags:#x}");
         real(mcHandle, dev, mcOffset, memptr, size, flags)
     }
     // cuMulticastBindMem v12010: hook
-    Driver "cuMulticastBindMem" fn cuMulticastBindMem(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMulticastBindMem" "cuMulticastBindMem" same true fn cuMulticastBindMem(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
         real(mcHandle, mcOffset, memHandle, memOffset, size, flags)
     }
     // cuMulticastBindMem v13010: ordinal(dev)
-    Driver "cuMulticastBindMem" fn cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMulticastBindMem" "cuMulticastBindMem_v2" same true fn cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
         gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
         real(mcHandle, dev, mcOffset, memHandle, memOffset, size, flags)
     }
     // cuMulticastUnbind v12010: ordinal(dev)
-    Driver "cuMulticastUnbind" fn cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) -> CuResult |real| {
+    Driver 0 "cuMulticastUnbind" "cuMulticastUnbind" same true fn cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) -> CuResult |real| {
         gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, size={size}");
         real(mcHandle, dev, mcOffset, size)
     }
     // cudaChooseDevice, cuda_runtime_api.h 12: hook
-    Runtime "cudaChooseDevice" fn cudaChooseDevice(device: *mut c_int, prop: *const c_void) -> CudaError |real| {
+    Runtime 12 "cudaChooseDevice" "cudaChooseDevice" same true symver "cudaChooseDevice@libcudart.so.12" fallback "cudaChooseDevice" fn cudaChooseDevice_cu12(device: *mut c_int, prop: *const c_void) -> CudaError |real| {
         let rc = real(device, prop);
         if rc == CudaError::SUCCESS && !device.is_null() {
             let d = *device;
@@ -682,22 +685,22 @@ guarded! {
         rc
     }
     // cudaDeviceCanAccessPeer, cuda_runtime_api.h 12: query(device, peerDevice)
-    Runtime "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@libcudart.so.12" fallback "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer_cu12(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
         gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
         real(canAccessPeer, device, peerDevice)
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 12: peer(current, peerDevice)
-    Runtime "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@libcudart.so.12" fallback "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess_cu12(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
         gate!(policy::peer(driver_query::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
         real(peerDevice, flags)
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@libcudart.so.12" fallback "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute_cu12(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "attr={attr}, device={device}");
         real(value, attr, device)
     }
     // cudaDeviceGetDefaultMemPool, cuda_runtime_api.h 12: hook
-    Runtime "cudaDeviceGetDefaultMemPool" fn cudaDeviceGetDefaultMemPool(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetDefaultMemPool" "cudaDeviceGetDefaultMemPool" same true symver "cudaDeviceGetDefaultMemPool@libcudart.so.12" fallback "cudaDeviceGetDefaultMemPool" fn cudaDeviceGetDefaultMemPool_cu12(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         let rc = real(memPool, device);
         if rc == CudaError::SUCCESS && !memPool.is_null() {
@@ -706,12 +709,12 @@ guarded! {
         rc
     }
     // cudaDeviceGetGraphMemAttribute, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaDeviceGetGraphMemAttribute" fn cudaDeviceGetGraphMemAttribute(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceGetGraphMemAttribute" fn cudaDeviceGetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
         gate!(policy::query(device), "device={device}, attr={attr}");
         real(device, attr, value)
     }
     // cudaDeviceGetMemPool, cuda_runtime_api.h 12: hook
-    Runtime "cudaDeviceGetMemPool" fn cudaDeviceGetMemPool(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetMemPool" "cudaDeviceGetMemPool" same true symver "cudaDeviceGetMemPool@libcudart.so.12" fallback "cudaDeviceGetMemPool" fn cudaDeviceGetMemPool_cu12(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         let rc = real(memPool, device);
         if rc == CudaError::SUCCESS && !memPool.is_null() {
@@ -720,47 +723,47 @@ guarded! {
         rc
     }
     // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaDeviceGetNvSciSyncAttributes" fn cudaDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@libcudart.so.12" fallback "cudaDeviceGetNvSciSyncAttributes" fn cudaDeviceGetNvSciSyncAttributes_cu12(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
         gate!(policy::query(device), "device={device}, flags={flags:#x}");
         real(nvSciSyncAttrList, device, flags)
     }
     // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 12: query(srcDevice, dstDevice)
-    Runtime "cudaDeviceGetP2PAttribute" fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@libcudart.so.12" fallback "cudaDeviceGetP2PAttribute" fn cudaDeviceGetP2PAttribute_cu12(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
         gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
         real(value, attr, srcDevice, dstDevice)
     }
     // cudaDeviceGetPCIBusId, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@libcudart.so.12" fallback "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId_cu12(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "len={len}, device={device}");
         real(pciBusId, len, device)
     }
     // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaDeviceGetTexture1DLinearMaxWidth" fn cudaDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@libcudart.so.12" fallback "cudaDeviceGetTexture1DLinearMaxWidth" fn cudaDeviceGetTexture1DLinearMaxWidth_cu12(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "device={device}");
         real(maxWidthInElements, fmtDesc, device)
     }
     // cudaDeviceGraphMemTrim, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaDeviceGraphMemTrim" fn cudaDeviceGraphMemTrim(device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@libcudart.so.12" fallback "cudaDeviceGraphMemTrim" fn cudaDeviceGraphMemTrim_cu12(device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         real(device)
     }
     // cudaDeviceSetGraphMemAttribute, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaDeviceSetGraphMemAttribute" fn cudaDeviceSetGraphMemAttribute(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+    Runtime 12 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceSetGraphMemAttribute" fn cudaDeviceSetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}, attr={attr}");
         real(device, attr, value)
     }
     // cudaDeviceSetMemPool, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaDeviceSetMemPool" fn cudaDeviceSetMemPool(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
+    Runtime 12 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@libcudart.so.12" fallback "cudaDeviceSetMemPool" fn cudaDeviceSetMemPool_cu12(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}, memPool={memPool:p}");
         real(device, memPool)
     }
     // cudaGetDeviceProperties, cuda_runtime_api.h 12: query(device)
-    Runtime "cudaGetDeviceProperties" fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDeviceProperties" "cudaGetDeviceProperties_v2" same false symver "cudaGetDeviceProperties_v2@libcudart.so.12" fallback "cudaGetDeviceProperties_v2" fn cudaGetDeviceProperties_v2_cu12(prop: *mut c_void, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "device={device}");
         real(prop, device)
     }
     // cudaGetDriverEntryPoint, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true symver "cudaGetDriverEntryPoint@libcudart.so.12" fallback "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -768,7 +771,7 @@ guarded! {
         rc
     }
     // cudaGetDriverEntryPointByVersion, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true symver "cudaGetDriverEntryPointByVersion@libcudart.so.12" fallback "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -776,7 +779,7 @@ guarded! {
         rc
     }
     // cudaGetDriverEntryPointByVersion _ptsz, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion_ptsz" same true symver "cudaGetDriverEntryPointByVersion_ptsz@libcudart.so.12" fallback "cudaGetDriverEntryPointByVersion_ptsz" fn cudaGetDriverEntryPointByVersion_ptsz_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -784,7 +787,7 @@ guarded! {
         rc
     }
     // cudaGetDriverEntryPoint _ptsz, cuda_runtime_api.h 12: hook
-    Runtime "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint_ptsz" same true symver "cudaGetDriverEntryPoint_ptsz@libcudart.so.12" fallback "cudaGetDriverEntryPoint_ptsz" fn cudaGetDriverEntryPoint_ptsz_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
         let rc = real(symbol, funcPtr, flags, driverStatus);
         if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
             return CudaError::SYMBOL_NOT_FOUND;
@@ -792,27 +795,27 @@ guarded! {
         rc
     }
     // cudaGraphAddMemAllocNode, cuda_runtime_api.h 12: hook
-    Runtime "cudaGraphAddMemAllocNode" fn cudaGraphAddMemAllocNode(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CudaError |real| {
+    Runtime 12 "cudaGraphAddMemAllocNode" "cudaGraphAddMemAllocNode" same true symver "cudaGraphAddMemAllocNode@libcudart.so.12" fallback "cudaGraphAddMemAllocNode" fn cudaGraphAddMemAllocNode_cu12(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CudaError |real| {
         gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
         real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
     }
     // cudaGraphAddNode_v2, cuda_runtime_api.h 12: hook
-    Runtime "cudaGraphAddNode_v2" fn cudaGraphAddNode_v2(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+    Runtime 12 "cudaGraphAddNode_v2" "cudaGraphAddNode_v2" same false symver "cudaGraphAddNode_v2@libcudart.so.12" fallback "cudaGraphAddNode_v2" fn cudaGraphAddNode_v2_cu12(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
     }
     // cudaGraphExecNodeSetParams, cuda_runtime_api.h 12: hook
-    Runtime "cudaGraphExecNodeSetParams" fn cudaGraphExecNodeSetParams(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+    Runtime 12 "cudaGraphExecNodeSetParams" "cudaGraphExecNodeSetParams" same true symver "cudaGraphExecNodeSetParams@libcudart.so.12" fallback "cudaGraphExecNodeSetParams" fn cudaGraphExecNodeSetParams_cu12(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(graphExec, node, nodeParams)
     }
     // cudaGraphNodeSetParams, cuda_runtime_api.h 12: hook
-    Runtime "cudaGraphNodeSetParams" fn cudaGraphNodeSetParams(node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+    Runtime 12 "cudaGraphNodeSetParams" "cudaGraphNodeSetParams" same true symver "cudaGraphNodeSetParams@libcudart.so.12" fallback "cudaGraphNodeSetParams" fn cudaGraphNodeSetParams_cu12(node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
         real(node, nodeParams)
     }
     // cudaImportExternalMemory, cuda_runtime_api.h 12: hook
-    Runtime "cudaImportExternalMemory" fn cudaImportExternalMemory(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CudaError |real| {
+    Runtime 12 "cudaImportExternalMemory" "cudaImportExternalMemory" same true symver "cudaImportExternalMemory@libcudart.so.12" fallback "cudaImportExternalMemory" fn cudaImportExternalMemory_cu12(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CudaError |real| {
         use crate::guard::ipc;
         let key = ipc::key_of_external(memHandleDesc);
         if let Err(code) = ipc::check_import::<CudaError>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
@@ -822,12 +825,12 @@ guarded! {
         real(extMem_out, memHandleDesc)
     }
     // cudaInitDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaInitDevice" fn cudaInitDevice(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@libcudart.so.12" fallback "cudaInitDevice" fn cudaInitDevice_cu12(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
         real(device, deviceFlags, flags)
     }
     // cudaIpcGetEventHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcGetEventHandle" fn cudaIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
+    Runtime 12 "cudaIpcGetEventHandle" "cudaIpcGetEventHandle" same true symver "cudaIpcGetEventHandle@libcudart.so.12" fallback "cudaIpcGetEventHandle" fn cudaIpcGetEventHandle_cu12(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
         let rc = {
             let _nested = crate::guard::ipc::RuntimeScope::enter();
             real(handle, event)
@@ -838,7 +841,7 @@ guarded! {
         rc
     }
     // cudaIpcGetMemHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcGetMemHandle" fn cudaIpcGetMemHandle(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
+    Runtime 12 "cudaIpcGetMemHandle" "cudaIpcGetMemHandle" same true symver "cudaIpcGetMemHandle@libcudart.so.12" fallback "cudaIpcGetMemHandle" fn cudaIpcGetMemHandle_cu12(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
         let rc = {
             let _nested = crate::guard::ipc::RuntimeScope::enter();
             real(handle, devPtr)
@@ -849,7 +852,7 @@ guarded! {
         rc
     }
     // cudaIpcOpenEventHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcOpenEventHandle" fn cudaIpcOpenEventHandle(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
+    Runtime 12 "cudaIpcOpenEventHandle" "cudaIpcOpenEventHandle" same true symver "cudaIpcOpenEventHandle@libcudart.so.12" fallback "cudaIpcOpenEventHandle" fn cudaIpcOpenEventHandle_cu12(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
         use crate::guard::ipc;
         if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
             return code;
@@ -858,7 +861,7 @@ guarded! {
         real(event, handle)
     }
     // cudaIpcOpenMemHandle, cuda_runtime_api.h 12: hook
-    Runtime "cudaIpcOpenMemHandle" fn cudaIpcOpenMemHandle(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaIpcOpenMemHandle" "cudaIpcOpenMemHandle" same true symver "cudaIpcOpenMemHandle@libcudart.so.12" fallback "cudaIpcOpenMemHandle" fn cudaIpcOpenMemHandle_cu12(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
         use crate::guard::ipc;
         // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
         let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
@@ -880,121 +883,323 @@ guarded! {
         rc
     }
     // cudaKernelSetAttributeForDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaKernelSetAttributeForDevice" fn cudaKernelSetAttributeForDevice(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@libcudart.so.12" fallback "cudaKernelSetAttributeForDevice" fn cudaKernelSetAttributeForDevice_cu12(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
         real(kernel, attr, value, device)
     }
     // cudaLaunchCooperativeKernelMultiDevice, cuda_runtime_api.h 12: hook
-    Runtime "cudaLaunchCooperativeKernelMultiDevice" fn cudaLaunchCooperativeKernelMultiDevice(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaLaunchCooperativeKernelMultiDevice" "cudaLaunchCooperativeKernelMultiDevice" same false symver "cudaLaunchCooperativeKernelMultiDevice@libcudart.so.12" fallback "cudaLaunchCooperativeKernelMultiDevice" fn cudaLaunchCooperativeKernelMultiDevice_cu12(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CudaError |real| {
         gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
         real(launchParamsList, numDevices, flags)
     }
     // cudaMemPoolSetAccess, cuda_runtime_api.h 12: hook
-    Runtime "cudaMemPoolSetAccess" fn cudaMemPoolSetAccess(memPool: CUmemoryPool, descList: *const CUmemAccessDesc, count: usize) -> CudaError |real| {
+    Runtime 12 "cudaMemPoolSetAccess" "cudaMemPoolSetAccess" same true symver "cudaMemPoolSetAccess@libcudart.so.12" fallback "cudaMemPoolSetAccess" fn cudaMemPoolSetAccess_cu12(memPool: CUmemoryPool, descList: *const CUmemAccessDesc, count: usize) -> CudaError |real| {
         let (verdict, i) = reach::pool_access(memPool, descList, count);
         gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
         real(memPool, descList, count)
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
-    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
+    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@libcudart.so.12" fallback "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
+        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
-    Runtime "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_ptsz(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "count={count}, dstDevice={dstDevice}, stream={stream:p}");
+    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_ptsz" fn cudaMemPrefetchAsync_ptsz_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
+        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
     }
     // cudaMemcpy3DPeer, cuda_runtime_api.h 12: hook
-    Runtime "cudaMemcpy3DPeer" fn cudaMemcpy3DPeer(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
+    Runtime 12 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer" same true symver "cudaMemcpy3DPeer@libcudart.so.12" fallback "cudaMemcpy3DPeer" fn cudaMemcpy3DPeer_cu12(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
         if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
             gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
         }
         real(p)
     }
     // cudaMemcpy3DPeerAsync, cuda_runtime_api.h 12: hook
-    Runtime "cudaMemcpy3DPeerAsync" fn cudaMemcpy3DPeerAsync(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync" same true symver "cudaMemcpy3DPeerAsync@libcudart.so.12" fallback "cudaMemcpy3DPeerAsync" fn cudaMemcpy3DPeerAsync_cu12(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
         if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
             gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
         }
         real(p, stream)
     }
     // cudaMemcpy3DPeerAsync _ptsz, cuda_runtime_api.h 12: hook
-    Runtime "cudaMemcpy3DPeerAsync" fn cudaMemcpy3DPeerAsync_ptsz(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync_ptsz" same true symver "cudaMemcpy3DPeerAsync_ptsz@libcudart.so.12" fallback "cudaMemcpy3DPeerAsync_ptsz" fn cudaMemcpy3DPeerAsync_ptsz_cu12(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
         if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
             gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
         }
         real(p, stream)
     }
     // cudaMemcpy3DPeer _ptds, cuda_runtime_api.h 12: hook
-    Runtime "cudaMemcpy3DPeer" fn cudaMemcpy3DPeer_ptds(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
+    Runtime 12 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer_ptds" same true symver "cudaMemcpy3DPeer_ptds@libcudart.so.12" fallback "cudaMemcpy3DPeer_ptds" fn cudaMemcpy3DPeer_ptds_cu12(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
         if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
             gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
         }
         real(p)
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
-    Runtime "cudaMemcpyPeer" fn cudaMemcpyPeer(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}");
+    Runtime 12 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@libcudart.so.12" fallback "cudaMemcpyPeer" fn cudaMemcpyPeer_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
         real(dst, dstDevice, src, srcDevice, count)
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
-    Runtime "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
+    Runtime 12 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@libcudart.so.12" fallback "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
         real(dst, dstDevice, src, srcDevice, count, stream)
     }
     // cudaSetDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime "cudaSetDevice" fn cudaSetDevice(device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@libcudart.so.12" fallback "cudaSetDevice" fn cudaSetDevice_cu12(device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         real(device)
     }
     // cudaSetValidDevices, cuda_runtime_api.h 12: hook
-    Runtime "cudaSetValidDevices" fn cudaSetValidDevices(device_arr: *mut c_int, len: c_int) -> CudaError |real| {
+    Runtime 12 "cudaSetValidDevices" "cudaSetValidDevices" same true symver "cudaSetValidDevices@libcudart.so.12" fallback "cudaSetValidDevices" fn cudaSetValidDevices_cu12(device_arr: *mut c_int, len: c_int) -> CudaError |real| {
         gate!(reach::device_list(device_arr, len), "len={len}");
         real(device_arr, len)
     }
+    // cudaChooseDevice, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaChooseDevice" "cudaChooseDevice" same true symver "cudaChooseDevice@@libcudart.so.13" fn cudaChooseDevice_cu13(device: *mut c_int, prop: *const c_void) -> CudaError |real| {
+        let rc = real(device, prop);
+        if rc == CudaError::SUCCESS && !device.is_null() {
+            let d = *device;
+            gate!(policy::query(d), "-> device={d}");
+        }
+        rc
+    }
+    // cudaDeviceCanAccessPeer, cuda_runtime_api.h 13: query(device, peerDevice)
+    Runtime 13 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@@libcudart.so.13" fn cudaDeviceCanAccessPeer_cu13(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
+        gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
+        real(canAccessPeer, device, peerDevice)
+    }
+    // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 13: peer(current, peerDevice)
+    Runtime 13 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@@libcudart.so.13" fn cudaDeviceEnablePeerAccess_cu13(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
+        gate!(policy::peer(driver_query::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+        real(peerDevice, flags)
+    }
+    // cudaDeviceGetAttribute, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@@libcudart.so.13" fn cudaDeviceGetAttribute_cu13(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "attr={attr}, device={device}");
+        real(value, attr, device)
+    }
+    // cudaDeviceGetDefaultMemPool, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaDeviceGetDefaultMemPool" "cudaDeviceGetDefaultMemPool" same true symver "cudaDeviceGetDefaultMemPool@@libcudart.so.13" fn cudaDeviceGetDefaultMemPool_cu13(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        let rc = real(memPool, device);
+        if rc == CudaError::SUCCESS && !memPool.is_null() {
+            reach::remember_pool(*memPool, device);
+        }
+        rc
+    }
     // cudaDeviceGetDevResource, cuda_runtime_api.h 13: ordinal(device)
-    Runtime "cudaDeviceGetDevResource" fn cudaDeviceGetDevResource(device: c_int, resource: *mut c_void, type_: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetDevResource" "cudaDeviceGetDevResource" same false symver "cudaDeviceGetDevResource@@libcudart.so.13" fn cudaDeviceGetDevResource_cu13(device: c_int, resource: *mut c_void, type_: c_uint) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}, type_={type_}");
         real(device, resource, type_)
     }
     // cudaDeviceGetExecutionCtx, cuda_runtime_api.h 13: ordinal(device)
-    Runtime "cudaDeviceGetExecutionCtx" fn cudaDeviceGetExecutionCtx(ctx: *mut c_void, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetExecutionCtx" "cudaDeviceGetExecutionCtx" same false symver "cudaDeviceGetExecutionCtx@@libcudart.so.13" fn cudaDeviceGetExecutionCtx_cu13(ctx: *mut c_void, device: c_int) -> CudaError |real| {
         gate!(policy::ordinal(device), "device={device}");
         real(ctx, device)
     }
+    // cudaDeviceGetGraphMemAttribute, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceGetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}, attr={attr}");
+        real(device, attr, value)
+    }
     // cudaDeviceGetHostAtomicCapabilities, cuda_runtime_api.h 13: query(device)
-    Runtime "cudaDeviceGetHostAtomicCapabilities" fn cudaDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetHostAtomicCapabilities" "cudaDeviceGetHostAtomicCapabilities" same false symver "cudaDeviceGetHostAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetHostAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "count={count}, device={device}");
         real(capabilities, operations, count, device)
     }
+    // cudaDeviceGetMemPool, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaDeviceGetMemPool" "cudaDeviceGetMemPool" same true symver "cudaDeviceGetMemPool@@libcudart.so.13" fn cudaDeviceGetMemPool_cu13(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        let rc = real(memPool, device);
+        if rc == CudaError::SUCCESS && !memPool.is_null() {
+            reach::remember_pool(*memPool, device);
+        }
+        rc
+    }
+    // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@@libcudart.so.13" fn cudaDeviceGetNvSciSyncAttributes_cu13(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}, flags={flags:#x}");
+        real(nvSciSyncAttrList, device, flags)
+    }
     // cudaDeviceGetP2PAtomicCapabilities, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
-    Runtime "cudaDeviceGetP2PAtomicCapabilities" fn cudaDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetP2PAtomicCapabilities" "cudaDeviceGetP2PAtomicCapabilities" same false symver "cudaDeviceGetP2PAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetP2PAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
         gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
         real(capabilities, operations, count, srcDevice, dstDevice)
     }
+    // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
+    Runtime 13 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@@libcudart.so.13" fn cudaDeviceGetP2PAttribute_cu13(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+        real(value, attr, srcDevice, dstDevice)
+    }
+    // cudaDeviceGetPCIBusId, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@@libcudart.so.13" fn cudaDeviceGetPCIBusId_cu13(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "len={len}, device={device}");
+        real(pciBusId, len, device)
+    }
+    // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 13: query(device)
+    Runtime 13 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@@libcudart.so.13" fn cudaDeviceGetTexture1DLinearMaxWidth_cu13(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
+        gate!(policy::query(device), "device={device}");
+        real(maxWidthInElements, fmtDesc, device)
+    }
+    // cudaDeviceGraphMemTrim, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@@libcudart.so.13" fn cudaDeviceGraphMemTrim_cu13(device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(device)
+    }
+    // cudaDeviceSetGraphMemAttribute, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceSetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, attr={attr}");
+        real(device, attr, value)
+    }
+    // cudaDeviceSetMemPool, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@@libcudart.so.13" fn cudaDeviceSetMemPool_cu13(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, memPool={memPool:p}");
+        real(device, memPool)
+    }
     // cudaGetDeviceProperties, cuda_runtime_api.h 13: query(device)
-    Runtime "cudaGetDeviceProperties" fn cudaGetDeviceProperties(prop: *mut c_void, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaGetDeviceProperties" "cudaGetDeviceProperties" same false symver "cudaGetDeviceProperties@@libcudart.so.13" fn cudaGetDeviceProperties_cu13(prop: *mut c_void, device: c_int) -> CudaError |real| {
         gate!(policy::query(device), "device={device}");
         real(prop, device)
     }
+    // cudaGetDriverEntryPoint, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true symver "cudaGetDriverEntryPoint@@libcudart.so.13" fn cudaGetDriverEntryPoint_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaGetDriverEntryPointByVersion, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true symver "cudaGetDriverEntryPointByVersion@@libcudart.so.13" fn cudaGetDriverEntryPointByVersion_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaGetDriverEntryPointByVersion _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion_ptsz" same true symver "cudaGetDriverEntryPointByVersion_ptsz@@libcudart.so.13" fn cudaGetDriverEntryPointByVersion_ptsz_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaGetDriverEntryPoint _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint_ptsz" same true symver "cudaGetDriverEntryPoint_ptsz@@libcudart.so.13" fn cudaGetDriverEntryPoint_ptsz_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
+        let rc = real(symbol, funcPtr, flags, driverStatus);
+        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+            return CudaError::SYMBOL_NOT_FOUND;
+        }
+        rc
+    }
+    // cudaGraphAddMemAllocNode, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGraphAddMemAllocNode" "cudaGraphAddMemAllocNode" same true symver "cudaGraphAddMemAllocNode@@libcudart.so.13" fn cudaGraphAddMemAllocNode_cu13(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CudaError |real| {
+        gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
+        real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+    }
+    // cudaGraphExecNodeSetParams, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGraphExecNodeSetParams" "cudaGraphExecNodeSetParams" same true symver "cudaGraphExecNodeSetParams@@libcudart.so.13" fn cudaGraphExecNodeSetParams_cu13(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(graphExec, node, nodeParams)
+    }
+    // cudaGraphNodeSetParams, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGraphNodeSetParams" "cudaGraphNodeSetParams" same true symver "cudaGraphNodeSetParams@@libcudart.so.13" fn cudaGraphNodeSetParams_cu13(node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(node, nodeParams)
+    }
     // cudaGreenCtxCreate, cuda_runtime_api.h 13: ordinal(device)
-    Runtime "cudaGreenCtxCreate" fn cudaGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, device: c_int, flags: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaGreenCtxCreate" "cudaGreenCtxCreate" same false symver "cudaGreenCtxCreate@@libcudart.so.13" fn cudaGreenCtxCreate_cu13(phCtx: *mut c_void, desc: *mut c_void, device: c_int, flags: c_uint) -> CudaError |real| {
         gate!(policy::ordinal(device), "desc={desc:p}, device={device}, flags={flags:#x}");
         real(phCtx, desc, device, flags)
     }
+    // cudaImportExternalMemory, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaImportExternalMemory" "cudaImportExternalMemory" same true symver "cudaImportExternalMemory@@libcudart.so.13" fn cudaImportExternalMemory_cu13(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CudaError |real| {
+        use crate::guard::ipc;
+        let key = ipc::key_of_external(memHandleDesc);
+        if let Err(code) = ipc::check_import::<CudaError>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
+            return code;
+        }
+        let _nested = ipc::RuntimeScope::enter();
+        real(extMem_out, memHandleDesc)
+    }
+    // cudaInitDevice, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@@libcudart.so.13" fn cudaInitDevice_cu13(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
+        real(device, deviceFlags, flags)
+    }
+    // cudaIpcGetEventHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcGetEventHandle" "cudaIpcGetEventHandle" same true symver "cudaIpcGetEventHandle@@libcudart.so.13" fn cudaIpcGetEventHandle_cu13(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
+        let rc = {
+            let _nested = crate::guard::ipc::RuntimeScope::enter();
+            real(handle, event)
+        };
+        if rc == CudaError::SUCCESS {
+            crate::guard::ipc::exported_event(handle);
+        }
+        rc
+    }
+    // cudaIpcGetMemHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcGetMemHandle" "cudaIpcGetMemHandle" same true symver "cudaIpcGetMemHandle@@libcudart.so.13" fn cudaIpcGetMemHandle_cu13(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
+        let rc = {
+            let _nested = crate::guard::ipc::RuntimeScope::enter();
+            real(handle, devPtr)
+        };
+        if rc == CudaError::SUCCESS {
+            crate::guard::ipc::exported_mem(handle, devPtr as CUdeviceptr);
+        }
+        rc
+    }
+    // cudaIpcOpenEventHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcOpenEventHandle" "cudaIpcOpenEventHandle" same true symver "cudaIpcOpenEventHandle@@libcudart.so.13" fn cudaIpcOpenEventHandle_cu13(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
+        use crate::guard::ipc;
+        if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
+            return code;
+        }
+        let _nested = ipc::RuntimeScope::enter();
+        real(event, handle)
+    }
+    // cudaIpcOpenMemHandle, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaIpcOpenMemHandle" "cudaIpcOpenMemHandle" same true symver "cudaIpcOpenMemHandle@@libcudart.so.13" fn cudaIpcOpenMemHandle_cu13(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
+        use crate::guard::ipc;
+        // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
+        let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let rc = {
+            let _nested = ipc::RuntimeScope::enter();
+            real(devPtr, handle, flags)
+        };
+        if rc == CudaError::SUCCESS && !devPtr.is_null() {
+            let p = *devPtr;
+            if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
+                ipc::close_mem_runtime(p);
+                *devPtr = std::ptr::null_mut();
+                return code;
+            }
+        }
+        rc
+    }
+    // cudaKernelSetAttributeForDevice, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@@libcudart.so.13" fn cudaKernelSetAttributeForDevice_cu13(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
+        real(kernel, attr, value, device)
+    }
     // cudaMemDiscardAndPrefetchBatchAsync, cuda_runtime_api.h 13: hook
-    Runtime "cudaMemDiscardAndPrefetchBatchAsync" fn cudaMemDiscardAndPrefetchBatchAsync(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+    Runtime 13 "cudaMemDiscardAndPrefetchBatchAsync" "cudaMemDiscardAndPrefetchBatchAsync" same false symver "cudaMemDiscardAndPrefetchBatchAsync@@libcudart.so.13" fn cudaMemDiscardAndPrefetchBatchAsync_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
     }
     // cudaMemDiscardAndPrefetchBatchAsync _ptsz, cuda_runtime_api.h 13: hook
-    Runtime "cudaMemDiscardAndPrefetchBatchAsync" fn cudaMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+    Runtime 13 "cudaMemDiscardAndPrefetchBatchAsync" "cudaMemDiscardAndPrefetchBatchAsync_ptsz" same false symver "cudaMemDiscardAndPrefetchBatchAsync_ptsz@@libcudart.so.13" fn cudaMemDiscardAndPrefetchBatchAsync_ptsz_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
     }
     // cudaMemGetDefaultMemPool, cuda_runtime_api.h 13: hook
-    Runtime "cudaMemGetDefaultMemPool" fn cudaMemGetDefaultMemPool(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaMemGetDefaultMemPool" "cudaMemGetDefaultMemPool" same false symver "cudaMemGetDefaultMemPool@@libcudart.so.13" fn cudaMemGetDefaultMemPool_cu13(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
         gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
         let rc = real(memPool, location, type_);
         if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
@@ -1003,7 +1208,7 @@ guarded! {
         rc
     }
     // cudaMemGetMemPool, cuda_runtime_api.h 13: hook
-    Runtime "cudaMemGetMemPool" fn cudaMemGetMemPool(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaMemGetMemPool" "cudaMemGetMemPool" same false symver "cudaMemGetMemPool@@libcudart.so.13" fn cudaMemGetMemPool_cu13(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
         gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
         let rc = real(memPool, location, type_);
         if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
@@ -1011,25 +1216,102 @@ guarded! {
         }
         rc
     }
+    // cudaMemPoolSetAccess, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemPoolSetAccess" "cudaMemPoolSetAccess" same true symver "cudaMemPoolSetAccess@@libcudart.so.13" fn cudaMemPoolSetAccess_cu13(memPool: CUmemoryPool, descList: *const CUmemAccessDesc, count: usize) -> CudaError |real| {
+        let (verdict, i) = reach::pool_access(memPool, descList, count);
+        gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
+        real(memPool, descList, count)
+    }
+    // cudaMemPrefetchAsync, cuda_runtime_api.h 13: location(location)
+    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@@libcudart.so.13" fn cudaMemPrefetchAsync_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        real(devPtr, count, location, flags, stream)
+    }
+    // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 13: location(location)
+    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchAsync_ptsz_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        real(devPtr, count, location, flags, stream)
+    }
     // cudaMemPrefetchBatchAsync, cuda_runtime_api.h 13: hook
-    Runtime "cudaMemPrefetchBatchAsync" fn cudaMemPrefetchBatchAsync(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+    Runtime 13 "cudaMemPrefetchBatchAsync" "cudaMemPrefetchBatchAsync" same false symver "cudaMemPrefetchBatchAsync@@libcudart.so.13" fn cudaMemPrefetchBatchAsync_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
     }
     // cudaMemPrefetchBatchAsync _ptsz, cuda_runtime_api.h 13: hook
-    Runtime "cudaMemPrefetchBatchAsync" fn cudaMemPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
+    Runtime 13 "cudaMemPrefetchBatchAsync" "cudaMemPrefetchBatchAsync_ptsz" same false symver "cudaMemPrefetchBatchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchBatchAsync_ptsz_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
         real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
     }
     // cudaMemSetMemPool, cuda_runtime_api.h 13: hook
-    Runtime "cudaMemSetMemPool" fn cudaMemSetMemPool(location: *mut CUmemLocation, type_: c_uint, memPool: CUmemoryPool) -> CudaError |real| {
+    Runtime 13 "cudaMemSetMemPool" "cudaMemSetMemPool" same false symver "cudaMemSetMemPool@@libcudart.so.13" fn cudaMemSetMemPool_cu13(location: *mut CUmemLocation, type_: c_uint, memPool: CUmemoryPool) -> CudaError |real| {
         gate!(location_at(location), "location={:?}, type={type_}, memPool={memPool:p}", location.as_ref());
         real(location, type_, memPool)
     }
+    // cudaMemcpy3DPeer, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer" same true symver "cudaMemcpy3DPeer@@libcudart.so.13" fn cudaMemcpy3DPeer_cu13(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p)
+    }
+    // cudaMemcpy3DPeerAsync, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync" same true symver "cudaMemcpy3DPeerAsync@@libcudart.so.13" fn cudaMemcpy3DPeerAsync_cu13(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p, stream)
+    }
+    // cudaMemcpy3DPeerAsync _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync_ptsz" same true symver "cudaMemcpy3DPeerAsync_ptsz@@libcudart.so.13" fn cudaMemcpy3DPeerAsync_ptsz_cu13(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p, stream)
+    }
+    // cudaMemcpy3DPeer _ptds, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer_ptds" same true symver "cudaMemcpy3DPeer_ptds@@libcudart.so.13" fn cudaMemcpy3DPeer_ptds_cu13(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
+        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        }
+        real(p)
+    }
+    // cudaMemcpyPeer, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
+    Runtime 13 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@@libcudart.so.13" fn cudaMemcpyPeer_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
+        real(dst, dstDevice, src, srcDevice, count)
+    }
+    // cudaMemcpyPeerAsync, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
+    Runtime 13 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@@libcudart.so.13" fn cudaMemcpyPeerAsync_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
+        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
+        real(dst, dstDevice, src, srcDevice, count, stream)
+    }
+    // cudaSetDevice, cuda_runtime_api.h 13: ordinal(device)
+    Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal(device), "device={device}");
+        real(device)
+    }
+    // cudaSetValidDevices, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaSetValidDevices" "cudaSetValidDevices" same true symver "cudaSetValidDevices@@libcudart.so.13" fn cudaSetValidDevices_cu13(device_arr: *mut c_int, len: c_int) -> CudaError |real| {
+        gate!(reach::device_list(device_arr, len), "len={len}");
+        real(device_arr, len)
+    }
 }
 
-/// Every guarded ABI name and its entry, sorted by name (binary search: `table::find_abi`).
-pub static BY_ABI: [(&str, u16); 165] = [
+/// The runtime majors wrapped, each with its own parameters; the version node of each.
+pub const RUNTIME_MAJORS: [u8; 2] = [12, 13];
+
+/// The version node of a wrapped runtime major (`libcudart.so.12`).
+pub fn runtime_node(major: u8) -> Option<&'static ::std::ffi::CStr> {
+    match major {
+        12 => Some(c"libcudart.so.12"),
+        13 => Some(c"libcudart.so.13"),
+        _ => None,
+    }
+}
+
+/// Every guarded ABI name and its entries (a runtime name: one per major, in major
+/// order), sorted by name (binary search: `table::find_abi`).
+pub static BY_ABI: [(&str, u16); 204] = [
     ("cuCheckpointProcessRestore", Id::cuCheckpointProcessRestore as u16),
     ("cuCtxCreate", Id::cuCtxCreate as u16),
     ("cuCtxCreate_v2", Id::cuCtxCreate_v2 as u16),
@@ -1140,61 +1422,100 @@ pub static BY_ABI: [(&str, u16); 165] = [
     ("cuMulticastBindMem", Id::cuMulticastBindMem as u16),
     ("cuMulticastBindMem_v2", Id::cuMulticastBindMem_v2 as u16),
     ("cuMulticastUnbind", Id::cuMulticastUnbind as u16),
-    ("cudaChooseDevice", Id::cudaChooseDevice as u16),
-    ("cudaDeviceCanAccessPeer", Id::cudaDeviceCanAccessPeer as u16),
-    ("cudaDeviceEnablePeerAccess", Id::cudaDeviceEnablePeerAccess as u16),
-    ("cudaDeviceGetAttribute", Id::cudaDeviceGetAttribute as u16),
-    ("cudaDeviceGetDefaultMemPool", Id::cudaDeviceGetDefaultMemPool as u16),
-    ("cudaDeviceGetDevResource", Id::cudaDeviceGetDevResource as u16),
-    ("cudaDeviceGetExecutionCtx", Id::cudaDeviceGetExecutionCtx as u16),
-    ("cudaDeviceGetGraphMemAttribute", Id::cudaDeviceGetGraphMemAttribute as u16),
-    ("cudaDeviceGetHostAtomicCapabilities", Id::cudaDeviceGetHostAtomicCapabilities as u16),
-    ("cudaDeviceGetMemPool", Id::cudaDeviceGetMemPool as u16),
-    ("cudaDeviceGetNvSciSyncAttributes", Id::cudaDeviceGetNvSciSyncAttributes as u16),
-    ("cudaDeviceGetP2PAtomicCapabilities", Id::cudaDeviceGetP2PAtomicCapabilities as u16),
-    ("cudaDeviceGetP2PAttribute", Id::cudaDeviceGetP2PAttribute as u16),
-    ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId as u16),
-    ("cudaDeviceGetTexture1DLinearMaxWidth", Id::cudaDeviceGetTexture1DLinearMaxWidth as u16),
-    ("cudaDeviceGraphMemTrim", Id::cudaDeviceGraphMemTrim as u16),
-    ("cudaDeviceSetGraphMemAttribute", Id::cudaDeviceSetGraphMemAttribute as u16),
-    ("cudaDeviceSetMemPool", Id::cudaDeviceSetMemPool as u16),
-    ("cudaGetDeviceProperties", Id::cudaGetDeviceProperties as u16),
-    ("cudaGetDeviceProperties_v2", Id::cudaGetDeviceProperties_v2 as u16),
-    ("cudaGetDriverEntryPoint", Id::cudaGetDriverEntryPoint as u16),
-    ("cudaGetDriverEntryPointByVersion", Id::cudaGetDriverEntryPointByVersion as u16),
-    ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz as u16),
-    ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz as u16),
-    ("cudaGraphAddMemAllocNode", Id::cudaGraphAddMemAllocNode as u16),
-    ("cudaGraphAddNode_v2", Id::cudaGraphAddNode_v2 as u16),
-    ("cudaGraphExecNodeSetParams", Id::cudaGraphExecNodeSetParams as u16),
-    ("cudaGraphNodeSetParams", Id::cudaGraphNodeSetParams as u16),
-    ("cudaGreenCtxCreate", Id::cudaGreenCtxCreate as u16),
-    ("cudaImportExternalMemory", Id::cudaImportExternalMemory as u16),
-    ("cudaInitDevice", Id::cudaInitDevice as u16),
-    ("cudaIpcGetEventHandle", Id::cudaIpcGetEventHandle as u16),
-    ("cudaIpcGetMemHandle", Id::cudaIpcGetMemHandle as u16),
-    ("cudaIpcOpenEventHandle", Id::cudaIpcOpenEventHandle as u16),
-    ("cudaIpcOpenMemHandle", Id::cudaIpcOpenMemHandle as u16),
-    ("cudaKernelSetAttributeForDevice", Id::cudaKernelSetAttributeForDevice as u16),
-    ("cudaLaunchCooperativeKernelMultiDevice", Id::cudaLaunchCooperativeKernelMultiDevice as u16),
-    ("cudaMemDiscardAndPrefetchBatchAsync", Id::cudaMemDiscardAndPrefetchBatchAsync as u16),
-    ("cudaMemDiscardAndPrefetchBatchAsync_ptsz", Id::cudaMemDiscardAndPrefetchBatchAsync_ptsz as u16),
-    ("cudaMemGetDefaultMemPool", Id::cudaMemGetDefaultMemPool as u16),
-    ("cudaMemGetMemPool", Id::cudaMemGetMemPool as u16),
-    ("cudaMemPoolSetAccess", Id::cudaMemPoolSetAccess as u16),
-    ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync as u16),
-    ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz as u16),
-    ("cudaMemPrefetchBatchAsync", Id::cudaMemPrefetchBatchAsync as u16),
-    ("cudaMemPrefetchBatchAsync_ptsz", Id::cudaMemPrefetchBatchAsync_ptsz as u16),
-    ("cudaMemSetMemPool", Id::cudaMemSetMemPool as u16),
-    ("cudaMemcpy3DPeer", Id::cudaMemcpy3DPeer as u16),
-    ("cudaMemcpy3DPeerAsync", Id::cudaMemcpy3DPeerAsync as u16),
-    ("cudaMemcpy3DPeerAsync_ptsz", Id::cudaMemcpy3DPeerAsync_ptsz as u16),
-    ("cudaMemcpy3DPeer_ptds", Id::cudaMemcpy3DPeer_ptds as u16),
-    ("cudaMemcpyPeer", Id::cudaMemcpyPeer as u16),
-    ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync as u16),
-    ("cudaSetDevice", Id::cudaSetDevice as u16),
-    ("cudaSetValidDevices", Id::cudaSetValidDevices as u16),
+    ("cudaChooseDevice", Id::cudaChooseDevice_cu12 as u16),
+    ("cudaChooseDevice", Id::cudaChooseDevice_cu13 as u16),
+    ("cudaDeviceCanAccessPeer", Id::cudaDeviceCanAccessPeer_cu12 as u16),
+    ("cudaDeviceCanAccessPeer", Id::cudaDeviceCanAccessPeer_cu13 as u16),
+    ("cudaDeviceEnablePeerAccess", Id::cudaDeviceEnablePeerAccess_cu12 as u16),
+    ("cudaDeviceEnablePeerAccess", Id::cudaDeviceEnablePeerAccess_cu13 as u16),
+    ("cudaDeviceGetAttribute", Id::cudaDeviceGetAttribute_cu12 as u16),
+    ("cudaDeviceGetAttribute", Id::cudaDeviceGetAttribute_cu13 as u16),
+    ("cudaDeviceGetDefaultMemPool", Id::cudaDeviceGetDefaultMemPool_cu12 as u16),
+    ("cudaDeviceGetDefaultMemPool", Id::cudaDeviceGetDefaultMemPool_cu13 as u16),
+    ("cudaDeviceGetDevResource", Id::cudaDeviceGetDevResource_cu13 as u16),
+    ("cudaDeviceGetExecutionCtx", Id::cudaDeviceGetExecutionCtx_cu13 as u16),
+    ("cudaDeviceGetGraphMemAttribute", Id::cudaDeviceGetGraphMemAttribute_cu12 as u16),
+    ("cudaDeviceGetGraphMemAttribute", Id::cudaDeviceGetGraphMemAttribute_cu13 as u16),
+    ("cudaDeviceGetHostAtomicCapabilities", Id::cudaDeviceGetHostAtomicCapabilities_cu13 as u16),
+    ("cudaDeviceGetMemPool", Id::cudaDeviceGetMemPool_cu12 as u16),
+    ("cudaDeviceGetMemPool", Id::cudaDeviceGetMemPool_cu13 as u16),
+    ("cudaDeviceGetNvSciSyncAttributes", Id::cudaDeviceGetNvSciSyncAttributes_cu12 as u16),
+    ("cudaDeviceGetNvSciSyncAttributes", Id::cudaDeviceGetNvSciSyncAttributes_cu13 as u16),
+    ("cudaDeviceGetP2PAtomicCapabilities", Id::cudaDeviceGetP2PAtomicCapabilities_cu13 as u16),
+    ("cudaDeviceGetP2PAttribute", Id::cudaDeviceGetP2PAttribute_cu12 as u16),
+    ("cudaDeviceGetP2PAttribute", Id::cudaDeviceGetP2PAttribute_cu13 as u16),
+    ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId_cu12 as u16),
+    ("cudaDeviceGetPCIBusId", Id::cudaDeviceGetPCIBusId_cu13 as u16),
+    ("cudaDeviceGetTexture1DLinearMaxWidth", Id::cudaDeviceGetTexture1DLinearMaxWidth_cu12 as u16),
+    ("cudaDeviceGetTexture1DLinearMaxWidth", Id::cudaDeviceGetTexture1DLinearMaxWidth_cu13 as u16),
+    ("cudaDeviceGraphMemTrim", Id::cudaDeviceGraphMemTrim_cu12 as u16),
+    ("cudaDeviceGraphMemTrim", Id::cudaDeviceGraphMemTrim_cu13 as u16),
+    ("cudaDeviceSetGraphMemAttribute", Id::cudaDeviceSetGraphMemAttribute_cu12 as u16),
+    ("cudaDeviceSetGraphMemAttribute", Id::cudaDeviceSetGraphMemAttribute_cu13 as u16),
+    ("cudaDeviceSetMemPool", Id::cudaDeviceSetMemPool_cu12 as u16),
+    ("cudaDeviceSetMemPool", Id::cudaDeviceSetMemPool_cu13 as u16),
+    ("cudaGetDeviceProperties", Id::cudaGetDeviceProperties_cu13 as u16),
+    ("cudaGetDeviceProperties_v2", Id::cudaGetDeviceProperties_v2_cu12 as u16),
+    ("cudaGetDriverEntryPoint", Id::cudaGetDriverEntryPoint_cu12 as u16),
+    ("cudaGetDriverEntryPoint", Id::cudaGetDriverEntryPoint_cu13 as u16),
+    ("cudaGetDriverEntryPointByVersion", Id::cudaGetDriverEntryPointByVersion_cu12 as u16),
+    ("cudaGetDriverEntryPointByVersion", Id::cudaGetDriverEntryPointByVersion_cu13 as u16),
+    ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz_cu12 as u16),
+    ("cudaGetDriverEntryPointByVersion_ptsz", Id::cudaGetDriverEntryPointByVersion_ptsz_cu13 as u16),
+    ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz_cu12 as u16),
+    ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz_cu13 as u16),
+    ("cudaGraphAddMemAllocNode", Id::cudaGraphAddMemAllocNode_cu12 as u16),
+    ("cudaGraphAddMemAllocNode", Id::cudaGraphAddMemAllocNode_cu13 as u16),
+    ("cudaGraphAddNode_v2", Id::cudaGraphAddNode_v2_cu12 as u16),
+    ("cudaGraphExecNodeSetParams", Id::cudaGraphExecNodeSetParams_cu12 as u16),
+    ("cudaGraphExecNodeSetParams", Id::cudaGraphExecNodeSetParams_cu13 as u16),
+    ("cudaGraphNodeSetParams", Id::cudaGraphNodeSetParams_cu12 as u16),
+    ("cudaGraphNodeSetParams", Id::cudaGraphNodeSetParams_cu13 as u16),
+    ("cudaGreenCtxCreate", Id::cudaGreenCtxCreate_cu13 as u16),
+    ("cudaImportExternalMemory", Id::cudaImportExternalMemory_cu12 as u16),
+    ("cudaImportExternalMemory", Id::cudaImportExternalMemory_cu13 as u16),
+    ("cudaInitDevice", Id::cudaInitDevice_cu12 as u16),
+    ("cudaInitDevice", Id::cudaInitDevice_cu13 as u16),
+    ("cudaIpcGetEventHandle", Id::cudaIpcGetEventHandle_cu12 as u16),
+    ("cudaIpcGetEventHandle", Id::cudaIpcGetEventHandle_cu13 as u16),
+    ("cudaIpcGetMemHandle", Id::cudaIpcGetMemHandle_cu12 as u16),
+    ("cudaIpcGetMemHandle", Id::cudaIpcGetMemHandle_cu13 as u16),
+    ("cudaIpcOpenEventHandle", Id::cudaIpcOpenEventHandle_cu12 as u16),
+    ("cudaIpcOpenEventHandle", Id::cudaIpcOpenEventHandle_cu13 as u16),
+    ("cudaIpcOpenMemHandle", Id::cudaIpcOpenMemHandle_cu12 as u16),
+    ("cudaIpcOpenMemHandle", Id::cudaIpcOpenMemHandle_cu13 as u16),
+    ("cudaKernelSetAttributeForDevice", Id::cudaKernelSetAttributeForDevice_cu12 as u16),
+    ("cudaKernelSetAttributeForDevice", Id::cudaKernelSetAttributeForDevice_cu13 as u16),
+    ("cudaLaunchCooperativeKernelMultiDevice", Id::cudaLaunchCooperativeKernelMultiDevice_cu12 as u16),
+    ("cudaMemDiscardAndPrefetchBatchAsync", Id::cudaMemDiscardAndPrefetchBatchAsync_cu13 as u16),
+    ("cudaMemDiscardAndPrefetchBatchAsync_ptsz", Id::cudaMemDiscardAndPrefetchBatchAsync_ptsz_cu13 as u16),
+    ("cudaMemGetDefaultMemPool", Id::cudaMemGetDefaultMemPool_cu13 as u16),
+    ("cudaMemGetMemPool", Id::cudaMemGetMemPool_cu13 as u16),
+    ("cudaMemPoolSetAccess", Id::cudaMemPoolSetAccess_cu12 as u16),
+    ("cudaMemPoolSetAccess", Id::cudaMemPoolSetAccess_cu13 as u16),
+    ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync_cu12 as u16),
+    ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync_cu13 as u16),
+    ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz_cu12 as u16),
+    ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz_cu13 as u16),
+    ("cudaMemPrefetchBatchAsync", Id::cudaMemPrefetchBatchAsync_cu13 as u16),
+    ("cudaMemPrefetchBatchAsync_ptsz", Id::cudaMemPrefetchBatchAsync_ptsz_cu13 as u16),
+    ("cudaMemSetMemPool", Id::cudaMemSetMemPool_cu13 as u16),
+    ("cudaMemcpy3DPeer", Id::cudaMemcpy3DPeer_cu12 as u16),
+    ("cudaMemcpy3DPeer", Id::cudaMemcpy3DPeer_cu13 as u16),
+    ("cudaMemcpy3DPeerAsync", Id::cudaMemcpy3DPeerAsync_cu12 as u16),
+    ("cudaMemcpy3DPeerAsync", Id::cudaMemcpy3DPeerAsync_cu13 as u16),
+    ("cudaMemcpy3DPeerAsync_ptsz", Id::cudaMemcpy3DPeerAsync_ptsz_cu12 as u16),
+    ("cudaMemcpy3DPeerAsync_ptsz", Id::cudaMemcpy3DPeerAsync_ptsz_cu13 as u16),
+    ("cudaMemcpy3DPeer_ptds", Id::cudaMemcpy3DPeer_ptds_cu12 as u16),
+    ("cudaMemcpy3DPeer_ptds", Id::cudaMemcpy3DPeer_ptds_cu13 as u16),
+    ("cudaMemcpyPeer", Id::cudaMemcpyPeer_cu12 as u16),
+    ("cudaMemcpyPeer", Id::cudaMemcpyPeer_cu13 as u16),
+    ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync_cu12 as u16),
+    ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync_cu13 as u16),
+    ("cudaSetDevice", Id::cudaSetDevice_cu12 as u16),
+    ("cudaSetDevice", Id::cudaSetDevice_cu13 as u16),
+    ("cudaSetValidDevices", Id::cudaSetValidDevices_cu12 as u16),
+    ("cudaSetValidDevices", Id::cudaSetValidDevices_cu13 as u16),
 ];
 
 /// Every guarded driver API name with the entries of its ABI variants, sorted by name

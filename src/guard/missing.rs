@@ -17,15 +17,31 @@ pub fn missing<R: Code>(id: usize) -> R {
     if e.first_said(signal_safe::pid()) {
         let mut b = StackBuf::<512>::new();
         prefix(&mut b, "WARN");
-        let lib = match e.lib {
-            crate::guard::table::Lib::Driver => "libcuda.so.1",
-            crate::guard::table::Lib::Runtime => "libcudart.so.12",
-        };
-        let _ = writeln!(
-            b,
-            "{}: the real function was not found in {lib}; returning error 500 (not found). Is the CUDA library installed and on the library path?",
-            e.abi()
-        );
+        match e.lib {
+            crate::guard::table::Lib::Driver => {
+                let _ = writeln!(
+                    b,
+                    "{}: the real function was not found in libcuda.so.1; returning error 500 (not found). Is the CUDA library installed and on the library path?",
+                    e.abi()
+                );
+            }
+            // Each major's wrapper has that major's parameters (guard/majors.rs): one whose
+            // parameters differ between majors never calls another major's runtime.
+            crate::guard::table::Lib::Runtime => {
+                let _ = writeln!(
+                    b,
+                    "{}: the real function was not found in a CUDA {} runtime (libcudart.so.{}){}; returning error 500 (not found). Is the CUDA library installed and on the library path?",
+                    e.abi(),
+                    e.major,
+                    e.major,
+                    if e.same_everywhere {
+                        ""
+                    } else {
+                        ", and its parameters differ in the other CUDA majors, whose runtimes it never calls"
+                    }
+                );
+            }
+        }
         signal_safe::write_all(2, b.as_bytes());
     }
     R::missing()

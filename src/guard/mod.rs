@@ -24,6 +24,7 @@ pub mod ffi;
 pub mod init_check;
 pub mod internal;
 pub mod ipc;
+pub mod majors;
 pub mod missing;
 pub mod once;
 pub mod pyframes;

@@ -4,8 +4,9 @@
 //!   export would otherwise answer.
 //! - Driver functions come from `libcuda.so.1` opened by name (never linked), looked up
 //!   with the real `dlsym`, or are recorded when a program's own `dlsym` found them.
-//! - Runtime functions are the next definition after this library (`RTLD_NEXT`), else the
-//!   already-loaded `libcudart.so.12`.
+//! - Runtime functions are those of the wrapper's own major (`guard/majors.rs`): the next
+//!   definition after this library with that major's version node, else one in a runtime
+//!   loaded privately.
 //!
 //! A pointer that is one of our own wrappers is never recorded as real (a driver that
 //! resolves itself through `dlsym` would get our wrapper back and loop forever). A real
@@ -103,7 +104,41 @@ pub fn get(id: usize) -> *mut c_void {
 #[cold]
 fn resolve(id: usize) -> *mut c_void {
     let e = &TABLE[id];
-    resolve_slot(e.lib, e.abi_cstr(), &e.real)
+    match e.lib {
+        Lib::Driver => resolve_slot(e.lib, e.abi_cstr(), &e.real),
+        // Each runtime wrapper calls its own major's runtime (guard/majors.rs).
+        Lib::Runtime => {
+            let p = crate::guard::majors::resolve(e);
+            if p.is_null() || is_own(p) {
+                return ptr::null_mut();
+            }
+            match e
+                .real
+                .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => p,
+                Err(existing) => existing,
+            }
+        }
+    }
+}
+
+/// `name` in any loaded runtime, whatever its major: the next definition after this
+/// library, else a runtime loaded privately. For runtime functions the guard calls itself
+/// (`internal.rs`) and for wrappers whose parameters are the same in every major.
+pub fn any_runtime(name: &CStr) -> *mut c_void {
+    let mut p = lookup(libc::RTLD_NEXT, name);
+    if p.is_null() || is_own(p) {
+        // Not in the global scope: a runtime loaded privately, as a dependency of a
+        // library dlopen'ed with RTLD_LOCAL (PyTorch's libtorch_cuda.so, CuPy).
+        let h = loaded_runtime();
+        p = if h.is_null() {
+            ptr::null_mut()
+        } else {
+            lookup(h, name)
+        };
+    }
+    p
 }
 
 /// Find the real function `name` of `lib` and record it in `slot` (unless one is recorded
@@ -119,20 +154,7 @@ pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_v
                 lookup(h, name)
             }
         }
-        Lib::Runtime => {
-            let mut p = lookup(libc::RTLD_NEXT, name);
-            if p.is_null() || is_own(p) {
-                // Not in the global scope: a runtime loaded privately, as a dependency of a
-                // library dlopen'ed with RTLD_LOCAL (PyTorch's libtorch_cuda.so, CuPy).
-                let h = loaded_runtime();
-                p = if h.is_null() {
-                    ptr::null_mut()
-                } else {
-                    lookup(h, name)
-                };
-            }
-            p
-        }
+        Lib::Runtime => any_runtime(name),
     };
     if is_own(p) {
         p = ptr::null_mut();

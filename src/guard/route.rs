@@ -87,7 +87,8 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if handle == libc::RTLD_NEXT {
         return std::ptr::null_mut();
     }
-    let Some(id) = table::find_abi(name) else {
+    let entries = table::abi_entries(name);
+    let Some(&(_, first)) = entries.first() else {
         return std::ptr::null_mut();
     };
     if crate::guard::state::try_get().is_some_and(|s| s.inert) {
@@ -98,8 +99,46 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         return std::ptr::null_mut();
     }
     if real::is_own(found) {
+        // An unversioned lookup (RTLD_DEFAULT, the program's own handle) found the guard's
+        // default (CUDA 13) runtime definition. Where no 13 runtime is loaded but one of
+        // another wrapped major is, hand out that major's wrapper: a CUDA 12 process asking
+        // the global scope gets the function with its own parameters (guard/majors.rs).
+        let e = &TABLE[first as usize];
+        if e.lib == table::Lib::Runtime
+            && found
+                == TABLE[entries[entries.len() - 1].1 as usize]
+                    .wrapper()
+                    .cast_mut()
+        {
+            let default = TABLE[entries[entries.len() - 1].1 as usize].major;
+            if crate::guard::majors::in_major(cname, default).is_null() {
+                for &(_, i) in entries.iter().rev().skip(1) {
+                    let p = crate::guard::majors::in_major(cname, TABLE[i as usize].major);
+                    if !p.is_null() {
+                        real::record(i as usize, p);
+                        return TABLE[i as usize].wrapper() as *mut c_void;
+                    }
+                }
+            }
+        }
         return found;
     }
+    let id = if TABLE[first as usize].lib == table::Lib::Driver {
+        first as usize
+    } else {
+        // A runtime function: the wrapper of the major whose version node the handle's
+        // definition carries (guard/majors.rs). A major no wrapper exists for is never
+        // given one with a guessed signature: its function is handed out untouched.
+        match crate::guard::majors::major_at(handle, cname, found)
+            .and_then(|m| entries.iter().find(|&&(_, i)| TABLE[i as usize].major == m))
+        {
+            Some(&(_, i)) => i as usize,
+            None => {
+                crate::guard::majors::notice_unknown();
+                return std::ptr::null_mut();
+            }
+        }
+    };
     real::record(id, found);
     tracing::trace!(symbol = %String::from_utf8_lossy(name), "dlsym: handing out the guard's wrapper");
     TABLE[id].wrapper() as *mut c_void

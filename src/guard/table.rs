@@ -1,11 +1,12 @@
 //! The one declarative table of guarded functions, and the macros that build it.
 //!
-//! `guarded!` (invoked once, in `wrappers.rs`) takes every guarded ABI symbol with its C
-//! signature and body and generates, from that single list:
-//! - the exported wrapper (`#[no_mangle]`, unversioned, so it also satisfies
-//!   `cudaSetDevice@libcudart.so.12` references);
-//! - its entry in [`TABLE`]: ABI name, the API name programs call it by, library, the
-//!   slot of the real function, the wrapper's address.
+//! `guarded!` (invoked once, by `wrappers.rs` including the generated `generated.rs`)
+//! takes every guarded ABI symbol (a runtime one once per major) with its C signature and
+//! body and generates, from that single list:
+//! - the exported wrapper (driver: `#[no_mangle]`, unversioned; runtime: defined under its
+//!   major's version node, `cudaSetDevice@libcudart.so.12` / `@@libcudart.so.13`);
+//! - its entry in [`TABLE`]: ABI name, the API name programs call it by, library, runtime
+//!   major, the slot of the real function, the wrapper's address.
 //!
 //! Every interposition layer (exported symbols, `dlsym`, `cuGetProcAddress`,
 //! `cudaGetDriverEntryPoint`) derives from [`TABLE`]; nothing is listed twice.
@@ -24,6 +25,12 @@ pub enum Lib {
 /// One guarded ABI symbol.
 pub struct Entry {
     pub lib: Lib,
+    /// The runtime major whose parameters this wrapper has (0 for the driver, whose ABI
+    /// symbols never change meaning).
+    pub major: u8,
+    /// Whether this symbol has the same parameters in every wrapped runtime major (always
+    /// for the driver): only then may its wrapper call a runtime of another major.
+    pub same_everywhere: bool,
     /// The API name programs write (`cuCtxCreate` for `cuCtxCreate_v2`): the name
     /// `cuGetProcAddress` is asked for, and the `call` of reports.
     pub call: &'static str,
@@ -44,9 +51,18 @@ pub struct Entry {
 unsafe impl Sync for Entry {}
 
 impl Entry {
-    pub const fn new(lib: Lib, call: &'static str, abi: &'static str, wrapper: *const ()) -> Entry {
+    pub const fn new(
+        lib: Lib,
+        major: u8,
+        same_everywhere: bool,
+        call: &'static str,
+        abi: &'static str,
+        wrapper: *const (),
+    ) -> Entry {
         Entry {
             lib,
+            major,
+            same_everywhere,
             call,
             abi,
             real: AtomicPtr::new(std::ptr::null_mut()),
@@ -92,13 +108,17 @@ pub fn guarded_shape(at: impl Fn(usize) -> u8) -> bool {
             || (at(2) == b'd' && at(3) == b'a' && at(4).is_ascii_uppercase()))
 }
 
-/// The index of the entry whose ABI name is `name`: a binary search of the generated,
-/// sorted [`BY_ABI`].
+/// The entries whose ABI name is `name` (a runtime name: one per wrapped major, in major
+/// order), empty if none: binary searches of the generated, sorted [`BY_ABI`].
+pub fn abi_entries(name: &[u8]) -> &'static [(&'static str, u16)] {
+    let lo = BY_ABI.partition_point(|(abi, _)| abi.as_bytes() < name);
+    let hi = lo + BY_ABI[lo..].partition_point(|(abi, _)| abi.as_bytes() == name);
+    &BY_ABI[lo..hi]
+}
+
+/// The first entry whose ABI name is `name` (the driver's only one).
 pub fn find_abi(name: &[u8]) -> Option<usize> {
-    BY_ABI
-        .binary_search_by(|(abi, _)| abi.as_bytes().cmp(name))
-        .ok()
-        .map(|i| BY_ABI[i].1 as usize)
+    abi_entries(name).first().map(|&(_, id)| id as usize)
 }
 
 /// The entries of every ABI variant of the guarded driver API `name` (`cuCtxCreate`:
@@ -111,49 +131,62 @@ pub fn driver_variants(name: &[u8]) -> Option<&'static [u16]> {
         .map(|i| DRIVER_APIS[i].1)
 }
 
-/// Generates the wrappers and [`TABLE`]. Each item:
-/// `Driver "cuCtxCreate" fn cuCtxCreate | cuCtxCreate_v2 (pctx: *mut CUcontext, ...) -> CuResult |real| { body }`
-/// Several ABI symbols with the same C signature (an old name and its `_v2`, a function and
-/// its `_ptds`/`_ptsz` form) share one body; each gets its own wrapper and table entry. In
-/// the body, `real` is the real function of the symbol being called (already resolved: a
-/// missing one returns 500 before the body runs) and `ID` is its entry's index.
+/// Generates the wrappers and [`TABLE`] from the items of `generated.rs`, one per ABI
+/// symbol and (runtime) major:
+/// `Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true fn cuCtxCreate_v2(pctx: *mut CUcontext, ...) -> CuResult |real| { body }`
+/// `Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(...) -> CudaError |real| { body }`
+/// A runtime wrapper is defined under its major's version node (`symver`, in builds linked
+/// with `src/guard/librankguard.map`: cfg `rankguard_symver`); in other builds the
+/// `fallback` one is exported under the plain name instead. `same` says whether the
+/// symbol's parameters are the same in every wrapped major. In the body, `real` is the real
+/// function of the symbol being called (already resolved: a missing one returns 500 before
+/// the body runs) and `ID` is its entry's index.
 macro_rules! guarded {
-    ($( $lib:ident $call:literal fn $( $sym:ident )|+ ( $( $arg:ident : $ty:ty ),* $(,)? )
+    ($( $lib:ident $major:literal $call:literal $abi:literal same $same:literal
+        $( symver $sv:literal )? $( fallback $fb:literal )?
+        fn $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? )
         -> $ret:ty | $real:ident | $body:block )*) => {
-        // Variants are the C names (`cuCtxGetId` ends with the enum's name).
+        // Variants are the C names (`cuCtxGetId` ends with the enum's name), runtime ones
+        // with their major (`cudaSetDevice_cu13`).
         #[allow(non_camel_case_types, dead_code, clippy::enum_variant_names)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
-        pub enum Id { $( $( $sym, )+ )* }
+        pub enum Id { $( $sym, )* }
 
-        pub const COUNT: usize = [$( $( stringify!($sym), )+ )*].len();
+        pub const COUNT: usize = [$( stringify!($sym), )*].len();
 
         pub static TABLE: [$crate::guard::table::Entry; COUNT] = [
-            $( $( $crate::guard::table::Entry::new(
+            $( $crate::guard::table::Entry::new(
                 $crate::guard::table::Lib::$lib,
+                $major,
+                $same,
                 $call,
-                concat!(stringify!($sym), "\0"),
+                concat!($abi, "\0"),
                 $sym as *const (),
-            ), )+ )*
+            ), )*
         ];
 
-        $( guarded_wrappers! { [ $( $sym )+ ] ( $( $arg : $ty ),* ) -> $ret | $real | $body } )*
-    };
-}
-
-/// The wrappers of one item, one symbol at a time (see [`guarded!`]).
-macro_rules! guarded_wrappers {
-    ([] $($rest:tt)*) => {};
-    ([ $sym:ident $( $more:ident )* ] $args:tt -> $ret:ty | $real:ident | $body:block) => {
-        guarded_wrapper! { $sym $args -> $ret | $real | $body }
-        guarded_wrappers! { [ $( $more )* ] $args -> $ret | $real | $body }
+        $(
+            $( #[cfg(all(not(test), rankguard_symver))]
+               ::core::arch::global_asm!(concat!(".symver ", stringify!($sym), ", ", $sv)); )?
+            guarded_wrapper! { [ $( $fb )? ] $sym ( $( $arg : $ty ),* ) -> $ret | $real | $body }
+        )*
     };
 }
 
 /// One exported wrapper (see [`guarded!`]).
 macro_rules! guarded_wrapper {
-    ($sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty | $real:ident | $body:block) => {
-        #[cfg_attr(not(test), no_mangle)]
+    ([ $fb:literal ] $sym:ident $args:tt -> $ret:ty | $real:ident | $body:block) => {
+        guarded_wrapper! { @fn
+            #[cfg_attr(all(not(test), rankguard_symver), no_mangle)]
+            #[cfg_attr(all(not(test), not(rankguard_symver)), export_name = $fb)]
+            $sym $args -> $ret | $real | $body }
+    };
+    ([] $sym:ident $args:tt -> $ret:ty | $real:ident | $body:block) => {
+        guarded_wrapper! { @fn #[cfg_attr(not(test), no_mangle)] $sym $args -> $ret | $real | $body }
+    };
+    (@fn $( #[$attr:meta] )* $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty | $real:ident | $body:block) => {
+        $( #[$attr] )*
         #[allow(non_snake_case, unused_variables, clippy::missing_safety_doc)]
         pub unsafe extern "C" fn $sym( $( $arg : $ty ),* ) -> $ret {
             #[allow(dead_code)]
@@ -195,7 +228,7 @@ macro_rules! gate {
     }};
 }
 
-pub use crate::guard::wrappers::{Id, BY_ABI, DRIVER_APIS, TABLE};
+pub use crate::guard::wrappers::{runtime_node, Id, BY_ABI, DRIVER_APIS, RUNTIME_MAJORS, TABLE};
 
 #[cfg(test)]
 mod tests {
@@ -204,11 +237,25 @@ mod tests {
     /// The generated indexes are sorted (binary search needs it) and name every entry.
     #[test]
     fn indexes_are_sorted_and_complete() {
-        assert!(BY_ABI.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(BY_ABI.windows(2).all(|w| w[0].0 <= w[1].0));
         assert!(DRIVER_APIS.windows(2).all(|w| w[0].0 < w[1].0));
         assert_eq!(BY_ABI.len(), TABLE.len());
         for (id, e) in TABLE.iter().enumerate() {
-            assert_eq!(find_abi(e.abi().as_bytes()), Some(id), "{}", e.abi());
+            let all = abi_entries(e.abi().as_bytes());
+            assert!(all.iter().any(|&(_, i)| i as usize == id), "{}", e.abi());
+            assert!(all
+                .iter()
+                .all(|&(abi, i)| abi == e.abi() && TABLE[i as usize].lib == e.lib));
+            if e.lib == Lib::Driver {
+                assert_eq!(all.len(), 1, "{}", e.abi());
+                assert_eq!(e.major, 0);
+            } else {
+                assert!(RUNTIME_MAJORS.contains(&e.major), "{}", e.abi());
+                // One per major, in major order.
+                assert!(all
+                    .windows(2)
+                    .all(|w| TABLE[w[0].1 as usize].major < TABLE[w[1].1 as usize].major));
+            }
             if e.lib == Lib::Driver {
                 let vs = driver_variants(e.call.as_bytes()).expect(e.call);
                 assert!(vs.contains(&(id as u16)), "{}", e.abi());
