@@ -681,6 +681,43 @@ int main(int argc, char **argv) {
         int maj, min;
         printf("setup ok\n");
         rc = DRV(PFN_cuDeviceComputeCapability_v2000, abi, call, version)(&maj, &min, dev);
+    } else if (!strcmp(call, "cuDeviceGetProperties")) {
+        CUdevprop prop;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetProperties_v2000, abi, call, version)(&prop, dev);
+    } else if (!strcmp(call, "cuDeviceGetGraphMemAttribute")) {
+        unsigned long long v = 0;
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetGraphMemAttribute_v11040, abi, call, version)(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v);
+    } else if (!strcmp(call, "cuDeviceGetNvSciSyncAttributes")) {
+        char attrs[64]; /* an opaque NvSciSyncAttrList stand-in: the fake never writes it */
+        printf("setup ok\n");
+        rc = DRV(PFN_cuDeviceGetNvSciSyncAttributes_v10020, abi, call, version)(attrs, dev, CUDA_NVSCISYNC_ATTR_SIGNAL);
+    /* CUDA 13 queries (this program is compiled against the 12.9 headers): parameters from
+     * the 13.x cudaTypedefs.h, their 13-only struct and enum types passed as opaque memory. */
+    } else if (!strcmp(call, "cuDeviceGetCliqueCount")) {
+        size_t n = 0;
+        printf("setup ok\n");
+        rc = DRV(CUresult(*)(size_t *, CUdevice), abi, call, version)(&n, dev);
+    } else if (!strcmp(call, "cuDeviceGetCliqueInfo")) {
+        unsigned char info[256];
+        size_t n = 1;
+        printf("setup ok\n");
+        rc = DRV(CUresult(*)(void *, size_t *, CUdevice), abi, call, version)(info, &n, dev);
+    } else if (!strcmp(call, "cuDeviceGetFabricClusterUuid")) {
+        CUuuid u;
+        printf("setup ok\n");
+        rc = DRV(CUresult(*)(CUuuid *, CUdevice), abi, call, version)(&u, dev);
+    } else if (!strcmp(call, "cuDeviceGetHostAtomicCapabilities")) {
+        unsigned caps = 0;
+        int op = 0; /* CU_ATOMIC_OPERATION_INTEGER_ADD */
+        printf("setup ok\n");
+        rc = DRV(CUresult(*)(unsigned *, const void *, unsigned, CUdevice), abi, call, version)(&caps, &op, 1, dev);
+    } else if (!strcmp(call, "cuDeviceGetP2PAtomicCapabilities")) {
+        unsigned caps = 0;
+        int op = 0;
+        printf("setup ok\n");
+        rc = DRV(CUresult(*)(unsigned *, const void *, unsigned, CUdevice, CUdevice), abi, call, version)(&caps, &op, 1, 0, dev);
     } else if (!strcmp(call, "cuDeviceGetLuid")) {
         char luid[8];
         unsigned mask;
