@@ -34,10 +34,10 @@ use crate::guard::table::{self, Entry};
 
 /// At most this many runtimes are looked at (a process with more is not a real case; the
 /// rest are not searched, never an out-of-bounds write).
-const MAX_RUNTIMES: usize = 8;
+pub(crate) const MAX_RUNTIMES: usize = 8;
 
 /// The paths of the loaded objects whose file name starts with `libcudart`, in load order.
-fn loaded_runtimes(out: &mut [*const c_char; MAX_RUNTIMES]) -> usize {
+pub(crate) fn loaded_runtimes(out: &mut [*const c_char; MAX_RUNTIMES]) -> usize {
     struct Found {
         names: [*const c_char; MAX_RUNTIMES],
         n: usize,

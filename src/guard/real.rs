@@ -14,10 +14,11 @@
 //! `CUDA_ERROR_NOT_FOUND`/`cudaErrorSymbolNotFound` (500) and says so.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+use crate::guard::majors;
 use crate::guard::table::{Lib, TABLE};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -170,39 +171,23 @@ pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_v
 
 /// A handle of the CUDA runtime already loaded in this process, whatever its major version
 /// (`libcudart.so.12`, `libcudart.so.13`, ...), or null. Loads nothing: the runtime a
-/// wrapper was reached from is necessarily loaded.
+/// wrapper was reached from is necessarily loaded. The loaded runtimes are listed once, by
+/// [`majors::loaded_runtimes`]; a renamed wheel copy (`libcudart-<hash>.so.12`) is not
+/// taken here.
 fn loaded_runtime() -> *mut c_void {
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info for the duration of the callback;
-        // `data` is the `*const c_char` slot below.
-        unsafe {
-            let name = (*info).dlpi_name;
-            if name.is_null() {
-                return 0;
-            }
-            let bytes = CStr::from_ptr(name).to_bytes();
-            let base = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
-            if base.starts_with(b"libcudart.so") {
-                *data.cast::<*const c_char>() = name;
-                return 1;
-            }
-            0
+    let mut names = [ptr::null(); majors::MAX_RUNTIMES];
+    let n = majors::loaded_runtimes(&mut names);
+    for &name in &names[..n] {
+        // SAFETY: `name` is a loaded object's NUL-terminated name from the loader's records.
+        let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
+        let base = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+        if base.starts_with(b"libcudart.so") {
+            // SAFETY: as above; RTLD_NOLOAD returns a handle only for an object already
+            // loaded, loading nothing.
+            return unsafe { libc::dlopen(name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         }
     }
-    let mut found: *const c_char = ptr::null();
-    // SAFETY: the callback only reads the info it is given and writes `found`; the name
-    // it keeps points into the loader's record of a loaded object, valid while loaded.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut found).cast()) };
-    if found.is_null() {
-        return ptr::null_mut();
-    }
-    // SAFETY: `found` is the loaded object's NUL-terminated name; RTLD_NOLOAD returns a
-    // handle only for an object already loaded, loading nothing.
-    unsafe { libc::dlopen(found, libc::RTLD_LAZY | libc::RTLD_NOLOAD) }
+    ptr::null_mut()
 }
 
 /// Record `p` as entry `id`'s real function unless one is recorded already; returns the
