@@ -187,8 +187,11 @@ init = "from cuda.bindings import driver as cu; print(int(cu.cuInit(0)[0]))"
 same = subprocess.run([sys.executable, "-c", init], capture_output=True, text=True)
 other = subprocess.run([sys.executable, "-c", init], env=dict(os.environ, CUDA_VISIBLE_DEVICES="7"),
                        capture_output=True, text=True)
-print("R1", os.environ["RANK"], same.returncode, same.stdout.strip(), other.returncode,
-      "RANKGUARD" in other.stderr and "R1" in other.stderr, flush=True)
+line = " ".join(map(str, ("R1", os.environ["RANK"], same.returncode, same.stdout.strip(), other.returncode,
+                           "RANKGUARD" in other.stderr and "R1" in other.stderr)))
+# One write() below PIPE_BUF: the two ranks share stdout, and print() under PYTHONUNBUFFERED
+# writes each argument separately, so their lines could interleave.
+os.write(1, (line + "\\n").encode())
 """
 
 
