@@ -153,7 +153,7 @@ SCALARS = {
     "CUmemGenericAllocationHandle": "CUmemGenericAllocationHandle",
     "CUmemGenericAllocationHandle_v1": "CUmemGenericAllocationHandle",
     # C enums are int-sized; the guard never trusts their values to be known ones.
-    "CUmem_advise": "c_int", "CUdevice_attribute": "c_int", "enum cudaDeviceAttr": "c_int",
+    "CUmem_advise": "c_int", "enum cudaMemoryAdvise": "c_int", "CUdevice_attribute": "c_int", "enum cudaDeviceAttr": "c_int",
     "CUmemAllocationHandleType": "c_uint", "CUdriverProcAddressQueryResult": "c_int",
     "enum cudaDriverEntryPointQueryResult": "c_int",
     # By-value structs the guard reads (layouts checked in ffi.rs and layout_check.c).
@@ -196,6 +196,11 @@ POINTEES = {
     "CUcheckpointRestoreArgs": "CUcheckpointRestoreArgsHead",
     "CUmemcpyAttributes": "CUmemcpyAttributes", "CUmemcpyAttributes_v1": "CUmemcpyAttributes",
     "CUgraphNodeParams": "GraphNodeParamsHead", "struct cudaGraphNodeParams": "GraphNodeParamsHead",
+    # Batch and attribute copies' operands (issue 15 item 6).
+    "struct cudaMemcpyAttributes": "CUmemcpyAttributes",
+    "CUDA_MEMCPY3D_BATCH_OP": "Memcpy3DBatchOp", "CUDA_MEMCPY3D_BATCH_OP_v1": "Memcpy3DBatchOp",
+    "struct cudaMemcpy3DBatchOp": "Memcpy3DBatchOp",
+    "CUDA_FABRIC_COPY_BATCH_OP": "FabricCopyBatchOp", "CUDA_FABRIC_COPY_BATCH_OP_v1": "FabricCopyBatchOp",
 }
 HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmemoryPool"}
 
@@ -283,10 +288,12 @@ def choose(entry: Entry, func: Func) -> Policy:
 
 def body(w: Wrapper, rtypes: list[str]) -> str:
     pol = w.policy
-    if pol.kind == "hook":
-        return pol.body
     params = w.func.params
     call = f"real({', '.join(p.name for p in params)})"
+    if pol.kind == "hook":
+        # `real(..)`: the real function with every parameter of this variant, in order (a
+        # runtime function whose parameters differ between majors shares one body).
+        return pol.body.replace("real(..)", call)
     fmt = [s for s in (shown(p, t) for p, t in zip(params, rtypes)) if s]
     a = pol.args
     pre = ""

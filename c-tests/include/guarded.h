@@ -79,13 +79,21 @@
     X(cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz, 13000, "_ptsz") \
     X(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync, 13000, "") \
     X(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz, 13000, "_ptsz") \
-    X(cuCheckpointProcessRestore, cuCheckpointProcessRestore, 12080, "") \
     X(cuMemcpyBatchAsync, cuMemcpyBatchAsync, 12080, "") \
     X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_ptsz, 12080, "_ptsz") \
     X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_v2, 13000, "") \
     X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_v2_ptsz, 13000, "_ptsz") \
     X(cuMemcpyWithAttributesAsync, cuMemcpyWithAttributesAsync, 13020, "") \
     X(cuMemcpyWithAttributesAsync, cuMemcpyWithAttributesAsync_ptsz, 13020, "_ptsz") \
+    X(cuMemcpy3DBatchAsync, cuMemcpy3DBatchAsync, 12080, "") \
+    X(cuMemcpy3DBatchAsync, cuMemcpy3DBatchAsync_ptsz, 12080, "_ptsz") \
+    X(cuMemcpy3DBatchAsync, cuMemcpy3DBatchAsync_v2, 13000, "") \
+    X(cuMemcpy3DBatchAsync, cuMemcpy3DBatchAsync_v2_ptsz, 13000, "_ptsz") \
+    X(cuMemcpy3DWithAttributesAsync, cuMemcpy3DWithAttributesAsync, 13020, "") \
+    X(cuMemcpy3DWithAttributesAsync, cuMemcpy3DWithAttributesAsync_ptsz, 13020, "_ptsz") \
+    X(cuFabricCpyBatchAsync, cuFabricCpyBatchAsync, 13050, "") \
+    X(cuFabricCpyBatchAsync, cuFabricCpyBatchAsync_ptsz, 13050, "_ptsz") \
+    X(cuCheckpointProcessRestore, cuCheckpointProcessRestore, 12080, "") \
     X(cuDeviceGetP2PAttribute, cuDeviceGetP2PAttribute, 8000, "") \
     X(cuDeviceComputeCapability, cuDeviceComputeCapability, 2000, "") \
     X(cuDeviceGetLuid, cuDeviceGetLuid, 10000, "") \
@@ -121,6 +129,10 @@
     X(cudaInitDevice, cudaInitDevice, 12, "") \
     X(cudaMemPrefetchAsync, cudaMemPrefetchAsync, 12, "") \
     X(cudaMemPrefetchAsync, cudaMemPrefetchAsync_ptsz, 12, "_ptsz") \
+    X(cudaMemPrefetchAsync_v2, cudaMemPrefetchAsync_v2, 12, "") \
+    X(cudaMemPrefetchAsync_v2, cudaMemPrefetchAsync_v2_ptsz, 12, "_ptsz") \
+    X(cudaMemAdvise, cudaMemAdvise, 12, "") \
+    X(cudaMemAdvise_v2, cudaMemAdvise_v2, 12, "") \
     X(cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess, 12, "") \
     X(cudaMemcpyPeer, cudaMemcpyPeer, 12, "") \
     X(cudaMemcpyPeerAsync, cudaMemcpyPeerAsync, 12, "") \
@@ -141,9 +153,14 @@
     X(cudaDeviceSetGraphMemAttribute, cudaDeviceSetGraphMemAttribute, 12, "") \
     X(cudaKernelSetAttributeForDevice, cudaKernelSetAttributeForDevice, 12, "") \
     X(cudaGraphAddMemAllocNode, cudaGraphAddMemAllocNode, 12, "") \
+    X(cudaGraphAddNode, cudaGraphAddNode, 12, "") \
     X(cudaGraphAddNode_v2, cudaGraphAddNode_v2, 12, "") \
     X(cudaGraphNodeSetParams, cudaGraphNodeSetParams, 12, "") \
     X(cudaGraphExecNodeSetParams, cudaGraphExecNodeSetParams, 12, "") \
+    X(cudaMemcpyBatchAsync, cudaMemcpyBatchAsync, 12, "") \
+    X(cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz, 12, "_ptsz") \
+    X(cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync, 12, "") \
+    X(cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, 12, "_ptsz") \
     X(cudaSetValidDevices, cudaSetValidDevices, 12, "") \
     X(cudaDeviceGetP2PAttribute, cudaDeviceGetP2PAttribute, 12, "") \
     X(cudaDeviceGetGraphMemAttribute, cudaDeviceGetGraphMemAttribute, 12, "") \
@@ -165,6 +182,7 @@
     X(cudaInitDevice, cudaInitDevice, 13, "") \
     X(cudaMemPrefetchAsync, cudaMemPrefetchAsync, 13, "") \
     X(cudaMemPrefetchAsync, cudaMemPrefetchAsync_ptsz, 13, "_ptsz") \
+    X(cudaMemAdvise, cudaMemAdvise, 13, "") \
     X(cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess, 13, "") \
     X(cudaMemcpyPeer, cudaMemcpyPeer, 13, "") \
     X(cudaMemcpyPeerAsync, cudaMemcpyPeerAsync, 13, "") \
@@ -190,12 +208,21 @@
     X(cudaDeviceSetGraphMemAttribute, cudaDeviceSetGraphMemAttribute, 13, "") \
     X(cudaKernelSetAttributeForDevice, cudaKernelSetAttributeForDevice, 13, "") \
     X(cudaGraphAddMemAllocNode, cudaGraphAddMemAllocNode, 13, "") \
+    X(cudaGraphAddNode, cudaGraphAddNode, 13, "") \
     X(cudaGraphNodeSetParams, cudaGraphNodeSetParams, 13, "") \
     X(cudaGraphExecNodeSetParams, cudaGraphExecNodeSetParams, 13, "") \
     X(cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync, 13, "") \
     X(cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz, 13, "_ptsz") \
     X(cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync, 13, "") \
     X(cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync_ptsz, 13, "_ptsz") \
+    X(cudaMemcpyBatchAsync, cudaMemcpyBatchAsync, 13, "") \
+    X(cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz, 13, "_ptsz") \
+    X(cudaMemcpyWithAttributesAsync, cudaMemcpyWithAttributesAsync, 13, "") \
+    X(cudaMemcpyWithAttributesAsync, cudaMemcpyWithAttributesAsync_ptsz, 13, "_ptsz") \
+    X(cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync, 13, "") \
+    X(cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, 13, "_ptsz") \
+    X(cudaMemcpy3DWithAttributesAsync, cudaMemcpy3DWithAttributesAsync, 13, "") \
+    X(cudaMemcpy3DWithAttributesAsync, cudaMemcpy3DWithAttributesAsync_ptsz, 13, "_ptsz") \
     X(cudaSetValidDevices, cudaSetValidDevices, 13, "") \
     X(cudaDeviceGetP2PAttribute, cudaDeviceGetP2PAttribute, 13, "") \
     X(cudaDeviceGetGraphMemAttribute, cudaDeviceGetGraphMemAttribute, 13, "") \

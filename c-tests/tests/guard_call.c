@@ -217,6 +217,10 @@ static int is(const char *abi, const char *name) {
     return !strncmp(abi, name, n) && (!abi[n] || !strcmp(abi + n, "_ptsz") || !strcmp(abi + n, "_ptds"));
 }
 
+/* Batch and attribute copies, memory advice, the runtime's generic graph node (issue 15's
+ * items 6 and 7): their own block, made before the dispatch below. */
+#include "copies_calls.h"
+
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: guard_call PATH CALL ORDINAL [VERSION]\n");
@@ -237,6 +241,9 @@ int main(int argc, char **argv) {
     if (path == STATIC)
         static_gpa = (PFN_cuGetProcAddress_v12000)need(dlsym(hdrv, "cuGetProcAddress_v2"),
                                                        "cuGetProcAddress_v2");
+
+    if (copies_call(call, ord))
+        return 0;
 
     /* Runtime calls: everything through the runtime. */
     if (!strncmp(call, "cuda", 4)) {
@@ -628,20 +635,6 @@ int main(int argc, char **argv) {
             rc = ((PFN_cuGraphAddNode_v12030)f)(&node, NULL, NULL, NULL, 0, &np);
         else
             rc = ((PFN_cuGraphAddNode_v12020)f)(&node, NULL, NULL, 0, &np);
-    } else if (!strcmp(call, "cuMemcpyBatchAsync")) {
-        /* One device-to-device copy whose destination hint names device ORD (12.8's
-         * signature; the fake has no batch copies: the driver alone answers). */
-        CUdeviceptr a, b;
-        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&a, 256));
-        CHECK_SETUP(((PFN_cuMemAlloc_v3020)linked_fn("cuMemAlloc_v2"))(&b, 256));
-        CUmemcpyAttributes attr;
-        memset(&attr, 0, sizeof attr);
-        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-        attr.srcLocHint.type = attr.dstLocHint.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        attr.dstLocHint.id = ord;
-        size_t size = 256, idx = 0, fail = 0;
-        printf("setup ok (%s)\n", abi);
-        rc = DRV(PFN_cuMemcpyBatchAsync_v12080, abi, call, version)(&b, &a, &size, 1, &attr, &idx, 1, &fail, NULL);
     } else if (!strcmp(call, "cuDeviceGetByPCIBusId")) {
         /* ORDINAL 0: the bus id of the device this process sees first; otherwise physical
          * GPU ORDINAL's (0000:28:00.0 for GPU 1: device 1 when GPUs 0 and 1 are visible). */

@@ -34,6 +34,7 @@ SAME(cudaGetDeviceProperties_v2, cudaError_t (*)(struct cudaDeviceProp*, int));
 SAME(cudaGetDriverEntryPoint, cudaError_t (*)(const char*, void**, unsigned long long, enum cudaDriverEntryPointQueryResult*));
 SAME(cudaGetDriverEntryPointByVersion, cudaError_t (*)(const char*, void**, unsigned int, unsigned long long, enum cudaDriverEntryPointQueryResult*));
 SAME(cudaGraphAddMemAllocNode, cudaError_t (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, size_t, struct cudaMemAllocNodeParams*));
+SAME(cudaGraphAddNode, cudaError_t (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, size_t, struct cudaGraphNodeParams*));
 SAME(cudaGraphAddNode_v2, cudaError_t (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t, struct cudaGraphNodeParams*));
 SAME(cudaGraphExecNodeSetParams, cudaError_t (*)(cudaGraphExec_t, cudaGraphNode_t, struct cudaGraphNodeParams*));
 SAME(cudaGraphNodeSetParams, cudaError_t (*)(cudaGraphNode_t, struct cudaGraphNodeParams*));
@@ -45,10 +46,15 @@ SAME(cudaIpcOpenEventHandle, cudaError_t (*)(cudaEvent_t*, cudaIpcEventHandle_t)
 SAME(cudaIpcOpenMemHandle, cudaError_t (*)(void**, cudaIpcMemHandle_t, unsigned int));
 SAME(cudaKernelSetAttributeForDevice, cudaError_t (*)(cudaKernel_t, enum cudaFuncAttribute, int, int));
 SAME(cudaLaunchCooperativeKernelMultiDevice, cudaError_t (*)(struct cudaLaunchParams*, unsigned int, unsigned int));
+SAME(cudaMemAdvise, cudaError_t (*)(const void*, size_t, enum cudaMemoryAdvise, int));
+SAME(cudaMemAdvise_v2, cudaError_t (*)(const void*, size_t, enum cudaMemoryAdvise, struct cudaMemLocation));
 SAME(cudaMemPoolSetAccess, cudaError_t (*)(cudaMemPool_t, const struct cudaMemAccessDesc*, size_t));
 SAME(cudaMemPrefetchAsync, cudaError_t (*)(const void*, size_t, int, cudaStream_t));
+SAME(cudaMemPrefetchAsync_v2, cudaError_t (*)(const void*, size_t, struct cudaMemLocation, unsigned int, cudaStream_t));
+SAME(cudaMemcpy3DBatchAsync, cudaError_t (*)(size_t, struct cudaMemcpy3DBatchOp*, size_t*, unsigned long long, cudaStream_t));
 SAME(cudaMemcpy3DPeer, cudaError_t (*)(const struct cudaMemcpy3DPeerParms*));
 SAME(cudaMemcpy3DPeerAsync, cudaError_t (*)(const struct cudaMemcpy3DPeerParms*, cudaStream_t));
+SAME(cudaMemcpyBatchAsync, cudaError_t (*)(void**, void**, size_t*, size_t, struct cudaMemcpyAttributes*, size_t*, size_t, size_t*, cudaStream_t));
 SAME(cudaMemcpyPeer, cudaError_t (*)(void*, int, const void*, int, size_t));
 SAME(cudaMemcpyPeerAsync, cudaError_t (*)(void*, int, const void*, int, size_t, cudaStream_t));
 SAME(cudaSetDevice, cudaError_t (*)(int));
@@ -56,6 +62,6 @@ SAME(cudaSetValidDevices, cudaError_t (*)(int*, int));
 
 int main(void)
 {
-    printf("guard_sigs12: 37 wrappers\n");
+    printf("guard_sigs12: 43 wrappers\n");
     return 0;
 }

@@ -38,6 +38,7 @@ SAME(cudaGetDeviceProperties, cudaError_t (*)(struct cudaDeviceProp*, int));
 SAME(cudaGetDriverEntryPoint, cudaError_t (*)(const char*, void**, unsigned long long, enum cudaDriverEntryPointQueryResult*));
 SAME(cudaGetDriverEntryPointByVersion, cudaError_t (*)(const char*, void**, unsigned int, unsigned long long, enum cudaDriverEntryPointQueryResult*));
 SAME(cudaGraphAddMemAllocNode, cudaError_t (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, size_t, struct cudaMemAllocNodeParams*));
+SAME(cudaGraphAddNode, cudaError_t (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t, struct cudaGraphNodeParams*));
 SAME(cudaGraphExecNodeSetParams, cudaError_t (*)(cudaGraphExec_t, cudaGraphNode_t, struct cudaGraphNodeParams*));
 SAME(cudaGraphNodeSetParams, cudaError_t (*)(cudaGraphNode_t, struct cudaGraphNodeParams*));
 SAME(cudaGreenCtxCreate, cudaError_t (*)(cudaExecutionContext_t*, cudaDevResourceDesc_t, int, unsigned int));
@@ -48,6 +49,7 @@ SAME(cudaIpcGetMemHandle, cudaError_t (*)(cudaIpcMemHandle_t*, void*));
 SAME(cudaIpcOpenEventHandle, cudaError_t (*)(cudaEvent_t*, cudaIpcEventHandle_t));
 SAME(cudaIpcOpenMemHandle, cudaError_t (*)(void**, cudaIpcMemHandle_t, unsigned int));
 SAME(cudaKernelSetAttributeForDevice, cudaError_t (*)(cudaKernel_t, enum cudaFuncAttribute, int, int));
+SAME(cudaMemAdvise, cudaError_t (*)(const void*, size_t, enum cudaMemoryAdvise, struct cudaMemLocation));
 SAME(cudaMemDiscardAndPrefetchBatchAsync, cudaError_t (*)(void**, size_t*, size_t, struct cudaMemLocation*, size_t*, size_t, unsigned long long, cudaStream_t));
 SAME(cudaMemGetDefaultMemPool, cudaError_t (*)(cudaMemPool_t*, struct cudaMemLocation*, enum cudaMemAllocationType));
 SAME(cudaMemGetMemPool, cudaError_t (*)(cudaMemPool_t*, struct cudaMemLocation*, enum cudaMemAllocationType));
@@ -55,15 +57,19 @@ SAME(cudaMemPoolSetAccess, cudaError_t (*)(cudaMemPool_t, const struct cudaMemAc
 SAME(cudaMemPrefetchAsync, cudaError_t (*)(const void*, size_t, struct cudaMemLocation, unsigned int, cudaStream_t));
 SAME(cudaMemPrefetchBatchAsync, cudaError_t (*)(void**, size_t*, size_t, struct cudaMemLocation*, size_t*, size_t, unsigned long long, cudaStream_t));
 SAME(cudaMemSetMemPool, cudaError_t (*)(struct cudaMemLocation*, enum cudaMemAllocationType, cudaMemPool_t));
+SAME(cudaMemcpy3DBatchAsync, cudaError_t (*)(size_t, struct cudaMemcpy3DBatchOp*, unsigned long long, cudaStream_t));
 SAME(cudaMemcpy3DPeer, cudaError_t (*)(const struct cudaMemcpy3DPeerParms*));
 SAME(cudaMemcpy3DPeerAsync, cudaError_t (*)(const struct cudaMemcpy3DPeerParms*, cudaStream_t));
+SAME(cudaMemcpy3DWithAttributesAsync, cudaError_t (*)(struct cudaMemcpy3DBatchOp*, unsigned long long, cudaStream_t));
+SAME(cudaMemcpyBatchAsync, cudaError_t (*)(void* const*, const void* const*, const size_t*, size_t, struct cudaMemcpyAttributes*, size_t*, size_t, cudaStream_t));
 SAME(cudaMemcpyPeer, cudaError_t (*)(void*, int, const void*, int, size_t));
 SAME(cudaMemcpyPeerAsync, cudaError_t (*)(void*, int, const void*, int, size_t, cudaStream_t));
+SAME(cudaMemcpyWithAttributesAsync, cudaError_t (*)(void*, const void*, size_t, struct cudaMemcpyAttributes*, cudaStream_t));
 SAME(cudaSetDevice, cudaError_t (*)(int));
 SAME(cudaSetValidDevices, cudaError_t (*)(int*, int));
 
 int main(void)
 {
-    printf("guard_sigs13: 45 wrappers\n");
+    printf("guard_sigs13: 51 wrappers\n");
     return 0;
 }

@@ -148,6 +148,51 @@ pub struct CUmemcpyAttributes {
     pub flags: c_uint,
 }
 
+/// `CUmemcpy3DOperand` / `cudaMemcpy3DOperand` (12.8 and 13.x, same layout) as its
+/// pointer member: the type, then the union, whose pointer member ends with the location
+/// hint (the array member is as large and names no location).
+#[repr(C)]
+pub struct Memcpy3DOperand {
+    pub type_: c_uint,
+    pub ptr: CUdeviceptr,
+    pub rowLength: usize,
+    pub layerHeight: usize,
+    pub locHint: CUmemLocation,
+}
+
+/// `CUDA_MEMCPY3D_BATCH_OP` / `cudaMemcpy3DBatchOp` (12.8 and 13.x, same layout): one copy
+/// of a 3D batch (`cuMemcpy3DBatchAsync`) or an attribute copy (`cuMemcpy3DWithAttributesAsync`).
+#[repr(C)]
+pub struct Memcpy3DBatchOp {
+    pub src: Memcpy3DOperand,
+    pub dst: Memcpy3DOperand,
+    pub extent: [usize; 3],
+    pub srcAccessOrder: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CU_MEMCPY_OPERAND_TYPE_POINTER` = `cudaMemcpyOperandTypePointer` =
+/// `CU_FABRIC_COPY_OPERAND_TYPE_POINTER`: an operand whose location hint is read.
+pub const OPERAND_TYPE_POINTER: c_uint = 1;
+
+/// `CUfabricCpyOperand` (13.5) as its pointer member (the logical-endpoint member is as
+/// large; an endpoint's devices were judged when they were added or bound).
+#[repr(C)]
+pub struct FabricCpyOperand {
+    pub type_: c_uint,
+    pub ptr: CUdeviceptr,
+    pub locHint: CUmemLocation,
+}
+
+/// `CUDA_FABRIC_COPY_BATCH_OP` (13.5): one copy of `cuFabricCpyBatchAsync`.
+#[repr(C)]
+pub struct FabricCopyBatchOp {
+    pub src: FabricCpyOperand,
+    pub dst: FabricCpyOperand,
+    pub size: usize,
+    pub flags: c_uint,
+}
+
 /// The head of `CUcheckpointRestoreArgs`: 13.5 puts the GPU remapping first (12.8 to 13.4
 /// have `reserved[8]`, which must be zero: a NULL array, no pairs).
 #[repr(C)]
@@ -240,6 +285,14 @@ mod layout {
             104
         );
         assert_eq!(size_of::<CUcheckpointGpuPair>(), 32);
+        assert_eq!(size_of::<Memcpy3DOperand>(), 40);
+        assert_eq!(offset_of!(Memcpy3DOperand, locHint), 32);
+        assert_eq!(size_of::<Memcpy3DBatchOp>(), 112);
+        assert_eq!(offset_of!(Memcpy3DBatchOp, dst), 40);
+        assert_eq!(size_of::<FabricCpyOperand>(), 24);
+        assert_eq!(offset_of!(FabricCpyOperand, locHint), 16);
+        assert_eq!(size_of::<FabricCopyBatchOp>(), 64);
+        assert_eq!(offset_of!(FabricCopyBatchOp, dst), 24);
         assert_eq!(offset_of!(MemAllocNodeParamsHead, accessDescCount), 96);
         assert_eq!(size_of::<CUdevice>(), 4);
         assert_eq!(size_of::<CuResult>(), 4);

@@ -229,6 +229,16 @@ guarded! {
         gate!(policy::query(dev), "dev={dev}");
         real(bytes, dev)
     }
+    // cuFabricCpyBatchAsync v13050: hook
+    Driver 0 "cuFabricCpyBatchAsync" "cuFabricCpyBatchAsync" same true fn cuFabricCpyBatchAsync(numOps: usize, opList: *mut FabricCopyBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::fabric_ops(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+        real(numOps, opList, flags, hStream)
+    }
+    // cuFabricCpyBatchAsync v13050_ptsz: hook
+    Driver 0 "cuFabricCpyBatchAsync" "cuFabricCpyBatchAsync_ptsz" same true fn cuFabricCpyBatchAsync_ptsz(numOps: usize, opList: *mut FabricCopyBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::fabric_ops(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+        real(numOps, opList, flags, hStream)
+    }
     // cuGetProcAddress v11030: hook
     Driver 0 "cuGetProcAddress" "cuGetProcAddress" same true fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64) -> CuResult |real| {
         let rc = real(symbol, pfn, driverVersion, flags);
@@ -577,6 +587,26 @@ guarded! {
         gate!(location_at(location), "location={:?}, type={type_}, pool={pool:p}", location.as_ref());
         real(location, type_, pool)
     }
+    // cuMemcpy3DBatchAsync v12080: hook
+    Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync" same true fn cuMemcpy3DBatchAsync(numParams: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+        real(numParams, opList, failIdx, flags, hStream)
+    }
+    // cuMemcpy3DBatchAsync v12080_ptsz: hook
+    Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync_ptsz" same true fn cuMemcpy3DBatchAsync_ptsz(numParams: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+        real(numParams, opList, failIdx, flags, hStream)
+    }
+    // cuMemcpy3DBatchAsync v13000: hook
+    Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync_v2" same true fn cuMemcpy3DBatchAsync_v2(numParams: usize, opList: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+        real(numParams, opList, flags, hStream)
+    }
+    // cuMemcpy3DBatchAsync v13000_ptsz: hook
+    Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync_v2_ptsz" same true fn cuMemcpy3DBatchAsync_v2_ptsz(numParams: usize, opList: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+        real(numParams, opList, flags, hStream)
+    }
     // cuMemcpy3DPeer v4000: hook
     Driver 0 "cuMemcpy3DPeer" "cuMemcpy3DPeer" same true fn cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
         gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
@@ -597,24 +627,34 @@ guarded! {
         gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
         real(pCopy)
     }
+    // cuMemcpy3DWithAttributesAsync v13020: hook
+    Driver 0 "cuMemcpy3DWithAttributesAsync" "cuMemcpy3DWithAttributesAsync" same true fn cuMemcpy3DWithAttributesAsync(op: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+        real(op, flags, hStream)
+    }
+    // cuMemcpy3DWithAttributesAsync v13020_ptsz: hook
+    Driver 0 "cuMemcpy3DWithAttributesAsync" "cuMemcpy3DWithAttributesAsync_ptsz" same true fn cuMemcpy3DWithAttributesAsync_ptsz(op: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
+        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+        real(op, flags, hStream)
+    }
     // cuMemcpyBatchAsync v12080: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync" same true fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
     }
     // cuMemcpyBatchAsync v12080_ptsz: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_ptsz" same true fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
     }
     // cuMemcpyBatchAsync v13000: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_v2" same true fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
     }
     // cuMemcpyBatchAsync v13000_ptsz: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_v2_ptsz" same true fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs), "count={count}, numAttrs={numAttrs} (a location hint)");
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
         real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
     }
     // cuMemcpyPeer v4000: peer_ctx(dstContext, srcContext)
@@ -639,12 +679,12 @@ guarded! {
     }
     // cuMemcpyWithAttributesAsync v13020: hook
     Driver 0 "cuMemcpyWithAttributesAsync" "cuMemcpyWithAttributesAsync" same true fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
+        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:#x}, src={src:#x}, size={size}");
         real(dst, src, size, attr, hStream)
     }
     // cuMemcpyWithAttributesAsync v13020_ptsz: hook
     Driver 0 "cuMemcpyWithAttributesAsync" "cuMemcpyWithAttributesAsync_ptsz" same true fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attr, 1), "size={size} (a location hint)");
+        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:#x}, src={src:#x}, size={size}");
         real(dst, src, size, attr, hStream)
     }
     // cuMulticastAddDevice v12010: ordinal(dev)
@@ -799,6 +839,11 @@ guarded! {
         gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
         real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
     }
+    // cudaGraphAddNode, cuda_runtime_api.h 12: hook
+    Runtime 12 "cudaGraphAddNode" "cudaGraphAddNode" same false symver "cudaGraphAddNode@libcudart.so.12" fallback "cudaGraphAddNode" fn cudaGraphAddNode_cu12(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+    }
     // cudaGraphAddNode_v2, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGraphAddNode_v2" "cudaGraphAddNode_v2" same false symver "cudaGraphAddNode_v2@libcudart.so.12" fallback "cudaGraphAddNode_v2" fn cudaGraphAddNode_v2_cu12(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
@@ -892,6 +937,16 @@ guarded! {
         gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
         real(launchParamsList, numDevices, flags)
     }
+    // cudaMemAdvise, cuda_runtime_api.h 12: ordinal_or_host(device)
+    Runtime 12 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@libcudart.so.12" fallback "cudaMemAdvise" fn cudaMemAdvise_cu12(devPtr: *const c_void, count: usize, advice: c_int, device: c_int) -> CudaError |real| {
+        gate!(policy::ordinal_or_host(device), "devPtr={devPtr:p}, count={count}, advice={advice}, device={device}");
+        real(devPtr, count, advice, device)
+    }
+    // cudaMemAdvise_v2, cuda_runtime_api.h 12: location(location)
+    Runtime 12 "cudaMemAdvise_v2" "cudaMemAdvise_v2" same false symver "cudaMemAdvise_v2@libcudart.so.12" fallback "cudaMemAdvise_v2" fn cudaMemAdvise_v2_cu12(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, advice={advice}, location={location:?}");
+        real(devPtr, count, advice, location)
+    }
     // cudaMemPoolSetAccess, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemPoolSetAccess" "cudaMemPoolSetAccess" same true symver "cudaMemPoolSetAccess@libcudart.so.12" fallback "cudaMemPoolSetAccess" fn cudaMemPoolSetAccess_cu12(memPool: CUmemoryPool, descList: *const CUmemAccessDesc, count: usize) -> CudaError |real| {
         let (verdict, i) = reach::pool_access(memPool, descList, count);
@@ -907,6 +962,26 @@ guarded! {
     Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_ptsz" fn cudaMemPrefetchAsync_ptsz_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
         gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
         real(devPtr, count, dstDevice, stream)
+    }
+    // cudaMemPrefetchAsync_v2, cuda_runtime_api.h 12: location(location)
+    Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2" same false symver "cudaMemPrefetchAsync_v2@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2" fn cudaMemPrefetchAsync_v2_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        real(devPtr, count, location, flags, stream)
+    }
+    // cudaMemPrefetchAsync_v2 _ptsz, cuda_runtime_api.h 12: location(location)
+    Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2_ptsz" same false symver "cudaMemPrefetchAsync_v2_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2_ptsz" fn cudaMemPrefetchAsync_v2_ptsz_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+        real(devPtr, count, location, flags, stream)
+    }
+    // cudaMemcpy3DBatchAsync, cuda_runtime_api.h 12: hook
+    Runtime 12 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync" same false symver "cudaMemcpy3DBatchAsync@libcudart.so.12" fallback "cudaMemcpy3DBatchAsync" fn cudaMemcpy3DBatchAsync_cu12(numOps: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+        real(numOps, opList, failIdx, flags, stream)
+    }
+    // cudaMemcpy3DBatchAsync _ptsz, cuda_runtime_api.h 12: hook
+    Runtime 12 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync_ptsz" same false symver "cudaMemcpy3DBatchAsync_ptsz@libcudart.so.12" fallback "cudaMemcpy3DBatchAsync_ptsz" fn cudaMemcpy3DBatchAsync_ptsz_cu12(numOps: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+        real(numOps, opList, failIdx, flags, stream)
     }
     // cudaMemcpy3DPeer, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer" same true symver "cudaMemcpy3DPeer@libcudart.so.12" fallback "cudaMemcpy3DPeer" fn cudaMemcpy3DPeer_cu12(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
@@ -935,6 +1010,16 @@ guarded! {
             gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
         }
         real(p)
+    }
+    // cudaMemcpyBatchAsync, cuda_runtime_api.h 12: hook
+    Runtime 12 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync" same false symver "cudaMemcpyBatchAsync@libcudart.so.12" fallback "cudaMemcpyBatchAsync" fn cudaMemcpyBatchAsync_cu12(dsts: *mut *mut c_void, srcs: *mut *mut c_void, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
+    }
+    // cudaMemcpyBatchAsync _ptsz, cuda_runtime_api.h 12: hook
+    Runtime 12 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync_ptsz" same false symver "cudaMemcpyBatchAsync_ptsz@libcudart.so.12" fallback "cudaMemcpyBatchAsync_ptsz" fn cudaMemcpyBatchAsync_ptsz_cu12(dsts: *mut *mut c_void, srcs: *mut *mut c_void, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
     Runtime 12 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@libcudart.so.12" fallback "cudaMemcpyPeer" fn cudaMemcpyPeer_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
@@ -1100,6 +1185,11 @@ guarded! {
         gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
         real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
     }
+    // cudaGraphAddNode, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaGraphAddNode" "cudaGraphAddNode" same false symver "cudaGraphAddNode@@libcudart.so.13" fn cudaGraphAddNode_cu13(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
+        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+        real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
+    }
     // cudaGraphExecNodeSetParams, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGraphExecNodeSetParams" "cudaGraphExecNodeSetParams" same true symver "cudaGraphExecNodeSetParams@@libcudart.so.13" fn cudaGraphExecNodeSetParams_cu13(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
         gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
@@ -1188,6 +1278,11 @@ guarded! {
         gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
         real(kernel, attr, value, device)
     }
+    // cudaMemAdvise, cuda_runtime_api.h 13: location(location)
+    Runtime 13 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@@libcudart.so.13" fn cudaMemAdvise_cu13(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| {
+        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, advice={advice}, location={location:?}");
+        real(devPtr, count, advice, location)
+    }
     // cudaMemDiscardAndPrefetchBatchAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemDiscardAndPrefetchBatchAsync" "cudaMemDiscardAndPrefetchBatchAsync" same false symver "cudaMemDiscardAndPrefetchBatchAsync@@libcudart.so.13" fn cudaMemDiscardAndPrefetchBatchAsync_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
         gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
@@ -1247,6 +1342,16 @@ guarded! {
         gate!(location_at(location), "location={:?}, type={type_}, memPool={memPool:p}", location.as_ref());
         real(location, type_, memPool)
     }
+    // cudaMemcpy3DBatchAsync, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync" same false symver "cudaMemcpy3DBatchAsync@@libcudart.so.13" fn cudaMemcpy3DBatchAsync_cu13(numOps: usize, opList: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+        real(numOps, opList, flags, stream)
+    }
+    // cudaMemcpy3DBatchAsync _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync_ptsz" same false symver "cudaMemcpy3DBatchAsync_ptsz@@libcudart.so.13" fn cudaMemcpy3DBatchAsync_ptsz_cu13(numOps: usize, opList: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+        real(numOps, opList, flags, stream)
+    }
     // cudaMemcpy3DPeer, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer" same true symver "cudaMemcpy3DPeer@@libcudart.so.13" fn cudaMemcpy3DPeer_cu13(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
         if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
@@ -1275,6 +1380,26 @@ guarded! {
         }
         real(p)
     }
+    // cudaMemcpy3DWithAttributesAsync, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DWithAttributesAsync" "cudaMemcpy3DWithAttributesAsync" same false symver "cudaMemcpy3DWithAttributesAsync@@libcudart.so.13" fn cudaMemcpy3DWithAttributesAsync_cu13(op: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+        real(op, flags, stream)
+    }
+    // cudaMemcpy3DWithAttributesAsync _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpy3DWithAttributesAsync" "cudaMemcpy3DWithAttributesAsync_ptsz" same false symver "cudaMemcpy3DWithAttributesAsync_ptsz@@libcudart.so.13" fn cudaMemcpy3DWithAttributesAsync_ptsz_cu13(op: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+        real(op, flags, stream)
+    }
+    // cudaMemcpyBatchAsync, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync" same false symver "cudaMemcpyBatchAsync@@libcudart.so.13" fn cudaMemcpyBatchAsync_cu13(dsts: *mut c_void, srcs: *const c_void, sizes: *const usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream)
+    }
+    // cudaMemcpyBatchAsync _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync_ptsz" same false symver "cudaMemcpyBatchAsync_ptsz@@libcudart.so.13" fn cudaMemcpyBatchAsync_ptsz_cu13(dsts: *mut c_void, srcs: *const c_void, sizes: *const usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream)
+    }
     // cudaMemcpyPeer, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
     Runtime 13 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@@libcudart.so.13" fn cudaMemcpyPeer_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
         gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
@@ -1284,6 +1409,16 @@ guarded! {
     Runtime 13 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@@libcudart.so.13" fn cudaMemcpyPeerAsync_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
         gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
         real(dst, dstDevice, src, srcDevice, count, stream)
+    }
+    // cudaMemcpyWithAttributesAsync, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpyWithAttributesAsync" "cudaMemcpyWithAttributesAsync" same false symver "cudaMemcpyWithAttributesAsync@@libcudart.so.13" fn cudaMemcpyWithAttributesAsync_cu13(dst: *mut c_void, src: *const c_void, size: usize, attr: *mut CUmemcpyAttributes, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:p}, src={src:p}, size={size}");
+        real(dst, src, size, attr, stream)
+    }
+    // cudaMemcpyWithAttributesAsync _ptsz, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaMemcpyWithAttributesAsync" "cudaMemcpyWithAttributesAsync_ptsz" same false symver "cudaMemcpyWithAttributesAsync_ptsz@@libcudart.so.13" fn cudaMemcpyWithAttributesAsync_ptsz_cu13(dst: *mut c_void, src: *const c_void, size: usize, attr: *mut CUmemcpyAttributes, stream: CUstream) -> CudaError |real| {
+        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:p}, src={src:p}, size={size}");
+        real(dst, src, size, attr, stream)
     }
     // cudaSetDevice, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(device: c_int) -> CudaError |real| {
@@ -1311,7 +1446,7 @@ pub fn runtime_node(major: u8) -> Option<&'static ::std::ffi::CStr> {
 
 /// Every guarded ABI name and its entries (a runtime name: one per major, in major
 /// order), sorted by name (binary search: `table::find_abi`).
-pub static BY_ABI: [(&str, u16); 204] = [
+pub static BY_ABI: [(&str, u16); 231] = [
     ("cuCheckpointProcessRestore", Id::cuCheckpointProcessRestore as u16),
     ("cuCtxCreate", Id::cuCtxCreate as u16),
     ("cuCtxCreate_v2", Id::cuCtxCreate_v2 as u16),
@@ -1355,6 +1490,8 @@ pub static BY_ABI: [(&str, u16); 204] = [
     ("cuDeviceSetMemPool", Id::cuDeviceSetMemPool as u16),
     ("cuDeviceTotalMem", Id::cuDeviceTotalMem as u16),
     ("cuDeviceTotalMem_v2", Id::cuDeviceTotalMem_v2 as u16),
+    ("cuFabricCpyBatchAsync", Id::cuFabricCpyBatchAsync as u16),
+    ("cuFabricCpyBatchAsync_ptsz", Id::cuFabricCpyBatchAsync_ptsz as u16),
     ("cuGetProcAddress", Id::cuGetProcAddress as u16),
     ("cuGetProcAddress_v2", Id::cuGetProcAddress_v2 as u16),
     ("cuGraphAddMemAllocNode", Id::cuGraphAddMemAllocNode as u16),
@@ -1402,10 +1539,16 @@ pub static BY_ABI: [(&str, u16); 204] = [
     ("cuMemPrefetchBatchAsync_ptsz", Id::cuMemPrefetchBatchAsync_ptsz as u16),
     ("cuMemSetAccess", Id::cuMemSetAccess as u16),
     ("cuMemSetMemPool", Id::cuMemSetMemPool as u16),
+    ("cuMemcpy3DBatchAsync", Id::cuMemcpy3DBatchAsync as u16),
+    ("cuMemcpy3DBatchAsync_ptsz", Id::cuMemcpy3DBatchAsync_ptsz as u16),
+    ("cuMemcpy3DBatchAsync_v2", Id::cuMemcpy3DBatchAsync_v2 as u16),
+    ("cuMemcpy3DBatchAsync_v2_ptsz", Id::cuMemcpy3DBatchAsync_v2_ptsz as u16),
     ("cuMemcpy3DPeer", Id::cuMemcpy3DPeer as u16),
     ("cuMemcpy3DPeerAsync", Id::cuMemcpy3DPeerAsync as u16),
     ("cuMemcpy3DPeerAsync_ptsz", Id::cuMemcpy3DPeerAsync_ptsz as u16),
     ("cuMemcpy3DPeer_ptds", Id::cuMemcpy3DPeer_ptds as u16),
+    ("cuMemcpy3DWithAttributesAsync", Id::cuMemcpy3DWithAttributesAsync as u16),
+    ("cuMemcpy3DWithAttributesAsync_ptsz", Id::cuMemcpy3DWithAttributesAsync_ptsz as u16),
     ("cuMemcpyBatchAsync", Id::cuMemcpyBatchAsync as u16),
     ("cuMemcpyBatchAsync_ptsz", Id::cuMemcpyBatchAsync_ptsz as u16),
     ("cuMemcpyBatchAsync_v2", Id::cuMemcpyBatchAsync_v2 as u16),
@@ -1466,6 +1609,8 @@ pub static BY_ABI: [(&str, u16); 204] = [
     ("cudaGetDriverEntryPoint_ptsz", Id::cudaGetDriverEntryPoint_ptsz_cu13 as u16),
     ("cudaGraphAddMemAllocNode", Id::cudaGraphAddMemAllocNode_cu12 as u16),
     ("cudaGraphAddMemAllocNode", Id::cudaGraphAddMemAllocNode_cu13 as u16),
+    ("cudaGraphAddNode", Id::cudaGraphAddNode_cu12 as u16),
+    ("cudaGraphAddNode", Id::cudaGraphAddNode_cu13 as u16),
     ("cudaGraphAddNode_v2", Id::cudaGraphAddNode_v2_cu12 as u16),
     ("cudaGraphExecNodeSetParams", Id::cudaGraphExecNodeSetParams_cu12 as u16),
     ("cudaGraphExecNodeSetParams", Id::cudaGraphExecNodeSetParams_cu13 as u16),
@@ -1487,6 +1632,9 @@ pub static BY_ABI: [(&str, u16); 204] = [
     ("cudaKernelSetAttributeForDevice", Id::cudaKernelSetAttributeForDevice_cu12 as u16),
     ("cudaKernelSetAttributeForDevice", Id::cudaKernelSetAttributeForDevice_cu13 as u16),
     ("cudaLaunchCooperativeKernelMultiDevice", Id::cudaLaunchCooperativeKernelMultiDevice_cu12 as u16),
+    ("cudaMemAdvise", Id::cudaMemAdvise_cu12 as u16),
+    ("cudaMemAdvise", Id::cudaMemAdvise_cu13 as u16),
+    ("cudaMemAdvise_v2", Id::cudaMemAdvise_v2_cu12 as u16),
     ("cudaMemDiscardAndPrefetchBatchAsync", Id::cudaMemDiscardAndPrefetchBatchAsync_cu13 as u16),
     ("cudaMemDiscardAndPrefetchBatchAsync_ptsz", Id::cudaMemDiscardAndPrefetchBatchAsync_ptsz_cu13 as u16),
     ("cudaMemGetDefaultMemPool", Id::cudaMemGetDefaultMemPool_cu13 as u16),
@@ -1497,9 +1645,15 @@ pub static BY_ABI: [(&str, u16); 204] = [
     ("cudaMemPrefetchAsync", Id::cudaMemPrefetchAsync_cu13 as u16),
     ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz_cu12 as u16),
     ("cudaMemPrefetchAsync_ptsz", Id::cudaMemPrefetchAsync_ptsz_cu13 as u16),
+    ("cudaMemPrefetchAsync_v2", Id::cudaMemPrefetchAsync_v2_cu12 as u16),
+    ("cudaMemPrefetchAsync_v2_ptsz", Id::cudaMemPrefetchAsync_v2_ptsz_cu12 as u16),
     ("cudaMemPrefetchBatchAsync", Id::cudaMemPrefetchBatchAsync_cu13 as u16),
     ("cudaMemPrefetchBatchAsync_ptsz", Id::cudaMemPrefetchBatchAsync_ptsz_cu13 as u16),
     ("cudaMemSetMemPool", Id::cudaMemSetMemPool_cu13 as u16),
+    ("cudaMemcpy3DBatchAsync", Id::cudaMemcpy3DBatchAsync_cu12 as u16),
+    ("cudaMemcpy3DBatchAsync", Id::cudaMemcpy3DBatchAsync_cu13 as u16),
+    ("cudaMemcpy3DBatchAsync_ptsz", Id::cudaMemcpy3DBatchAsync_ptsz_cu12 as u16),
+    ("cudaMemcpy3DBatchAsync_ptsz", Id::cudaMemcpy3DBatchAsync_ptsz_cu13 as u16),
     ("cudaMemcpy3DPeer", Id::cudaMemcpy3DPeer_cu12 as u16),
     ("cudaMemcpy3DPeer", Id::cudaMemcpy3DPeer_cu13 as u16),
     ("cudaMemcpy3DPeerAsync", Id::cudaMemcpy3DPeerAsync_cu12 as u16),
@@ -1508,10 +1662,18 @@ pub static BY_ABI: [(&str, u16); 204] = [
     ("cudaMemcpy3DPeerAsync_ptsz", Id::cudaMemcpy3DPeerAsync_ptsz_cu13 as u16),
     ("cudaMemcpy3DPeer_ptds", Id::cudaMemcpy3DPeer_ptds_cu12 as u16),
     ("cudaMemcpy3DPeer_ptds", Id::cudaMemcpy3DPeer_ptds_cu13 as u16),
+    ("cudaMemcpy3DWithAttributesAsync", Id::cudaMemcpy3DWithAttributesAsync_cu13 as u16),
+    ("cudaMemcpy3DWithAttributesAsync_ptsz", Id::cudaMemcpy3DWithAttributesAsync_ptsz_cu13 as u16),
+    ("cudaMemcpyBatchAsync", Id::cudaMemcpyBatchAsync_cu12 as u16),
+    ("cudaMemcpyBatchAsync", Id::cudaMemcpyBatchAsync_cu13 as u16),
+    ("cudaMemcpyBatchAsync_ptsz", Id::cudaMemcpyBatchAsync_ptsz_cu12 as u16),
+    ("cudaMemcpyBatchAsync_ptsz", Id::cudaMemcpyBatchAsync_ptsz_cu13 as u16),
     ("cudaMemcpyPeer", Id::cudaMemcpyPeer_cu12 as u16),
     ("cudaMemcpyPeer", Id::cudaMemcpyPeer_cu13 as u16),
     ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync_cu12 as u16),
     ("cudaMemcpyPeerAsync", Id::cudaMemcpyPeerAsync_cu13 as u16),
+    ("cudaMemcpyWithAttributesAsync", Id::cudaMemcpyWithAttributesAsync_cu13 as u16),
+    ("cudaMemcpyWithAttributesAsync_ptsz", Id::cudaMemcpyWithAttributesAsync_ptsz_cu13 as u16),
     ("cudaSetDevice", Id::cudaSetDevice_cu12 as u16),
     ("cudaSetDevice", Id::cudaSetDevice_cu13 as u16),
     ("cudaSetValidDevices", Id::cudaSetValidDevices_cu12 as u16),
@@ -1520,7 +1682,7 @@ pub static BY_ABI: [(&str, u16); 204] = [
 
 /// Every guarded driver API name with the entries of its ABI variants, sorted by name
 /// (`cuGetProcAddress` routing: `table::driver_variants`).
-pub static DRIVER_APIS: [(&str, &[u16]); 81] = [
+pub static DRIVER_APIS: [(&str, &[u16]); 84] = [
     ("cuCheckpointProcessRestore", &[Id::cuCheckpointProcessRestore as u16]),
     ("cuCtxCreate", &[Id::cuCtxCreate as u16, Id::cuCtxCreate_v2 as u16, Id::cuCtxCreate_v3 as u16, Id::cuCtxCreate_v4 as u16]),
     ("cuCtxEnablePeerAccess", &[Id::cuCtxEnablePeerAccess as u16]),
@@ -1556,6 +1718,7 @@ pub static DRIVER_APIS: [(&str, &[u16]); 81] = [
     ("cuDeviceSetGraphMemAttribute", &[Id::cuDeviceSetGraphMemAttribute as u16]),
     ("cuDeviceSetMemPool", &[Id::cuDeviceSetMemPool as u16]),
     ("cuDeviceTotalMem", &[Id::cuDeviceTotalMem as u16, Id::cuDeviceTotalMem_v2 as u16]),
+    ("cuFabricCpyBatchAsync", &[Id::cuFabricCpyBatchAsync as u16, Id::cuFabricCpyBatchAsync_ptsz as u16]),
     ("cuGetProcAddress", &[Id::cuGetProcAddress as u16, Id::cuGetProcAddress_v2 as u16]),
     ("cuGraphAddMemAllocNode", &[Id::cuGraphAddMemAllocNode as u16]),
     ("cuGraphAddNode", &[Id::cuGraphAddNode as u16, Id::cuGraphAddNode_v2 as u16, Id::cuGraphAddNode_v3 as u16]),
@@ -1592,8 +1755,10 @@ pub static DRIVER_APIS: [(&str, &[u16]); 81] = [
     ("cuMemPrefetchBatchAsync", &[Id::cuMemPrefetchBatchAsync as u16, Id::cuMemPrefetchBatchAsync_ptsz as u16]),
     ("cuMemSetAccess", &[Id::cuMemSetAccess as u16]),
     ("cuMemSetMemPool", &[Id::cuMemSetMemPool as u16]),
+    ("cuMemcpy3DBatchAsync", &[Id::cuMemcpy3DBatchAsync as u16, Id::cuMemcpy3DBatchAsync_ptsz as u16, Id::cuMemcpy3DBatchAsync_v2 as u16, Id::cuMemcpy3DBatchAsync_v2_ptsz as u16]),
     ("cuMemcpy3DPeer", &[Id::cuMemcpy3DPeer as u16, Id::cuMemcpy3DPeer_ptds as u16]),
     ("cuMemcpy3DPeerAsync", &[Id::cuMemcpy3DPeerAsync as u16, Id::cuMemcpy3DPeerAsync_ptsz as u16]),
+    ("cuMemcpy3DWithAttributesAsync", &[Id::cuMemcpy3DWithAttributesAsync as u16, Id::cuMemcpy3DWithAttributesAsync_ptsz as u16]),
     ("cuMemcpyBatchAsync", &[Id::cuMemcpyBatchAsync as u16, Id::cuMemcpyBatchAsync_ptsz as u16, Id::cuMemcpyBatchAsync_v2 as u16, Id::cuMemcpyBatchAsync_v2_ptsz as u16]),
     ("cuMemcpyPeer", &[Id::cuMemcpyPeer as u16, Id::cuMemcpyPeer_ptds as u16]),
     ("cuMemcpyPeerAsync", &[Id::cuMemcpyPeerAsync as u16, Id::cuMemcpyPeerAsync_ptsz as u16]),

@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use crate::guard::driver_query;
 use crate::guard::ffi::{
     cudaMemcpy3DPeerParmsHead, CUcheckpointRestoreArgsHead, CUmemAccessDesc, CUmemLocation,
-    CUmemcpyAttributes, GraphNodeParamsHead, MemAllocNodeParamsHead, CUDA_MEMCPY3D_PEER,
-    CU_MEMORYTYPE_ARRAY, GRAPH_NODE_TYPE_MEM_ALLOC,
+    CUmemcpyAttributes, FabricCopyBatchOp, FabricCpyOperand, GraphNodeParamsHead,
+    MemAllocNodeParamsHead, Memcpy3DBatchOp, Memcpy3DOperand, CUDA_MEMCPY3D_PEER,
+    CU_MEMORYTYPE_ARRAY, GRAPH_NODE_TYPE_MEM_ALLOC, OPERAND_TYPE_POINTER,
 };
 use crate::policy::{self, Verdict};
 
@@ -175,22 +176,70 @@ pub unsafe fn node_params(p: *const GraphNodeParamsHead) -> Verdict {
     }
 }
 
-/// The location hints of batch and attribute copies: observed (a query), never denied.
+/// R2 on the location hints of batch and attribute copies (`cuMemcpyBatchAsync`,
+/// `cuMemcpyWithAttributesAsync`, runtime twins): `srcLocHint` and `dstLocHint` of each of
+/// the first `min(n, count)` attributes (a batch has at most one attribute per copy; the
+/// driver refuses more, so nothing past `count` is read). Host and host-NUMA hints are
+/// not devices.
 ///
 /// # Safety
 /// `attrs` is NULL or points to `n` readable attributes.
-pub unsafe fn copy_hints(attrs: *const CUmemcpyAttributes, n: usize) -> Verdict {
+pub unsafe fn copy_hints(attrs: *const CUmemcpyAttributes, n: usize, count: usize) -> Verdict {
     if attrs.is_null() {
         return Verdict::Allow;
     }
-    // SAFETY: caller guarantees `n` readable attributes.
-    let a = unsafe { std::slice::from_raw_parts(attrs, n) };
+    // SAFETY: caller guarantees `n` readable attributes; fewer are read.
+    let a = unsafe { std::slice::from_raw_parts(attrs, n.min(count)) };
     policy::first(a.iter().flat_map(|x| {
         [
-            policy::location_hint(x.srcLocHint.type_, x.srcLocHint.id),
-            policy::location_hint(x.dstLocHint.type_, x.dstLocHint.id),
+            policy::location(x.srcLocHint.type_, x.srcLocHint.id),
+            policy::location(x.dstLocHint.type_, x.dstLocHint.id),
         ]
     }))
+}
+
+/// R2 on the location hints of the pointer operands of 3D batch and attribute copies
+/// (`cuMemcpy3DBatchAsync`, `cuMemcpy3DWithAttributesAsync`, runtime twins); an array
+/// operand names no location.
+///
+/// # Safety
+/// `ops` is NULL or points to `n` readable operations.
+pub unsafe fn copy_ops_3d(ops: *const Memcpy3DBatchOp, n: usize) -> Verdict {
+    if ops.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `n` readable operations.
+    let s = unsafe { std::slice::from_raw_parts(ops, n) };
+    let hint = |o: &Memcpy3DOperand| {
+        if o.type_ == OPERAND_TYPE_POINTER {
+            policy::location(o.locHint.type_, o.locHint.id)
+        } else {
+            Verdict::Allow
+        }
+    };
+    policy::first(s.iter().flat_map(|op| [hint(&op.src), hint(&op.dst)]))
+}
+
+/// R2 on the location hints of the pointer operands of a fabric copy batch
+/// (`cuFabricCpyBatchAsync`); a logical-endpoint operand's devices were judged when they
+/// were added to or bound in the endpoint.
+///
+/// # Safety
+/// `ops` is NULL or points to `n` readable operations.
+pub unsafe fn fabric_ops(ops: *const FabricCopyBatchOp, n: usize) -> Verdict {
+    if ops.is_null() {
+        return Verdict::Allow;
+    }
+    // SAFETY: caller guarantees `n` readable operations.
+    let s = unsafe { std::slice::from_raw_parts(ops, n) };
+    let hint = |o: &FabricCpyOperand| {
+        if o.type_ == OPERAND_TYPE_POINTER {
+            policy::location(o.locHint.type_, o.locHint.id)
+        } else {
+            Verdict::Allow
+        }
+    };
+    policy::first(s.iter().flat_map(|op| [hint(&op.src), hint(&op.dst)]))
 }
 
 /// R2 on every location of a batch prefetch (`cuMemPrefetchBatchAsync`,
@@ -284,5 +333,81 @@ mod tests {
         let bad = [0, 1];
         // SAFETY: two readable ints.
         assert!(!unsafe { device_list(bad.as_ptr(), 2) }.is_allow());
+    }
+
+    fn loc(type_: u32, id: i32) -> CUmemLocation {
+        CUmemLocation { type_, id }
+    }
+
+    #[test]
+    fn copy_hints_are_r2_and_bounded() {
+        let a = |s: CUmemLocation, d: CUmemLocation| CUmemcpyAttributes {
+            srcAccessOrder: 1,
+            srcLocHint: s,
+            dstLocHint: d,
+            flags: 0,
+        };
+        let attrs = [a(loc(1, 0), loc(2, 5)), a(loc(3, 1), loc(1, 2))];
+        // SAFETY: two readable attributes.
+        assert!(unsafe { copy_hints(attrs.as_ptr(), 1, 3) }.is_allow());
+        // SAFETY: as above.
+        let v = unsafe { copy_hints(attrs.as_ptr(), 2, 3) };
+        assert!(
+            matches!(v, Verdict::Violation(x) if x.rule == policy::Rule::R2),
+            "{v:?}"
+        );
+        // Never past `count`: the second attribute (device 2) is not read for one copy.
+        // SAFETY: as above.
+        assert!(unsafe { copy_hints(attrs.as_ptr(), 2, 1) }.is_allow());
+        // SAFETY: NULL.
+        assert!(unsafe { copy_hints(std::ptr::null(), 5, 5) }.is_allow());
+    }
+
+    #[test]
+    fn operands_hints_only_of_pointers() {
+        let operand = |type_, l| Memcpy3DOperand {
+            type_,
+            ptr: 0x1000,
+            rowLength: 0,
+            layerHeight: 0,
+            locHint: l,
+        };
+        let op = |s, d| Memcpy3DBatchOp {
+            src: s,
+            dst: d,
+            extent: [1, 1, 1],
+            srcAccessOrder: 1,
+            flags: 0,
+        };
+        // An array operand's bytes where a pointer's hint would be are not a location.
+        let ops = [
+            op(operand(1, loc(1, 0)), operand(2, loc(1, 3))),
+            op(operand(1, loc(2, 0)), operand(1, loc(1, 1))),
+        ];
+        // SAFETY: two readable operations.
+        assert!(unsafe { copy_ops_3d(ops.as_ptr(), 1) }.is_allow());
+        // SAFETY: as above.
+        assert!(!unsafe { copy_ops_3d(ops.as_ptr(), 2) }.is_allow());
+        let f = |type_, l| FabricCpyOperand {
+            type_,
+            ptr: 0x1000,
+            locHint: l,
+        };
+        let fops = [FabricCopyBatchOp {
+            src: f(2, loc(1, 7)),
+            dst: f(1, loc(1, 0)),
+            size: 8,
+            flags: 0,
+        }];
+        // SAFETY: one readable operation.
+        assert!(unsafe { fabric_ops(fops.as_ptr(), 1) }.is_allow());
+        let fops = [FabricCopyBatchOp {
+            src: f(1, loc(1, 7)),
+            dst: f(1, loc(1, 0)),
+            size: 8,
+            flags: 0,
+        }];
+        // SAFETY: one readable operation.
+        assert!(!unsafe { fabric_ops(fops.as_ptr(), 1) }.is_allow());
     }
 }

@@ -7,7 +7,8 @@
 # holds is the library's own function even when a preload exports the same names.
 DRV_DIR   := $(HERE)fake/driver
 DRV_OBJ   := $(GEN)/driver
-DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c
+DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c \
+             $(DRV_DIR)/copies.c
 DRV_OBJS  := $(patsubst $(DRV_DIR)/%.c,$(DRV_OBJ)/%.o,$(DRV_SRCS))
 DRV_HDRS  := $(DRV_DIR)/fake.h $(DRV_DIR)/fakecuda_routes.h
 # __CUDA_API_VERSION_INTERNAL: cuda.h then declares every ABI variant under its exported
@@ -21,6 +22,12 @@ fake: $(FAKE)/libcuda.so.1 $(FAKE)/libcuda.so
 $(DRV_OBJ)/%.o: $(DRV_DIR)/%.c $(DRV_HDRS) | check-headers
 	@mkdir -p $(DRV_OBJ)
 	$(CC) $(DRV_CFLAGS) -c -o $@ $<
+
+# copies.c implements CUDA 13's copies (and 12.8's): the 13.x cuda.h declares them all,
+# with their operand structs, so it compiles against that header set.
+$(DRV_OBJ)/copies.o: $(DRV_DIR)/copies.c $(DRV_HDRS) | check-headers13
+	@mkdir -p $(DRV_OBJ)
+	$(CC) $(filter-out -I$(CUDA_INC),$(DRV_CFLAGS)) -I$(CUDA13_INC) -c -o $@ $<
 
 $(GEN)/fakecuda_implemented.txt: $(DRV_OBJS)
 	@mkdir -p $(GEN)

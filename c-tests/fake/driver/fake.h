@@ -108,5 +108,8 @@ void fake_add_ext_mapping(uintptr_t base, size_t size, int fd, int gpu, int mig,
                           struct fake_ctx *ctx);                      /* under fake_lock */
 CUresult fake_copy(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev, size_t n,
                    CUstream s, int async);
+/* A location's validity: a DEVICE one must be visible (CUDA_ERROR_INVALID_DEVICE), host
+ * ones only where allow_host (CUDA_ERROR_INVALID_VALUE otherwise). */
+CUresult fake_check_location(const CUmemLocation *loc, int allow_host);
 
 #endif

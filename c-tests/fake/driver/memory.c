@@ -742,6 +742,11 @@ static CUresult check_location(const CUmemLocation *loc, int allow_host)
     }
 }
 
+CUresult fake_check_location(const CUmemLocation *loc, int allow_host)
+{
+    return check_location(loc, allow_host);
+}
+
 static CUresult check_prop(const CUmemAllocationProp *prop)
 {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)

@@ -282,17 +282,6 @@ pub fn query_pair(a: i32, b: i32) -> Verdict {
     first([query(a), query(b)])
 }
 
-/// A location given only as a hint (batch and attribute copies' `srcLocHint`/`dstLocHint`,
-/// which the driver applies to managed memory): recorded in warn mode when it names a
-/// device other than 0, never denied (the copy itself is between pointers the rank holds).
-#[inline]
-pub fn location_hint(type_: u32, id: i32) -> Verdict {
-    match location(type_, id) {
-        Verdict::Violation(v) => Verdict::Query(v),
-        other => other,
-    }
-}
-
 /// Granting a device access to a memory pool (`cuMemPoolSetAccess`): R2 on the
 /// descriptor's location; and R4 when the pool lives on another device than the one
 /// granted access (PyTorch's allocator enables peer access this way, not through
@@ -473,15 +462,6 @@ mod tests {
         );
         // Host locations are not devices.
         assert!(pool_access(Some(1), HOST_NUMA, 0).is_allow());
-    }
-
-    #[test]
-    fn location_hints_are_observed() {
-        assert!(location_hint(location::DEVICE, 0).is_allow());
-        assert!(location_hint(location::HOST, 3).is_allow());
-        assert!(
-            matches!(location_hint(location::DEVICE, 2), Verdict::Query(v) if v.rule == Rule::R2)
-        );
     }
 
     #[test]
