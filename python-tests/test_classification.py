@@ -47,6 +47,17 @@ def test_every_device_touching_function_of_both_majors_is_classified(found, cls)
     assert {e["api"] for e in found.values()} == {"driver", "runtime"}
 
 
+@pytest.mark.parametrize("name", ["cudaMemAdvise", "cuMemcpyBatchAsync"])
+def test_self_check_a_guarded_function_classified_passed_fails(found, cls, name):
+    """A function the guard wraps cannot be classified `passed` (a stale reason such as
+    NOT YET GUARDED is reported)."""
+    assert cls[name][0] == "enforced"
+    stale = {**cls, name: ("passed", "NOT YET GUARDED")}
+    bad = C.problems(found, stale, C.guarded_names())
+    assert bad == [f"{name}: classified passed but in the guarded table (say which rule it "
+                   "enforces, or observed)"], bad
+
+
 @pytest.mark.parametrize("name", ["cuMemPoolSetAccess", "cudaDeviceGetDefaultMemPool",
                                   "cuDeviceGetP2PAttribute", "cuMulticastBindMem",
                                   "cuMemPrefetchBatchAsync", "cudaGreenCtxCreate"])

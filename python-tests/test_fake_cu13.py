@@ -137,9 +137,11 @@ def test_cu13_every_differing_function_arrives_intact(tmp_path):
     missing = {n for n, _ in sigdiff_names()} - called
     assert not missing, f"cu13_calls does not call {sorted(missing)}: add them"
     codes = dict(r.results)
-    # Implemented: prefetch, properties, cudaSetDevice; the rest are recording stubs.
+    # Implemented: prefetch, properties, cudaSetDevice, advice, batch copies (their arguments
+    # here are not valid copies), the graph node (the fake driver has no graphs: 801).
     assert codes["cudaMemPrefetchAsync"] == 0 and codes["cudaGetDeviceProperties"] == 0
-    assert codes["cudaMemAdvise"] == 801 and codes["cudaGraphAddNode"] == 801
+    assert codes["cudaMemAdvise"] == 0 and codes["cudaGraphAddNode"] == 801
+    assert codes["cudaMemcpyBatchAsync"] == codes["cudaMemcpy3DBatchAsync"] == 1   # invalid value
 
 
 def test_cu13_get_device_properties_of_device_1(tmp_path):

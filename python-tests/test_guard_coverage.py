@@ -46,7 +46,6 @@ DRIVER = [
     ("cuDeviceGetP2PAttribute", [8000], None, None),
     ("cuDeviceComputeCapability", [2000], None, None),
     ("cuDeviceGetLuid", [10000], None, None),
-    ("cuMemcpyBatchAsync", [12080], None, None),
     ("cuDeviceGetByPCIBusId", [4010], None, None),
     ("cuDeviceGraphMemTrim", [11040], "R2", 101),
     ("cuDeviceSetGraphMemAttribute", [11040], "R2", 101),

@@ -22,10 +22,12 @@ R2_POLICIES = {"ordinal", "ordinal_or_host", "location", "location_in", "access"
 
 
 # Issue 15's ranked list has its own set-up per function (a pool, a multicast team, a
-# green context's resources, ...) and is called on every path by test_guard_coverage.py.
+# green context's resources, ...) and is called on every path by test_guard_coverage.py
+# (batch and attribute copies, advice, the runtime's graph node: test_guard_copies.py).
 def _elsewhere():
+    import test_guard_copies as copies
     import test_guard_coverage as cov
-    return {c[0] for c in cov.DRIVER + cov.RUNTIME + cov.RUNTIME13}
+    return {c[0] for c in cov.DRIVER + cov.RUNTIME + cov.RUNTIME13} | copies.COVERED
 
 
 ELSEWHERE = _elsewhere()
@@ -37,7 +39,6 @@ NOT_YET = {
     'cuLogicalEndpointBindAddr',
     'cuLogicalEndpointBindMem',
     'cuLogicalEndpointUnbind',
-    'cuMemcpyWithAttributesAsync',
     'cuMulticastBindAddr',
     'cudaChooseDevice',
     'cudaDeviceGetGraphMemAttribute',

@@ -85,6 +85,8 @@ def problems(found: dict[str, dict], cls: dict[str, tuple[str, str]], guarded: s
            for n in sorted(found) if n not in cls]
     out += [f"{n}: classified {c} but not in the guarded table" for n, (c, _) in sorted(cls.items())
             if c in ("enforced", "observed") and n not in guarded]
+    out += [f"{n}: classified passed but in the guarded table (say which rule it enforces, or observed)"
+            for n, (c, _) in sorted(cls.items()) if c == "passed" and n in guarded]
     return out
 
 

@@ -577,7 +577,10 @@ def render_readme(readme: str, wrappers, entries, rows) -> str:
                 suffix = w.abi[len(name):] if w.abi.startswith(name) else w.abi
                 if f"`{suffix}`" not in extra:
                     extra.append(f"`{suffix}`")
-            if any(not w.same_everywhere for w in ws):
+            majors = sorted({w.majors[0] for w in ws if w.lib == "Runtime"})
+            if majors and len(majors) < len(RUNTIME_MAJORS):
+                extra.append(f"CUDA {' and '.join(map(str, majors))} only")
+            elif any(not w.same_everywhere for w in ws):
                 extra.append("CUDA " + " and ".join(str(m) for m in RUNTIME_MAJORS)
                              + " parameters differ: each major's own")
             calls.append(f"`{name}`" + (f" ({', '.join(extra)})" if extra else ""))

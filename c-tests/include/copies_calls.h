@@ -181,12 +181,12 @@ static struct cudaMemcpy3DBatchOp copies_rt_op(size_t off, size_t rows, int dst_
 static int copies_runtime(const char *call, int ord, int *rc)
 {
     void *s = (void *)copies_rt_stream;
-    if (!strcmp(call, "cudaMemAdvise") || !strcmp(call, "cudaMemAdvise_v2") || !strcmp(call, "cudaMemPrefetchAsync_v2")) {
+    if (!strcmp(call, "cudaMemAdvise") || !strcmp(call, "cudaMemAdvise_v2") || is(call, "cudaMemPrefetchAsync_v2")) {
         /* advice or prefetch of one managed buffer to device ORD */
         struct cudaMemLocation loc = RT_DEVICE_HINT(ord);
         void *f = rt(call);
         printf("setup ok\n");
-        if (!strcmp(call, "cudaMemPrefetchAsync_v2")) {
+        if (is(call, "cudaMemPrefetchAsync_v2")) {
             EXPECT_LOG(RT_MAJOR, call, "devPtr=%p count=%zu location=" LOC_FMT " flags=%u stream=%p",
                        (void *)copies_src, (size_t)COPY_BYTES, LOC_ARGS(loc), 0u, s);
             *rc = ((cudaError_t(*)(const void *, size_t, struct cudaMemLocation, unsigned, cudaStream_t))f)(

@@ -107,13 +107,15 @@ static void sigdiff(void)
     if (cudaMallocManaged(&p, 8192, cudaMemAttachGlobal) != cudaSuccess)
         exit(1);
     cudaStream_t s = make_stream();
-    const struct cudaMemLocation dev1 = { .type = cudaMemLocationTypeDevice, .id = 1 };
+    /* device 0: the guarded runs compare every argument in enforce mode too (denials of
+     * another device: test_guard_copies.py) */
+    const struct cudaMemLocation dev0 = { .type = cudaMemLocationTypeDevice, .id = 0 };
     cudaGraph_t graph = A(0);
     cudaGraphNode_t node = A(1);
 
     EXPECT_LOG(MAJOR, "cudaMemAdvise", "devPtr=%p count=%zu advice=%d location=" LOC_FMT,
-               p, (size_t)8192, (int)cudaMemAdviseSetPreferredLocation, LOC_ARGS(dev1));
-    REPORT_RC("cudaMemAdvise", cudaMemAdvise(p, 8192, cudaMemAdviseSetPreferredLocation, dev1));
+               p, (size_t)8192, (int)cudaMemAdviseSetPreferredLocation, LOC_ARGS(dev0));
+    REPORT_RC("cudaMemAdvise", cudaMemAdvise(p, 8192, cudaMemAdviseSetPreferredLocation, dev0));
 
     EXPECT_LOG(MAJOR, "cudaMemcpyBatchAsync", "dsts=%p srcs=%p sizes=%p count=%zu attrs=%p "
                "attrsIdxs=%p numAttrs=%zu stream=%p", A(2), A(3), A(4), (size_t)3, A(5), A(6),
