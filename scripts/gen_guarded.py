@@ -196,7 +196,8 @@ POINTEES = {
     "CUcheckpointRestoreArgs": "CUcheckpointRestoreArgsHead",
     "CUmemcpyAttributes": "CUmemcpyAttributes", "CUmemcpyAttributes_v1": "CUmemcpyAttributes",
     "CUgraphNodeParams": "GraphNodeParamsHead", "struct cudaGraphNodeParams": "GraphNodeParamsHead",
-    # Batch and attribute copies' operands (issue 15 item 6).
+    # Batch and attribute copies' operands (issue 15 item 6; the fabric operation's layout is
+    # checked against 13.x in layout_check13.c).
     "struct cudaMemcpyAttributes": "CUmemcpyAttributes",
     "CUDA_MEMCPY3D_BATCH_OP": "Memcpy3DBatchOp", "CUDA_MEMCPY3D_BATCH_OP_v1": "Memcpy3DBatchOp",
     "struct cudaMemcpy3DBatchOp": "Memcpy3DBatchOp",

@@ -48,6 +48,15 @@ _Static_assert(offsetof(struct cudaGraphNodeParams, alloc) == 16 && offsetof(str
 _Static_assert(CU_GRAPH_NODE_TYPE_MEM_ALLOC == 10 && cudaGraphNodeTypeMemAlloc == 10, "memory-allocation node type");
 _Static_assert(sizeof(CUmemcpyAttributes) == 24 && offsetof(CUmemcpyAttributes, srcLocHint) == 4 &&
                offsetof(CUmemcpyAttributes, dstLocHint) == 12, "CUmemcpyAttributes");
+_Static_assert(sizeof(CUmemcpy3DOperand) == 40 && offsetof(CUmemcpy3DOperand, op.ptr.ptr) == 8 &&
+               offsetof(CUmemcpy3DOperand, op.ptr.locHint) == 32, "CUmemcpy3DOperand");
+_Static_assert(sizeof(CUDA_MEMCPY3D_BATCH_OP) == 112 && offsetof(CUDA_MEMCPY3D_BATCH_OP, dst) == 40,
+               "CUDA_MEMCPY3D_BATCH_OP");
+_Static_assert(sizeof(struct cudaMemcpy3DBatchOp) == 112 && offsetof(struct cudaMemcpy3DBatchOp, dst) == 40 &&
+               offsetof(struct cudaMemcpy3DBatchOp, dst.op.ptr.locHint) == 72, "cudaMemcpy3DBatchOp");
+_Static_assert(sizeof(struct cudaMemcpyAttributes) == 24 && offsetof(struct cudaMemcpyAttributes, dstLocHint) == 12,
+               "cudaMemcpyAttributes");
+_Static_assert(CU_MEMCPY_OPERAND_TYPE_POINTER == 1 && cudaMemcpyOperandTypePointer == 1, "pointer operand type");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps size");
 _Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescs) == 88, "alloc node accessDescs");
 _Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescCount) == 96, "alloc node accessDescCount");

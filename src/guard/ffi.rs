@@ -5,7 +5,8 @@
 //! Rust enum is undefined behaviour (rustix `src/io/errno.rs` does the same for errno).
 //! Enum-typed fields of C structs we read (`CUmemLocationType`, ...) are `u32` for the same
 //! reason. Layouts follow NVIDIA's `cuda.h` 12.9; `c-tests/tests/layout_check.c` checks the
-//! sizes and offsets we rely on against the real header.
+//! sizes and offsets we rely on against the real header (`c-tests/tests13/layout_check13.c`
+//! those of the 13-only structs against 13.x's).
 #![allow(non_camel_case_types, non_snake_case, dead_code)]
 
 use std::ffi::{c_int, c_uint, c_void};
@@ -256,7 +257,8 @@ mod layout {
     use super::*;
     use std::mem::{offset_of, size_of};
 
-    /// The same numbers c-tests/tests/layout_check.c asserts against NVIDIA's cuda.h.
+    /// The same numbers c-tests/tests/layout_check.c (and layout_check13.c, 13-only structs)
+    /// asserts against NVIDIA's cuda.h.
     #[test]
     fn layouts_match_cuda_h() {
         assert_eq!(size_of::<CUmemLocation>(), 8);

@@ -13,7 +13,7 @@
  *                before the first byte moves;
  *   D-copyarray  the fake has no CUDA arrays: an array operand is CUDA_ERROR_INVALID_VALUE (as
  *                an invalid array handle);
- *   D-fabric     the fake node has no fabric: a logical-endpoint operand is
+ *   D-fabriccpy  the fake node has no fabric: a logical-endpoint operand is
  *                CUDA_ERROR_NOT_SUPPORTED; pointer-to-pointer fabric copies are copies.
  * The stream must not be the legacy NULL stream (cuda.h: "Must not be legacy NULL stream");
  * through the _ptsz exports NULL is the per-thread stream, which is allowed. */
@@ -247,7 +247,7 @@ FAKE_API CUresult CUDAAPI cuMemcpy3DWithAttributesAsync_ptsz(CUDA_MEMCPY3D_BATCH
 static CUresult fabric_operand_ok(const CUfabricCpyOperand *o)
 {
     if (o->type == CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT)
-        return CUDA_ERROR_NOT_SUPPORTED; /* D-fabric */
+        return CUDA_ERROR_NOT_SUPPORTED; /* D-fabriccpy */
     if (o->type != CU_FABRIC_COPY_OPERAND_TYPE_POINTER || !o->op.ptr.ptr)
         return CUDA_ERROR_INVALID_VALUE;
     return hint_ok(&o->op.ptr.locHint);

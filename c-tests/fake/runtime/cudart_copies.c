@@ -9,7 +9,7 @@
  * RT-copy (the docs are silent): the runtime's copy attributes and operations have the
  * driver's layout and this runtime's ordinals are the driver's, so they are passed on as
  * the caller gave them; the driver validates the location hints (c-tests/README.md,
- * D-copyhint). At most 64 copies per batch are not a limit here: nothing is converted. */
+ * D-copyhint; nothing is converted, so a batch has no size limit here). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stddef.h>
