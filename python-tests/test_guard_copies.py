@@ -147,3 +147,22 @@ def test_every_variant_of_these_functions_is_called():
         assert drv[call] == versions, (call, drv[call])
     rt = {(m, abi) for lib, api, _, vs in GUARDED if lib == "runtime" and api in COVERED for abi, m, _ in vs}
     assert rt == set(RUNTIME), sorted(rt ^ set(RUNTIME))
+
+
+BOUND_CASES = [("guard_call13", DRIVER_13, "cuMemcpyBatchAsync", v) for v in ("12080", "13000")] + [
+    (name, driver, "cudaMemcpyBatchAsync", None) for name, driver in RUNTIME_PROG.values()]
+
+
+@pytest.mark.parametrize("name,driver,call,version", BOUND_CASES,
+                         ids=[f"{c}-{n}-{v or 'rt'}" for n, _, c, v in BOUND_CASES])
+def test_attributes_past_the_copy_count_are_not_read(tmp_path, name, driver, call, version):
+    """One attribute more than there are copies, naming device 1: the guard reads at most
+    `count` attributes, so the call reaches the platform, which refuses numAttrs > count
+    itself (the same answer as without the guard), and nothing is recorded."""
+    args = [prog(name), "link", call, "0"] + ([version] if version else [])
+    env = {"COPIES_ATTRS_PAST_COUNT": "1", **({"FAKECUDA_DRIVER_VERSION": driver} if driver else {})}
+    alone = guarded(args, tmp_path, cvd="3", preload=False, **env)
+    r = guarded(args, tmp_path, cvd="3", **env)
+    assert r.rc == 0 and results(r) == results(alone), r.out + r.err + alone.out
+    assert r.value("rc") == 1 and r.value("copied") == 0, r.out    # CUDA_ERROR_INVALID_VALUE
+    assert r.audit == [] and "RANKGUARD" not in r.err, r.err

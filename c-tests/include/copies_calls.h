@@ -11,7 +11,10 @@
  * {DEVICE, ORDINAL}, the others {DEVICE, 0}. Output after "setup ok": "rc=<code>" and
  * "copied=<1|0>" (the destination holds the source's bytes); runtime calls also print
  * "expect <line>" in the fake runtime's argument-log format (arglog_expect.h).
- * Returns 0 when CALL is not one of these. */
+ * With COPIES_ATTRS_PAST_COUNT=1 in the environment, cu/cudaMemcpyBatchAsync pass one
+ * attribute more than there are copies, naming device 1 (numAttrs > count: the driver
+ * refuses it; the guard must not read past count).
+ * copies_call() returns 0 when CALL is not one of these. */
 #ifndef COPIES_CALLS_H
 #define COPIES_CALLS_H
 
@@ -25,6 +28,13 @@ static unsigned char *copies_src, *copies_dst;
 static void copies_report(int rc)
 {
     printf("rc=%d\ncopied=%d\n", rc, !memcmp(copies_src, copies_dst, COPY_BYTES));
+}
+
+/* How many attributes a 1D batch of 2 copies passes (3: one past count, naming device 1). */
+static size_t copies_num_attrs(void)
+{
+    const char *e = getenv("COPIES_ATTRS_PAST_COUNT");
+    return e && !strcmp(e, "1") ? 3 : 2;
 }
 
 #if CUDART_VERSION >= 13000
@@ -75,14 +85,15 @@ static int copies_driver(const char *call, int ord, const char *abi, void *f)
     if (!strcmp(call, "cuMemcpyBatchAsync")) {
         CUdeviceptr dsts[2] = {(CUdeviceptr)(uintptr_t)copies_dst, (CUdeviceptr)(uintptr_t)copies_dst + COPY_BYTES / 2};
         CUdeviceptr srcs[2] = {(CUdeviceptr)(uintptr_t)copies_src, (CUdeviceptr)(uintptr_t)copies_src + COPY_BYTES / 2};
-        size_t sizes[2] = {COPY_BYTES / 2, COPY_BYTES / 2}, idx[2] = {0, 1}, fail = 0;
-        CUmemcpyAttributes attrs[2] = {
+        size_t sizes[2] = {COPY_BYTES / 2, COPY_BYTES / 2}, idx[3] = {0, 1, 2}, fail = 0, n = copies_num_attrs();
+        CUmemcpyAttributes attrs[3] = {
             {CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, HOST_HINT, DEVICE_HINT(0), 0},
             {CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, HOST_HINT, DEVICE_HINT(ord), 0},
+            {CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, HOST_HINT, DEVICE_HINT(1), 0},
         };
         if (is(abi, "cuMemcpyBatchAsync_v2"))
-            return ((PFN_cuMemcpyBatchAsync_v13000)f)(dsts, srcs, sizes, 2, attrs, idx, 2, copies_stream);
-        return ((PFN_cuMemcpyBatchAsync_v12080)f)(dsts, srcs, sizes, 2, attrs, idx, 2, &fail, copies_stream);
+            return ((PFN_cuMemcpyBatchAsync_v13000)f)(dsts, srcs, sizes, 2, attrs, idx, n, copies_stream);
+        return ((PFN_cuMemcpyBatchAsync_v12080)f)(dsts, srcs, sizes, 2, attrs, idx, n, &fail, copies_stream);
     }
     if (!strcmp(call, "cuMemcpyWithAttributesAsync")) {
         CUmemcpyAttributes attr = {CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, HOST_HINT, DEVICE_HINT(ord), 0};
@@ -207,27 +218,28 @@ static int copies_runtime(const char *call, int ord, int *rc)
     if (is(call, "cudaMemcpyBatchAsync")) {
         void *dsts[2] = {copies_dst, copies_dst + COPY_BYTES / 2};
         void *srcs[2] = {copies_src, copies_src + COPY_BYTES / 2};
-        size_t sizes[2] = {COPY_BYTES / 2, COPY_BYTES / 2}, idx[2] = {0, 1};
-        struct cudaMemcpyAttributes attrs[2] = {
+        size_t sizes[2] = {COPY_BYTES / 2, COPY_BYTES / 2}, idx[3] = {0, 1, 2}, n = copies_num_attrs();
+        struct cudaMemcpyAttributes attrs[3] = {
             {cudaMemcpySrcAccessOrderStream, RT_HOST_HINT, RT_DEVICE_HINT(0), 0},
             {cudaMemcpySrcAccessOrderStream, RT_HOST_HINT, RT_DEVICE_HINT(ord), 0},
+            {cudaMemcpySrcAccessOrderStream, RT_HOST_HINT, RT_DEVICE_HINT(1), 0},
         };
         void *f = rt(call);
         printf("setup ok\n");
 #if RT_MAJOR >= 13
         EXPECT_LOG(RT_MAJOR, call, "dsts=%p srcs=%p sizes=%p count=%zu attrs=%p attrsIdxs=%p numAttrs=%zu "
                    "stream=%p", (void *)dsts, (void *)srcs, (void *)sizes, (size_t)2, (void *)attrs,
-                   (void *)idx, (size_t)2, s);
+                   (void *)idx, n, s);
         *rc = ((cudaError_t(*)(void *const *, const void *const *, const size_t *, size_t,
                                struct cudaMemcpyAttributes *, size_t *, size_t, cudaStream_t))f)(
-            dsts, (const void *const *)srcs, sizes, 2, attrs, idx, 2, copies_rt_stream);
+            dsts, (const void *const *)srcs, sizes, 2, attrs, idx, n, copies_rt_stream);
 #else
         size_t fail = 0;
         EXPECT_LOG(RT_MAJOR, call, "dsts=%p srcs=%p sizes=%p count=%zu attrs=%p attrsIdxs=%p numAttrs=%zu "
                    "failIdx=%p stream=%p", (void *)dsts, (void *)srcs, (void *)sizes, (size_t)2,
-                   (void *)attrs, (void *)idx, (size_t)2, (void *)&fail, s);
+                   (void *)attrs, (void *)idx, n, (void *)&fail, s);
         *rc = ((cudaError_t(*)(void **, void **, size_t *, size_t, struct cudaMemcpyAttributes *, size_t *,
-                               size_t, size_t *, cudaStream_t))f)(dsts, srcs, sizes, 2, attrs, idx, 2, &fail,
+                               size_t, size_t *, cudaStream_t))f)(dsts, srcs, sizes, 2, attrs, idx, n, &fail,
                                                                   copies_rt_stream);
 #endif
         return 1;
