@@ -7,14 +7,21 @@
 # holds is the library's own function even when a preload exports the same names.
 DRV_DIR   := $(HERE)fake/driver
 DRV_OBJ   := $(GEN)/driver
-DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c \
-             $(DRV_DIR)/copies.c
+DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c
 DRV_OBJS  := $(patsubst $(DRV_DIR)/%.c,$(DRV_OBJ)/%.o,$(DRV_SRCS))
 DRV_HDRS  := $(DRV_DIR)/fake.h $(DRV_DIR)/fakecuda_routes.h
 # __CUDA_API_VERSION_INTERNAL: cuda.h then declares every ABI variant under its exported
 # name (cuCtxCreate, cuCtxCreate_v2, cuMemcpyHtoD_v2_ptds, ...) instead of remapping.
 DRV_CFLAGS := $(CFLAGS) -D_GNU_SOURCE -D__CUDA_API_VERSION_INTERNAL -fvisibility=hidden -I$(DRV_DIR)
 DRV_PYTHON ?= $(firstword $(wildcard $(HERE)../.venv/bin/python3) python3)
+# Sources compiled against the 13.x headers, which declare the CUDA 13 entry points they
+# implement with their types (and every 12.9 function): copies.c, the batch and attribute
+# copies (12.8's and 13's) with their operand structs.
+DRV13_OBJS := $(DRV_OBJ)/copies.o
+DRV_OBJS  += $(DRV13_OBJS)
+$(DRV13_OBJS): $(DRV_OBJ)/%.o: $(DRV_DIR)/%.c $(DRV_HDRS) | check-headers13
+	@mkdir -p $(DRV_OBJ)
+	$(CC) $(filter-out -I$(CUDA_INC),$(DRV_CFLAGS)) -I$(CUDA13_INC) -c -o $@ $<
 
 .PHONY: fake
 fake: $(FAKE)/libcuda.so.1 $(FAKE)/libcuda.so
@@ -22,12 +29,6 @@ fake: $(FAKE)/libcuda.so.1 $(FAKE)/libcuda.so
 $(DRV_OBJ)/%.o: $(DRV_DIR)/%.c $(DRV_HDRS) | check-headers
 	@mkdir -p $(DRV_OBJ)
 	$(CC) $(DRV_CFLAGS) -c -o $@ $<
-
-# copies.c implements CUDA 13's copies (and 12.8's): the 13.x cuda.h declares them all,
-# with their operand structs, so it compiles against that header set.
-$(DRV_OBJ)/copies.o: $(DRV_DIR)/copies.c $(DRV_HDRS) | check-headers13
-	@mkdir -p $(DRV_OBJ)
-	$(CC) $(filter-out -I$(CUDA_INC),$(DRV_CFLAGS)) -I$(CUDA13_INC) -c -o $@ $<
 
 $(GEN)/fakecuda_implemented.txt: $(DRV_OBJS)
 	@mkdir -p $(GEN)
