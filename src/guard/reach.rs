@@ -361,6 +361,10 @@ mod tests {
         assert!(unsafe { copy_hints(attrs.as_ptr(), 2, 1) }.is_allow());
         // SAFETY: NULL.
         assert!(unsafe { copy_hints(std::ptr::null(), 5, 5) }.is_allow());
+        // Host, host-NUMA and host-NUMA-current hints are not devices, whatever their id.
+        let host = [a(loc(2, 3), loc(3, 1)), a(loc(4, 2), loc(1, 0))];
+        // SAFETY: two readable attributes.
+        assert!(unsafe { copy_hints(host.as_ptr(), 2, 2) }.is_allow());
     }
 
     #[test]
