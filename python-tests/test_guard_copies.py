@@ -149,6 +149,26 @@ def test_every_variant_of_these_functions_is_called():
     assert rt == set(RUNTIME), sorted(rt ^ set(RUNTIME))
 
 
+HOST_CASES = [(m, a) for m, a in RUNTIME if "Advise" in a or "Prefetch" in a]
+
+
+@pytest.mark.parametrize("major,abi", HOST_CASES, ids=[f"{a}-cu{m}" for m, a in HOST_CASES])
+def test_advice_and_prefetch_to_the_host_are_allowed_intact(tmp_path, major, abi):
+    """ORDINAL -1: `cudaCpuDeviceId` (12's advice) or a host location: not a device, so
+    allowed in enforce mode with every argument intact and nothing recorded."""
+    name, driver = RUNTIME_PROG[major]
+    env = {"FAKECUDA_DRIVER_VERSION": driver} if driver else {}
+    logs = [tmp_path / "alone.txt", tmp_path / "guarded.txt"]
+    alone = guarded([prog(name), "link", abi, "-1"], tmp_path, cvd="3", preload=False,
+                    FAKECUDA_ARGLOG=str(logs[0]), **env)
+    r = guarded([prog(name), "link", abi, "-1"], tmp_path, cvd="3", FAKECUDA_ARGLOG=str(logs[1]), **env)
+    assert r.rc == 0 and results(r) == results(alone) and r.value("rc") == 0, r.out + r.err
+    exp, got = expected_and_logged(r, logs[1])
+    assert exp and got == exp and blank(got) == blank(expected_and_logged(alone, logs[0])[1])
+    assert ("device=-1" in got[0]) != ("location={type=2,id=0}" in got[0]), got
+    assert r.audit == [] and "RANKGUARD" not in r.err, r.err
+
+
 BOUND_CASES = [("guard_call13", DRIVER_13, "cuMemcpyBatchAsync", v) for v in ("12080", "13000")] + [
     (name, driver, "cudaMemcpyBatchAsync", None) for name, driver in RUNTIME_PROG.values()]
 

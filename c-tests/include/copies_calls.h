@@ -193,8 +193,11 @@ static int copies_runtime(const char *call, int ord, int *rc)
 {
     void *s = (void *)copies_rt_stream;
     if (!strcmp(call, "cudaMemAdvise") || !strcmp(call, "cudaMemAdvise_v2") || is(call, "cudaMemPrefetchAsync_v2")) {
-        /* advice or prefetch of one managed buffer to device ORD */
+        /* advice or prefetch of one managed buffer to device ORD (-1: the host,
+         * cudaCpuDeviceId or a host location) */
         struct cudaMemLocation loc = RT_DEVICE_HINT(ord);
+        if (ord == cudaCpuDeviceId)
+            loc = (struct cudaMemLocation){.type = cudaMemLocationTypeHost, .id = 0};
         void *f = rt(call);
         printf("setup ok\n");
         if (is(call, "cudaMemPrefetchAsync_v2")) {
