@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use crate::guard::driver_query;
 use crate::guard::ffi::{
     cudaMemcpy3DPeerParmsHead, CUcheckpointRestoreArgsHead, CUmemAccessDesc, CUmemLocation,
-    CUmemcpyAttributes, FabricCopyBatchOp, FabricCpyOperand, GraphNodeParamsHead,
-    MemAllocNodeParamsHead, Memcpy3DBatchOp, Memcpy3DOperand, CUDA_MEMCPY3D_PEER,
-    CU_MEMORYTYPE_ARRAY, GRAPH_NODE_TYPE_MEM_ALLOC, OPERAND_TYPE_POINTER,
+    CUmemcpyAttributes, FabricCopyBatchOp, GraphNodeParamsHead, MemAllocNodeParamsHead,
+    Memcpy3DBatchOp, CUDA_MEMCPY3D_PEER, CU_MEMORYTYPE_ARRAY, GRAPH_NODE_TYPE_MEM_ALLOC,
+    OPERAND_TYPE_POINTER,
 };
 use crate::policy::{self, Verdict};
 
@@ -210,14 +210,12 @@ pub unsafe fn copy_ops_3d(ops: *const Memcpy3DBatchOp, n: usize) -> Verdict {
     }
     // SAFETY: caller guarantees `n` readable operations.
     let s = unsafe { std::slice::from_raw_parts(ops, n) };
-    let hint = |o: &Memcpy3DOperand| {
-        if o.type_ == OPERAND_TYPE_POINTER {
-            policy::location(o.locHint.type_, o.locHint.id)
-        } else {
-            Verdict::Allow
-        }
-    };
-    policy::first(s.iter().flat_map(|op| [hint(&op.src), hint(&op.dst)]))
+    pointer_hints(s.iter().flat_map(|op: &Memcpy3DBatchOp| {
+        [
+            (op.src.type_, op.src.locHint),
+            (op.dst.type_, op.dst.locHint),
+        ]
+    }))
 }
 
 /// R2 on the location hints of the pointer operands of a fabric copy batch
@@ -232,14 +230,24 @@ pub unsafe fn fabric_ops(ops: *const FabricCopyBatchOp, n: usize) -> Verdict {
     }
     // SAFETY: caller guarantees `n` readable operations.
     let s = unsafe { std::slice::from_raw_parts(ops, n) };
-    let hint = |o: &FabricCpyOperand| {
-        if o.type_ == OPERAND_TYPE_POINTER {
-            policy::location(o.locHint.type_, o.locHint.id)
+    pointer_hints(s.iter().flat_map(|op: &FabricCopyBatchOp| {
+        [
+            (op.src.type_, op.src.locHint),
+            (op.dst.type_, op.dst.locHint),
+        ]
+    }))
+}
+
+/// The first violation among operands given as (operand type, location hint): only a
+/// pointer operand's hint is a location (the union's other members name none).
+fn pointer_hints(operands: impl Iterator<Item = (u32, CUmemLocation)>) -> Verdict {
+    policy::first(operands.map(|(t, l)| {
+        if t == OPERAND_TYPE_POINTER {
+            policy::location(l.type_, l.id)
         } else {
             Verdict::Allow
         }
-    };
-    policy::first(s.iter().flat_map(|op| [hint(&op.src), hint(&op.dst)]))
+    }))
 }
 
 /// R2 on every location of a batch prefetch (`cuMemPrefetchBatchAsync`,
@@ -290,6 +298,7 @@ pub unsafe fn device_list(list: *const i32, len: i32) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guard::ffi::{FabricCpyOperand, Memcpy3DOperand};
 
     #[test]
     fn pools_remember_their_device() {
