@@ -16,7 +16,8 @@ ORDINAL}, the others device 0. For each call:
     platform alone does.
 Driver functions: through the exported symbol, dlsym, cuGetProcAddress (v1), _v2 (legacy
 and per-thread), a static runtime's one dlsym, and cudaGetDriverEntryPoint(ByVersion) of
-the CUDA 13 runtime, at every ABI version (12.8's with failIdx, 13.0's without).
+the CUDA 13 runtime, at every ABI version (12.8's with failIdx, 13.0's without); 12.8's
+also from a CUDA 12 program, through the CUDA 12 runtime's entry points.
 """
 from __future__ import annotations
 
@@ -128,6 +129,18 @@ def check(tmp_path, args_of, api, abi=None, **env):
 def test_driver_copy_on_every_path(tmp_path, path, call, version):
     check(tmp_path, lambda o: [prog("guard_call13"), path, call, str(o), str(version)], call,
           FAKECUDA_DRIVER_VERSION=DRIVER_13)
+
+
+# 12.8's variants through a CUDA 12 program (guard_call, 12.9 headers): its runtime's
+# cudaGetDriverEntryPoint (at 12090) and ...ByVersion hand out the guard's wrappers too.
+DRIVER12_CASES = [(p, c, 12080) for c in ("cuMemcpyBatchAsync", "cuMemcpy3DBatchAsync")
+                  for p in ("link", "gpa2", "gpa2pt", "ep", "epv")]
+
+
+@pytest.mark.parametrize("path,call,version", DRIVER12_CASES,
+                         ids=[f"{p}-{c}-{v}" for p, c, v in DRIVER12_CASES])
+def test_driver_copy_of_a_cuda12_program(tmp_path, path, call, version):
+    check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o), str(version)], call)
 
 
 @pytest.mark.parametrize("path", ["link", "dlsym"])

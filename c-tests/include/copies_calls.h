@@ -2,9 +2,10 @@
  * generic graph node (issue 15's items 6 and 7), with their location hints naming device
  * ORDINAL. Included by tests/guard_call.c (which provides the paths: drv(), rt(), variant())
  * and so built twice: guard_call (12.9 headers, libcudart.so.12) and guard_call13 (13.x
- * headers, libcudart.so.13). The driver copies are made by guard_call13 only: the 13.x
- * headers declare every variant (12.8's with failIdx, 13.0's without, 13.2's and 13.5's)
- * and their operand structs. Driven by python-tests/test_guard_copies.py.
+ * headers, libcudart.so.13). The driver copies are made by guard_call13, whose 13.x headers
+ * declare every variant (12.8's with failIdx, 13.0's without, 13.2's and 13.5's) and their
+ * operand structs; guard_call makes 12.8's (its 12.9 headers have them) for the paths
+ * through the CUDA 12 runtime. Driven by python-tests/test_guard_copies.py.
  *
  * Every copy moves bytes from a patterned managed buffer to a zeroed one; each source hint
  * is a host location with a non-zero id (never a device), the last destination hint is
@@ -37,7 +38,6 @@ static size_t copies_num_attrs(void)
     return e && !strcmp(e, "1") ? 3 : 2;
 }
 
-#if CUDART_VERSION >= 13000
 static CUstream copies_stream;
 
 static void copies_setup_driver(void)
@@ -58,7 +58,7 @@ static void copies_setup_driver(void)
 #define HOST_HINT {.type = CU_MEM_LOCATION_TYPE_HOST, .id = HOST_HINT_ID}
 #define DEVICE_HINT(d) {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (d)}
 
-/* A pointer operand of a 3D copy: `bytes` bytes as rows of 16. */
+/* A pointer operand of a 3D copy. */
 static CUmemcpy3DOperand copies_operand(unsigned char *p, CUmemLocation hint)
 {
     CUmemcpy3DOperand o;
@@ -82,6 +82,7 @@ static CUDA_MEMCPY3D_BATCH_OP copies_op(size_t off, int dst_device)
 
 static int copies_driver(const char *call, int ord, const char *abi, void *f)
 {
+    (void)abi; /* the 12 build has only 12.8's variants */
     if (!strcmp(call, "cuMemcpyBatchAsync")) {
         CUdeviceptr dsts[2] = {(CUdeviceptr)(uintptr_t)copies_dst, (CUdeviceptr)(uintptr_t)copies_dst + COPY_BYTES / 2};
         CUdeviceptr srcs[2] = {(CUdeviceptr)(uintptr_t)copies_src, (CUdeviceptr)(uintptr_t)copies_src + COPY_BYTES / 2};
@@ -91,23 +92,30 @@ static int copies_driver(const char *call, int ord, const char *abi, void *f)
             {CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, HOST_HINT, DEVICE_HINT(ord), 0},
             {CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, HOST_HINT, DEVICE_HINT(1), 0},
         };
+#if CUDART_VERSION >= 13000
         if (is(abi, "cuMemcpyBatchAsync_v2"))
             return ((PFN_cuMemcpyBatchAsync_v13000)f)(dsts, srcs, sizes, 2, attrs, idx, n, copies_stream);
+#endif
         return ((PFN_cuMemcpyBatchAsync_v12080)f)(dsts, srcs, sizes, 2, attrs, idx, n, &fail, copies_stream);
     }
+#if CUDART_VERSION >= 13000
     if (!strcmp(call, "cuMemcpyWithAttributesAsync")) {
         CUmemcpyAttributes attr = {CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, HOST_HINT, DEVICE_HINT(ord), 0};
         return ((PFN_cuMemcpyWithAttributesAsync_v13020)f)((CUdeviceptr)(uintptr_t)copies_dst,
                                                            (CUdeviceptr)(uintptr_t)copies_src,
                                                            COPY_BYTES, &attr, copies_stream);
     }
+#endif
     if (!strcmp(call, "cuMemcpy3DBatchAsync")) {
         CUDA_MEMCPY3D_BATCH_OP ops[2] = {copies_op(0, 0), copies_op(COPY_BYTES / 2, ord)};
         size_t fail = 0;
+#if CUDART_VERSION >= 13000
         if (is(abi, "cuMemcpy3DBatchAsync_v2"))
             return ((PFN_cuMemcpy3DBatchAsync_v13000)f)(2, ops, 0, copies_stream);
+#endif
         return ((PFN_cuMemcpy3DBatchAsync_v12080)f)(2, ops, &fail, 0, copies_stream);
     }
+#if CUDART_VERSION >= 13000
     if (!strcmp(call, "cuMemcpy3DWithAttributesAsync")) {
         /* the whole buffer as one copy of 16 rows of 16 */
         CUDA_MEMCPY3D_BATCH_OP op = copies_op(0, ord);
@@ -127,9 +135,9 @@ static int copies_driver(const char *call, int ord, const char *abi, void *f)
         }
         return ((PFN_cuFabricCpyBatchAsync_v13050)f)(2, ops, 0, copies_stream);
     }
+#endif
     return -1;
 }
-#endif
 
 static int copies_driver_call(const char *call)
 {
@@ -340,7 +348,14 @@ static int copies_call(const char *call, int ord)
     }
     if (!copies_driver_call(call))
         return 0;
-#if CUDART_VERSION >= 13000
+#if CUDART_VERSION < 13000
+    /* The 12.9 headers declare 12.8's batch copies only. */
+    if (version >= 13000 || (strcmp(call, "cuMemcpyBatchAsync") && strcmp(call, "cuMemcpy3DBatchAsync"))) {
+        fprintf(stderr, "guard_call: %s at %d: made by guard_call13 (the CUDA 13 headers declare it)\n", call,
+                version);
+        exit(3);
+    }
+#endif
     CHECK_SETUP(DRV(PFN_cuInit_v2000, "cuInit", "cuInit", 2000)(0));
     CUdevice d0;
     CHECK_SETUP(DRV(PFN_cuDeviceGet_v2000, "cuDeviceGet", "cuDeviceGet", 2000)(&d0, 0));
@@ -356,11 +371,6 @@ static int copies_call(const char *call, int ord)
     ((PFN_cuStreamSynchronize_v2000)need(dlsym(hdrv, "cuStreamSynchronize"), "cuStreamSynchronize"))(copies_stream);
     copies_report(rc);
     return 1;
-#else
-    (void)ord;
-    fprintf(stderr, "guard_call: %s: made by guard_call13 (the CUDA 13 headers declare every variant)\n", call);
-    exit(3);
-#endif
 }
 
 #endif
