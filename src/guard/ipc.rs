@@ -668,7 +668,7 @@ pub fn check_import<R: Code>(
     let verdict = d.verdict();
     if verdict.is_allow() {
         tracing::debug!(
-            call = crate::guard::table::TABLE[id].call,
+            call = crate::guard::table::TABLE[id].call(),
             key = %key.as_ref().map_or_else(|| "-".to_string(), Key::short),
             exporter_pid = ?rec.as_ref().map(|r| r.pid),
             "IPC import allowed: {}",
