@@ -263,8 +263,10 @@ macro_rules! guarded {
             ".balign 4",
             ".globl rankguard_wrapper_offsets",
             ".hidden rankguard_wrapper_offsets",
+            ".type rankguard_wrapper_offsets, STT_OBJECT",
             "rankguard_wrapper_offsets:",
             $( concat!(".long {", stringify!($sym), "} - rankguard_wrapper_offsets"), )*
+            ".size rankguard_wrapper_offsets, . - rankguard_wrapper_offsets",
             ".popsection",
             $( $sym = sym $sym, )*
         );
