@@ -18,7 +18,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 /// `changes`.
 ///
 /// By comparison, not hashing: a rank's changes are a dozen names, and hashing the whole
-/// environment once per rank (a `HashMap` keyed by every variable, SipHash) was ~150,000
+/// environment once per rank (a `HashMap` keyed by every variable, SipHash) was ~115,000
 /// of the launcher's ~1,000,000 instructions for 8 ranks (docs/benchmarks.md, figure 4).
 pub fn merge_env(
     base: &[(OsString, OsString)],
