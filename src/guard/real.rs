@@ -89,7 +89,7 @@ pub fn driver_handle() -> *mut c_void {
 
 /// True if `p` is one of this library's wrappers.
 pub fn is_own(p: *const c_void) -> bool {
-    TABLE.iter().any(|e| e.wrapper() == p)
+    crate::guard::table::is_wrapper(p)
 }
 
 /// The real function of table entry `id`, or null if it cannot be found.

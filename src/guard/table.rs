@@ -72,10 +72,15 @@ impl Entry {
         }
     }
 
+    /// Piece `j` without its NUL.
+    fn piece_bytes(j: usize) -> &'static [u8] {
+        let p = Self::piece(j);
+        p.split_last().map_or(p, |(_, name)| name)
+    }
+
     /// Piece `j` without its NUL, as text (the names are Rust identifiers: ASCII).
     fn piece_str(j: usize) -> &'static str {
-        let p = Self::piece(j);
-        std::str::from_utf8(p.split_last().map_or(p, |(_, name)| name)).unwrap_or("")
+        std::str::from_utf8(Self::piece_bytes(j)).unwrap_or("")
     }
 
     /// The ABI name without its NUL.
@@ -83,9 +88,14 @@ impl Entry {
         Self::piece_str(2 * self.id as usize)
     }
 
-    /// The ABI name's bytes without its NUL (the binary searches' key).
+    /// The ABI name's bytes without its NUL (the binary searches' key: no UTF-8 check).
     pub fn abi_bytes(&self) -> &'static [u8] {
-        self.abi().as_bytes()
+        Self::piece_bytes(2 * self.id as usize)
+    }
+
+    /// The API name's bytes (`cuGetProcAddress` routing's key).
+    pub fn call_bytes(&self) -> &'static [u8] {
+        Self::piece_bytes(2 * self.id as usize + 1)
     }
 
     /// The API name programs write (`cuCtxCreate` for `cuCtxCreate_v2`): the name
@@ -119,6 +129,18 @@ impl Entry {
             None => std::ptr::null(),
         }
     }
+}
+
+/// True if `p` is one of the wrappers' addresses: its offset from the wrapper offsets' own
+/// address is one of them (one compare per entry, as when the table held the addresses;
+/// `route` asks it for every pointer `cuGetProcAddress` returns).
+pub fn is_wrapper(p: *const c_void) -> bool {
+    let base = (&raw const WRAPPER_OFFSETS) as usize;
+    let Ok(off) = i32::try_from((p as usize).wrapping_sub(base) as isize) else {
+        return false;
+    };
+    // SAFETY: as in `Entry::wrapper`: an immutable table the linker filled in.
+    unsafe { WRAPPER_OFFSETS.contains(&off) }
 }
 
 /// Every entry's ABI name, then its API name, each NUL-terminated, one after the other in
@@ -204,7 +226,7 @@ pub fn driver_variants(name: &[u8]) -> Option<&'static [u16]> {
     let api = |v: &[u16]| {
         v.first()
             .and_then(|&id| TABLE.get(id as usize))
-            .map_or(&[][..], |e| e.call().as_bytes())
+            .map_or(&[][..], Entry::call_bytes)
     };
     DRIVER_APIS
         .binary_search_by(|a| api(variants(a)).cmp(name))
@@ -402,6 +424,9 @@ mod tests {
         }
         let e = &TABLE[Id::cuCtxCreate_v2 as usize];
         assert_eq!((e.abi(), e.call()), ("cuCtxCreate_v2", "cuCtxCreate"));
+        assert!(TABLE.iter().all(|e| is_wrapper(e.wrapper())));
+        assert!(!is_wrapper(std::ptr::null()));
+        assert!(!is_wrapper((&raw const WRAPPER_OFFSETS).cast()));
         let e = &TABLE[Id::cuDeviceGet as usize];
         assert_eq!(
             e.wrapper(),
