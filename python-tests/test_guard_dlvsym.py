@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 
@@ -166,3 +167,33 @@ def test_the_guards_own_runtime_calls_go_to_the_callers_major(tmp_path, main, li
                                    if not (l.endswith("device=1") or "peerDevice=1 " in l)])
     else:
         assert same(rest) == same(plain.logged)
+
+
+@BUILDS
+def test_the_guard_exports_dlvsym_unversioned_and_imports_none(lib):
+    """Exported unversioned (it must answer programs' dlvsym@GLIBC_2.34 and @GLIBC_2.2.5
+    references), and never imported: the guard reads the real one from the C library, so
+    neither build needs a dlvsym version (the 2.28 floor: test_glibc_floor.py)."""
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    defined, imported = set(), set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 8:
+            (imported if f[6] == "UND" else defined).add(f[7])
+    assert "dlvsym" in defined and "dlsym" in defined, sorted(n for n in defined if n.startswith("dl"))
+    assert not [n for n in imported if n.split("@")[0] in ("dlvsym", "dlsym")], sorted(imported)
+
+
+@BUILDS
+def test_another_interposers_dlvsym_sees_only_the_programs_calls(tmp_path, lib):
+    """libvcount.so, preloaded before the guard, defines dlvsym and forwards to the next one
+    (the guard's). It sees the program's two lookups and nothing of the guard's own (the
+    guard resolves its real dlsym and each runtime major's functions with the real dlvsym,
+    never by name: by name they would reach this interposer, which asks the guard's dlsym,
+    which asked dlvsym again, until the stack ran out)."""
+    cmd = [prog("guard_dlvsym"), "rt13", "libcudart.so.13"]
+    r = run(cmd, tmp_path, preload=f"{TESTS / 'libvcount.so'} {lib}")
+    assert r.rc == 0, r.out + r.err
+    assert r.found == [lib.name] * 2 and [c for _, c in r.results] == [0, 101, 0, 0, 101], r.out
+    assert "libvcount: dlvsym calls=2" in r.err, r.err
