@@ -95,7 +95,6 @@ internal_runtime! {
 /// `name` in the runtime of `major`, recorded in that major's slot of `slots`; when no
 /// runtime of `major` is loaded, `name` in any loaded runtime (not recorded: one of its
 /// own major may be loaded later). Null if there is none.
-#[cold]
 fn runtime_slot(
     slots: &[AtomicPtr<c_void>; RUNTIME_MAJORS.len()],
     name: &std::ffi::CStr,
