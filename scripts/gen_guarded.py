@@ -309,7 +309,7 @@ def body(w: Wrapper, rtypes: list[str]) -> str:
         dev = a[0] if len(a) == 1 else f"if {a[0]} != 0 {{ {a[0]} }} else {{ {a[1]} }}"
         verdict = f"policy::query({dev})"
     elif pol.kind == "peer":
-        first = "driver_query::runtime_current_device()" if a[0] == "current" else a[0]
+        first = "driver_query::runtime_current_device(ID)" if a[0] == "current" else a[0]
         verdict = f"policy::peer({first}, {a[1]})"
     elif pol.kind == "peer_ctx":
         first = "std::ptr::null_mut()" if a[0] == "current" else a[0]

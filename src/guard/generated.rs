@@ -691,7 +691,7 @@ guarded! {
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 12: peer(current, peerDevice)
     Runtime 12 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@libcudart.so.12" fallback "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess_cu12(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(driver_query::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+        gate!(policy::peer(driver_query::runtime_current_device(ID), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
         real(peerDevice, flags)
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 12: query(device)
@@ -875,7 +875,7 @@ guarded! {
         if rc == CudaError::SUCCESS && !devPtr.is_null() {
             let p = *devPtr;
             if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
-                ipc::close_mem_runtime(p);
+                ipc::close_mem_runtime(ID, p);
                 *devPtr = std::ptr::null_mut();
                 return code;
             }
@@ -972,7 +972,7 @@ guarded! {
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 13: peer(current, peerDevice)
     Runtime 13 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@@libcudart.so.13" fn cudaDeviceEnablePeerAccess_cu13(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(driver_query::runtime_current_device(), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+        gate!(policy::peer(driver_query::runtime_current_device(ID), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
         real(peerDevice, flags)
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 13: query(device)
@@ -1176,7 +1176,7 @@ guarded! {
         if rc == CudaError::SUCCESS && !devPtr.is_null() {
             let p = *devPtr;
             if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
-                ipc::close_mem_runtime(p);
+                ipc::close_mem_runtime(ID, p);
                 *devPtr = std::ptr::null_mut();
                 return code;
             }
