@@ -7,7 +7,8 @@
 # holds is the library's own function even when a preload exports the same names.
 DRV_DIR   := $(HERE)fake/driver
 DRV_OBJ   := $(GEN)/driver
-DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c
+DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c \
+             $(DRV_DIR)/devstate.c
 DRV_OBJS  := $(patsubst $(DRV_DIR)/%.c,$(DRV_OBJ)/%.o,$(DRV_SRCS))
 DRV_HDRS  := $(DRV_DIR)/fake.h $(DRV_DIR)/fakecuda_routes.h
 # __CUDA_API_VERSION_INTERNAL: cuda.h then declares every ABI variant under its exported
