@@ -7,6 +7,9 @@ a static-runtime-like program that only dlsyms cuGetProcAddress_v2):
   - another ordinal is denied in enforce mode (the guard's code and its audit record);
   - with several GPUs visible in warn mode it is recorded and passed through to the
     driver, which succeeds (so the denial above is the guard's, not the driver's).
+Functions that need their own set-up, or that the fake refuses itself (SET_UP_DRIVER,
+SET_UP_RUNTIME), are compared with an unguarded run instead; every guarded function is
+called here or by test_guard_coverage.py (test_the_matrix_covers_every_guarded_function).
 """
 from __future__ import annotations
 
