@@ -119,6 +119,7 @@ def test_the_matrix_covers_every_guarded_function():
                   "cudaImportExternalMemory", "cuMemGetHandleForAddressRange"} | {
         a for a in hooks if "Ipc" in a or "Shareable" in a or "PoolExport" in a or "PoolImport" in a}
     assert covered | own_suites == {api for _, api, _, _ in GUARDED}
+    assert not (SET_UP & ELSEWHERE), "tested with its own set-up elsewhere: remove it from SET_UP_*"
     # every ABI variant of a function with its own set-up is reached by some case
     reached = {(c, v) for _, c, v, _, _ in SET_UP_DRIVER_CASES} | {
         (a, abi) for _, a, abi, _, _ in SET_UP_RUNTIME_CASES}
