@@ -35,11 +35,11 @@ def _elsewhere():
 
 ELSEWHERE = _elsewhere()
 
-# Guarded functions called with their own set-up (c-tests/tests/guard_call.c,
+# Guarded functions called with their own set-up (c-tests/include/set_up_calls.h,
 # driver_set_up_call / runtime_set_up_call), or whose fake answer is a refusal of its own
-# (no graphs, kernels, NvSciSync or logical endpoints on the fake; CUDA 13's atomic
-# capabilities and 13.2's copy with attributes are its stubs), so the generic tests'
-# "the driver alone succeeds" does not hold: api -> (rule, code), rule None = a query. Each
+# (no graphs, kernels, NvSciSync or logical endpoints on the fake; 13.2's copy with
+# attributes is its stub), so the generic tests' "the driver alone succeeds" does not
+# hold: api -> (rule, code), rule None = a query. Each
 # is called below on every path of every ABI variant the generated matrix lists for it, and
 # compared with an unguarded run (test_guard_coverage.check).
 SET_UP_DRIVER = {
@@ -57,8 +57,6 @@ SET_UP_RUNTIME = {
     "cudaGraphExecNodeSetParams": ("R2", 101),
     "cudaMemDiscardAndPrefetchBatchAsync": ("R2", 101),
     "cudaDeviceGetNvSciSyncAttributes": (None, None),
-    "cudaDeviceGetHostAtomicCapabilities": (None, None),
-    "cudaDeviceGetP2PAtomicCapabilities": (None, None),
     "cudaChooseDevice": (None, None),
 }
 SET_UP = set(SET_UP_DRIVER) | set(SET_UP_RUNTIME)

@@ -23,6 +23,12 @@ $(DRV_OBJ)/%.o: $(DRV_DIR)/%.c $(DRV_HDRS) | check-headers
 	@mkdir -p $(DRV_OBJ)
 	$(CC) $(DRV_CFLAGS) -c -o $@ $<
 
+# devstate.c implements CUDA 13's atomic capabilities with their types: the 13.x cuda.h
+# declares them (and every 12.9 function it also implements).
+$(DRV_OBJ)/devstate.o: $(DRV_DIR)/devstate.c $(DRV_HDRS) | check-headers13
+	@mkdir -p $(DRV_OBJ)
+	$(CC) $(filter-out -I$(CUDA_INC),$(DRV_CFLAGS)) -I$(CUDA13_INC) -c -o $@ $<
+
 $(GEN)/fakecuda_implemented.txt: $(DRV_OBJS)
 	@mkdir -p $(GEN)
 	nm -g --defined-only $(DRV_OBJS) | awk 'NF == 3 && $$2 == "T" { print $$3 }' | sort -u > $@

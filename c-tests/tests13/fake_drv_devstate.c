@@ -1,7 +1,8 @@
-/* The fake driver's graph-memory state, 1D texture width (fake/driver/devstate.c) and the
- * CUDA 13 entry points issue 18's path tests reach (cuMulticastBindAddr_v2,
- * cuMemDiscardAndPrefetchBatchAsync): their argument checks and answers (D-graphmem,
- * D-tex1d, D-multicast). Self-checking; needs at least two visible GPUs. Driven by
+/* The fake driver's graph-memory state, 1D texture width, atomic capabilities
+ * (fake/driver/devstate.c) and the other CUDA 13 entry points issue 18's path tests reach
+ * (cuMulticastBindAddr_v2, cuMemDiscardAndPrefetchBatchAsync): their argument checks and
+ * answers (D-graphmem, D-tex1d, D-atomic, D-multicast). Built against the 13.x headers,
+ * which declare them all. Self-checking; needs at least two visible GPUs. Driven by
  * python-tests/test_fake_driver.py. */
 #include <cuda.h>
 #include <string.h>
@@ -9,15 +10,6 @@
 #include "fakecuda_drvtest.h"
 
 #define MIB (1ul << 20)
-
-/* CUDA 13 entry points (this program is compiled against the 12.9 cuda.h): signatures of
- * the 13.x cudaTypedefs.h. */
-CUresult CUDAAPI cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
-                                        CUdeviceptr memptr, size_t size, unsigned long long flags);
-CUresult CUDAAPI cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count,
-                                                   CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
-                                                   size_t numPrefetchLocs, unsigned long long flags,
-                                                   CUstream hStream);
 
 static void graph_memory(void)
 {
@@ -83,6 +75,28 @@ static void cuda13(void)
     EXPECT_RC(cuMemDiscardAndPrefetchBatchAsync(p, sizes, 2, locs, idx, 2, 0, NULL), CUDA_ERROR_INVALID_DEVICE);
 }
 
+static void atomics(void)
+{
+    CUatomicOperation ops[3] = {CU_ATOMIC_OPERATION_INTEGER_ADD, CU_ATOMIC_OPERATION_AND,
+                                CU_ATOMIC_OPERATION_FLOAT_ADD};
+    unsigned caps[3] = {0, 0, 0};
+    const unsigned scalar = CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64;
+    EXPECT_RC(cuDeviceGetHostAtomicCapabilities(caps, ops, 3, 1), CUDA_SUCCESS);
+    EXPECT(caps[0] == (scalar | CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED) &&
+           caps[1] == 0 && caps[2] == 0, "host link: integer add natively, AND and float add not");
+    EXPECT_RC(cuDeviceGetHostAtomicCapabilities(caps, ops, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuDeviceGetHostAtomicCapabilities(NULL, ops, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuDeviceGetHostAtomicCapabilities(caps, ops, 1, 64), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_RC(cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 0, 1), CUDA_SUCCESS);
+    EXPECT(caps[1] == (scalar | CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED |
+                       CU_ATOMIC_CAPABILITY_REDUCTION) && caps[2] == scalar,
+           "NVLink between whole GPUs: integer ops with reductions, float ops at 32/64 bits");
+    EXPECT_RC(cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 1, 1), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_RC(cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 0, 64), CUDA_ERROR_INVALID_DEVICE);
+    ops[0] = CU_ATOMIC_OPERATION_MAX;
+    EXPECT_RC(cuDeviceGetP2PAtomicCapabilities(caps, ops, 1, 0, 1), CUDA_ERROR_INVALID_VALUE);
+}
+
 int main(void)
 {
     MUST(cuInit(0));
@@ -98,5 +112,6 @@ int main(void)
     graph_memory();
     texture_width();
     cuda13();
+    atomics();
     return drvtest_done();
 }
