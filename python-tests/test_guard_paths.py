@@ -39,9 +39,9 @@ ELSEWHERE = _elsewhere()
 # driver_set_up_call / runtime_set_up_call), or whose fake answer is a refusal of its own
 # (no graphs, kernels, NvSciSync or logical endpoints on the fake; 13.2's copy with
 # attributes is its stub), so the generic tests' "the driver alone succeeds" does not
-# hold: api -> (rule, code), rule None = a query. Each
-# is called below on every path of every ABI variant the generated matrix lists for it, and
-# compared with an unguarded run (test_guard_coverage.check).
+# hold: api -> (rule, code), rule None = a query. Each is called below on every path of
+# every ABI variant the generated matrix lists for it, and compared with an unguarded run
+# (test_guard_coverage.check).
 SET_UP_DRIVER = {
     "cuGraphExecNodeSetParams": ("R2", 101),
     "cuLogicalEndpointBindMem": ("R2", 101),
@@ -270,7 +270,6 @@ def test_peer_access_between_contexts_is_r4(tmp_path, path, call):
     assert warn.value("rc") == 0, warn.out + warn.err
     rec = [r for r in warn.audit if r["call"] == call]
     assert len(rec) == 1 and rec[0]["rule"] == "R4", warn.audit
-
 
 
 # ---- functions with their own set-up (SET_UP_DRIVER, SET_UP_RUNTIME) --------------------
