@@ -317,8 +317,15 @@ fn symver_cfg() {
 /// objects still find the exports as before; only a definition of the same name earlier in
 /// the lookup order (the executable's, another preload's) no longer captures the guard's
 /// own references to them, which is what the table means anyway.
+///
+/// `-z lazy`: the library's calls to other objects' functions (libc's) are bound on first
+/// use, not at load (`.cargo/config.toml` has rustc emit them through the PLT with
+/// `relro-level=partial`): a process that never touches CUDA never pays those ~35 symbol
+/// lookups (~700 loader instructions each). What cannot be lazy stays bound at load: data
+/// and the functions whose address std takes or calls through the GOT.
 fn library_link_args() {
     if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,lazy");
     }
 }

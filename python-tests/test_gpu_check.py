@@ -12,9 +12,11 @@ import importlib.machinery
 import importlib.util
 import json
 import pathlib
+import re
 
 import pytest
 
+from _arglog import DRIVER_13
 from conftest import FAKE, GUARD, PYTHON, ROOT, TESTS, clean_env, run
 
 GPU_CHECK = ROOT / "scripts" / "gpu-check"
@@ -64,12 +66,19 @@ def test_a_missing_output_folder_parent_is_a_usage_error(tmp_path):
     assert "cannot create the output folder" in p.stderr
 
 
-def fake_gpu_run(tmp_path, *extra):
+def fake_gpu_run(tmp_path, *extra, **env):
+    """gpu-check on the fake node. Its CUDA runtime checks get the fake runtimes (the real
+    libcudart cannot initialise on the fake driver), which need a 13.x driver, and log every
+    argument they receive to tmp_path/arglog.txt."""
     proc = tmp_path / "proc-gpus"
-    (proc / "0000:18:00.0").mkdir(parents=True)
+    (proc / "0000:18:00.0").mkdir(parents=True, exist_ok=True)
     out = tmp_path / "out"
+    env = dict(dict(FAKECUDA_GPUS="2", FAKECUDA_DRIVER_VERSION=DRIVER_13,
+                    FAKECUDA_ARGLOG=str(tmp_path / "arglog.txt"),
+                    GPU_CHECK_CUDART12=str(FAKE / "libcudart.so.12"),
+                    GPU_CHECK_CUDART13=str(FAKE / "libcudart.so.13")), **env)
     p = run([PYTHON, GPU_CHECK, out, "--proc-gpus", proc, "--python", PYTHON, *extra],
-            env=clean_env(FAKECUDA_GPUS="2"), timeout=300)
+            env=clean_env(**env), timeout=300)
     report = json.loads((out / "gpu-check.json").read_text())
     return p, report, {c["name"]: c for c in report["checks"]}
 
@@ -90,6 +99,36 @@ def test_checks_on_the_fake_node_pass_or_skip(tmp_path):
         if c["status"] == "skip":
             assert c["detail"].split(":")[0] in ("torch", "cupy", "jax"), c
     assert "check" in (tmp_path / "out" / "gpu-check.txt").read_text()
+    # The CUDA 13 prefetch and the two majors in one process run fully on the fake runtimes.
+    for name in ("cu13_prefetch", "mixed_majors"):
+        assert checks[name]["status"] == "pass", checks[name]
+        assert "RANKGUARD" in checks[name]["guard_line"], checks[name]
+    assert "cudaMemPrefetchAsync" in checks["cu13_prefetch"]["guard_line"]
+    # What the runtimes received (FAKECUDA_ARGLOG): the cu13 check's prefetches to device 0
+    # and the host, with CUDA 13's location and the created stream; the mixed check's of
+    # each major with that major's parameters, each in its own runtime; device 1 never.
+    log = (tmp_path / "arglog.txt").read_text().splitlines()
+    prefetch = [l for l in log if " cudaMemPrefetchAsync " in l]
+    shapes = [re.sub(r"devPtr=0x[0-9a-f]+", "devPtr=_", re.sub(r"stream=0x[0-9a-f]+", "stream=S", l))
+              for l in prefetch]
+    assert shapes == [
+        "libcudart.so.13 cudaMemPrefetchAsync devPtr=_ count=4096 location={type=1,id=0} flags=0 stream=S",
+        "libcudart.so.13 cudaMemPrefetchAsync devPtr=_ count=4096 location={type=2,id=0} flags=0 stream=S",
+        "libcudart.so.12 cudaMemPrefetchAsync devPtr=_ count=4096 dstDevice=0 stream=S",
+        "libcudart.so.12 cudaMemPrefetchAsync devPtr=_ count=4096 dstDevice=-1 stream=S",
+        "libcudart.so.13 cudaMemPrefetchAsync devPtr=_ count=4096 location={type=1,id=0} flags=0 stream=S",
+        "libcudart.so.13 cudaMemPrefetchAsync devPtr=_ count=4096 location={type=2,id=0} flags=0 stream=S",
+    ], prefetch
+    assert [l.split()[0] for l in log if " cudaSetDevice " in l] == ["libcudart.so.12", "libcudart.so.13"]
+
+
+def test_a_missing_runtime_major_is_skipped_with_its_line(tmp_path):
+    p, _, checks = fake_gpu_run(tmp_path, "--guard", GUARD, GPU_CHECK_CUDART12=str(tmp_path / "none.so"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert checks["cu13_prefetch"]["status"] == "pass", checks["cu13_prefetch"]
+    c = checks["mixed_majors"]
+    assert c["status"] == "skip" and c["detail"].startswith("cudart12+13: no CUDA 12 runtime"), c
+    assert "nvidia-cuda-runtime-cu12" in c["detail"] and "GPU_CHECK_CUDART12" in c["detail"], c
 
 
 def test_a_refusal_without_the_guards_line_fails(tmp_path):
@@ -100,6 +139,10 @@ def test_a_refusal_without_the_guards_line_fails(tmp_path):
     assert report["status"] == "failed"
     assert checks["cuda_bindings"]["status"] == "fail"
     assert "not by the guard" in checks["cuda_bindings"]["detail"]
+    # The runtime checks too: the fake runtimes refuse device 1 themselves (one visible).
+    for name in ("cu13_prefetch", "mixed_majors"):
+        assert checks[name]["status"] == "fail", checks[name]
+        assert "not by the guard" in checks[name]["detail"], checks[name]
 
 
 def test_every_check_script_compiles():

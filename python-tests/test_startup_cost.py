@@ -11,6 +11,7 @@ it holds whatever the timing of the machine running the tests.
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -54,3 +55,84 @@ def test_the_table_still_hands_out_the_guards_wrappers(lib):
         p = run([prog("guard_call"), how, "cuDeviceGet", "1"], env=env)
         assert "rc=101" in p.stdout, (how, p.stdout + p.stderr)
         assert "RANKGUARD WARN cuDeviceGet(" in p.stderr, (how, p.stderr)
+
+
+def dynamic_flags(lib: pathlib.Path) -> str:
+    return subprocess.run(["readelf", "-d", "-W", str(lib)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def program_headers(lib: pathlib.Path) -> str:
+    return subprocess.run(["readelf", "-l", "-W", str(lib)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.mark.parametrize("lib", BUILDS)
+def test_libc_calls_are_bound_on_first_use_not_at_load(lib):
+    # Each symbol bound at load is a lookup through the process's objects (~700 loader
+    # instructions) at every process start, CUDA or not. The library's calls are bound on
+    # first use (.cargo/config.toml relro-level=partial: calls through the PLT; build.rs
+    # -z lazy), which a process that never touches CUDA never makes.
+    dyn = dynamic_flags(lib)
+    flags = [l for l in dyn.splitlines() if "(FLAGS" in l]
+    assert flags and not any("NOW" in l for l in flags), flags
+    # The data and the GOT stay read-only once relocated.
+    assert "GNU_RELRO" in program_headers(lib)
+    kinds: dict[str, set[str]] = {}
+    for kind, _, name in symbol_relocations(lib):
+        kinds.setdefault(name.split("@")[0], set()).add(kind)
+    # Functions only the guard's own code calls (dlopen: majors.rs, real.rs; getpid: the
+    # first-violation bookkeeping): a lazy PLT slot, never a load-time GOT entry.
+    for f in ("dlopen", "dladdr", "getpid", "dl_iterate_phdr"):
+        assert kinds.get(f) == {"R_X86_64_JUMP_SLOT"}, (f, kinds.get(f))
+    lazy = sum(1 for k in kinds.values() if k == {"R_X86_64_JUMP_SLOT"})
+    assert lazy >= 30, f"only {lazy} of {len(kinds)} imports are bound lazily"
+
+
+def table_entries() -> int:
+    text = (pathlib.Path(__file__).resolve().parent.parent / "src" / "guard" / "generated.rs").read_text()
+    m = re.search(r"pub static BY_ABI: \[u16; (\d+)\]", text)
+    assert m, "generated.rs has no BY_ABI index (scripts/gen_guarded.py changed shape?)"
+    return int(m.group(1))
+
+
+def test_the_guarded_table_holds_no_pointers():
+    # The table, its names and its indexes are offsets, not pointers: a pointer in a static
+    # is a relocation the loader applies at every process start (docs/benchmarks.md,
+    # figure 3), ~980 of them when the table held its names and wrappers as pointers. The
+    # glibc 2.28 build keeps its symbol table (the 2.34 build's is stripped): no relocation
+    # may fall inside the table's objects.
+    syms = subprocess.run(["readelf", "-s", "-W", "-C", str(GUARD)], capture_output=True, text=True,
+                          check=True).stdout
+    objects = {}
+    for line in syms.splitlines():
+        f = line.split()
+        if len(f) >= 8 and (f[7].startswith("rankguard::guard::wrappers::") or f[7] == "rankguard_wrapper_offsets"):
+            name = f[7].rsplit("::", 1)[-1]
+            if name in ("TABLE", "NAMES", "NAME_AT", "BY_ABI", "DRIVER_APIS", "DRIVER_VARIANTS",
+                        "rankguard_wrapper_offsets"):
+                objects[name] = (int(f[1], 16), int(f[2], 0))
+    assert len(objects) == 7, f"not all of the table's objects found in {GUARD.name}'s symbols: {sorted(objects)}"
+    n = table_entries()
+    assert objects["rankguard_wrapper_offsets"][1] == 4 * n, objects["rankguard_wrapper_offsets"]
+    rels = subprocess.run(["readelf", "-r", "-W", str(GUARD)], capture_output=True, text=True,
+                          check=True).stdout
+    inside = []
+    for line in rels.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[2].startswith("R_X86_64"):
+            at = int(f[0], 16)
+            inside += [name for name, (start, size) in objects.items() if start <= at < start + size]
+    assert not inside, f"relocations inside the table: {sorted(set(inside))} ({len(inside)})"
+
+
+@pytest.mark.parametrize("lib", BUILDS)
+def test_relative_relocations_do_not_grow_with_the_table(lib):
+    # 2,561 relative relocations at 06cec78 with a 204-entry table (~4.8 per entry: names,
+    # wrappers, indexes); the rest of the library has ~850. A bound of 5 per entry
+    # fails as soon as the table's pointers come back.
+    out = subprocess.run(["readelf", "-r", "-W", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    relative = sum(1 for l in out.splitlines() if "R_X86_64_RELATIVE" in l)
+    n = table_entries()
+    assert 0 < relative < 5 * n, f"{relative} relative relocations for a {n}-entry table"

@@ -309,7 +309,7 @@ def body(w: Wrapper, rtypes: list[str]) -> str:
         dev = a[0] if len(a) == 1 else f"if {a[0]} != 0 {{ {a[0]} }} else {{ {a[1]} }}"
         verdict = f"policy::query({dev})"
     elif pol.kind == "peer":
-        first = "driver_query::runtime_current_device()" if a[0] == "current" else a[0]
+        first = "driver_query::runtime_current_device(ID)" if a[0] == "current" else a[0]
         verdict = f"policy::peer({first}, {a[1]})"
     elif pol.kind == "peer_ctx":
         first = "std::ptr::null_mut()" if a[0] == "current" else a[0]
@@ -431,23 +431,34 @@ def render_rs(wrappers: list[Wrapper], sources: str) -> str:
     out.append("    }")
     out.append("}")
     out.append("")
-    out.append("/// Every guarded ABI name and its entries (a runtime name: one per major, in major")
-    out.append("/// order), sorted by name (binary search: `table::find_abi`).")
-    out.append(f"pub static BY_ABI: [(&str, u16); {len(wrappers)}] = [")
+    # The indexes hold entry ids only, no names: a pointer in a static costs a relocation
+    # at every process start (docs/benchmarks.md, figure 3); the names are in the table's
+    # NAMES (table.rs, `guarded!`).
+    out.append("/// Every guarded ABI name's entries (a runtime name: one per major, in major order),")
+    out.append("/// sorted by ABI name (binary search: `table::abi_entries`).")
+    out.append(f"pub static BY_ABI: [u16; {len(wrappers)}] = [")
     for i in order:
-        out.append(f"    (\"{wrappers[i].abi}\", Id::{wrappers[i].ident} as u16),")
+        out.append(f"    Id::{wrappers[i].ident} as u16,")
     out.append("];")
     out.append("")
     drv: dict[str, list[str]] = {}
     for w in wrappers:
         if w.lib == "Driver":
             drv.setdefault(w.api, []).append(w.ident)
-    out.append("/// Every guarded driver API name with the entries of its ABI variants, sorted by name")
+    out.append("/// Every guarded driver API, sorted by name, as the start and length of its ABI variants'")
+    out.append("/// entries in [`DRIVER_VARIANTS`]; its name is the first variant's `call`")
     out.append("/// (`cuGetProcAddress` routing: `table::driver_variants`).")
-    out.append(f"pub static DRIVER_APIS: [(&str, &[u16]); {len(drv)}] = [")
+    out.append(f"pub static DRIVER_APIS: [(u16, u16); {len(drv)}] = [")
+    start = 0
     for api in sorted(drv):
-        ids = ", ".join(f"Id::{i} as u16" for i in drv[api])
-        out.append(f"    (\"{api}\", &[{ids}]),")
+        out.append(f"    ({start}, {len(drv[api])}), // {api}")
+        start += len(drv[api])
+    out.append("];")
+    out.append("")
+    out.append("/// The entries of each guarded driver API's ABI variants, in [`DRIVER_APIS`]' order.")
+    out.append(f"pub static DRIVER_VARIANTS: [u16; {start}] = [")
+    for api in sorted(drv):
+        out.append(f"    {', '.join(f'Id::{i} as u16' for i in drv[api])},")
     out.append("];")
     return "\n".join(out) + "\n"
 

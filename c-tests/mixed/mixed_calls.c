@@ -12,7 +12,10 @@
  * / libmixed13.so (the library). Usage: mixed_main<NN> <path of the other major's library>.
  * The program's own calls use device 0 and look up "cuInit"; the library's use device 1 and
  * "cuDeviceGet", so the log shows whose call reached which runtime. Every call prints
- * `expect ...` (include/arglog_expect.h) and `rc ...`.
+ * `expect ...` (include/arglog_expect.h) and `rc ...`. With a second argument `peer`, each
+ * side also asks cudaDeviceEnablePeerAccess for the other device: the guard checks it
+ * against the current device, which it asks the caller's own runtime for (cudaGetDevice,
+ * logged by the fake runtimes).
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -32,7 +35,7 @@ static void hex(char *out, const void *bytes, size_t n)
         sprintf(out + 2 * i, "%02x", b[i]);
 }
 
-__attribute__((visibility("default"))) int mixed_calls(int device, const char *entry)
+__attribute__((visibility("default"))) int mixed_calls(int device, const char *entry, int peer)
 {
     printf("side libcudart.so.%d device=%d entry=%s\n", MAJOR, device, entry);
     EXPECT_LOG(MAJOR, "cudaSetDevice", "device=%d", device);
@@ -67,29 +70,34 @@ __attribute__((visibility("default"))) int mixed_calls(int device, const char *e
     REPORT_RC("cudaGetDriverEntryPoint", cudaGetDriverEntryPoint(entry, &fn, cudaEnableDefault, &st));
 #pragma GCC diagnostic pop
     printf("entry %s found=%d status=%d\n", entry, fn != NULL, (int)st);
+    if (peer) {
+        EXPECT_LOG(MAJOR, "cudaDeviceEnablePeerAccess", "peerDevice=%d flags=%u", 1 - device, 0u);
+        REPORT_RC("cudaDeviceEnablePeerAccess", cudaDeviceEnablePeerAccess(1 - device, 0));
+    }
     return 0;
 }
 
 #ifdef MIXED_MAIN
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: mixed_main%d <libmixedNN.so of the other major>\n", MAJOR);
+    if (argc != 2 && !(argc == 3 && !strcmp(argv[2], "peer"))) {
+        fprintf(stderr, "usage: mixed_main%d <libmixedNN.so of the other major> [peer]\n", MAJOR);
         return 2;
     }
+    int peer = argc == 3;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (mixed_calls(0, "cuInit"))
+    if (mixed_calls(0, "cuInit", peer))
         return 1;
     void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         fprintf(stderr, "mixed_main: dlopen %s: %s\n", argv[1], dlerror());
         return 1;
     }
-    int (*other)(int, const char *) = (int (*)(int, const char *))dlsym(lib, "mixed_calls");
+    int (*other)(int, const char *, int) = (int (*)(int, const char *, int))dlsym(lib, "mixed_calls");
     if (!other) {
         fprintf(stderr, "mixed_main: dlsym mixed_calls: %s\n", dlerror());
         return 1;
     }
-    return other(1, "cuDeviceGet");
+    return other(1, "cuDeviceGet", peer);
 }
 #endif

@@ -260,6 +260,12 @@ fn begin_plan() -> Result<PlanStart> {
 impl PlanStart {
     /// The driver's answer, the launcher's affinity and the topology: the plan.
     fn finish(self, o: &Options) -> Result<Plan> {
+        // The affinity and the topology (a scan of /sys and /proc) are read while the helper
+        // still asks the driver, not after its answer: no rank can start before the plan,
+        // so whatever is read after the answer adds to every launch (docs/benchmarks.md,
+        // figure 4). Errors keep their order: the driver's first.
+        let affinity = sys::affinity();
+        let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
         let driver = match self.driver {
             DriverQuery::One(pending) => pending.finish(),
             DriverQuery::PerMigEntry(e) => mig_driver_list(&e),
@@ -268,12 +274,11 @@ impl PlanStart {
             self.raw.as_deref(),
             driver.as_deref().map_err(|e| e.as_str()),
         )?;
-        let affinity = sys::affinity().map_err(|e| {
+        let affinity = affinity.map_err(|e| {
             Error::usage(format!(
                 "cannot read the launcher's CPU affinity (sched_getaffinity): {e}"
             ))
         })?;
-        let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
         Ok(plan::plan(
             &o.req,
             &host,

@@ -10,40 +10,52 @@
 //! (docs/cli.md). Between `fork` and `exec` the child of a multi-threaded launcher (output
 //! relay threads) may not allocate, so everything it writes is built here, before.
 
-use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 /// The environment of a rank: `base` (the launcher's, in its order) with `changes` applied
 /// in order (`None` removes a variable); variables new to `base` follow it, in the order of
 /// `changes`.
+///
+/// By comparison, not hashing: a rank's changes are a dozen names, and hashing the whole
+/// environment once per rank (a `HashMap` keyed by every variable, SipHash) was ~115,000
+/// of the launcher's ~1,000,000 instructions for 8 ranks (docs/benchmarks.md, figure 4).
 pub fn merge_env(
     base: &[(OsString, OsString)],
     changes: &[(&str, Option<OsString>)],
 ) -> Vec<(OsString, OsString)> {
-    let mut out: Vec<(OsString, Option<OsString>)> = base
-        .iter()
-        .map(|(k, v)| (k.clone(), Some(v.clone())))
-        .collect();
-    let mut at: HashMap<OsString, usize> = out
-        .iter()
-        .enumerate()
-        .map(|(i, (k, _))| (k.clone(), i))
-        .collect();
-    for (k, v) in changes {
-        match at.get(OsStr::new(k)) {
-            Some(&i) => out[i].1 = v.clone(),
-            None => {
-                if let Some(v) = v {
-                    at.insert(OsString::from(k), out.len());
-                    out.push((OsString::from(k), Some(v.clone())));
-                }
-            }
+    // A variable's value is its last change's.
+    let last = |k: &OsStr| {
+        changes
+            .iter()
+            .rev()
+            .find(|(c, _)| OsStr::new(c) == k)
+            .map(|(_, v)| v)
+    };
+    let mut out = Vec::with_capacity(base.len() + changes.len());
+    for (i, (k, v)) in base.iter().enumerate() {
+        // A name twice in `base` (possible in a raw environment): only its last occurrence
+        // is changed or removed.
+        let changed = last(k).filter(|_| !base[i + 1..].iter().any(|(b, _)| b == k));
+        match changed {
+            Some(Some(nv)) => out.push((k.clone(), nv.clone())),
+            Some(None) => {}
+            None => out.push((k.clone(), v.clone())),
         }
     }
-    out.into_iter()
-        .filter_map(|(k, v)| v.map(|v| (k, v)))
-        .collect()
+    for (i, (k, v)) in changes.iter().enumerate() {
+        let name = OsStr::new(k);
+        // A new variable takes the place of its first setting, and its last change's value.
+        let first_set = v.is_some()
+            && !base.iter().any(|(b, _)| b == name)
+            && !changes[..i]
+                .iter()
+                .any(|(c, cv)| OsStr::new(c) == name && cv.is_some());
+        if let (true, Some(Some(nv))) = (first_set, last(name)) {
+            out.push((OsString::from(k), nv.clone()));
+        }
+    }
+    out
 }
 
 /// Everything the child uses between `fork` and `exec`, owned by the parent.
@@ -228,6 +240,24 @@ mod tests {
             ("X", Some(OsString::from("3"))),
         ];
         assert_eq!(merge_env(&[], &changes), os(&[("X", "3")]));
+    }
+
+    #[test]
+    fn merge_env_changes_the_last_of_a_duplicated_name_and_places_new_names_first_set() {
+        let base = os(&[("D", "1"), ("A", "a"), ("D", "2")]);
+        let changes = [
+            ("N", Some(OsString::from("1"))),
+            ("D", Some(OsString::from("3"))),
+            ("M", None),
+            ("M", Some(OsString::from("m"))),
+            ("N", Some(OsString::from("2"))),
+        ];
+        assert_eq!(
+            merge_env(&base, &changes),
+            os(&[("D", "1"), ("A", "a"), ("D", "3"), ("N", "2"), ("M", "m")])
+        );
+        let removed = [("D", None), ("N", Some(OsString::from("1"))), ("N", None)];
+        assert_eq!(merge_env(&base, &removed), os(&[("D", "1"), ("A", "a")]));
     }
 
     #[test]

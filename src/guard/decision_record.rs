@@ -113,7 +113,7 @@ pub fn record_decision_at(
     let rec = AuditRecord {
         ts_us: Some(signal_safe::now_us()),
         summary: None,
-        call: b(e.call),
+        call: b(e.call()),
         abi: Some(b(e.abi())),
         action: Some(action),
         rule: Some(RuleId::Known(v.rule)),

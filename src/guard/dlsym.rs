@@ -69,7 +69,7 @@ extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mu
     if real == 0 {
         // No real dlsym to jump to: glibc without versioned dlsym is not supported, and
         // jumping to 0 would crash. Say so and abort with a clear reason instead.
-        crate::guard::signal_safe::write_all(2, b"RANKGUARD: cannot find the real dlsym (dlvsym failed for GLIBC_2.34 and the base version); librankguard.so needs glibc\n");
+        crate::guard::signal_safe::write_all(2, b"RANKGUARD: cannot find the real dlsym (the C library's dlvsym found no dlsym at GLIBC_2.34 or the base version); librankguard.so needs glibc\n");
         // SAFETY: abort has no preconditions.
         unsafe { libc::abort() }
     }

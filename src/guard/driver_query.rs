@@ -94,9 +94,10 @@ pub fn context_device(ctx: *mut c_void) -> Option<i32> {
     }
 }
 
-/// The runtime's current device, asked from the real runtime; 0 if it cannot tell.
-pub fn runtime_current_device() -> i32 {
-    let Some(f) = internal::cudaGetDevice() else {
+/// The current device of the runtime table entry `id`'s wrapper calls (its major's),
+/// asked from that real runtime; 0 if it cannot tell.
+pub fn runtime_current_device(id: usize) -> i32 {
+    let Some(f) = internal::cudaGetDevice(crate::guard::table::TABLE[id].major) else {
         return 0;
     };
     let mut d = 0;

@@ -668,7 +668,7 @@ pub fn check_import<R: Code>(
     let verdict = d.verdict();
     if verdict.is_allow() {
         tracing::debug!(
-            call = crate::guard::table::TABLE[id].call,
+            call = crate::guard::table::TABLE[id].call(),
             key = %key.as_ref().map_or_else(|| "-".to_string(), Key::short),
             exporter_pid = ?rec.as_ref().map(|r| r.pid),
             "IPC import allowed: {}",
@@ -780,9 +780,11 @@ pub fn close_mem(ptr: u64) {
     }
 }
 
-/// Undo a denied runtime import (keeps the runtime's own bookkeeping right).
-pub fn close_mem_runtime(ptr: *mut c_void) {
-    let Some(f) = internal::cudaIpcCloseMemHandle() else {
+/// Undo a denied runtime import of table entry `id`'s wrapper, in the runtime of that
+/// wrapper's major: the mapping lives in the runtime that opened it (in a process with
+/// both majors, a cu13 caller's import is closed in the 13 runtime).
+pub fn close_mem_runtime(id: usize, ptr: *mut c_void) {
+    let Some(f) = internal::cudaIpcCloseMemHandle(crate::guard::table::TABLE[id].major) else {
         return close_mem(ptr as u64);
     };
     let _s = RuntimeScope::enter();

@@ -89,10 +89,9 @@ pub fn major_of(path: &[u8]) -> Option<u32> {
         .try_fold(0u32, |n, &d| Some(n * 10 + u32::from(d - b'0')))
 }
 
-/// `dlvsym` with this library as the caller (so `RTLD_NEXT` means: after it).
+/// The real `dlvsym` with this library as the caller (so `RTLD_NEXT` means: after it).
 fn dlvsym(handle: *mut c_void, name: &CStr, node: &CStr) -> *mut c_void {
-    // SAFETY: both strings are NUL-terminated; dlvsym is not interposed by this library.
-    unsafe { libc::dlvsym(handle, name.as_ptr(), node.as_ptr()) }
+    crate::guard::real::vlookup(handle, name, node)
 }
 
 /// The real function of a runtime wrapper: its own major's, found by version node in the

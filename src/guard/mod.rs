@@ -17,6 +17,7 @@
 pub mod table;
 pub mod decision_record;
 pub mod dlsym;
+pub mod dlvsym;
 pub mod driver_query;
 pub mod elfsym;
 pub mod exec;
@@ -24,6 +25,7 @@ pub mod ffi;
 pub mod init_check;
 pub mod internal;
 pub mod ipc;
+pub mod libcsym;
 pub mod majors;
 pub mod missing;
 pub mod once;

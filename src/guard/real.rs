@@ -1,7 +1,9 @@
 //! Finding the real functions behind the wrappers, all in one place.
 //!
-//! - The real `dlsym` comes from `dlvsym(RTLD_NEXT, "dlsym", <version>)`: our own `dlsym`
-//!   export would otherwise answer.
+//! - The real `dlvsym` is read from the C library's dynamic symbol table (`libcsym.rs`):
+//!   this library exports `dlvsym` too, so calling it by name would call ourselves. The
+//!   real `dlsym` comes from the real `dlvsym(RTLD_NEXT, "dlsym", <version>)`: our own
+//!   `dlsym` export would otherwise answer.
 //! - Driver functions come from `libcuda.so.1` opened by name (never linked), looked up
 //!   with the real `dlsym`, or are recorded when a program's own `dlsym` found them.
 //! - Runtime functions are those of the wrapper's own major (`guard/majors.rs`): the next
@@ -22,6 +24,10 @@ use crate::guard::majors;
 use crate::guard::table::{Lib, TABLE};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
+
+/// The real `dlvsym`, as an address (the `dlvsym` trampoline jumps through it).
+pub static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 
 /// The real `dlsym`, as an address (the naked trampoline jumps through it).
 pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
@@ -49,12 +55,52 @@ pub fn real_dlsym() -> Option<DlsymFn> {
     Some(unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
 }
 
+/// The real `dlvsym`'s address, resolving it on first use; 0 when there is none (not glibc).
+#[inline]
+pub fn real_dlvsym_addr() -> usize {
+    let p = REAL_DLVSYM.load(Ordering::Acquire);
+    if p != 0 {
+        return p;
+    }
+    init_real_dlvsym()
+}
+
+#[cold]
+fn init_real_dlvsym() -> usize {
+    let p = crate::guard::libcsym::find_dlvsym();
+    if p != 0 {
+        REAL_DLVSYM.store(p, Ordering::Release);
+    }
+    p
+}
+
+/// The real `dlvsym(handle, name, version)` with this library as the caller (so
+/// `RTLD_NEXT` means: after it); null when there is no real `dlvsym`.
+pub fn vlookup(handle: *mut c_void, name: &CStr, version: &CStr) -> *mut c_void {
+    vlookup_raw(handle, name.as_ptr(), version.as_ptr())
+}
+
+/// [`vlookup`] with C strings as they came (`dlvsym`'s own arguments).
+pub fn vlookup_raw(
+    handle: *mut c_void,
+    name: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    let p = real_dlvsym_addr();
+    if p == 0 {
+        return ptr::null_mut();
+    }
+    // SAFETY: `p` is the C library's `dlvsym` (libcsym.rs), whose C signature is DlvsymFn;
+    // the strings are NUL-terminated (the callers' contract, dlvsym's own).
+    unsafe { std::mem::transmute::<usize, DlvsymFn>(p)(handle, name, version) }
+}
+
 #[cold]
 pub fn init_real_dlsym() -> usize {
     for v in DLSYM_VERSIONS {
-        // SAFETY: both strings are NUL-terminated; dlvsym is not interposed by us, so this
-        // cannot recurse into our `dlsym`.
-        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+        // Through the real dlvsym: this library's own `dlvsym` export would answer a call by
+        // name; the real one, called from here, takes this library as the caller.
+        let p = vlookup(libc::RTLD_NEXT, c"dlsym", v);
         if !p.is_null() {
             REAL_DLSYM.store(p as usize, Ordering::Release);
             return p as usize;
@@ -89,7 +135,7 @@ pub fn driver_handle() -> *mut c_void {
 
 /// True if `p` is one of this library's wrappers.
 pub fn is_own(p: *const c_void) -> bool {
-    TABLE.iter().any(|e| e.wrapper() == p)
+    crate::guard::table::is_wrapper(p)
 }
 
 /// The real function of table entry `id`, or null if it cannot be found.

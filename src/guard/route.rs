@@ -44,7 +44,7 @@ pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
     let variants = match table::driver_variants(name) {
         Some(v) => v,
         None => match table::find_abi(name)
-            .and_then(|id| table::driver_variants(TABLE[id].call.as_bytes()))
+            .and_then(|id| table::driver_variants(TABLE[id].call().as_bytes()))
         {
             Some(v) => v,
             None => return Routed::Keep,
@@ -88,7 +88,7 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         return std::ptr::null_mut();
     }
     let entries = table::abi_entries(name);
-    let Some(&(_, first)) = entries.first() else {
+    let Some(&first) = entries.first() else {
         return std::ptr::null_mut();
     };
     if crate::guard::state::try_get().is_some_and(|s| s.inert) {
@@ -106,13 +106,13 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         let e = &TABLE[first as usize];
         if e.lib == table::Lib::Runtime
             && found
-                == TABLE[entries[entries.len() - 1].1 as usize]
+                == TABLE[entries[entries.len() - 1] as usize]
                     .wrapper()
                     .cast_mut()
         {
-            let default = TABLE[entries[entries.len() - 1].1 as usize].major;
+            let default = TABLE[entries[entries.len() - 1] as usize].major;
             if crate::guard::majors::in_major(cname, default).is_null() {
-                for &(_, i) in entries.iter().rev().skip(1) {
+                for &i in entries.iter().rev().skip(1) {
                     let p = crate::guard::majors::in_major(cname, TABLE[i as usize].major);
                     if !p.is_null() {
                         real::record(i as usize, p);
@@ -130,9 +130,9 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         // definition carries (guard/majors.rs). A major no wrapper exists for is never
         // given one with a guessed signature: its function is handed out untouched.
         match crate::guard::majors::major_at(handle, cname, found)
-            .and_then(|m| entries.iter().find(|&&(_, i)| TABLE[i as usize].major == m))
+            .and_then(|m| entries.iter().find(|&&i| TABLE[i as usize].major == m))
         {
-            Some(&(_, i)) => i as usize,
+            Some(&i) => i as usize,
             None => {
                 crate::guard::majors::notice_unknown();
                 return std::ptr::null_mut();

@@ -528,7 +528,7 @@ fn flush_slot(s: &Slot) {
             count: d,
             since_us: (since != 0).then_some(since),
         }),
-        call: Cow::Borrowed(e.map_or("?", |e| e.call)),
+        call: Cow::Borrowed(e.map_or("?", |e| e.call())),
         abi: Some(Cow::Borrowed(e.map_or("?", |e| e.abi()))),
         action: Some(if meta & 1 != 0 {
             Action::Deny

@@ -92,6 +92,9 @@ RT_EXPORT cudaError_t cudaSetDevice(int device)
 
 RT_EXPORT cudaError_t cudaGetDevice(int *device)
 {
+    /* Logged: the guard asks the runtime of the caller's major for its current device
+     * (a peer-access check), and the log shows which runtime it asked. */
+    RT_LOG("cudaGetDevice", "device=%p", (void *)device);
     if (!device)
         return rt_ret(cudaErrorInvalidValue);
     TRY(rt_init());
@@ -545,6 +548,8 @@ RT_EXPORT cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t han
 
 RT_EXPORT cudaError_t cudaIpcCloseMemHandle(void *devPtr)
 {
+    /* Logged: the guard undoes a denied import in the runtime that opened it. */
+    RT_LOG("cudaIpcCloseMemHandle", "devPtr=%p", devPtr);
     TRY(rt_bind());
     NEED(rt_drv.ipcCloseMemHandle);
     DRIVER(rt_drv.ipcCloseMemHandle((CUdeviceptr)(uintptr_t)devPtr));
