@@ -63,7 +63,7 @@ pub fn dlvsym_decide(
     // SAFETY: both are NUL-terminated strings (dlvsym's contract).
     let (cname, cversion) = unsafe { (CStr::from_ptr(symbol), CStr::from_ptr(version)) };
     let entries = table::abi_entries(cname.to_bytes());
-    let Some(&(_, first)) = entries.first() else {
+    let Some(&first) = entries.first() else {
         return std::ptr::null_mut();
     };
     if crate::guard::state::try_get().is_some_and(|s| s.inert) {
@@ -79,9 +79,9 @@ pub fn dlvsym_decide(
         first as usize
     } else {
         match node_major(cversion.to_bytes())
-            .and_then(|m| entries.iter().find(|&&(_, i)| TABLE[i as usize].major == m))
+            .and_then(|m| entries.iter().find(|&&i| TABLE[i as usize].major == m))
         {
-            Some(&(_, i)) => i as usize,
+            Some(&i) => i as usize,
             None => {
                 // A runtime of a major no wrapper exists for (or a node that is no
                 // runtime's): its function, untouched.
