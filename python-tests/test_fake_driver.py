@@ -50,6 +50,13 @@ def test_functions_that_reach_another_device():
     passed(run([TESTS / "fake_drv_reach"], env=clean_env(FAKECUDA_GPUS="4")))
 
 
+def test_graph_memory_texture_width_and_13_entry_points_of_issue_18():
+    """A device's graph memory (D-graphmem), the 1D linear texture width (D-tex1d), 13.1's
+    multicast bind through a team member and the batch discard-and-prefetch: each with its
+    argument checks, on device 0 and device 1."""
+    passed(run([TESTS / "fake_drv_devstate"], env=clean_env(FAKECUDA_GPUS="4")))
+
+
 # ------------------------------------------------------------------ cuGetProcAddress
 
 def test_get_proc_address_named_cases():

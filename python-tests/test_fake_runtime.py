@@ -250,6 +250,13 @@ def test_calls_that_reach_another_device():
     run_c("fake_rt_reach", env=clean_env(FAKECUDA_GPUS="4"))
 
 
+def test_graph_memory_texture_width_and_graph_node_calls():
+    """cudart_reach_more.c: graph memory, the 1D texture width's channel formats
+    (RT-texfmt), NvSciSync attributes and the generic graph-node calls (RT-graphnode),
+    with device 0 and device 1 (issue 18's last path tests, unguarded)."""
+    run_c("fake_rt_devstate", env=clean_env(FAKECUDA_GPUS="4"))
+
+
 def test_threads_keep_their_own_device():
     run_c("fake_rt_threads", "4", env=clean_env(FAKECUDA_GPUS="4"))
 

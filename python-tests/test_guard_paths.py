@@ -7,11 +7,17 @@ a static-runtime-like program that only dlsyms cuGetProcAddress_v2):
   - another ordinal is denied in enforce mode (the guard's code and its audit record);
   - with several GPUs visible in warn mode it is recorded and passed through to the
     driver, which succeeds (so the denial above is the guard's, not the driver's).
+Functions that need their own set-up, or that the fake refuses itself (SET_UP_DRIVER,
+SET_UP_RUNTIME), are compared with an unguarded run instead; every guarded function is
+called here or by test_guard_coverage.py (test_the_matrix_covers_every_guarded_function).
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
+import test_guard_coverage as cov
 from _guard import guarded, prog
 from _guarded import GUARDED
 
@@ -26,34 +32,37 @@ R2_POLICIES = {"ordinal", "ordinal_or_host", "location", "location_in", "access"
 # (batch and attribute copies, advice, the runtime's graph node: test_guard_copies.py).
 def _elsewhere():
     import test_guard_copies as copies
-    import test_guard_coverage as cov
     return {c[0] for c in cov.DRIVER + cov.RUNTIME + cov.RUNTIME13} | copies.COVERED
 
 
 ELSEWHERE = _elsewhere()
 
-# Guarded, but no path test calls them yet: the fake platform does not implement them (or
-# their nested operands, or the set-up they need). Shrink this set, never grow it.
-NOT_YET = {
-    'cuGraphExecNodeSetParams',
-    'cuLogicalEndpointBindAddr',
-    'cuLogicalEndpointBindMem',
-    'cuLogicalEndpointUnbind',
-    'cuMulticastBindAddr',
-    'cudaChooseDevice',
-    'cudaDeviceGetGraphMemAttribute',
-    'cudaDeviceGetHostAtomicCapabilities',
-    'cudaDeviceGetNvSciSyncAttributes',
-    'cudaDeviceGetP2PAtomicCapabilities',
-    'cudaDeviceGetTexture1DLinearMaxWidth',
-    'cudaDeviceGraphMemTrim',
-    'cudaDeviceSetGraphMemAttribute',
-    'cudaGraphAddNode_v2',
-    'cudaGraphExecNodeSetParams',
-    'cudaGraphNodeSetParams',
-    'cudaKernelSetAttributeForDevice',
-    'cudaMemDiscardAndPrefetchBatchAsync',
+# Guarded functions called with their own set-up (c-tests/include/set_up_calls.h,
+# driver_set_up_call / runtime_set_up_call), or whose fake answer is a refusal of its own
+# (no graphs, kernels, NvSciSync or logical endpoints on the fake), so the generic tests' "the driver alone succeeds" does not
+# hold: api -> (rule, code), rule None = a query. Each is called below on every path of
+# every ABI variant the generated matrix lists for it, and compared with an unguarded run
+# (test_guard_coverage.check).
+SET_UP_DRIVER = {
+    "cuGraphExecNodeSetParams": ("R2", 101),
+    "cuLogicalEndpointBindMem": ("R2", 101),
+    "cuLogicalEndpointBindAddr": ("R2", 101),
+    "cuLogicalEndpointUnbind": ("R2", 101),
+    "cuMulticastBindAddr": ("R2", 101),
 }
+SET_UP_RUNTIME = {
+    "cudaKernelSetAttributeForDevice": ("R2", 101),
+    "cudaGraphAddNode_v2": ("R2", 101),
+    "cudaGraphNodeSetParams": ("R2", 101),
+    "cudaGraphExecNodeSetParams": ("R2", 101),
+    "cudaMemDiscardAndPrefetchBatchAsync": ("R2", 101),
+    "cudaDeviceGetNvSciSyncAttributes": (None, None),
+    "cudaChooseDevice": (None, None),
+}
+SET_UP = set(SET_UP_DRIVER) | set(SET_UP_RUNTIME)
+# ABI variants that name no device: passed through untouched (the 12.x multicast bind; the
+# memory's location was judged at cuMemCreate).
+NAMES_NO_DEVICE = {"cuMulticastBindAddr"}
 
 
 def _driver(kinds):
@@ -61,7 +70,7 @@ def _driver(kinds):
     the per-thread path picks the per-thread variant at the same version."""
     return [(api, sorted({v for _, v, pt in vs if not pt}))
             for lib, api, kind, vs in GUARDED
-            if lib == "driver" and kind in kinds and api not in ELSEWHERE | NOT_YET]
+            if lib == "driver" and kind in kinds and api not in ELSEWHERE | SET_UP]
 
 
 def _runtime(kinds):
@@ -69,7 +78,7 @@ def _runtime(kinds):
     major: guard_call (CUDA 12) and guard_call13 (the same program built against CUDA 13)
     call each through their own runtime, with its parameters."""
     return [(m, api, abi) for lib, api, kind, vs in GUARDED
-            if lib == "runtime" and kind in kinds and api not in ELSEWHERE | NOT_YET for abi, m, _ in vs]
+            if lib == "runtime" and kind in kinds and api not in ELSEWHERE | SET_UP for abi, m, _ in vs]
 
 
 # The program of each runtime major, and the driver version its runtime needs.
@@ -92,11 +101,11 @@ RUNTIME_QUERIES = _runtime({"query"})
 
 def test_the_matrix_covers_every_guarded_function():
     """Every guarded function is called here, by test_guard_coverage.py (issue 15's ranked
-    list, with its own set-up per function), or is a hand-written hook with its own suite;
-    what is guarded but not yet called by any path test is named here, so a new guarded
-    function that no test calls fails this test."""
+    list, with its own set-up per function), or is a hand-written hook with its own suite,
+    so a new guarded function that no test calls fails this test."""
     covered = {a for a, _ in DRIVER_CALLS + DRIVER_QUERIES} | set(DRIVER_PEER) | {
-        a for _, a, _ in RUNTIME_R2 + RUNTIME_R4 + RUNTIME_QUERIES} | ELSEWHERE
+        a for _, a, _ in RUNTIME_R2 + RUNTIME_R4 + RUNTIME_QUERIES} | ELSEWHERE | {
+        c for _, c, _, _, _ in SET_UP_DRIVER_CASES} | {a for _, a, _, _, _ in SET_UP_RUNTIME_CASES}
     assert {m for m, _, _ in RUNTIME_R2} == set(RUNTIME_PROG)
     hooks = {api for _, api, kind, _ in GUARDED if kind == "hook"}
     # Hand-written bodies tested by their own suites: initialisation (test_guard_init),
@@ -107,8 +116,16 @@ def test_the_matrix_covers_every_guarded_function():
                   "cudaGetDriverEntryPointByVersion", "cuMemPoolCreate", "cuImportExternalMemory",
                   "cudaImportExternalMemory", "cuMemGetHandleForAddressRange"} | {
         a for a in hooks if "Ipc" in a or "Shareable" in a or "PoolExport" in a or "PoolImport" in a}
-    assert covered | own_suites | NOT_YET == {api for _, api, _, _ in GUARDED}
-    assert not (NOT_YET & covered), "called by a path test now: remove it from NOT_YET"
+    assert covered | own_suites == {api for _, api, _, _ in GUARDED}
+    assert not (SET_UP & ELSEWHERE), "tested with its own set-up elsewhere: remove it from SET_UP_*"
+    # every ABI variant of a function with its own set-up is reached by some case
+    reached = {(c, v) for _, c, v, _, _ in SET_UP_DRIVER_CASES} | {
+        (a, abi) for _, a, abi, _, _ in SET_UP_RUNTIME_CASES}
+    for lib, api, _, vs in GUARDED:
+        if api in SET_UP_DRIVER:
+            assert {(api, v) for _, v, pt in vs if not pt} <= reached, api
+        elif api in SET_UP_RUNTIME:
+            assert {(api, abi) for abi, _, _ in vs} <= reached, api
     assert {"cudaMemPrefetchAsync", "cudaGetDeviceProperties", "cuDeviceGetUuid"} <= covered
 
 
@@ -254,3 +271,111 @@ def test_peer_access_between_contexts_is_r4(tmp_path, path, call):
     rec = [r for r in warn.audit if r["call"] == call]
     assert len(rec) == 1 and rec[0]["rule"] == "R4", warn.audit
 
+
+# ---- functions with their own set-up (SET_UP_DRIVER, SET_UP_RUNTIME) --------------------
+
+
+def _set_up_driver_cases():
+    """(path, call, version, rule, code) on every path, at each version of a legacy ABI
+    variant (cov.PATHS; the runtime's cudaGetDriverEntryPoint only at the newest version up
+    to its own 12090); rule "none" where the variant names no device."""
+    out = []
+    for lib, api, _, vs in GUARDED:
+        if lib != "driver" or api not in SET_UP_DRIVER:
+            continue
+        versions = sorted({v for _, v, pt in vs if not pt})
+        ep = max((v for v in versions if v <= 12090), default=None)
+        for v in versions:
+            abi = next(a for a, x, pt in vs if x == v and not pt)
+            rule, code = ("none", None) if abi in NAMES_NO_DEVICE else SET_UP_DRIVER[api]
+            out += [(p, api, v, rule, code) for p in cov.PATHS if p != "ep" or v == ep]
+    return out
+
+
+def _set_up_runtime_cases():
+    """(major, api, abi, rule, code) of every runtime ABI symbol, in every wrapped major."""
+    return [(m, api, abi) + SET_UP_RUNTIME[api] for lib, api, _, vs in GUARDED
+            if lib == "runtime" and api in SET_UP_RUNTIME for abi, m, _ in vs]
+
+
+SET_UP_DRIVER_CASES = _set_up_driver_cases()
+SET_UP_RUNTIME_CASES = _set_up_runtime_cases()
+
+
+def _passes_untouched(tmp_path, args_of, call):
+    """A variant that names no device: allowed in enforce mode whatever ORDINAL says, with
+    the driver's own answer and no record; in warn mode not recorded either."""
+    for ordinal, cvd, mode in ((0, "3", "enforce"), (1, "3", "enforce"), (1, "0,1", "warn")):
+        r = guarded(args_of(ordinal), tmp_path, cvd=cvd, mode=mode)
+        assert r.rc == 0 and "setup ok" in r.out, r.out + r.err
+        assert r.value("rc") == cov.baseline(tmp_path, args_of(ordinal), cvd), r.out + r.err
+        assert [x for x in r.audit if x["call"] == call] == [], r.audit
+
+
+@pytest.mark.parametrize("path,call,version,rule,code", SET_UP_DRIVER_CASES,
+                         ids=[f"{p}-{c}-{v}" for p, c, v, _, _ in SET_UP_DRIVER_CASES])
+def test_driver_function_with_set_up(tmp_path, path, call, version, rule, code):
+    def args_of(o):
+        return [prog("guard_call"), path, call, str(o), str(version)]
+    if rule == "none":
+        _passes_untouched(tmp_path, args_of, call)
+    else:
+        cov.check(tmp_path, args_of, call, rule, code)
+
+
+@pytest.mark.parametrize("path", ["link", "dlsym"])
+@pytest.mark.parametrize("major,api,abi,rule,code", SET_UP_RUNTIME_CASES,
+                         ids=[f"{a}-cu{m}" for m, _, a, _, _ in SET_UP_RUNTIME_CASES])
+def test_runtime_function_with_set_up(tmp_path, path, major, api, abi, rule, code):
+    name, driver = RUNTIME_PROG[major]
+    env = {"FAKECUDA_DRIVER_VERSION": driver} if driver else {}
+    if api == "cudaChooseDevice":
+        # GPU 1 of another compute capability: asked for it, the runtime returns device 1
+        topo = tmp_path / "topology"
+        topo.write_text("1 cc=8.0\n")
+        env["FAKECUDA_TOPOLOGY"] = str(topo)
+    cov.check(tmp_path, lambda o: [prog(name), path, abi, str(o)], api, rule, code, **env)
+
+
+def test_choose_device_answers_another_device_only_when_asked(tmp_path):
+    """Control for cudaChooseDevice's query: with device 1 of another compute capability
+    visible, the runtime alone chooses it (so the warn record above is about device 1)."""
+    topo = tmp_path / "topology"
+    topo.write_text("1 cc=8.0\n")
+    for ordinal, chosen in (("0", 0), ("1", 1)):
+        r = guarded([prog("guard_call"), "link", "cudaChooseDevice", ordinal], tmp_path, cvd="0,1",
+                    preload=False, FAKECUDA_TOPOLOGY=str(topo))
+        assert (r.value("rc"), r.value("device")) == (0, chosen), r.out + r.err
+
+
+# The runtime functions whose fake records its arguments (c-tests/fake/runtime/
+# cudart_reach_more.c, cudaMemDiscardAndPrefetchBatchAsync in cudart_reach.c): a warned
+# call reaches the runtime of its major with every argument as the program passed it.
+ARGLOGGED = {"cudaDeviceGraphMemTrim", "cudaDeviceSetGraphMemAttribute",
+             "cudaDeviceGetGraphMemAttribute", "cudaKernelSetAttributeForDevice",
+             "cudaDeviceGetTexture1DLinearMaxWidth", "cudaDeviceGetNvSciSyncAttributes",
+             "cudaDeviceGetHostAtomicCapabilities", "cudaDeviceGetP2PAtomicCapabilities",
+             "cudaGraphAddNode_v2", "cudaGraphNodeSetParams", "cudaGraphExecNodeSetParams",
+             "cudaMemDiscardAndPrefetchBatchAsync"}
+ARGLOG_CASES = [(m, api, abi) for lib, api, _, vs in GUARDED
+                if lib == "runtime" and api in ARGLOGGED for abi, m, _ in vs]
+
+
+@pytest.mark.parametrize("major,api,abi", ARGLOG_CASES, ids=[f"{a}-cu{m}" for m, _, a in ARGLOG_CASES])
+def test_runtime_arguments_arrive_intact(tmp_path, major, api, abi):
+    name, driver = RUNTIME_PROG[major]
+    env = {"FAKECUDA_DRIVER_VERSION": driver} if driver else {}
+    lines = {}
+    for preload in (False, True):
+        log = tmp_path / f"arglog-{preload}.txt"
+        r = guarded([prog(name), "link", abi, "1"], tmp_path, cvd="0,1", mode="warn",
+                    preload=preload, FAKECUDA_ARGLOG=str(log), **env)
+        assert r.rc == 0 and "setup ok" in r.out, r.out + r.err
+        lines[preload] = [x for x in log.read_text().splitlines()
+                          if x.split()[:2] == [f"libcudart.so.{major}", abi]]
+        if preload:
+            assert [x["verdict"] for x in r.audit if x["call"] == api] == ["warn"], r.audit
+    assert len(lines[False]) == 1, lines
+    assert lines[True] == lines[False]
+    # the device the program named (ORDINAL 1) is among what arrived
+    assert re.search(r"(device|Device)=1\b|id=1}", lines[True][0]), lines

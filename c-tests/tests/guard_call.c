@@ -44,7 +44,7 @@
 #define ABI_OF(api, abi, v, pt) extern void abi_##abi(void) __asm__(#abi);
 #define HELPERS(X) X(cuMemRelease) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged) \
     X(cuMemAddressReserve) X(cuMemMap) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cudaMalloc) \
-    X(cudaMallocManaged)
+    X(cudaMallocManaged) X(cudaGetDeviceCount)
 /* Built twice: against the 12.9 headers and libcudart.so.12 (tests/guard_call), and
  * against the 13.x headers and libcudart.so.13 (tests13/guard_call13.c includes this file):
  * the runtime calls are that major's, with its parameters. */
@@ -192,6 +192,10 @@ static void *need(void *p, const char *what) {
 #define CHECK_SETUP(expr) do { CUresult r_ = (expr); if (r_) { \
     printf("setup failed: %s = %d\n", #expr, r_); exit(2); } } while (0)
 
+/* The guarded functions of issue 15 that need their own set-up or arguments (issue 18's
+ * last path tests): their own block, tried first by each dispatch below. */
+#include "set_up_calls.h"
+
 /* The ABI variant a driver API resolves to at `ver`: the newest variant at or before it,
  * per-thread when the path asks for the per-thread default stream and one exists. */
 static const char *variant(const char *base, int ver) {
@@ -248,6 +252,8 @@ int main(int argc, char **argv) {
     /* Runtime calls: everything through the runtime. */
     if (!strncmp(call, "cuda", 4)) {
         int rc = -1;
+        if (runtime_set_up_call(call, ord, &rc))
+            return 0;
         if (!strcmp(call, "cudaSetDevice"))
             rc = ((cudaError_t(*)(int))rt("cudaSetDevice"))(ord);
         else if (!strcmp(call, "cudaInitDevice"))
@@ -388,7 +394,8 @@ int main(int argc, char **argv) {
     const char *abi = variant(call, version);
     int rc = -1;
 
-    if (!strcmp(call, "cuDeviceGet")) {
+    if (driver_set_up_call(call, abi, dev, ord, &rc)) {
+    } else if (!strcmp(call, "cuDeviceGet")) {
         CUdevice d;
         printf("setup ok\n");
         rc = DRV(PFN_cuDeviceGet_v2000, abi, call, version)(&d, ord);

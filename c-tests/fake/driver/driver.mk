@@ -7,7 +7,8 @@
 # holds is the library's own function even when a preload exports the same names.
 DRV_DIR   := $(HERE)fake/driver
 DRV_OBJ   := $(GEN)/driver
-DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c
+DRV_SRCS  := $(DRV_DIR)/node.c $(DRV_DIR)/cvd.c $(DRV_DIR)/driver.c $(DRV_DIR)/memory.c $(DRV_DIR)/reach.c \
+             $(DRV_DIR)/devstate.c
 DRV_OBJS  := $(patsubst $(DRV_DIR)/%.c,$(DRV_OBJ)/%.o,$(DRV_SRCS))
 DRV_HDRS  := $(DRV_DIR)/fake.h $(DRV_DIR)/fakecuda_routes.h
 # __CUDA_API_VERSION_INTERNAL: cuda.h then declares every ABI variant under its exported
@@ -29,6 +30,12 @@ fake: $(FAKE)/libcuda.so.1 $(FAKE)/libcuda.so
 $(DRV_OBJ)/%.o: $(DRV_DIR)/%.c $(DRV_HDRS) | check-headers
 	@mkdir -p $(DRV_OBJ)
 	$(CC) $(DRV_CFLAGS) -c -o $@ $<
+
+# devstate.c implements CUDA 13's atomic capabilities with their types: the 13.x cuda.h
+# declares them (and every 12.9 function it also implements).
+$(DRV_OBJ)/devstate.o: $(DRV_DIR)/devstate.c $(DRV_HDRS) | check-headers13
+	@mkdir -p $(DRV_OBJ)
+	$(CC) $(filter-out -I$(CUDA_INC),$(DRV_CFLAGS)) -I$(CUDA13_INC) -c -o $@ $<
 
 $(GEN)/fakecuda_implemented.txt: $(DRV_OBJS)
 	@mkdir -p $(GEN)

@@ -84,6 +84,16 @@ CUresult CUDAAPI cuMemPrefetchBatchAsync_ptsz(CUdeviceptr *dptrs, size_t *sizes,
                                               CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
                                               size_t numPrefetchLocs, unsigned long long flags,
                                               CUstream hStream);
+CUresult CUDAAPI cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                   CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                                   size_t numPrefetchLocs, unsigned long long flags,
+                                                   CUstream hStream);
+CUresult CUDAAPI cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                        CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                                        size_t numPrefetchLocs, unsigned long long flags,
+                                                        CUstream hStream);
+CUresult CUDAAPI cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
+                                        CUdeviceptr memptr, size_t size, unsigned long long flags);
 int fake_ctx_valid(struct fake_ctx *c);
 int fake_ctx_device(struct fake_ctx *c);             /* ordinal */
 CUresult fake_stream_check(CUstream s);

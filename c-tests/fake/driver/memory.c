@@ -1239,6 +1239,24 @@ FAKE_API CUresult CUDAAPI cuMemPrefetchBatchAsync_ptsz(CUdeviceptr *dptrs, size_
     return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags,
                           hStream);
 }
+/* CUDA 13: the ranges' contents are discarded (undefined afterwards; the fake keeps the
+ * bytes, which is one valid outcome), then prefetched as by cuMemPrefetchBatchAsync. */
+FAKE_API CUresult CUDAAPI cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                            CUmemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                                            size_t numPrefetchLocs, unsigned long long flags,
+                                                            CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags,
+                          hStream);
+}
+FAKE_API CUresult CUDAAPI cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                                 CUmemLocation *prefetchLocs,
+                                                                 size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                                 unsigned long long flags, CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags,
+                          hStream);
+}
 
 static CUresult advise(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc)
 {

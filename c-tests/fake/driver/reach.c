@@ -231,6 +231,28 @@ FAKE_API CUresult CUDAAPI cuMulticastBindAddr(CUmemGenericAllocationHandle mcHan
     return r;
 }
 
+/* CUDA 13.1 (cuMulticastBindAddr_v13010): the same bind, through device `dev`, which must be
+ * a member of the team (D-multicast). */
+FAKE_API CUresult CUDAAPI cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                                 size_t mcOffset, CUdeviceptr memptr, size_t size,
+                                                 unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_mc *m = mc_lookup(mcHandle);
+    int member = 0;
+    for (unsigned i = 0; m && i < m->added; i++)
+        member |= m->dev[i] == dev;
+    pthread_mutex_unlock(&fake_lock);
+    if (!m)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!member)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return cuMulticastBindAddr(mcHandle, mcOffset, memptr, size, flags);
+}
+
 FAKE_API CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
                                             size_t mcOffset, size_t size)
 {

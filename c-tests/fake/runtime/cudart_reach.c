@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cudart_internal.h"
@@ -414,6 +415,7 @@ static struct {
     PFN_cuDevResourceGenerateDesc_v12040 generateDesc;
     PFN_cuGreenCtxCreate_v12040 greenCtxCreate;
     PFN_cuMemPrefetchBatchAsync_v13000 prefetchBatch;
+    PFN_cuMemDiscardAndPrefetchBatchAsync_v13000 discardAndPrefetchBatch[2]; /* legacy, per-thread */
 } drv13;
 static pthread_once_t fetched13 = PTHREAD_ONCE_INIT;
 
@@ -426,6 +428,8 @@ static void fetch13(void)
     fetch(&drv13.generateDesc, "cuDevResourceGenerateDesc", 12040, RT_FLAGS_LEGACY);
     fetch(&drv13.greenCtxCreate, "cuGreenCtxCreate", 12040, RT_FLAGS_LEGACY);
     fetch(&drv13.prefetchBatch, "cuMemPrefetchBatchAsync", 13000, RT_FLAGS_LEGACY);
+    fetch(&drv13.discardAndPrefetchBatch[0], "cuMemDiscardAndPrefetchBatchAsync", 13000, RT_FLAGS_LEGACY);
+    fetch(&drv13.discardAndPrefetchBatch[1], "cuMemDiscardAndPrefetchBatchAsync", 13000, RT_FLAGS_PER_THREAD);
 }
 
 static cudaError_t load13(void)
@@ -552,5 +556,59 @@ RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync(void **dptrs, size_t *sizes, siz
     NEED(drv13.prefetchBatch);
     DRIVER(drv13.prefetchBatch((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs,
                                numPrefetchLocs, flags, stream));
+}
+
+/* Like cudaMemPrefetchBatchAsync (the ranges' contents are discarded first); it records
+ * the locations it received (RT_LOG), and has a per-thread-stream export. */
+static cudaError_t discard_prefetch_batch(int pt, void **dptrs, size_t *sizes, size_t count,
+                                          struct cudaMemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                          size_t numPrefetchLocs, unsigned long long flags,
+                                          cudaStream_t stream)
+{
+    const char *sym = pt ? "cudaMemDiscardAndPrefetchBatchAsync_ptsz" : "cudaMemDiscardAndPrefetchBatchAsync";
+    if (rt_arglog_on()) {
+        char locs[256] = "(null)";
+        size_t at = 0;
+        for (size_t i = 0; prefetchLocs && i < numPrefetchLocs && i < 8 && at < sizeof locs; i++)
+            at += (size_t)snprintf(locs + at, sizeof locs - at, "%s{type=%d,id=%d}", i ? "," : "[",
+                                   (int)prefetchLocs[i].type, prefetchLocs[i].id);
+        if (prefetchLocs && numPrefetchLocs && at < sizeof locs)
+            snprintf(locs + at, sizeof locs - at, "]");
+        rt_arglog(sym, "count=%zu prefetchLocs=%s numPrefetchLocs=%zu flags=%llu stream=%p", count,
+                  locs, numPrefetchLocs, flags, RT_LOG_HANDLE(stream));
+    }
+    if (!prefetchLocs || numPrefetchLocs == 0 || numPrefetchLocs > 64)
+        return rt_ret(cudaErrorInvalidValue);
+    TRY(load13());
+    CUmemLocation l[64];
+    for (size_t i = 0; i < numPrefetchLocs; i++)
+        TRY(cu_location(&prefetchLocs[i], &l[i]));
+    TRY(rt_bind());
+    NEED(drv13.discardAndPrefetchBatch[pt]);
+    DRIVER(drv13.discardAndPrefetchBatch[pt]((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs,
+                                             numPrefetchLocs, flags, stream));
+}
+
+RT_EXPORT cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
+                                                               struct cudaMemLocation *prefetchLocs,
+                                                               size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                               unsigned long long flags, cudaStream_t stream);
+
+RT_EXPORT cudaError_t cudaMemDiscardAndPrefetchBatchAsync(void **dptrs, size_t *sizes, size_t count,
+                                                          struct cudaMemLocation *prefetchLocs,
+                                                          size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                          unsigned long long flags, cudaStream_t stream)
+{
+    return discard_prefetch_batch(0, dptrs, sizes, count, prefetchLocs, prefetchLocIdxs,
+                                  numPrefetchLocs, flags, stream);
+}
+
+RT_EXPORT cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
+                                                               struct cudaMemLocation *prefetchLocs,
+                                                               size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                               unsigned long long flags, cudaStream_t stream)
+{
+    return discard_prefetch_batch(1, dptrs, sizes, count, prefetchLocs, prefetchLocIdxs,
+                                  numPrefetchLocs, flags, stream);
 }
 #endif /* CUDA 13 */
