@@ -24,7 +24,8 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use crate::guard::real::{self, REAL_DLVSYM};
-use crate::guard::table::{self, Lib, TABLE};
+use crate::guard::route;
+use crate::guard::table::{self, TABLE};
 
 /// Called by the trampoline. Returns the wrapper to hand out, or NULL to let the real
 /// `dlvsym` answer (and set `dlerror`).
@@ -63,9 +64,9 @@ pub fn dlvsym_decide(
     // SAFETY: both are NUL-terminated strings (dlvsym's contract).
     let (cname, cversion) = unsafe { (CStr::from_ptr(symbol), CStr::from_ptr(version)) };
     let entries = table::abi_entries(cname.to_bytes());
-    let Some(&first) = entries.first() else {
+    if entries.is_empty() {
         return std::ptr::null_mut();
-    };
+    }
     if crate::guard::state::try_get().is_some_and(|s| s.inert) {
         return std::ptr::null_mut();
     }
@@ -75,20 +76,10 @@ pub fn dlvsym_decide(
         // definition under that node (RTLD_DEFAULT finds this library's first).
         return found;
     }
-    let id = if TABLE[first as usize].lib == Lib::Driver {
-        first as usize
-    } else {
-        match node_major(cversion.to_bytes())
-            .and_then(|m| entries.iter().find(|&&i| TABLE[i as usize].major == m))
-        {
-            Some(&i) => i as usize,
-            None => {
-                // A runtime of a major no wrapper exists for (or a node that is no
-                // runtime's): its function, untouched.
-                crate::guard::majors::notice_unknown();
-                return std::ptr::null_mut();
-            }
-        }
+    // A runtime function: the wrapper of the node's major. A runtime of a major no wrapper
+    // exists for (or a node that is no runtime's): its function, untouched.
+    let Some(id) = route::entry_for(entries, || node_major(cversion.to_bytes())) else {
+        return std::ptr::null_mut();
     };
     real::record(id, found);
     TABLE[id].wrapper() as *mut c_void

@@ -123,23 +123,32 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         }
         return found;
     }
-    let id = if TABLE[first as usize].lib == table::Lib::Driver {
-        first as usize
-    } else {
-        // A runtime function: the wrapper of the major whose version node the handle's
-        // definition carries (guard/majors.rs). A major no wrapper exists for is never
-        // given one with a guessed signature: its function is handed out untouched.
-        match crate::guard::majors::major_at(handle, cname, found)
-            .and_then(|m| entries.iter().find(|&&i| TABLE[i as usize].major == m))
-        {
-            Some(&i) => i as usize,
-            None => {
-                crate::guard::majors::notice_unknown();
-                return std::ptr::null_mut();
-            }
-        }
+    // A runtime function: the wrapper of the major whose version node the handle's
+    // definition carries (guard/majors.rs).
+    let Some(id) = entry_for(entries, || {
+        crate::guard::majors::major_at(handle, cname, found)
+    }) else {
+        return std::ptr::null_mut();
     };
     real::record(id, found);
     tracing::trace!(symbol = %String::from_utf8_lossy(name), "dlsym: handing out the guard's wrapper");
     TABLE[id].wrapper() as *mut c_void
+}
+
+/// Which of a name's ABI entries (`entries`, from `table::abi_entries`, not empty) a lookup
+/// hands out: a driver function's own, or the runtime wrapper of the major `major` names
+/// (asked only for a runtime function). None for a runtime major no wrapper exists for:
+/// such a runtime is never given a wrapper with a guessed signature, so the caller hands out
+/// its function untouched; `majors::notice_unknown` says so once. Shared by `dlsym` (major
+/// from the definition's version node) and `dlvsym` (major from the node asked for).
+pub(crate) fn entry_for(entries: &[u16], major: impl FnOnce() -> Option<u8>) -> Option<usize> {
+    let first = *entries.first()? as usize;
+    if TABLE[first].lib == table::Lib::Driver {
+        return Some(first);
+    }
+    let id = major().and_then(|m| entries.iter().find(|&&i| TABLE[i as usize].major == m));
+    if id.is_none() {
+        crate::guard::majors::notice_unknown();
+    }
+    id.map(|&i| i as usize)
 }
