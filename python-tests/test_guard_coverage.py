@@ -1,7 +1,9 @@
 """Issue 15's ranked list: the functions that reach another device outside the first
 guarded set, each on every path a program reaches it by.
 
-For each function (c-tests/tests/guard_call.c makes the call):
+For each function (c-tests/tests/guard_call.c makes the call; a runtime function once per
+ABI symbol, per-thread `_ptsz`/`_ptds` forms included, in each major the guard wraps it for:
+guard_call against the CUDA 12 runtime, guard_call13 and reach13_calls against CUDA 13):
   - ordinal 0 / the rank's own device: reaches the driver unchanged (the same rc as an
     unguarded run) and leaves no audit record;
   - another ordinal (or a peer pair) under one visible GPU in enforce mode: denied with the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from _guard import guarded, prog
+from _guarded import GUARDED
 
 # (call, [versions], rule, code): rule None = a query (recorded in warn, never denied).
 DRIVER = [
@@ -86,7 +89,9 @@ def baseline(tmp_path, args, cvd, **env) -> int:
     return _BASELINE[key]
 
 
-def check(tmp_path, args_of, call, rule, code, **env):
+def check(tmp_path, args_of, call, rule, code, abi=None, **env):
+    """`abi`: the ABI symbol called, which every record must name (the wrapper of that
+    symbol judged the call, not another major's or the legacy-stream one)."""
     ok = guarded(args_of(0), tmp_path, cvd="3", **env)
     assert ok.rc == 0 and "setup ok" in ok.out, ok.out + ok.err
     assert ok.value("rc") == baseline(tmp_path, args_of(0), "3", **env), ok.out + ok.err
@@ -103,6 +108,7 @@ def check(tmp_path, args_of, call, rule, code, **env):
         assert bad.value("rc") == code, bad.out + bad.err
         assert len(mine) == 1, bad.audit
         assert mine[0]["verdict"] == "deny" and mine[0]["rule"] == rule, mine
+        assert abi is None or mine[0]["abi"] == abi, mine
         assert f"RANKGUARD WARN {call}(" in bad.err, bad.err
 
     warn = guarded(args_of(1), tmp_path, cvd="0,1", mode="warn", **env)
@@ -111,6 +117,7 @@ def check(tmp_path, args_of, call, rule, code, **env):
     mine = [r for r in warn.audit if r["call"] == call]
     assert len(mine) == 1 and mine[0]["verdict"] == "warn", warn.audit
     assert mine[0]["rule"] == (rule or "R2"), mine
+    assert abi is None or mine[0]["abi"] == abi, mine
 
 
 @pytest.mark.parametrize("path,call,version,rule,code", CASES,
@@ -119,10 +126,25 @@ def test_driver_function_on_every_path(tmp_path, path, call, version, rule, code
     check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o), str(version)], call, rule, code)
 
 
+def _abi_cases(rows):
+    """(major, api, abi, rule, code) for every ABI symbol (per-thread forms included) of
+    each function in every runtime major that has a wrapper for it (generated matrix)."""
+    variants = {api: vs for lib, api, _, vs in GUARDED if lib == "runtime"}
+    return [(m, api, abi, rule, code) for api, rule, code in rows for abi, m, _ in variants[api]]
+
+
+# The program of each runtime major (the same source, built against each major's headers
+# and linked with its libcudart), and the driver version its runtime needs.
+RUNTIME_PROG = {12: ("guard_call", {}), 13: ("guard_call13", {"FAKECUDA_DRIVER_VERSION": "13050"})}
+RUNTIME_CASES = _abi_cases(RUNTIME)
+
+
 @pytest.mark.parametrize("path", ["link", "dlsym"])
-@pytest.mark.parametrize("call,rule,code", RUNTIME, ids=[c for c, _, _ in RUNTIME])
-def test_runtime_function(tmp_path, path, call, rule, code):
-    check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o)], call, rule, code)
+@pytest.mark.parametrize("major,call,abi,rule,code", RUNTIME_CASES,
+                         ids=[f"{a}-cu{m}" for m, _, a, _, _ in RUNTIME_CASES])
+def test_runtime_function(tmp_path, path, major, call, abi, rule, code):
+    name, env = RUNTIME_PROG[major]
+    check(tmp_path, lambda o: [prog(name), path, abi, str(o)], call, rule, code, abi=abi, **env)
 
 
 RUNTIME13 = [
@@ -136,12 +158,17 @@ RUNTIME13 = [
 ]
 
 
+RUNTIME13_CASES = _abi_cases(RUNTIME13)
+
+
 @pytest.mark.parametrize("path", ["link", "dlsym"])
-@pytest.mark.parametrize("call,rule,code", RUNTIME13, ids=[c for c, _, _ in RUNTIME13])
-def test_cuda13_runtime_function(tmp_path, path, call, rule, code):
+@pytest.mark.parametrize("major,call,abi,rule,code", RUNTIME13_CASES,
+                         ids=[a for _, _, a, _, _ in RUNTIME13_CASES])
+def test_cuda13_runtime_function(tmp_path, path, major, call, abi, rule, code):
     """CUDA 13 runtime names (a program linked against libcudart.so.13, on a 13.5 driver)."""
-    check(tmp_path, lambda o: [prog("reach13_calls"), path, call, str(o)], call, rule, code,
-          FAKECUDA_DRIVER_VERSION="13050")
+    assert major == 13
+    check(tmp_path, lambda o: [prog("reach13_calls"), path, abi, str(o)], call, rule, code,
+          abi=abi, FAKECUDA_DRIVER_VERSION="13050")
 
 
 @pytest.mark.parametrize("call", ["cuMemcpy3DPeer", "cuMemcpy3DPeerAsync"])

@@ -99,6 +99,34 @@ RUNTIME_R4 = _runtime({"peer"})
 RUNTIME_QUERIES = _runtime({"query"})
 
 
+def own_suites(hooks):
+    """Hand-written bodies tested by their own suites: initialisation (test_guard_init),
+    entry points (test_guard_entry*), IPC, shareable handles, dma-buf and external memory
+    (test_ipc), the pool-device memory of cuMemPoolCreate (test_guard_coverage's
+    pool-access tests)."""
+    return {"cuInit", "cuGetProcAddress", "cudaGetDriverEntryPoint",
+            "cudaGetDriverEntryPointByVersion", "cuMemPoolCreate", "cuImportExternalMemory",
+            "cudaImportExternalMemory", "cuMemGetHandleForAddressRange"} | {
+        a for a in hooks if "Ipc" in a or "Shareable" in a or "PoolExport" in a or "PoolImport" in a}
+
+
+def test_every_runtime_symbol_of_every_major_is_called():
+    """Below the API level: every runtime ABI symbol the guard wraps (per-thread `_ptsz` /
+    `_ptds` forms included), in every major it wraps it for, is called by some case here,
+    in test_guard_coverage.py or in test_guard_copies.py, so a wrapper that no test reaches
+    (a new per-thread form, a function's CUDA 13 wrapper) fails this test."""
+    import test_guard_copies as copies
+    reached = {(abi, m) for m, _, abi in RUNTIME_R2 + RUNTIME_R4 + RUNTIME_QUERIES}
+    reached |= {(abi, m) for m, _, abi, _, _ in SET_UP_RUNTIME_CASES}
+    reached |= {(abi, m) for m, _, abi, _, _ in cov.RUNTIME_CASES + cov.RUNTIME13_CASES}
+    reached |= {(abi, m) for m, abi in copies.RUNTIME}
+    hooks = {api for _, api, kind, _ in GUARDED if kind == "hook"}
+    wrapped = {(abi, m): api for lib, api, _, vs in GUARDED if lib == "runtime"
+               for abi, m, _ in vs if api not in own_suites(hooks)}
+    assert sorted(set(wrapped) - reached) == []
+    assert not reached - set(wrapped), "a case calls a symbol the guard does not wrap"
+
+
 def test_the_matrix_covers_every_guarded_function():
     """Every guarded function is called here, by test_guard_coverage.py (issue 15's ranked
     list, with its own set-up per function), or is a hand-written hook with its own suite,
@@ -108,15 +136,7 @@ def test_the_matrix_covers_every_guarded_function():
         c for _, c, _, _, _ in SET_UP_DRIVER_CASES} | {a for _, a, _, _, _ in SET_UP_RUNTIME_CASES}
     assert {m for m, _, _ in RUNTIME_R2} == set(RUNTIME_PROG)
     hooks = {api for _, api, kind, _ in GUARDED if kind == "hook"}
-    # Hand-written bodies tested by their own suites: initialisation (test_guard_init),
-    # entry points (test_guard_entry*), IPC, shareable handles, dma-buf and external
-    # memory (test_ipc), the pool-device memory of cuMemPoolCreate (test_guard_coverage's
-    # pool-access tests).
-    own_suites = {"cuInit", "cuGetProcAddress", "cudaGetDriverEntryPoint",
-                  "cudaGetDriverEntryPointByVersion", "cuMemPoolCreate", "cuImportExternalMemory",
-                  "cudaImportExternalMemory", "cuMemGetHandleForAddressRange"} | {
-        a for a in hooks if "Ipc" in a or "Shareable" in a or "PoolExport" in a or "PoolImport" in a}
-    assert covered | own_suites == {api for _, api, _, _ in GUARDED}
+    assert covered | own_suites(hooks) == {api for _, api, _, _ in GUARDED}
     assert not (SET_UP & ELSEWHERE), "tested with its own set-up elsewhere: remove it from SET_UP_*"
     # every ABI variant of a function with its own set-up is reached by some case
     reached = {(c, v) for _, c, v, _, _ in SET_UP_DRIVER_CASES} | {

@@ -296,7 +296,7 @@ int main(int argc, char **argv) {
             }
             printf("rc=%d\n", rc);
             return 0;
-        } else if (!strcmp(call, "cudaMemcpy3DPeer") || !strcmp(call, "cudaMemcpy3DPeerAsync")) {
+        } else if (is(call, "cudaMemcpy3DPeer") || is(call, "cudaMemcpy3DPeerAsync")) {
             void *a = NULL, *b = NULL;
             if (((cudaError_t(*)(void **, size_t))rt("cudaMalloc"))(&a, 256) ||
                 ((cudaError_t(*)(void **, size_t))rt("cudaMalloc"))(&b, 256)) {
@@ -311,7 +311,7 @@ int main(int argc, char **argv) {
             p.srcDevice = 0;
             p.dstDevice = ord;
             p.extent = (struct cudaExtent){64, 4, 1};
-            if (!strcmp(call, "cudaMemcpy3DPeer"))
+            if (is(call, "cudaMemcpy3DPeer"))
                 rc = ((cudaError_t(*)(const struct cudaMemcpy3DPeerParms *))rt(call))(&p);
             else
                 rc = ((cudaError_t(*)(const struct cudaMemcpy3DPeerParms *, cudaStream_t))rt(call))(&p, NULL);

@@ -4,6 +4,7 @@
  *
  *   reach13_calls link|dlsym CALL ORDINAL
  *
+ * CALL may be a per-thread ABI name (`cudaMemPrefetchBatchAsync_ptsz`): that symbol is called.
  * Prints "setup ok" then "rc=<code>"; exit 2 on a setup failure, 3 on bad arguments. */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
@@ -15,12 +16,19 @@
 static int use_dlsym;
 static void *hrt;
 
+/* Per-thread-stream exports, which cuda_runtime_api.h names only under
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM (the same parameters as the legacy ones). */
+extern cudaError_t cudaMemPrefetchBatchAsync_ptsz(
+    void **dptrs, size_t *sizes, size_t count, struct cudaMemLocation *prefetchLocs,
+    size_t *prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, cudaStream_t stream);
+
 #define LINKED(n) {#n, (void *)n}
 static const struct { const char *name; void *fn; } linked[] = {
     LINKED(cudaMemGetDefaultMemPool), LINKED(cudaMemGetMemPool), LINKED(cudaMemSetMemPool),
     LINKED(cudaDeviceGetDevResource), LINKED(cudaDevResourceGenerateDesc),
     LINKED(cudaGreenCtxCreate), LINKED(cudaDeviceGetExecutionCtx),
-    LINKED(cudaMemPrefetchBatchAsync), LINKED(cudaMallocManaged),
+    LINKED(cudaMemPrefetchBatchAsync), LINKED(cudaMemPrefetchBatchAsync_ptsz),
+    LINKED(cudaMallocManaged),
 };
 
 static void *fn(const char *name)
@@ -96,7 +104,7 @@ int main(int argc, char **argv)
         cudaExecutionContext_t ctx;
         printf("setup ok\n");
         rc = ((cudaError_t(*)(cudaExecutionContext_t *, int))fn(call))(&ctx, ord);
-    } else if (!strcmp(call, "cudaMemPrefetchBatchAsync")) {
+    } else if (!strcmp(call, "cudaMemPrefetchBatchAsync") || !strcmp(call, "cudaMemPrefetchBatchAsync_ptsz")) {
         void *p[2];
         for (int i = 0; i < 2; i++)
             if (((cudaError_t(*)(void **, size_t, unsigned))fn("cudaMallocManaged"))(&p[i], 4096, cudaMemAttachGlobal)) {

@@ -414,7 +414,7 @@ static struct {
     PFN_cuDeviceGetDevResource_v12040 getDevResource;
     PFN_cuDevResourceGenerateDesc_v12040 generateDesc;
     PFN_cuGreenCtxCreate_v12040 greenCtxCreate;
-    PFN_cuMemPrefetchBatchAsync_v13000 prefetchBatch;
+    PFN_cuMemPrefetchBatchAsync_v13000 prefetchBatch[2]; /* legacy, per-thread */
     PFN_cuMemDiscardAndPrefetchBatchAsync_v13000 discardAndPrefetchBatch[2]; /* legacy, per-thread */
 } drv13;
 static pthread_once_t fetched13 = PTHREAD_ONCE_INIT;
@@ -427,7 +427,8 @@ static void fetch13(void)
     fetch(&drv13.getDevResource, "cuDeviceGetDevResource", 12040, RT_FLAGS_LEGACY);
     fetch(&drv13.generateDesc, "cuDevResourceGenerateDesc", 12040, RT_FLAGS_LEGACY);
     fetch(&drv13.greenCtxCreate, "cuGreenCtxCreate", 12040, RT_FLAGS_LEGACY);
-    fetch(&drv13.prefetchBatch, "cuMemPrefetchBatchAsync", 13000, RT_FLAGS_LEGACY);
+    fetch(&drv13.prefetchBatch[0], "cuMemPrefetchBatchAsync", 13000, RT_FLAGS_LEGACY);
+    fetch(&drv13.prefetchBatch[1], "cuMemPrefetchBatchAsync", 13000, RT_FLAGS_PER_THREAD);
     fetch(&drv13.discardAndPrefetchBatch[0], "cuMemDiscardAndPrefetchBatchAsync", 13000, RT_FLAGS_LEGACY);
     fetch(&drv13.discardAndPrefetchBatch[1], "cuMemDiscardAndPrefetchBatchAsync", 13000, RT_FLAGS_PER_THREAD);
 }
@@ -540,11 +541,11 @@ RT_EXPORT cudaError_t cudaDeviceGetExecutionCtx(cudaExecutionContext_t *ctx, int
     *ctx = (cudaExecutionContext_t)c;
     return cudaSuccess;
 }
-/* Each location converted like cu_location; at most 64 locations (the fake's limit). */
-RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync(void **dptrs, size_t *sizes, size_t count,
-                                                struct cudaMemLocation *prefetchLocs,
-                                                size_t *prefetchLocIdxs, size_t numPrefetchLocs,
-                                                unsigned long long flags, cudaStream_t stream)
+/* Each location converted like cu_location; at most 64 locations (the fake's limit). The
+ * per-thread-stream export (`_ptsz`) calls the driver's per-thread variant. */
+static cudaError_t prefetch_batch(int pt, void **dptrs, size_t *sizes, size_t count,
+                                  struct cudaMemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                  size_t numPrefetchLocs, unsigned long long flags, cudaStream_t stream)
 {
     if (!prefetchLocs || numPrefetchLocs == 0 || numPrefetchLocs > 64)
         return rt_ret(cudaErrorInvalidValue);
@@ -553,9 +554,32 @@ RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync(void **dptrs, size_t *sizes, siz
     for (size_t i = 0; i < numPrefetchLocs; i++)
         TRY(cu_location(&prefetchLocs[i], &l[i]));
     TRY(rt_bind());
-    NEED(drv13.prefetchBatch);
-    DRIVER(drv13.prefetchBatch((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs,
-                               numPrefetchLocs, flags, stream));
+    NEED(drv13.prefetchBatch[pt]);
+    DRIVER(drv13.prefetchBatch[pt]((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs,
+                                   numPrefetchLocs, flags, stream));
+}
+
+RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
+                                                     struct cudaMemLocation *prefetchLocs,
+                                                     size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                     unsigned long long flags, cudaStream_t stream);
+
+RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync(void **dptrs, size_t *sizes, size_t count,
+                                                struct cudaMemLocation *prefetchLocs,
+                                                size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                unsigned long long flags, cudaStream_t stream)
+{
+    return prefetch_batch(0, dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
+                          flags, stream);
+}
+
+RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
+                                                     struct cudaMemLocation *prefetchLocs,
+                                                     size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                     unsigned long long flags, cudaStream_t stream)
+{
+    return prefetch_batch(1, dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
+                          flags, stream);
 }
 
 /* Like cudaMemPrefetchBatchAsync (the ranges' contents are discarded first); it records
