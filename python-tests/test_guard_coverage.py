@@ -22,45 +22,66 @@ import pytest
 from _guard import guarded, prog
 from _guarded import GUARDED
 
-# (call, [versions], rule, code): rule None = a query (recorded in warn, never denied).
-DRIVER = [
-    ("cuDeviceGetDefaultMemPool", [11020], "R2", 101),
-    ("cuDeviceGetMemPool", [11020], "R2", 101),
-    ("cuDeviceSetMemPool", [11020], "R2", 101),
-    ("cuMemPoolSetAccess", [11020], "R2", 101),
-    ("cuMemcpy3DPeer", [4000], "R4", 800),
-    ("cuMemcpy3DPeerAsync", [4000], "R4", 800),
-    ("cuMulticastAddDevice", [12010], "R2", 101),
-    ("cuGreenCtxCreate", [12040], "R2", 101),
-    ("cuDeviceGetDevResource", [12040], "R2", 101),
-    ("cuLaunchCooperativeKernelMultiDevice", [9000], "R4", 800),
-    ("cuGraphAddMemAllocNode", [11040], "R2", 101),
-    ("cuGraphAddNode", [12020, 12030], "R2", 101),
-    ("cuMemGetDefaultMemPool", [13000], "R2", 101),
-    ("cuMemPrefetchBatchAsync", [13000], "R2", 101),
-    ("cuMemDiscardAndPrefetchBatchAsync", [13000], "R2", 101),
-    ("cuMemGetMemPool", [13000], "R2", 101),
-    ("cuMemSetMemPool", [13000], "R2", 101),
-    ("cuMulticastUnbind", [12010], "R2", 101),
-    ("cuMulticastBindMem", [13010], "R2", 101),
-    ("cuLogicalEndpointAddDevice", [13030], "R2", 101),
-    ("cuGraphNodeSetParams", [12020], "R2", 101),
-    ("cuCheckpointProcessRestore", [12080], "R1", 800),
-    ("cuDeviceGetP2PAttribute", [8000], None, None),
-    ("cuDeviceComputeCapability", [2000], None, None),
-    ("cuDeviceGetLuid", [10000], None, None),
-    ("cuDeviceGetByPCIBusId", [4010], None, None),
-    ("cuDeviceGraphMemTrim", [11040], "R2", 101),
-    ("cuDeviceSetGraphMemAttribute", [11040], "R2", 101),
-    ("cuKernelSetAttribute", [12000], "R2", 101),
-    ("cuDeviceGetTexture1DLinearMaxWidth", [11010], None, None),
-    ("cuDeviceGetExecAffinitySupport", [11040], None, None),
+# (call, rule, code): rule None = a query (recorded in warn, never denied). Each is called
+# at the version of every legacy ABI variant the generated matrix lists for it
+# (`variant_versions`), so a variant a new header adds is called without editing this list.
+DRIVER_RULES = [
+    ("cuDeviceGetDefaultMemPool", "R2", 101),
+    ("cuDeviceGetMemPool", "R2", 101),
+    ("cuDeviceSetMemPool", "R2", 101),
+    ("cuMemPoolSetAccess", "R2", 101),
+    ("cuMemcpy3DPeer", "R4", 800),
+    ("cuMemcpy3DPeerAsync", "R4", 800),
+    ("cuMulticastAddDevice", "R2", 101),
+    ("cuGreenCtxCreate", "R2", 101),
+    ("cuDeviceGetDevResource", "R2", 101),
+    ("cuLaunchCooperativeKernelMultiDevice", "R4", 800),
+    ("cuGraphAddMemAllocNode", "R2", 101),
+    ("cuGraphAddNode", "R2", 101),
+    ("cuMemGetDefaultMemPool", "R2", 101),
+    ("cuMemPrefetchBatchAsync", "R2", 101),
+    ("cuMemDiscardAndPrefetchBatchAsync", "R2", 101),
+    ("cuMemGetMemPool", "R2", 101),
+    ("cuMemSetMemPool", "R2", 101),
+    ("cuMulticastUnbind", "R2", 101),
+    ("cuMulticastBindMem", "R2", 101),
+    ("cuLogicalEndpointAddDevice", "R2", 101),
+    ("cuGraphNodeSetParams", "R2", 101),
+    ("cuCheckpointProcessRestore", "R1", 800),
+    ("cuDeviceGetP2PAttribute", None, None),
+    ("cuDeviceComputeCapability", None, None),
+    ("cuDeviceGetLuid", None, None),
+    ("cuDeviceGetByPCIBusId", None, None),
+    ("cuDeviceGraphMemTrim", "R2", 101),
+    ("cuDeviceSetGraphMemAttribute", "R2", 101),
+    ("cuKernelSetAttribute", "R2", 101),
+    ("cuDeviceGetTexture1DLinearMaxWidth", None, None),
+    ("cuDeviceGetExecAffinitySupport", None, None),
 ]
+
+# ABI variants that name no device: passed through untouched whatever the ordinal (the 12.x
+# multicast binds; the memory's location was judged at cuMemCreate).
+NAMES_NO_DEVICE = {"cuMulticastBindAddr", "cuMulticastBindMem"}
+
+
+def variant_versions(api: str) -> list[int]:
+    """The versions of `api`'s legacy-stream ABI variants (cudaTypedefs.h PFN_*_vNNNNN)."""
+    vs = next(vs for lib, a, _, vs in GUARDED if lib == "driver" and a == api)
+    return sorted({v for _, v, pt in vs if not pt})
+
+
+def variant_abi(api: str, version: int) -> str:
+    vs = next(vs for lib, a, _, vs in GUARDED if lib == "driver" and a == api)
+    return next(abi for abi, v, pt in vs if v == version and not pt)
+
+
+DRIVER = [(c, variant_versions(c), rule, code) for c, rule, code in DRIVER_RULES]
 PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"]
 # The runtime's cudaGetDriverEntryPoint (ep) asks at the runtime's own version (12.090 for
 # the fake libcudart.so.12 these programs link): it hands out the newest variant up to
 # then, and nothing introduced later (CUDA 13's entry points).
-CASES = [(p, c, v, rule, code) for c, vs, rule, code in DRIVER for p in PATHS for v in vs
+CASES = [(p, c, v) + (("none", None) if variant_abi(c, v) in NAMES_NO_DEVICE else (rule, code))
+         for c, vs, rule, code in DRIVER for p in PATHS for v in vs
          if p != "ep" or v == max((x for x in vs if x <= 12090), default=None)]
 
 RUNTIME = [
@@ -120,10 +141,25 @@ def check(tmp_path, args_of, call, rule, code, abi=None, **env):
     assert abi is None or mine[0]["abi"] == abi, mine
 
 
+def passes_untouched(tmp_path, args_of, call, **env):
+    """A variant that names no device: allowed in enforce mode whatever the ordinal, with
+    the driver's own answer and no record; in warn mode not recorded either."""
+    for ordinal, cvd, mode in ((0, "3", "enforce"), (1, "3", "enforce"), (1, "0,1", "warn")):
+        r = guarded(args_of(ordinal), tmp_path, cvd=cvd, mode=mode, **env)
+        assert r.rc == 0 and "setup ok" in r.out, r.out + r.err
+        assert r.value("rc") == baseline(tmp_path, args_of(ordinal), cvd, **env), r.out + r.err
+        assert [x for x in r.audit if x["call"] == call] == [], r.audit
+
+
 @pytest.mark.parametrize("path,call,version,rule,code", CASES,
                          ids=[f"{p}-{c}-{v}" for p, c, v, _, _ in CASES])
 def test_driver_function_on_every_path(tmp_path, path, call, version, rule, code):
-    check(tmp_path, lambda o: [prog("guard_call"), path, call, str(o), str(version)], call, rule, code)
+    def args_of(o):
+        return [prog("guard_call"), path, call, str(o), str(version)]
+    if rule == "none":
+        passes_untouched(tmp_path, args_of, call)
+    else:
+        check(tmp_path, args_of, call, rule, code)
 
 
 def _abi_cases(rows):
@@ -171,13 +207,17 @@ def test_cuda13_runtime_function(tmp_path, path, major, call, abi, rule, code):
           abi=abi, FAKECUDA_DRIVER_VERSION="13050")
 
 
-@pytest.mark.parametrize("call", ["cuMemcpy3DPeer", "cuMemcpy3DPeerAsync"])
-def test_per_thread_3d_peer_copies_are_their_own_variants(tmp_path, call):
+# (call, version): the per-thread variants cuGetProcAddress_v2 hands out from that version.
+PER_THREAD = [("cuMemcpy3DPeer", 7000), ("cuMemcpy3DPeerAsync", 7000)]
+
+
+@pytest.mark.parametrize("call,version", PER_THREAD)
+def test_per_thread_3d_peer_copies_are_their_own_variants(tmp_path, call, version):
     """cuGetProcAddress_v2 with the per-thread flag hands out `_ptds`/`_ptsz`: guarded too
     (an unknown variant of a guarded function would be refused with 500)."""
-    r = guarded([prog("guard_call"), "gpa2pt", call, "0", "7000"], tmp_path, cvd="3")
+    r = guarded([prog("guard_call"), "gpa2pt", call, "0", str(version)], tmp_path, cvd="3")
     assert f"setup ok ({call}_pt" in r.out and r.value("rc") == 0, r.out + r.err
-    r = guarded([prog("guard_call"), "gpa2pt", call, "1", "7000"], tmp_path, cvd="3")
+    r = guarded([prog("guard_call"), "gpa2pt", call, "1", str(version)], tmp_path, cvd="3")
     assert r.value("rc") == 800, r.out + r.err
 
 

@@ -60,9 +60,6 @@ SET_UP_RUNTIME = {
     "cudaChooseDevice": (None, None),
 }
 SET_UP = set(SET_UP_DRIVER) | set(SET_UP_RUNTIME)
-# ABI variants that name no device: passed through untouched (the 12.x multicast bind; the
-# memory's location was judged at cuMemCreate).
-NAMES_NO_DEVICE = {"cuMulticastBindAddr"}
 
 
 def _driver(kinds):
@@ -125,6 +122,31 @@ def test_every_runtime_symbol_of_every_major_is_called():
                for abi, m, _ in vs if api not in own_suites(hooks)}
     assert sorted(set(wrapped) - reached) == []
     assert not reached - set(wrapped), "a case calls a symbol the guard does not wrap"
+
+
+def test_every_driver_variant_is_called_on_every_path():
+    """Below the API level, for the driver: every legacy-stream ABI variant of every guarded
+    function (outside the hand-written suites and the peer-access test, which runs its own
+    paths) is called at its version on the link, dlsym, cuGetProcAddress v1/v2 (with and
+    without the per-thread flag), static and cudaGetDriverEntryPointByVersion paths, and
+    every per-thread variant through cuGetProcAddress_v2's per-thread flag."""
+    import test_guard_copies as copies
+    reached = {(c, v, p) for p, c, v in CASES + QUERY_CASES + copies.DRIVER_CASES}
+    reached |= {(c, v, p) for p, c, v, _, _ in cov.CASES + SET_UP_DRIVER_CASES}
+    reached |= {(c, v, "gpa2pt") for c, v in cov.PER_THREAD}
+    hooks = {api for _, api, kind, _ in GUARDED if kind == "hook"}
+    missing = []
+    for lib, api, _, vs in GUARDED:
+        if lib != "driver" or api in own_suites(hooks) | set(DRIVER_PEER):
+            continue
+        for abi, v, pt in vs:
+            if pt:
+                if not any(c == api and p == "gpa2pt" and x >= v for c, x, p in reached):
+                    missing.append((abi, v, "gpa2pt"))
+            else:
+                missing += [(abi, v, p) for p in ("link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "epv")
+                            if (api, v, p) not in reached]
+    assert missing == []
 
 
 def test_the_matrix_covers_every_guarded_function():
@@ -307,7 +329,7 @@ def _set_up_driver_cases():
         ep = max((v for v in versions if v <= 12090), default=None)
         for v in versions:
             abi = next(a for a, x, pt in vs if x == v and not pt)
-            rule, code = ("none", None) if abi in NAMES_NO_DEVICE else SET_UP_DRIVER[api]
+            rule, code = ("none", None) if abi in cov.NAMES_NO_DEVICE else SET_UP_DRIVER[api]
             out += [(p, api, v, rule, code) for p in cov.PATHS if p != "ep" or v == ep]
     return out
 
@@ -322,23 +344,13 @@ SET_UP_DRIVER_CASES = _set_up_driver_cases()
 SET_UP_RUNTIME_CASES = _set_up_runtime_cases()
 
 
-def _passes_untouched(tmp_path, args_of, call):
-    """A variant that names no device: allowed in enforce mode whatever ORDINAL says, with
-    the driver's own answer and no record; in warn mode not recorded either."""
-    for ordinal, cvd, mode in ((0, "3", "enforce"), (1, "3", "enforce"), (1, "0,1", "warn")):
-        r = guarded(args_of(ordinal), tmp_path, cvd=cvd, mode=mode)
-        assert r.rc == 0 and "setup ok" in r.out, r.out + r.err
-        assert r.value("rc") == cov.baseline(tmp_path, args_of(ordinal), cvd), r.out + r.err
-        assert [x for x in r.audit if x["call"] == call] == [], r.audit
-
-
 @pytest.mark.parametrize("path,call,version,rule,code", SET_UP_DRIVER_CASES,
                          ids=[f"{p}-{c}-{v}" for p, c, v, _, _ in SET_UP_DRIVER_CASES])
 def test_driver_function_with_set_up(tmp_path, path, call, version, rule, code):
     def args_of(o):
         return [prog("guard_call"), path, call, str(o), str(version)]
     if rule == "none":
-        _passes_untouched(tmp_path, args_of, call)
+        cov.passes_untouched(tmp_path, args_of, call)
     else:
         cov.check(tmp_path, args_of, call, rule, code)
 

@@ -638,7 +638,9 @@ int main(int argc, char **argv) {
         CUgraphNode node;
         void *f = need(drv(abi, call, version), call);
         printf("setup ok (%s)\n", abi);
-        if (!strcmp(abi, "cuGraphAddNode_v2"))
+        /* _v2 (12.3) and _v3 (13.4) take the edge data; cudaTypedefs.h gives _v3 the
+         * parameters of _v2. */
+        if (!strcmp(abi, "cuGraphAddNode_v2") || !strcmp(abi, "cuGraphAddNode_v3"))
             rc = ((PFN_cuGraphAddNode_v12030)f)(&node, NULL, NULL, NULL, 0, &np);
         else
             rc = ((PFN_cuGraphAddNode_v12020)f)(&node, NULL, NULL, 0, &np);
