@@ -291,7 +291,8 @@ int main(int argc, char **argv) {
             if (!strcmp(call, "cudaDeviceSetMemPool")) {
                 rc = ((cudaError_t(*)(int, cudaMemPool_t))rt(call))(ord, pool);
             } else {
-                struct cudaMemAccessDesc d = {{cudaMemLocationTypeDevice, ord}, cudaMemAccessFlagsProtReadWrite};
+                struct cudaMemAccessDesc d = {.location = {.type = cudaMemLocationTypeDevice, .id = ord},
+                                              .flags = cudaMemAccessFlagsProtReadWrite};
                 rc = ((cudaError_t(*)(cudaMemPool_t, const struct cudaMemAccessDesc *, size_t))rt(call))(pool, &d, 1);
             }
             printf("rc=%d\n", rc);
@@ -520,7 +521,8 @@ int main(int argc, char **argv) {
         if (!strcmp(call, "cuDeviceSetMemPool")) {
             rc = DRV(PFN_cuDeviceSetMemPool_v11020, abi, call, version)(dev, pool);
         } else {
-            CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, ord}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ord},
+                                 .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
             rc = DRV(PFN_cuMemPoolSetAccess_v11020, abi, call, version)(pool, &d, 1);
         }
     } else if (!strcmp(call, "cuMulticastAddDevice")) {
@@ -557,7 +559,8 @@ int main(int argc, char **argv) {
         np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
         np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         np.poolProps.location.id = ord;
-        CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         np.accessDescs = &d;
         np.accessDescCount = 1;
         np.bytesize = 4096;
@@ -565,12 +568,12 @@ int main(int argc, char **argv) {
         printf("setup ok\n");
         rc = DRV(PFN_cuGraphAddMemAllocNode_v11040, abi, call, version)(&node, NULL, NULL, 0, &np);
     } else if (!strcmp(call, "cuMemGetDefaultMemPool")) {
-        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ord};
         CUmemoryPool pool;
         printf("setup ok\n");
         rc = DRV(PFN_cuMemGetDefaultMemPool_v13000, abi, call, version)(&pool, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
     } else if (!strcmp(call, "cuMemGetMemPool") || !strcmp(call, "cuMemSetMemPool")) {
-        CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, ord};
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ord};
         CUmemoryPool pool = NULL;
         printf("setup ok\n");
         if (!strcmp(call, "cuMemGetMemPool"))
@@ -608,7 +611,8 @@ int main(int argc, char **argv) {
         CHECK_SETUP(((PFN_cuMemAllocManaged_v6000)linked_fn("cuMemAllocManaged"))(&p[0], 4096, CU_MEM_ATTACH_GLOBAL));
         CHECK_SETUP(((PFN_cuMemAllocManaged_v6000)linked_fn("cuMemAllocManaged"))(&p[1], 4096, CU_MEM_ATTACH_GLOBAL));
         size_t sizes[2] = {4096, 4096}, idx[2] = {0, 1};
-        CUmemLocation locs[2] = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, {CU_MEM_LOCATION_TYPE_DEVICE, ord}};
+        CUmemLocation locs[2] = {{.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                                 {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ord}};
         printf("setup ok (%s)\n", abi);
         rc = DRV(PFN_cuMemPrefetchBatchAsync_v13000, abi, call, version)(p, sizes, 2, locs, idx, 2, 0, NULL);
     } else if (!strcmp(call, "cuCheckpointProcessRestore")) {

@@ -68,7 +68,8 @@ static void cuda13(void)
     MUST(cuMemAllocManaged(&p[0], 4096, CU_MEM_ATTACH_GLOBAL));
     MUST(cuMemAllocManaged(&p[1], 4096, CU_MEM_ATTACH_GLOBAL));
     size_t sizes[2] = {4096, 4096}, idx[2] = {0, 1};
-    CUmemLocation locs[2] = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, {CU_MEM_LOCATION_TYPE_DEVICE, 1}};
+    CUmemLocation locs[2] = {{.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                             {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
     EXPECT_RC(cuMemDiscardAndPrefetchBatchAsync(p, sizes, 2, locs, idx, 2, 0, NULL), CUDA_SUCCESS);
     EXPECT_RC(cuMemDiscardAndPrefetchBatchAsync(p, sizes, 2, locs, idx, 2, 1, NULL), CUDA_ERROR_INVALID_VALUE);
     locs[1].id = 64;
