@@ -25,6 +25,7 @@ import re
 
 import pytest
 
+import test_guard_coverage as cov
 from _guard import guarded, prog
 
 DRIVER_13 = "13050"
@@ -40,7 +41,8 @@ DRIVER = [
 PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"]
 # cudaGetDriverEntryPoint (ep) asks at the CUDA 13 runtime's own version (13050): the
 # newest variant, so only that version's case.
-DRIVER_CASES = [(p, c, v) for c, vs in DRIVER for p in PATHS for v in vs if p != "ep" or v == max(vs)]
+DRIVER_CASES = [(p, c, v) for c, vs in DRIVER for p in PATHS for v in vs if p != "ep" or v == max(vs)] + [
+    (p, c, v) for c, vs in DRIVER for v in vs if cov.per_thread_variant(c, v) for p in cov.PT_PATHS]
 
 # (major, runtime ABI symbol): each major's own names, with its own parameters.
 RUNTIME = [

@@ -75,14 +75,27 @@ def variant_abi(api: str, version: int) -> str:
     return next(abi for abi, v, pt in vs if v == version and not pt)
 
 
+def per_thread_variant(api: str, version: int) -> str | None:
+    """The per-thread ABI variant (`_ptds`/`_ptsz`) a per-thread caller of `api` gets at
+    `version`: the newest one introduced at or before it, None if there is none."""
+    vs = next((vs for lib, a, _, vs in GUARDED if lib == "driver" and a == api), [])
+    pts = [(v, abi) for abi, v, pt in vs if pt and v <= version]
+    return max(pts)[1] if pts else None
+
+
 DRIVER = [(c, variant_versions(c), rule, code) for c, rule, code in DRIVER_RULES]
 PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"]
+# A program built with --default-stream per-thread links (or dlsyms) the per-thread symbol:
+# these paths run at each version where the function has one (guard_call linkpt/dlsympt).
+PT_PATHS = ["linkpt", "dlsympt"]
 # The runtime's cudaGetDriverEntryPoint (ep) asks at the runtime's own version (12.090 for
 # the fake libcudart.so.12 these programs link): it hands out the newest variant up to
 # then, and nothing introduced later (CUDA 13's entry points).
 CASES = [(p, c, v) + (("none", None) if variant_abi(c, v) in NAMES_NO_DEVICE else (rule, code))
          for c, vs, rule, code in DRIVER for p in PATHS for v in vs
-         if p != "ep" or v == max((x for x in vs if x <= 12090), default=None)]
+         if p != "ep" or v == max((x for x in vs if x <= 12090), default=None)] + [
+    (p, c, v, rule, code) for c, vs, rule, code in DRIVER for v in vs
+    if per_thread_variant(c, v) for p in PT_PATHS]
 
 RUNTIME = [
     ("cudaDeviceGetDefaultMemPool", "R2", 101),
@@ -211,14 +224,17 @@ def test_cuda13_runtime_function(tmp_path, path, major, call, abi, rule, code):
 PER_THREAD = [("cuMemcpy3DPeer", 7000), ("cuMemcpy3DPeerAsync", 7000)]
 
 
+@pytest.mark.parametrize("path", ["gpa2pt"] + PT_PATHS)
 @pytest.mark.parametrize("call,version", PER_THREAD)
-def test_per_thread_3d_peer_copies_are_their_own_variants(tmp_path, call, version):
-    """cuGetProcAddress_v2 with the per-thread flag hands out `_ptds`/`_ptsz`: guarded too
-    (an unknown variant of a guarded function would be refused with 500)."""
-    r = guarded([prog("guard_call"), "gpa2pt", call, "0", str(version)], tmp_path, cvd="3")
+def test_per_thread_3d_peer_copies_are_their_own_variants(tmp_path, path, call, version):
+    """cuGetProcAddress_v2 with the per-thread flag hands out `_ptds`/`_ptsz`, and a
+    per-thread program links them: guarded too (an unknown variant of a guarded function
+    would be refused with 500)."""
+    r = guarded([prog("guard_call"), path, call, "0", str(version)], tmp_path, cvd="3")
     assert f"setup ok ({call}_pt" in r.out and r.value("rc") == 0, r.out + r.err
-    r = guarded([prog("guard_call"), "gpa2pt", call, "1", str(version)], tmp_path, cvd="3")
+    r = guarded([prog("guard_call"), path, call, "1", str(version)], tmp_path, cvd="3")
     assert r.value("rc") == 800, r.out + r.err
+    assert [x["abi"] for x in r.audit] == [per_thread_variant(call, version)], r.audit
 
 
 @pytest.mark.parametrize("api", ["rt", "drv"])

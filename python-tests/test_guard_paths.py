@@ -129,11 +129,15 @@ def test_every_driver_variant_is_called_on_every_path():
     function (outside the hand-written suites and the peer-access test, which runs its own
     paths) is called at its version on the link, dlsym, cuGetProcAddress v1/v2 (with and
     without the per-thread flag), static and cudaGetDriverEntryPointByVersion paths, and
-    every per-thread variant through cuGetProcAddress_v2's per-thread flag."""
+    every per-thread variant through cuGetProcAddress_v2's per-thread flag and as a
+    per-thread program's linked and dlsym'ed symbol."""
     import test_guard_copies as copies
     reached = {(c, v, p) for p, c, v in CASES + QUERY_CASES + copies.DRIVER_CASES}
     reached |= {(c, v, p) for p, c, v, _, _ in cov.CASES + SET_UP_DRIVER_CASES}
-    reached |= {(c, v, "gpa2pt") for c, v in cov.PER_THREAD}
+    reached |= {(c, v, p) for c, v in cov.PER_THREAD for p in ["gpa2pt"] + cov.PT_PATHS}
+    # the per-thread variant each per-thread case reaches
+    per_thread = {(cov.per_thread_variant(c, v), p) for c, v, p in reached
+                  if p in ["gpa2pt"] + cov.PT_PATHS}
     hooks = {api for _, api, kind, _ in GUARDED if kind == "hook"}
     missing = []
     for lib, api, _, vs in GUARDED:
@@ -141,8 +145,7 @@ def test_every_driver_variant_is_called_on_every_path():
             continue
         for abi, v, pt in vs:
             if pt:
-                if not any(c == api and p == "gpa2pt" and x >= v for c, x, p in reached):
-                    missing.append((abi, v, "gpa2pt"))
+                missing += [(abi, v, p) for p in ["gpa2pt"] + cov.PT_PATHS if (abi, p) not in per_thread]
             else:
                 missing += [(abi, v, p) for p in ("link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "epv")
                             if (api, v, p) not in reached]
@@ -181,6 +184,8 @@ def _cases(calls):
         for path in VERSIONED:
             for v in versions:
                 out.append((path, call, v))
+        out += [(p, call, v) for v in versions if cov.per_thread_variant(call, v)
+                for p in cov.PT_PATHS]
         # cudaGetDriverEntryPoint of the CUDA 12 runtime asks at its own version (12090):
         # a function that only CUDA 13 declares is not an entry point it can hand out.
         if min(versions) <= 12090:

@@ -9,6 +9,9 @@
  *        gpa1    cuGetProcAddress (4 args, CUDA 11.3), linked
  *        gpa2    cuGetProcAddress_v2 (5 args, CUDA 12.0), linked
  *        gpa2pt  cuGetProcAddress_v2 with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+ *        linkpt, dlsympt  link / dlsym of the per-thread ABI symbol (`_ptds`/`_ptsz`), as a
+ *                program built with --default-stream per-thread references it (the legacy
+ *                one where the function has no per-thread variant at VERSION)
  *        static  like a statically linked runtime: dlopen libcuda.so.1, one dlsym of
  *                cuGetProcAddress_v2, everything else through it
  *        ep      cudaGetDriverEntryPoint (the runtime's version picks the variant)
@@ -126,7 +129,7 @@ static const struct { const char *api, *abi; int since; const char *pt; } varian
     GUARDED_DRIVER_VARIANTS(VARIANT_OF)
 };
 
-enum path { LINK, DLSYM, GPA1, GPA2, GPA2PT, STATIC, EP, EPV };
+enum path { LINK, DLSYM, GPA1, GPA2, GPA2PT, STATIC, EP, EPV, LINKPT, DLSYMPT };
 static enum path path;
 static int version = 12090;
 static void *hdrv, *hrt;
@@ -147,8 +150,8 @@ static void *drv(const char *abi, const char *base, int ver) {
     enum cudaDriverEntryPointQueryResult rst = cudaDriverEntryPointSuccess;
     CUresult rc = CUDA_SUCCESS;
     switch (path) {
-    case LINK: return linked_fn(abi);
-    case DLSYM: return dlsym(hdrv, abi);
+    case LINK: case LINKPT: return linked_fn(abi);
+    case DLSYM: case DLSYMPT: return dlsym(hdrv, abi);
     case GPA1:
         rc = ((PFN_cuGetProcAddress_v11030)linked_fn("cuGetProcAddress"))(base, &p, ver, 0);
         break;
@@ -201,7 +204,7 @@ static void *need(void *p, const char *what) {
 static const char *variant(const char *base, int ver) {
     static char buf[128];
     const char *best = NULL;
-    for (int pt = (path == GPA2PT); pt >= 0 && !best; pt--) {
+    for (int pt = (path == GPA2PT || path == LINKPT || path == DLSYMPT); pt >= 0 && !best; pt--) {
         int since = -1;
         for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++)
             if (!strcmp(variants[i].api, base) && (variants[i].pt[0] != 0) == pt &&
@@ -230,9 +233,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: guard_call PATH CALL ORDINAL [VERSION]\n");
         return 3;
     }
-    const char *paths[] = {"link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"};
+    const char *paths[] = {"link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv",
+                           "linkpt", "dlsympt"};
     int found = 0;
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < (int)(sizeof paths / sizeof paths[0]); i++)
         if (!strcmp(argv[1], paths[i])) { path = (enum path)i; found = 1; }
     if (!found) { fprintf(stderr, "guard_call: unknown path %s\n", argv[1]); return 3; }
     const char *call = argv[2];
