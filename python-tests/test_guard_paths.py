@@ -126,29 +126,30 @@ def test_every_runtime_symbol_of_every_major_is_called():
 
 def test_every_driver_variant_is_called_on_every_path():
     """Below the API level, for the driver: every legacy-stream ABI variant of every guarded
-    function (outside the hand-written suites and the peer-access test, which runs its own
-    paths) is called at its version on the link, dlsym, cuGetProcAddress v1/v2 (with and
-    without the per-thread flag), static and cudaGetDriverEntryPointByVersion paths, and
-    every per-thread variant through cuGetProcAddress_v2's per-thread flag and as a
-    per-thread program's linked and dlsym'ed symbol."""
+    function outside the hand-written suites is called on the link, dlsym, cuGetProcAddress
+    v1/v2 (with and without the per-thread flag), static and
+    cudaGetDriverEntryPointByVersion paths, and every per-thread variant through
+    cuGetProcAddress_v2's per-thread flag and as a per-thread program's linked and dlsym'ed
+    symbol. A case (call, version, path) reaches the newest variant introduced at or before
+    its version (per-thread on the per-thread paths)."""
     import test_guard_copies as copies
+    pt_paths = ["gpa2pt"] + cov.PT_PATHS
     reached = {(c, v, p) for p, c, v in CASES + QUERY_CASES + copies.DRIVER_CASES}
     reached |= {(c, v, p) for p, c, v, _, _ in cov.CASES + SET_UP_DRIVER_CASES}
-    reached |= {(c, v, p) for c, v in cov.PER_THREAD for p in ["gpa2pt"] + cov.PT_PATHS}
-    # the per-thread variant each per-thread case reaches
-    per_thread = {(cov.per_thread_variant(c, v), p) for c, v, p in reached
-                  if p in ["gpa2pt"] + cov.PT_PATHS}
+    reached |= {(c, v, p) for c, v in cov.PER_THREAD for p in pt_paths}
+    reached |= {(c, 12090, p) for c in DRIVER_PEER for p in PEER_PATHS}
+    variants = {api: vs for lib, api, _, vs in GUARDED if lib == "driver"}
+
+    def legacy(api, version):
+        return max((v, abi) for abi, v, pt in variants[api] if not pt and v <= version)[1]
+
+    hit = {(legacy(c, v), p) for c, v, p in reached if p not in cov.PT_PATHS}
+    hit |= {(cov.per_thread_variant(c, v), p) for c, v, p in reached if p in pt_paths}
     hooks = {api for _, api, kind, _ in GUARDED if kind == "hook"}
-    missing = []
-    for lib, api, _, vs in GUARDED:
-        if lib != "driver" or api in own_suites(hooks) | set(DRIVER_PEER):
-            continue
-        for abi, v, pt in vs:
-            if pt:
-                missing += [(abi, v, p) for p in ["gpa2pt"] + cov.PT_PATHS if (abi, p) not in per_thread]
-            else:
-                missing += [(abi, v, p) for p in ("link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "epv")
-                            if (api, v, p) not in reached]
+    missing = [(abi, p) for api, vs in variants.items() if api not in own_suites(hooks)
+               for abi, _, pt in vs
+               for p in (pt_paths if pt else ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "epv"])
+               if (abi, p) not in hit]
     assert missing == []
 
 
@@ -304,7 +305,7 @@ def test_runtime_query(tmp_path, path, major, api, call):
     assert len(rec) == 1 and rec[0]["rule"] == "R2" and rec[0]["abi"] == call, warn.audit
 
 
-PEER_PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep"]
+PEER_PATHS = ["link", "dlsym", "gpa1", "gpa2", "gpa2pt", "static", "ep", "epv"] + cov.PT_PATHS
 
 
 @pytest.mark.parametrize("path", PEER_PATHS)
@@ -317,6 +318,8 @@ def test_peer_access_between_contexts_is_r4(tmp_path, path, call):
     assert warn.value("rc") == 0, warn.out + warn.err
     rec = [r for r in warn.audit if r["call"] == call]
     assert len(rec) == 1 and rec[0]["rule"] == "R4", warn.audit
+    if path in ["gpa2pt"] + cov.PT_PATHS:
+        assert rec[0]["abi"] == (cov.per_thread_variant(call, 12090) or call), rec
 
 
 # ---- functions with their own set-up (SET_UP_DRIVER, SET_UP_RUNTIME) --------------------
