@@ -167,6 +167,12 @@ def passes_untouched(tmp_path, args_of, call, **env):
 @pytest.mark.parametrize("path,call,version,rule,code", CASES,
                          ids=[f"{p}-{c}-{v}" for p, c, v, _, _ in CASES])
 def test_driver_function_on_every_path(tmp_path, path, call, version, rule, code):
+    driver_case(tmp_path, path, call, version, rule, code)
+
+
+def driver_case(tmp_path, path, call, version, rule, code):
+    """guard_call's driver call on `path` at `version`: checked against `rule` and `code`
+    (`check`), or, for rule "none" (a variant that names no device), passed untouched."""
     def args_of(o):
         return [prog("guard_call"), path, call, str(o), str(version)]
     if rule == "none":

@@ -355,12 +355,7 @@ SET_UP_RUNTIME_CASES = _set_up_runtime_cases()
 @pytest.mark.parametrize("path,call,version,rule,code", SET_UP_DRIVER_CASES,
                          ids=[f"{p}-{c}-{v}" for p, c, v, _, _ in SET_UP_DRIVER_CASES])
 def test_driver_function_with_set_up(tmp_path, path, call, version, rule, code):
-    def args_of(o):
-        return [prog("guard_call"), path, call, str(o), str(version)]
-    if rule == "none":
-        cov.passes_untouched(tmp_path, args_of, call)
-    else:
-        cov.check(tmp_path, args_of, call, rule, code)
+    cov.driver_case(tmp_path, path, call, version, rule, code)
 
 
 @pytest.mark.parametrize("path", ["link", "dlsym"])
