@@ -340,10 +340,19 @@ macro_rules! guarded_wrapper {
 /// `gate!(verdict, "fmt", args...)`: if the verdict is not Allow, let the engine decide;
 /// return its error code from the enclosing wrapper when the call is denied. The format
 /// arguments describe the call's arguments and are only evaluated on that cold path.
+///
+/// The call of [`verdict::cold_path`](crate::guard::verdict::cold_path) makes the allowed
+/// call the wrapper's straight line: without it LLVM placed the allowed path out of line,
+/// behind a taken branch to wherever it landed (62 bytes into a cache line in one build:
+/// +0.9 ns per `cudaSetDevice` at the same instruction count; docs/benchmarks.md,
+/// "Allowed calls: layout"). The repeated path stays inlined in the cold block
+/// (`tally::counted_again` is `#[inline(always)]`): the allowed call keeps its instructions
+/// (+23 per guarded call) and the repeated one its own.
 macro_rules! gate {
     ($verdict:expr, $($fmt:tt)*) => {{
         let verdict = $verdict;
         if !verdict.is_allow() {
+            $crate::guard::verdict::cold_path();
             let ra = $crate::caller_address!();
             match $crate::guard::verdict::repeated(ID, verdict, ra) {
                 Some(Ok(())) => {}

@@ -226,8 +226,9 @@ fn meta_of(id: usize, rule: Rule, deny: bool) -> u32 {
 /// is its own site and has had its full records. Counted with one atomic increment; false
 /// when it is not such a violation (the caller then takes [`occurrence`]).
 /// (A DIRECT slot exists only in a process without Python, and only once activated; a
-/// fork child's table is empty.)
-#[inline]
+/// fork child's table is empty.) Always inlined: `gate!` marks the violation branch cold,
+/// and LLVM does not inline a plain `#[inline]` function into a cold block.
+#[inline(always)]
 pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
     // The mode of the process, as activation saw it: 1 warn, 2 enforce, else not here.
     let deny = match FAST_MODE.load(Ordering::Relaxed) {

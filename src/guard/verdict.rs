@@ -46,6 +46,13 @@ impl Code for CudaError {
     }
 }
 
+/// Marks the branch that calls it as unlikely (`gate!`): a call of a `#[cold]` function is
+/// what LLVM's branch weights read as cold on stable Rust (`std::hint::cold_path` needs
+/// 1.95, above this crate's rust-version). Costs a call and a return, on violations only.
+#[cold]
+#[inline(never)]
+pub fn cold_path() {}
+
 /// Act on a verdict that is not Allow. `Ok(())`: proceed to the real call. `Err(code)`:
 /// return `code` to the caller.
 #[cold]
