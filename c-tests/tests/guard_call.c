@@ -647,7 +647,11 @@ int main(int argc, char **argv) {
         void *f = need(drv(abi, call, version), call);
         printf("setup ok (%s)\n", abi);
         /* _v2 (12.3) and _v3 (13.4) take the edge data; cudaTypedefs.h gives _v3 the
-         * parameters of _v2. */
+         * parameters of _v2 (checked below where the header has _v3). */
+#if CUDA_VERSION >= 13040
+        _Static_assert(__builtin_types_compatible_p(PFN_cuGraphAddNode_v13040, PFN_cuGraphAddNode_v12030),
+                       "cuGraphAddNode_v3 has _v2's parameters");
+#endif
         if (!strcmp(abi, "cuGraphAddNode_v2") || !strcmp(abi, "cuGraphAddNode_v3"))
             rc = ((PFN_cuGraphAddNode_v12030)f)(&node, NULL, NULL, NULL, 0, &np);
         else

@@ -22,6 +22,10 @@ extern cudaError_t cudaMemPrefetchBatchAsync_ptsz(
     void **dptrs, size_t *sizes, size_t count, struct cudaMemLocation *prefetchLocs,
     size_t *prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, cudaStream_t stream);
 
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cudaMemPrefetchBatchAsync_ptsz),
+                                            __typeof__(&cudaMemPrefetchBatchAsync)),
+               "the per-thread export has the header's parameters");
+
 #define LINKED(n) {#n, (void *)n}
 static const struct { const char *name; void *fn; } linked[] = {
     LINKED(cudaMemGetDefaultMemPool), LINKED(cudaMemGetMemPool), LINKED(cudaMemSetMemPool),

@@ -415,7 +415,8 @@ static struct {
     PFN_cuDevResourceGenerateDesc_v12040 generateDesc;
     PFN_cuGreenCtxCreate_v12040 greenCtxCreate;
     PFN_cuMemPrefetchBatchAsync_v13000 prefetchBatch[2]; /* legacy, per-thread */
-    PFN_cuMemDiscardAndPrefetchBatchAsync_v13000 discardAndPrefetchBatch[2]; /* legacy, per-thread */
+    /* PFN_cuMemDiscardAndPrefetchBatchAsync_v13000 has prefetchBatch's parameters */
+    PFN_cuMemPrefetchBatchAsync_v13000 discardAndPrefetchBatch[2]; /* legacy, per-thread */
 } drv13;
 static pthread_once_t fetched13 = PTHREAD_ONCE_INIT;
 
@@ -541,11 +542,18 @@ RT_EXPORT cudaError_t cudaDeviceGetExecutionCtx(cudaExecutionContext_t *ctx, int
     *ctx = (cudaExecutionContext_t)c;
     return cudaSuccess;
 }
-/* Each location converted like cu_location; at most 64 locations (the fake's limit). The
- * per-thread-stream export (`_ptsz`) calls the driver's per-thread variant. */
-static cudaError_t prefetch_batch(int pt, void **dptrs, size_t *sizes, size_t count,
-                                  struct cudaMemLocation *prefetchLocs, size_t *prefetchLocIdxs,
-                                  size_t numPrefetchLocs, unsigned long long flags, cudaStream_t stream)
+/* The batch prefetches (plain and discard-first: the same parameters, cudaTypedefs.h) to the
+ * driver function in `slot`: each location converted like cu_location; at most 64 locations
+ * (the fake's limit). The per-thread-stream exports (`_ptsz`) pass the driver's per-thread
+ * variant. */
+_Static_assert(__builtin_types_compatible_p(PFN_cuMemPrefetchBatchAsync_v13000,
+                                            PFN_cuMemDiscardAndPrefetchBatchAsync_v13000),
+               "cudaTypedefs.h: the two batch prefetches take the same parameters");
+
+static cudaError_t batch_to_driver(PFN_cuMemPrefetchBatchAsync_v13000 *slot, void **dptrs,
+                                   size_t *sizes, size_t count, struct cudaMemLocation *prefetchLocs,
+                                   size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                   unsigned long long flags, cudaStream_t stream)
 {
     if (!prefetchLocs || numPrefetchLocs == 0 || numPrefetchLocs > 64)
         return rt_ret(cudaErrorInvalidValue);
@@ -554,9 +562,17 @@ static cudaError_t prefetch_batch(int pt, void **dptrs, size_t *sizes, size_t co
     for (size_t i = 0; i < numPrefetchLocs; i++)
         TRY(cu_location(&prefetchLocs[i], &l[i]));
     TRY(rt_bind());
-    NEED(drv13.prefetchBatch[pt]);
-    DRIVER(drv13.prefetchBatch[pt]((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs,
-                                   numPrefetchLocs, flags, stream));
+    NEED(*slot);
+    DRIVER((*slot)((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs, numPrefetchLocs, flags,
+                   stream));
+}
+
+static cudaError_t prefetch_batch(int pt, void **dptrs, size_t *sizes, size_t count,
+                                  struct cudaMemLocation *prefetchLocs, size_t *prefetchLocIdxs,
+                                  size_t numPrefetchLocs, unsigned long long flags, cudaStream_t stream)
+{
+    return batch_to_driver(&drv13.prefetchBatch[pt], dptrs, sizes, count, prefetchLocs,
+                           prefetchLocIdxs, numPrefetchLocs, flags, stream);
 }
 
 RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
@@ -601,16 +617,8 @@ static cudaError_t discard_prefetch_batch(int pt, void **dptrs, size_t *sizes, s
         rt_arglog(sym, "count=%zu prefetchLocs=%s numPrefetchLocs=%zu flags=%llu stream=%p", count,
                   locs, numPrefetchLocs, flags, RT_LOG_HANDLE(stream));
     }
-    if (!prefetchLocs || numPrefetchLocs == 0 || numPrefetchLocs > 64)
-        return rt_ret(cudaErrorInvalidValue);
-    TRY(load13());
-    CUmemLocation l[64];
-    for (size_t i = 0; i < numPrefetchLocs; i++)
-        TRY(cu_location(&prefetchLocs[i], &l[i]));
-    TRY(rt_bind());
-    NEED(drv13.discardAndPrefetchBatch[pt]);
-    DRIVER(drv13.discardAndPrefetchBatch[pt]((CUdeviceptr *)dptrs, sizes, count, l, prefetchLocIdxs,
-                                             numPrefetchLocs, flags, stream));
+    return batch_to_driver(&drv13.discardAndPrefetchBatch[pt], dptrs, sizes, count, prefetchLocs,
+                           prefetchLocIdxs, numPrefetchLocs, flags, stream);
 }
 
 RT_EXPORT cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
