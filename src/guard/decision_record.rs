@@ -6,6 +6,7 @@
 use std::fmt::{self, Write};
 
 use crate::config::Mode;
+use crate::guard::debug_log;
 use crate::guard::rank_root;
 use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::site;
@@ -173,7 +174,10 @@ fn say_and_write(rec: &AuditRecord<'_>, buf: &mut [u8], loud: bool) {
     if loud {
         signal_safe::write_all(2, line.as_bytes());
     } else {
-        tracing::warn!("{}", String::from_utf8_lossy(line.as_bytes()).trim_end());
+        // Already a whole line (prefix and newline): the debug log takes it as it is.
+        if debug_log::enabled(rankguard_core::config::Level::Warn) {
+            debug_log::write_line(line.as_bytes());
+        }
     }
     if state::audit_on() {
         let mut j = FixedWriter::new(json_buf);

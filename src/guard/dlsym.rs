@@ -35,6 +35,12 @@ use crate::guard::table;
 /// Where the fast path forwards a name it rejected: the real `dlsym` once known, until
 /// then the slow path, which resolves it. Read by the trampoline with a plain load: either
 /// value is a correct target, so no ordering is needed beyond the store's atomicity.
+///
+/// Its initial value is a pointer, so the loader writes it at every process start: it
+/// lives in its own section, which lld places right before `.got.plt`, on the page the
+/// loader writes anyway for the lazy PLT slots, instead of in `.data`, where it would cost
+/// one more copy-on-write page per process (docs/benchmarks.md, "Written pages").
+#[cfg_attr(not(test), link_section = ".rankguard_relocated")]
 static FORWARD: AtomicPtr<c_void> = AtomicPtr::new(rg_dlsym_slow as *mut c_void);
 
 /// `SHAPE[b]`: 1 if byte `b` is an ASCII capital (`cu<Upper>`, `cuda<Upper>`), 2 if it is

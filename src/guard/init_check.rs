@@ -6,6 +6,7 @@ use std::fmt::Write;
 
 use crate::config::Mode;
 use crate::cvd;
+use crate::guard::debug_log;
 use crate::guard::decision_record::{prefix, record_decision, Extra};
 use crate::guard::driver_query::{device_uuid, driver_count};
 use crate::guard::ffi::CuResult;
@@ -91,7 +92,10 @@ fn check_init(rc: CuResult) {
         devices,
         is_rank_gpu,
     };
-    tracing::debug!(?facts, uuid = own_uuid, "R1 check at cuInit");
+    debug_log::log!(
+        Debug,
+        "R1 check at cuInit facts={facts:?} uuid={own_uuid:?}"
+    );
     let verdict = policy::init(facts);
     if by_root && (verdict.is_allow() || mode == Mode::Warn) {
         // A process that sees exactly one GPU records its rank for its descendants.

@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::config::Mode;
+use crate::guard::debug_log;
 use crate::guard::decision_record::{self, Extra};
 use crate::guard::ffi::{
     CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
@@ -201,9 +202,9 @@ unsafe fn shareable_key(
             match Key::from_file(fd_kind, file_ident(fd)?) {
                 Ok(k) => Some(k),
                 Err(_) => {
-                    tracing::debug!(
-                        fd,
-                        "shared fd has no unique file identity: provenance unknown"
+                    debug_log::log!(
+                        Debug,
+                        "shared fd has no unique file identity: provenance unknown fd={fd}"
                     );
                     None
                 }
@@ -230,7 +231,7 @@ static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
 
 fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
     if flag.swap(true, Ordering::Relaxed) {
-        tracing::debug!("{args}");
+        debug_log::log!(Debug, "{args}");
         return;
     }
     let mut b = StackBuf::<1024>::new();
@@ -393,7 +394,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
         let pid = signal_safe::pid();
         if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
             let swept = reg.sweep(&ProcFs);
-            tracing::debug!(?swept, "swept the IPC provenance registry");
+            debug_log::log!(Debug, "swept the IPC provenance registry swept={swept:?}");
         }
         let cfg = &state::get().config;
         let Some(start) = registry::own_start_time() else {
@@ -414,7 +415,13 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
             root: rank_root::id(),
         };
         match reg.write(&rec, &ProcFs) {
-            Ok(()) => tracing::debug!(key = %rec.key.short(), gpu = ?rec.gpu, location = rec.location.as_str(), "recorded IPC export"),
+            Ok(()) => debug_log::log!(
+                Debug,
+                "recorded IPC export key={} gpu={:?} location={}",
+                rec.key.short(),
+                rec.gpu,
+                rec.location.as_str()
+            ),
             Err(problem) => said_write_problem(
                 reg.dir(),
                 &problem,
@@ -442,7 +449,7 @@ fn lookup(key: &Key) -> Option<ProvenanceRecord> {
                         ),
                     );
                 } else {
-                    tracing::debug!(key = %key.short(), "{skip}");
+                    debug_log::log!(Debug, "{skip} key={}", key.short());
                 }
                 None
             }
@@ -569,9 +576,9 @@ pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
     // SAFETY: caller guarantees `handle` points to the exported fd.
     let fd = unsafe { *(handle as *const c_int) };
     let Some(key) = file_ident(fd).and_then(|f| Key::from_file(Kind::DmaBuf, f).ok()) else {
-        tracing::debug!(
-            fd,
-            "dma-buf fd has no unique file identity: provenance unknown"
+        debug_log::log!(
+            Debug,
+            "dma-buf fd has no unique file identity: provenance unknown fd={fd}"
         );
         return;
     };
@@ -667,12 +674,13 @@ pub fn check_import<R: Code>(
     let d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
     let verdict = d.verdict();
     if verdict.is_allow() {
-        tracing::debug!(
-            call = crate::guard::table::TABLE[id].call(),
-            key = %key.as_ref().map_or_else(|| "-".to_string(), Key::short),
-            exporter_pid = ?rec.as_ref().map(|r| r.pid),
-            "IPC import allowed: {}",
-            d.as_str()
+        debug_log::log!(
+            Debug,
+            "IPC import allowed: {} call={} key={} exporter_pid={:?}",
+            d.as_str(),
+            crate::guard::table::TABLE[id].call(),
+            key.as_ref().map_or_else(|| "-".to_string(), Key::short),
+            rec.as_ref().map(|r| r.pid)
         );
         return Ok(Checked(Some(d)));
     }

@@ -15,6 +15,7 @@
 // `table` first: its macros must be defined before `wrappers` uses them.
 #[macro_use]
 pub mod table;
+pub mod debug_log;
 pub mod decision_record;
 pub mod dlsym;
 pub mod dlvsym;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::config::Config;
 use crate::cvd::Visibility;
+use crate::guard::debug_log;
 use crate::guard::ipc;
 use crate::guard::signal_safe;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
@@ -105,7 +106,7 @@ impl ProcView for ProcFsView {
             }),
             Lookup::Found(_) | Lookup::Missing => None,
             Lookup::Skipped(skip) => {
-                tracing::debug!(pid = id.pid, "rank record not trusted: {skip}");
+                debug_log::log!(Debug, "rank record not trusted: {skip} pid={}", id.pid);
                 None
             }
         }
@@ -133,7 +134,7 @@ fn establish() -> Option<&'static Root> {
         let start = registry::own_start_time()?;
         let mut view = ProcFsView { reg: None };
         let ancestor = rank_root::find(me, ipc::euid(), &mut view);
-        tracing::debug!(?ancestor, "rank root walk");
+        debug_log::log!(Debug, "rank root walk ancestor={ancestor:?}");
         let mut host = [0u8; 64];
         let host = signal_safe::hostname(&mut host).to_string();
         Some(match ancestor {
@@ -209,7 +210,7 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
             root: Some(root.id),
         };
         match reg.write(&rec, &ProcFs) {
-            Ok(()) => tracing::debug!(root = %root.id, "recorded this process's rank"),
+            Ok(()) => debug_log::log!(Debug, "recorded this process's rank root={}", root.id),
             Err(problem) => ipc::said_write_problem(
                 reg.dir(),
                 &problem,

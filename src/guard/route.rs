@@ -11,6 +11,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::Ordering;
 
+use crate::guard::debug_log;
 use crate::guard::once::ForkSafeOnce;
 use crate::guard::real;
 use crate::guard::table::{self, TABLE};
@@ -131,7 +132,11 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         return std::ptr::null_mut();
     };
     real::record(id, found);
-    tracing::trace!(symbol = %String::from_utf8_lossy(name), "dlsym: handing out the guard's wrapper");
+    debug_log::log!(
+        Trace,
+        "dlsym: handing out the guard's wrapper symbol={}",
+        String::from_utf8_lossy(name)
+    );
     TABLE[id].wrapper() as *mut c_void
 }
 

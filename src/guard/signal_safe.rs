@@ -29,6 +29,10 @@ impl<const N: usize> StackBuf<N> {
     pub fn remaining(&self) -> usize {
         N - self.len
     }
+    /// Keep the first `len` bytes (all of them when there are fewer).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
     /// Append as much of `bytes` as fits.
     pub fn push_bytes(&mut self, bytes: &[u8]) {
         let n = bytes.len().min(self.remaining());

@@ -28,12 +28,10 @@ use crate::guard::once::PidLock;
 use crate::guard::signal_safe::{self, StackBuf};
 
 pub struct Sink {
-    /// The variable that names the file (`RANKGUARD_AUDIT`, `RANKGUARD_DEBUG_FILE`).
-    var: &'static str,
-    /// What the file holds, for messages ("audit records", "debug log lines").
-    what: &'static str,
-    /// What happens instead when the file cannot be opened.
-    instead: &'static str,
+    /// Which file: its variable, what it holds and what happens instead are `kind`'s texts
+    /// (an enum, not `&'static str` fields: a pointer in a mutable static is a relocation
+    /// on a page the loader then writes at every process start, docs/benchmarks.md).
+    kind: Kind,
     lock: PidLock,
     fd: AtomicI32,
     dev: AtomicU64,
@@ -46,16 +44,38 @@ pub struct Sink {
     lost: AtomicU64,
 }
 
-pub static AUDIT: Sink = Sink::new(
-    "RANKGUARD_AUDIT",
-    "audit records",
-    "no audit records will be written by this process",
-);
-pub static DEBUG: Sink = Sink::new(
-    "RANKGUARD_DEBUG_FILE",
-    "debug log lines",
-    "the debug log goes to stderr",
-);
+pub static AUDIT: Sink = Sink::new(Kind::Audit);
+pub static DEBUG: Sink = Sink::new(Kind::Debug);
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Audit,
+    Debug,
+}
+
+impl Kind {
+    /// The variable that names the file.
+    fn var(self) -> &'static str {
+        match self {
+            Kind::Audit => "RANKGUARD_AUDIT",
+            Kind::Debug => "RANKGUARD_DEBUG_FILE",
+        }
+    }
+    /// What the file holds, for messages.
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Audit => "audit records",
+            Kind::Debug => "debug log lines",
+        }
+    }
+    /// What happens instead when the file cannot be opened.
+    fn instead(self) -> &'static str {
+        match self {
+            Kind::Audit => "no audit records will be written by this process",
+            Kind::Debug => "the debug log goes to stderr",
+        }
+    }
+}
 
 /// Why a file was not opened.
 enum OpenProblem {
@@ -64,11 +84,9 @@ enum OpenProblem {
 }
 
 impl Sink {
-    const fn new(var: &'static str, what: &'static str, instead: &'static str) -> Sink {
+    const fn new(kind: Kind) -> Sink {
         Sink {
-            var,
-            what,
-            instead,
+            kind,
             lock: PidLock::new(),
             fd: AtomicI32::new(-1),
             dev: AtomicU64::new(0),
@@ -125,7 +143,10 @@ impl Sink {
         let _ = writeln!(
             b,
             "{}={:?}: a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: free space on that file system or point {} elsewhere",
-            self.var, self.path(template), self.what, self.var
+            self.kind.var(),
+            self.path(template),
+            self.kind.what(),
+            self.kind.var()
         );
         signal_safe::write_all(2, b.as_bytes());
     }
@@ -194,7 +215,12 @@ impl Sink {
         };
         let mut b = StackBuf::<1024>::new();
         decision_record::prefix(&mut b, "WARN");
-        let _ = writeln!(b, "{}={path:?} {what}; {}", self.var, self.instead);
+        let _ = writeln!(
+            b,
+            "{}={path:?} {what}; {}",
+            self.kind.var(),
+            self.kind.instead()
+        );
         signal_safe::write_all(2, b.as_bytes());
     }
 }
@@ -246,38 +272,4 @@ fn open_private(path: &str) -> Result<(i32, u64, u64), OpenProblem> {
         return Err(OpenProblem::Owner(st.st_uid));
     }
     Ok((fd, st.st_dev, st.st_ino))
-}
-
-/// The debug log's writer for `tracing_subscriber`: each event is formatted into one buffer
-/// and handed over in one `write_all`, which becomes one `write(2)` to the debug file (or a
-/// bounded write to stderr). No lock a forked child could inherit held (the `Mutex<File>`
-/// writer it replaces could), no error printed per event.
-pub struct DebugWriter {
-    pub template: Option<&'static str>,
-}
-
-impl std::io::Write for DebugWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self.template {
-            Some(t) if DEBUG.write(t, buf) => {}
-            _ => signal_safe::write_all(2, buf),
-        }
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-pub struct MakeDebugWriter {
-    pub template: Option<&'static str>,
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for MakeDebugWriter {
-    type Writer = DebugWriter;
-    fn make_writer(&'a self) -> DebugWriter {
-        DebugWriter {
-            template: self.template,
-        }
-    }
 }

@@ -11,7 +11,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::config::{Config, Level, Mode};
+use crate::config::{Config, Mode};
+use crate::guard::debug_log;
 use crate::guard::once::ForkSafeCell;
 use crate::guard::real;
 use crate::guard::signal_safe::{self, StackBuf};
@@ -174,35 +175,13 @@ pub fn report_config_errors() {
     }
 }
 
-static DEBUG_INSTALLED: AtomicU32 = AtomicU32::new(0);
-
 fn init_debug(cfg: &'static Config) {
     let Some(level) = cfg.debug else { return };
-    if DEBUG_INSTALLED.swap(1, Ordering::AcqRel) != 0 {
-        return;
-    }
-    let max = match level {
-        Level::Warn => tracing::Level::WARN,
-        Level::Info => tracing::Level::INFO,
-        Level::Debug => tracing::Level::DEBUG,
-        Level::Trace => tracing::Level::TRACE,
-    };
     // Open the debug file now, so that a problem with it is said up front.
     if let Some(t) = &cfg.debug_file {
         sink::DEBUG.open_now(t);
     }
-    // The subscriber lives in this library's own copy of `tracing`: the host process's
-    // logging (Rust or not) is untouched. Its writer takes no lock (sink::DebugWriter).
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(max)
-        .with_target(false)
-        .with_ansi(false)
-        .with_thread_ids(true)
-        .with_writer(sink::MakeDebugWriter {
-            template: cfg.debug_file.as_deref(),
-        })
-        .finish();
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    debug_log::set_level(level);
 }
 
 /// Remember the identity of the process's GPU (set once by the R1 check).

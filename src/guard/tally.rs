@@ -24,6 +24,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::config::Mode;
+use crate::guard::debug_log;
 use crate::guard::signal_safe::{self, StackBuf};
 use crate::guard::site::{self, Capture, SITE_MAX};
 use crate::guard::state;
@@ -376,9 +377,10 @@ fn after_count(slot: &'static Slot) {
         // write this one now.
         flush_slot(slot);
     }
-    tracing::trace!(
-        pending = slot.pending.load(Ordering::Relaxed),
-        "violation counted (site already recorded {FULL_PER_SITE} times)"
+    debug_log::log!(
+        Trace,
+        "violation counted (site already recorded {FULL_PER_SITE} times) pending={}",
+        slot.pending.load(Ordering::Relaxed)
     );
 }
 
@@ -463,7 +465,8 @@ fn start_flusher() {
             let _ = std::panic::catch_unwind(flush_all);
         });
     if spawned.is_err() {
-        tracing::warn!(
+        debug_log::log!(
+            Warn,
             "cannot start the summary thread: counted violations are written at exit only"
         );
     }
