@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 from _cli import CLI, clean_env, cli
 from conftest import GUARD, LIB_GUARD, run
@@ -84,3 +86,46 @@ def test_launch_reports_a_missing_command():
     p = cli("launch", "--nproc-per-node", "1", "--", "/no/such/program", env=clean_env(FAKECUDA_GPUS="2"))
     assert p.returncode == 127
     assert "/no/such/program" in p.stderr
+
+
+# The CLI's entry point is its own C `main` (`#![no_main]`, src/cli/sys.rs): what it keeps
+# of std's start-up is tested here.
+
+def test_a_closed_pipe_is_not_a_death_by_sigpipe():
+    # stdout a pipe whose reader is gone: the write fails with EPIPE, which the CLI ignores
+    # (`emit`); with SIGPIPE at its default the process would be killed by it.
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([str(CLI), "--help"], stdout=w, stderr=subprocess.PIPE,
+                           env=clean_env(), timeout=20)
+    finally:
+        os.close(w)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+
+
+def test_ranks_get_sigpipe_back_at_its_default():
+    # Ignored dispositions survive exec: the launcher must not hand its SIG_IGN to ranks.
+    p = cli("launch", "--nproc-per-node", "1", "--", "sh", "-c", "grep SigIgn /proc/self/status")
+    assert p.returncode == 0, p.stderr
+    ignored = int(p.stdout.split()[-1], 16)
+    assert not ignored & (1 << (13 - 1)), p.stdout  # SIGPIPE is 13
+
+
+def test_closed_standard_descriptors_are_opened_on_dev_null():
+    # Started with stdout closed, the CLI must not hand a file of its own to a rank as its
+    # stdout: descriptors 0-2 are opened on /dev/null first, as std's start-up does.
+    # The open file's flags tell the launcher's own /dev/null (read-write, as std opens it)
+    # from the read-only one it gives ranks as stdin, which would otherwise land on fd 1.
+    rank = ("import os, sys; flags = open('/proc/self/fdinfo/1').read().split()[3]; "
+            "sys.stderr.write(os.readlink('/proc/self/fd/1') + ' ' + flags + chr(10))")
+    p = subprocess.run(f'exec 1>&- && exec {CLI} launch --nproc-per-node 1 -- {sys.executable} -c "{rank}"',
+                       shell=True, stderr=subprocess.PIPE, text=True, env=clean_env(), timeout=30)
+    assert p.returncode == 0, p.stderr
+    path, flags = p.stderr.split()
+    assert path == "/dev/null" and int(flags, 8) & os.O_ACCMODE == os.O_RDWR, p.stderr
+
+
+def test_an_error_exit_status_reaches_the_shell():
+    p = cli("launch", "--nproc-per-node", "1", "--", "sh", "-c", "exit 7")
+    assert p.returncode == 7, p.stderr

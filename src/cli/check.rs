@@ -7,9 +7,9 @@
 //! Warnings do not change the status: the guard missing from `LD_PRELOAD` (the contract is
 //! then not enforced, though not violated either), a mode other than enforce.
 
+use super::ExitCode;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use super::args::{Lexer, Token};
 use super::json::Value;

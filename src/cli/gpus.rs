@@ -19,9 +19,10 @@
 //! `rankguard __driver-query` with the guard removed from `LD_PRELOAD`, as before. Both
 //! speak the same lines (`gpu<TAB>uuid<TAB>bus id`, or the error on stderr).
 
+use super::ExitCode;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
-use std::process::{Command, ExitCode};
+use std::process::Command;
 
 use super::{env, sys, Error, Result};
 use crate::cvd::{self, CvdEntry, Visibility};

@@ -7,11 +7,12 @@
 //! signal forwarding, first-failure shutdown with a grace period, `PR_SET_PDEATHSIG`, and a
 //! child subreaper plus a reaper helper so that nothing a launch started outlives it.
 
+use super::ExitCode;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 

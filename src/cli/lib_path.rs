@@ -9,9 +9,9 @@
 //! build from `glibc-2.34/librankguard.so` where it exists and glibc is 2.34+, else the
 //! glibc 2.28 build, `librankguard.so`; `RANKGUARD_LIB_GLIBC` forces one.
 
+use super::ExitCode;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use super::args::{Lexer, Token};
 use super::env::GUARD_FILE;

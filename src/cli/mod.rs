@@ -26,7 +26,6 @@ mod tree;
 
 use std::ffi::OsString;
 use std::fmt;
-use std::process::ExitCode;
 
 /// `check`: the contract would be violated.
 pub const EXIT_VIOLATION: u8 = 1;
@@ -36,6 +35,21 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// The command was not found, as in POSIX shells.
 pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// The process's exit status. std's `ExitCode` cannot be read back as a number on stable
+/// Rust, and the CLI's `main` is its own (`sys::main`, `#![no_main]`), which returns one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitCode(pub u8);
+
+impl ExitCode {
+    pub const SUCCESS: ExitCode = ExitCode(0);
+}
+
+impl From<u8> for ExitCode {
+    fn from(code: u8) -> ExitCode {
+        ExitCode(code)
+    }
+}
 
 /// A user-facing error: a message that leads with context and says what to do.
 #[derive(Debug)]
@@ -131,6 +145,7 @@ fn usage() -> String {
     s
 }
 
+/// The CLI, from `sys::main` (the process's entry point).
 pub fn main() -> ExitCode {
     match run() {
         Ok(code) => code,

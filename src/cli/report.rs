@@ -6,12 +6,12 @@
 //! The aggregation is `crate::audit` (pure, unit-tested); this file reads files and renders.
 //! Formats and exit statuses are documented in docs/report.md.
 
+use super::ExitCode;
 use std::ffi::OsString;
 use std::fmt::Write;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use super::args::{Lexer, Token};
 use super::json::Value;

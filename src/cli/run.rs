@@ -16,9 +16,10 @@
 //!     to the full UUID exported as `RANKGUARD_RANK_GPU_UUID` (a full UUID entry needs none).
 //!     Whether the rank then sees exactly that GPU is the guard's check at cuInit.
 
+use super::ExitCode;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitCode};
+use std::process::Command;
 
 use super::args::{Lexer, Token};
 use super::{env, gpus, lib_path, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
