@@ -366,3 +366,24 @@ def test_the_reaper_only_ever_kills_descendants_of_its_live_launcher():
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_launch_plans_from_the_drivers_whole_answer(tmp_path):
+    """The driver query helper ends its answer with a line of its own: the launcher plans
+    from it, not from the end of the helper's output, which the driver's teardown can keep
+    open (here the fake's FAKECUDA_INIT_HOLD: a process holding the answer's pipe for
+    120 s; a launcher reading to the end would wait that long). What the helper left
+    behind is killed with the launch's other leftovers."""
+    marker = f"RG_HOLD_{os.getpid()}_{tmp_path.name}"
+    env = clean_env(FAKECUDA_INIT_HOLD="120", **{marker: "1"})
+    p = cli("launch", "--nproc-per-node", "2", "--", "true", env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+    def has_marker(pid: str) -> bool:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return marker.encode() + b"=" in f.read()
+        except OSError:
+            return False
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and has_marker(pid)]
+    assert left == [], f"processes of the launch still running: {left}"

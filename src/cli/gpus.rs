@@ -29,10 +29,16 @@ use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan::DriverGpu;
 use rankguard_core::uuid::{uuid_text, UuidKind};
 
-/// The helper's answer: one `gpu<TAB>uuid<TAB>bus id` line per device, or the error.
+/// The last line of a whole answer: a reader that has it need not wait for the helper's
+/// exit, which after `cuInit` includes the driver's own teardown (its device files closed,
+/// its mappings undone).
+const END: &str = "end\n";
+
+/// The helper's answer: one `gpu<TAB>uuid<TAB>bus id` line per device then [`END`], or the
+/// error.
 fn answer() -> std::result::Result<String, String> {
     let gpus = sys::driver_gpus()?;
-    Ok(gpus
+    let mut out: String = gpus
         .iter()
         .map(|g| {
             format!(
@@ -41,7 +47,9 @@ fn answer() -> std::result::Result<String, String> {
                 g.bus_id.trim()
             )
         })
-        .collect())
+        .collect();
+    out.push_str(END);
+    Ok(out)
 }
 
 /// The hidden `__driver-query` subcommand (the exec'ed helper).
@@ -95,14 +103,44 @@ fn start_forked(
     Some((out_r, child))
 }
 
-/// The forked helper's answer, once it has written it and exited.
+/// Whether the helper's exit is waited for once its answer is whole.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reap {
+    /// Wait for it (its status is not needed): nothing else will (`check`, `plan`, `run`,
+    /// which then execs its command and must not hand it a child it never started).
+    Now,
+    /// Leave it exiting: the caller reaps its children anyway (`launch`'s supervision,
+    /// `sys::reap_others`), and its exit is then off the critical path (docs/benchmarks.md,
+    /// figure 4).
+    ByCaller,
+}
+
+/// The forked helper's answer: once it is whole ([`END`]), not at the end of its output,
+/// which whatever the driver started could keep open; or, without [`END`], the helper's
+/// error once it has exited.
 fn finish_forked(
     mut out_r: std::io::PipeReader,
     child: super::forked::Child,
+    reap: Reap,
 ) -> std::result::Result<String, String> {
     use std::io::Read;
-    let mut out = String::new();
-    let read = out_r.read_to_string(&mut out);
+    let mut buf = Vec::new();
+    let read = loop {
+        let mut chunk = [0u8; 4096];
+        match out_r.read(&mut chunk) {
+            Ok(0) => break Ok(()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+        if buf.ends_with(END.as_bytes()) {
+            if reap == Reap::Now {
+                let _ = child.wait();
+            }
+            return Ok(String::from_utf8_lossy(&buf).into_owned());
+        }
+    };
+    let out = String::from_utf8_lossy(&buf).into_owned();
     let status = child.wait();
     let error = out
         .lines()
@@ -136,15 +174,15 @@ pub fn start(cvd_override: Option<Option<&str>>) -> Pending {
 
 /// What the driver enumerates, in ordinal order (see [`start`]).
 pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<DriverGpu>, String> {
-    start(cvd_override).finish()
+    start(cvd_override).finish(Reap::Now)
 }
 
 impl Pending {
     /// The answer: what the driver enumerates, in ordinal order.
-    pub fn finish(self) -> std::result::Result<Vec<DriverGpu>, String> {
+    pub fn finish(self, reap: Reap) -> std::result::Result<Vec<DriverGpu>, String> {
         let cvd_override = self.cvd_override.as_ref().map(|v| v.as_deref());
         let stdout = match self.forked {
-            Some((out_r, child)) => finish_forked(out_r, child)?,
+            Some((out_r, child)) => finish_forked(out_r, child, reap)?,
             None => query_exec(cvd_override)?,
         };
         Ok(parse_answer(cvd_override, &stdout))

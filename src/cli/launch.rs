@@ -219,7 +219,7 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
 
 /// Gather the inputs and plan.
 fn make_plan(o: &Options) -> Result<Plan> {
-    begin_plan()?.finish(o)
+    begin_plan()?.finish(o, gpus::Reap::Now)
 }
 
 /// A plan whose driver query is under way (`gpus::start`): `launch` does the rest of its
@@ -259,8 +259,9 @@ fn begin_plan() -> Result<PlanStart> {
 }
 
 impl PlanStart {
-    /// The driver's answer, the launcher's affinity and the topology: the plan.
-    fn finish(self, o: &Options) -> Result<Plan> {
+    /// The driver's answer, the launcher's affinity and the topology: the plan. `reap`:
+    /// whether to wait for the helper's exit (`gpus::Reap`).
+    fn finish(self, o: &Options, reap: gpus::Reap) -> Result<Plan> {
         // The affinity and the topology (a scan of /sys and /proc) are read while the helper
         // still asks the driver, not after its answer: no rank can start before the plan,
         // so whatever is read after the answer adds to every launch (docs/benchmarks.md,
@@ -268,7 +269,7 @@ impl PlanStart {
         let affinity = sys::affinity();
         let topo = Topology::read(&o.sysroot).map_err(|e| e.to_string());
         let driver = match self.driver {
-            DriverQuery::One(pending) => pending.finish(),
+            DriverQuery::One(pending) => pending.finish(reap),
             DriverQuery::PerMigEntry(e) => mig_driver_list(&e),
         };
         let host = plan::host_view(
@@ -468,7 +469,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let signals = match sys::Signals::block() {
         Ok(s) => s,
         Err(e) => {
-            let _ = started.finish(&o);
+            let _ = started.finish(&o, gpus::Reap::Now);
             return Err(Error::usage(format!("cannot block signals: {e}")));
         }
     };
@@ -479,7 +480,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                    start in a new session may outlive the launcher");
     }
     let mut reaper = Reaper::start();
-    let (p, launch) = match (started.finish(&o), launch) {
+    let (p, launch) = match (started.finish(&o, gpus::Reap::ByCaller), launch) {
         (Ok(p), Ok(l)) => (p, l),
         (Err(e), _) | (Ok(_), Err(e)) => {
             reaper.done();

@@ -68,6 +68,17 @@ FAKE_API CUresult CUDAAPI cuInit(unsigned int Flags)
     }
     CUresult r = init_result;
     pthread_mutex_unlock(&fake_lock);
+    /* FAKECUDA_INIT_HOLD=S (a test device): the first cuInit leaves a process holding every
+     * descriptor of this one for S seconds, as a driver whose teardown outlives its answer
+     * would: `rankguard launch` must plan from the driver query's whole answer, not wait
+     * for the end of its output (python-tests/test_cli_launch.py). Forked after the lock is
+     * released: the fork handlers take it. */
+    static int held;
+    const char *hold = getenv("FAKECUDA_INIT_HOLD");
+    if (hold && *hold && !__atomic_exchange_n(&held, 1, __ATOMIC_ACQ_REL) && fork() == 0) {
+        sleep((unsigned)atoi(hold));
+        _exit(0);
+    }
     return r;
 }
 
