@@ -92,7 +92,9 @@ extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mu
 /// Same contract as glibc's `dlsym`.
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     // rdi = handle, rsi = symbol; rcx and rdx are scratch (dlsym takes two arguments).
-    // `curl_easy_init`: 10 instructions, the last one the jump to the real dlsym.
+    // `curl_easy_init`, `cublasCreate_v2`: 9 instructions, the last one the jump to the real
+    // dlsym (SHAPE's 0 is tested first, so those names leave at the first branch on byte 2);
+    // `cudnnCreate`: 12.
     core::arch::naked_asm!(
         "cmp byte ptr [rsi], 0x63",        // 'c'
         "jne 2f",
@@ -101,16 +103,14 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "movzx ecx, byte ptr [rsi + 2]",
         "lea rdx, [rip + {shape}]",
         "cmp byte ptr [rdx + rcx], 1",
+        "jb 2f",                            // cu<not a capital, not d>
         "je {slow}",                        // cu<Upper>
-        "ja 3f",                            // cud
-        "2:",
-        "jmp qword ptr [rip + {forward}]",
-        "3:",
-        "cmp byte ptr [rsi + 3], 0x61",    // 'a'
-        "jne 2b",
+        "cmp byte ptr [rsi + 3], 0x61",    // cud: 'a'
+        "jne 2f",
         "movzx ecx, byte ptr [rsi + 4]",
         "cmp byte ptr [rdx + rcx], 1",
         "je {slow}",                        // cuda<Upper>
+        "2:",
         "jmp qword ptr [rip + {forward}]",
         shape = sym SHAPE,
         forward = sym FORWARD,
