@@ -184,3 +184,16 @@ def test_relocated_constants_stay_few(lib):
                                                 text=True, check=True).stdout.splitlines()
                    if "R_X86_64_RELATIVE" in line)
     assert 0 < relative < 600, f"{relative} relative relocations (was ~470): what added pointers to statics?"
+
+
+@pytest.mark.parametrize("lib", BUILDS)
+def test_the_loader_writes_four_pages(lib):
+    # The RELRO data (3 pages from a page boundary) and the last writable page (`.data`,
+    # `.got.plt`): src/guard/layout.rs aligns the starts of `.data.rel.ro` and `.data`, and
+    # the guard's relocation-free arrays (the table's run-time slots, the pools' devices)
+    # are zero-initialised, in `.bss`. 8 pages with `tracing` and a table in `.data`; 5
+    # before the alignment.
+    pages = sorted({o >> 12 for o in relocation_offsets(lib)})
+    assert len(pages) <= 4, f"relocations write {len(pages)} pages: {[hex(p << 12) for p in pages]}"
+    secs = sections(lib)
+    assert secs[".data.rel.ro"][0] % 4096 == 0 and secs[".data"][0] % 4096 == 0, secs

@@ -26,6 +26,7 @@ pub mod ffi;
 pub mod init_check;
 pub mod internal;
 pub mod ipc;
+pub mod layout;
 pub mod libcsym;
 pub mod majors;
 pub mod missing;

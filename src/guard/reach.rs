@@ -30,7 +30,15 @@ pub const SLOTS: usize = 256;
 const UNKNOWN: i32 = i32::MIN;
 
 static POOL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
-static DEVICE: [AtomicI32; SLOTS] = [const { AtomicI32::new(UNKNOWN) }; SLOTS];
+/// Each pool's device, stored as [`stored`] says: 0, its value at load, reads as UNKNOWN,
+/// so the array is zero-initialised (`.bss`, not a page of `.data`: docs/benchmarks.md,
+/// "Written pages").
+static DEVICE: [AtomicI32; SLOTS] = [const { AtomicI32::new(0) }; SLOTS];
+
+/// `dev` as DEVICE stores it: minus UNKNOWN, wrapping (UNKNOWN becomes 0).
+fn stored(dev: i32) -> i32 {
+    dev.wrapping_sub(UNKNOWN)
+}
 
 /// Remember that `pool` lives on device `dev` (a later entry for the same pool wins).
 pub fn remember_pool(pool: *mut c_void, dev: i32) {
@@ -41,11 +49,11 @@ pub fn remember_pool(pool: *mut c_void, dev: i32) {
     for i in 0..SLOTS {
         match POOL[i].compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                DEVICE[i].store(dev, Ordering::Release);
+                DEVICE[i].store(stored(dev), Ordering::Release);
                 return;
             }
             Err(q) if q == p => {
-                DEVICE[i].store(dev, Ordering::Release);
+                DEVICE[i].store(stored(dev), Ordering::Release);
                 return;
             }
             Err(_) => {}
@@ -63,7 +71,7 @@ pub fn pool_device(pool: *mut c_void) -> Option<i32> {
         match POOL[i].load(Ordering::Acquire) {
             0 => return None,
             q if q == p => {
-                let d = DEVICE[i].load(Ordering::Acquire);
+                let d = DEVICE[i].load(Ordering::Acquire).wrapping_add(UNKNOWN);
                 return (d != UNKNOWN).then_some(d);
             }
             _ => {}
@@ -313,6 +321,15 @@ mod tests {
         assert_eq!(pool_device(a), Some(2));
         assert_eq!(pool_device(std::ptr::null_mut()), None);
         assert_eq!(pool_device(0x3000 as *mut c_void), None);
+        // DEVICE stores an ordinal minus UNKNOWN: every ordinal, negative ones (the CPU's
+        // -1) included, reads back; UNKNOWN, the zero of a fresh slot, reads as none.
+        let c = 0x4000 as *mut c_void;
+        remember_pool(c, -1);
+        assert_eq!(pool_device(c), Some(-1));
+        remember_pool(c, i32::MAX);
+        assert_eq!(pool_device(c), Some(i32::MAX));
+        remember_pool(c, UNKNOWN);
+        assert_eq!(pool_device(c), None);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crate::guard::majors;
 use crate::guard::table::{Lib, TABLE};
+use crate::guard::wrappers::SLOTS;
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
@@ -141,7 +142,7 @@ pub fn is_own(p: *const c_void) -> bool {
 /// The real function of table entry `id`, or null if it cannot be found.
 #[inline]
 pub fn get(id: usize) -> *mut c_void {
-    let p = TABLE[id].real.load(Ordering::Acquire);
+    let p = SLOTS[id].real.load(Ordering::Acquire);
     if !p.is_null() {
         return p;
     }
@@ -152,7 +153,7 @@ pub fn get(id: usize) -> *mut c_void {
 fn resolve(id: usize) -> *mut c_void {
     let e = &TABLE[id];
     match e.lib {
-        Lib::Driver => resolve_slot(e.lib, e.abi_cstr(), &e.real),
+        Lib::Driver => resolve_slot(e.lib, e.abi_cstr(), e.real()),
         // Each runtime wrapper calls its own major's runtime (guard/majors.rs).
         Lib::Runtime => {
             let p = crate::guard::majors::resolve(e);
@@ -160,7 +161,7 @@ fn resolve(id: usize) -> *mut c_void {
                 return ptr::null_mut();
             }
             match e
-                .real
+                .real()
                 .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => p,
@@ -240,10 +241,10 @@ fn loaded_runtime() -> *mut c_void {
 /// recorded one.
 pub fn record(id: usize, p: *mut c_void) -> *mut c_void {
     if p.is_null() || is_own(p) {
-        return TABLE[id].real.load(Ordering::Acquire);
+        return TABLE[id].real().load(Ordering::Acquire);
     }
     match TABLE[id]
-        .real
+        .real()
         .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
     {
         Ok(_) => p,

@@ -28,7 +28,10 @@ pub enum Lib {
     Runtime,
 }
 
-/// One guarded ABI symbol.
+/// One guarded ABI symbol: what is known of it at build time. [`TABLE`] holds no atomics,
+/// so it is read-only data; what changes at run time is its [`Slot`] in [`SLOTS`], all zero
+/// at load, so in `.bss`. A table of both lay in `.data` (7.4 KB of it), whose pages the
+/// loader writes when they carry a relocation (docs/benchmarks.md, "Written pages").
 pub struct Entry {
     pub lib: Lib,
     /// The runtime major whose parameters this wrapper has (0 for the driver, whose ABI
@@ -40,6 +43,11 @@ pub struct Entry {
     /// This entry's index in [`TABLE`]: its ABI name is piece `2 * id` of [`NAMES`], its API
     /// name piece `2 * id + 1`, its wrapper's address entry `id` of the wrapper offsets.
     id: u16,
+}
+
+/// An entry's run-time state (see [`Entry`]).
+pub struct Slot {
+    /// The real function, once resolved (null until then).
     pub real: AtomicPtr<c_void>,
     /// The pid that last said this symbol's first violation on stderr: later ones in the
     /// same process go to the audit file and the debug log only, so a loop cannot flood the
@@ -47,6 +55,15 @@ pub struct Entry {
     pub said: AtomicU32,
     /// Ordinals (0..63) whose queries were already recorded in warn mode.
     pub queried: AtomicU64,
+}
+
+impl Slot {
+    #[allow(clippy::declare_interior_mutable_const)]
+    pub const ZERO: Slot = Slot {
+        real: AtomicPtr::new(std::ptr::null_mut()),
+        said: AtomicU32::new(0),
+        queried: AtomicU64::new(0),
+    };
 }
 
 impl Entry {
@@ -57,10 +74,19 @@ impl Entry {
             major,
             same_everywhere,
             id: id as u16,
-            real: AtomicPtr::new(std::ptr::null_mut()),
-            said: AtomicU32::new(0),
-            queried: AtomicU64::new(0),
         }
+    }
+
+    /// This entry's run-time state.
+    #[inline(always)]
+    pub fn slot(&self) -> &'static Slot {
+        &SLOTS[self.id as usize]
+    }
+
+    /// The real function's slot (null until resolved).
+    #[inline(always)]
+    pub fn real(&self) -> &'static AtomicPtr<c_void> {
+        &self.slot().real
     }
 
     /// Piece `j` of [`NAMES`], with its NUL (empty if out of range: never, the macro
@@ -114,7 +140,10 @@ impl Entry {
 
     /// True the first time this process says something about this symbol.
     pub fn first_said(&self, pid: u32) -> bool {
-        self.said.swap(pid, std::sync::atomic::Ordering::Relaxed) != pid
+        self.slot()
+            .said
+            .swap(pid, std::sync::atomic::Ordering::Relaxed)
+            != pid
     }
 
     /// The exported wrapper's address: the offsets' own address plus this entry's offset.
@@ -146,7 +175,7 @@ pub fn is_wrapper(p: *const c_void) -> bool {
 /// Every entry's ABI name, then its API name, each NUL-terminated, one after the other in
 /// [`TABLE`]'s order (`guarded!` concatenates them).
 pub use crate::guard::wrappers::NAMES;
-use crate::guard::wrappers::NAME_AT;
+use crate::guard::wrappers::{NAME_AT, SLOTS};
 
 unsafe extern "C" {
     /// Entry `i` is the address of entry `i`'s wrapper minus this table's own address
@@ -266,6 +295,8 @@ macro_rules! guarded {
                 Id::$sym as usize,
             ), )*
         ];
+        /// Each entry's run-time state, by index (`Entry::slot`): zero at load (`.bss`).
+        pub static SLOTS: [$crate::guard::table::Slot; COUNT] = [$crate::guard::table::Slot::ZERO; COUNT];
 
         /// Each entry's wrapper, as the compiler sees it (the test of `Entry::wrapper`).
         #[cfg(test)]

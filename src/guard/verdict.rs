@@ -172,7 +172,7 @@ fn first_query(id: usize, v: Violation) -> bool {
     match v.ordinal() {
         Some(o) if (0..64).contains(&o) => {
             let bit = 1u64 << o;
-            TABLE[id].queried.fetch_or(bit, Ordering::Relaxed) & bit == 0
+            TABLE[id].slot().queried.fetch_or(bit, Ordering::Relaxed) & bit == 0
         }
         _ => true,
     }
