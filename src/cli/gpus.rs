@@ -104,15 +104,15 @@ fn start_forked(
 }
 
 /// Whether the helper's exit is waited for once its answer is whole.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Reap {
+pub enum Reap<'a> {
     /// Wait for it (its status is not needed): nothing else will (`check`, `plan`, `run`,
     /// which then execs its command and must not hand it a child it never started).
     Now,
-    /// Leave it exiting: the caller reaps its children anyway (`launch`'s supervision,
-    /// `sys::reap_others`), and its exit is then off the critical path (docs/benchmarks.md,
-    /// figure 4).
-    ByCaller,
+    /// Leave it exiting, its exit off the critical path (docs/benchmarks.md, figure 4), and
+    /// put it here for the caller to wait for later. `launch` does before it looks for
+    /// leftovers: what the helper left running is then already the launcher's child, never
+    /// a process being re-parented that one scan of the process tree can miss.
+    Later(&'a mut Option<super::forked::Child>),
 }
 
 /// The forked helper's answer: once it is whole ([`END`]), not at the end of its output,
@@ -121,7 +121,7 @@ pub enum Reap {
 fn finish_forked(
     mut out_r: std::io::PipeReader,
     child: super::forked::Child,
-    reap: Reap,
+    reap: Reap<'_>,
 ) -> std::result::Result<String, String> {
     use std::io::Read;
     let mut buf = Vec::new();
@@ -134,8 +134,11 @@ fn finish_forked(
             Err(e) => break Err(e),
         }
         if buf.ends_with(END.as_bytes()) {
-            if reap == Reap::Now {
-                let _ = child.wait();
+            match reap {
+                Reap::Now => {
+                    let _ = child.wait();
+                }
+                Reap::Later(slot) => *slot = Some(child),
             }
             return Ok(String::from_utf8_lossy(&buf).into_owned());
         }
@@ -179,7 +182,7 @@ pub fn query(cvd_override: Option<Option<&str>>) -> std::result::Result<Vec<Driv
 
 impl Pending {
     /// The answer: what the driver enumerates, in ordinal order.
-    pub fn finish(self, reap: Reap) -> std::result::Result<Vec<DriverGpu>, String> {
+    pub fn finish(self, reap: Reap<'_>) -> std::result::Result<Vec<DriverGpu>, String> {
         let cvd_override = self.cvd_override.as_ref().map(|v| v.as_deref());
         let stdout = match self.forked {
             Some((out_r, child)) => finish_forked(out_r, child, reap)?,

@@ -261,7 +261,7 @@ fn begin_plan() -> Result<PlanStart> {
 impl PlanStart {
     /// The driver's answer, the launcher's affinity and the topology: the plan. `reap`:
     /// whether to wait for the helper's exit (`gpus::Reap`).
-    fn finish(self, o: &Options, reap: gpus::Reap) -> Result<Plan> {
+    fn finish(self, o: &Options, reap: gpus::Reap<'_>) -> Result<Plan> {
         // The affinity and the topology (a scan of /sys and /proc) are read while the helper
         // still asks the driver, not after its answer: no rank can start before the plan,
         // so whatever is read after the answer adds to every launch (docs/benchmarks.md,
@@ -461,6 +461,13 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let Some(o) = parse("launch", args)? else {
         return Ok(ExitCode::SUCCESS);
     };
+    // Descendants that leave the ranks' process groups (setsid) are re-parented to us when
+    // orphaned, so they are still found and killed at the end (issue 14); and so is what the
+    // driver query's helper leaves, which can exit before the ranks start: before its fork.
+    if let Err(e) = sys::become_subreaper() {
+        eprintln!("rankguard launch: warning: cannot become a child subreaper ({e}); processes that ranks \
+                   start in a new session may outlive the launcher");
+    }
     // The driver query runs in a helper while the launcher resolves the ranks' environment
     // and starts its reaper (on a node with more than one CPU, at the same time).
     let started = begin_plan()?;
@@ -473,14 +480,9 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
             return Err(Error::usage(format!("cannot block signals: {e}")));
         }
     };
-    // Descendants that leave the ranks' process groups (setsid) are re-parented to us when
-    // orphaned, so they are still found and killed at the end (issue 14).
-    if let Err(e) = sys::become_subreaper() {
-        eprintln!("rankguard launch: warning: cannot become a child subreaper ({e}); processes that ranks \
-                   start in a new session may outlive the launcher");
-    }
     let mut reaper = Reaper::start();
-    let (p, launch) = match (started.finish(&o, gpus::Reap::ByCaller), launch) {
+    let mut helper = None;
+    let (p, launch) = match (started.finish(&o, gpus::Reap::Later(&mut helper)), launch) {
         (Ok(p), Ok(l)) => (p, l),
         (Err(e), _) | (Ok(_), Err(e)) => {
             reaper.done();
@@ -538,6 +540,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                     let _ = sys::wait_child(rk.pid, true);
                 }
                 reaper.done();
+                wait_helper(helper.take());
                 kill_leftovers();
                 return Err(Error {
                     msg: format!("rankguard launch: cannot start rank {} ('{}'): {e}; no rank was left running",
@@ -549,6 +552,7 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     }
     let code = supervise(&mut ranks, &signals, o.grace);
     reaper.done();
+    wait_helper(helper.take());
     kill_leftovers();
     // The relays end at EOF, which a descendant still holding a rank's pipe can delay
     // forever; give them a moment to flush, then exit regardless.
@@ -703,6 +707,14 @@ pub fn reaper_main(args: Vec<OsString>) -> Result<ExitCode> {
         let _ = sys::signal_pid(p, sys::SIGKILL);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Wait for the driver query's helper, left exiting when its answer came (`gpus::Reap`):
+/// long done by now. Supervision may have reaped it already (then this returns at once).
+fn wait_helper(helper: Option<super::forked::Child>) {
+    if let Some(h) = helper {
+        let _ = h.wait();
+    }
 }
 
 /// Kill whatever this launch started that is still running once the ranks are done:
