@@ -38,6 +38,22 @@ def symbol_relocations(lib: pathlib.Path) -> list[tuple[str, int, str]]:
     return rels
 
 
+def relocations(lib: pathlib.Path) -> list[tuple[int, str]]:
+    """(offset, type) of every dynamic relocation."""
+    out = subprocess.run(["readelf", "-r", "-W", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    return [(int(f[0], 16), f[2]) for f in (l.split() for l in out.splitlines())
+            if len(f) >= 3 and f[2].startswith("R_X86_64")]
+
+
+def relocation_offsets(lib: pathlib.Path) -> list[int]:
+    return [at for at, _ in relocations(lib)]
+
+
+def relative_relocations(lib: pathlib.Path) -> int:
+    return sum(1 for _, kind in relocations(lib) if kind == "R_X86_64_RELATIVE")
+
+
 @pytest.mark.parametrize("lib", BUILDS)
 def test_no_relocation_binds_to_the_librarys_own_exports(lib):
     rels = symbol_relocations(lib)
@@ -115,14 +131,9 @@ def test_the_guarded_table_holds_no_pointers():
     assert len(objects) == 7, f"not all of the table's objects found in {GUARD.name}'s symbols: {sorted(objects)}"
     n = table_entries()
     assert objects["rankguard_wrapper_offsets"][1] == 4 * n, objects["rankguard_wrapper_offsets"]
-    rels = subprocess.run(["readelf", "-r", "-W", str(GUARD)], capture_output=True, text=True,
-                          check=True).stdout
     inside = []
-    for line in rels.splitlines():
-        f = line.split()
-        if len(f) >= 3 and f[2].startswith("R_X86_64"):
-            at = int(f[0], 16)
-            inside += [name for name, (start, size) in objects.items() if start <= at < start + size]
+    for at in relocation_offsets(GUARD):
+        inside += [name for name, (start, size) in objects.items() if start <= at < start + size]
     assert not inside, f"relocations inside the table: {sorted(set(inside))} ({len(inside)})"
 
 
@@ -131,9 +142,7 @@ def test_relative_relocations_do_not_grow_with_the_table(lib):
     # 2,561 relative relocations at 06cec78 with a 204-entry table (~4.8 per entry: names,
     # wrappers, indexes); the rest of the library has ~850. A bound of 5 per entry
     # fails as soon as the table's pointers come back.
-    out = subprocess.run(["readelf", "-r", "-W", str(lib)], capture_output=True, text=True,
-                         check=True).stdout
-    relative = sum(1 for l in out.splitlines() if "R_X86_64_RELATIVE" in l)
+    relative = relative_relocations(lib)
     n = table_entries()
     assert 0 < relative < 5 * n, f"{relative} relative relocations for a {n}-entry table"
 
@@ -148,13 +157,6 @@ def sections(lib: pathlib.Path) -> dict[str, tuple[int, int]]:
         if m and int(m.group(2), 16):
             secs[m.group(1)] = (int(m.group(2), 16), int(m.group(3), 16))
     return secs
-
-
-def relocation_offsets(lib: pathlib.Path) -> list[int]:
-    out = subprocess.run(["readelf", "-r", "-W", str(lib)], capture_output=True, text=True,
-                         check=True).stdout
-    return [int(f[0], 16) for f in (l.split() for l in out.splitlines())
-            if len(f) >= 3 and f[2].startswith("R_X86_64")]
 
 
 @pytest.mark.parametrize("lib", BUILDS)
@@ -180,9 +182,7 @@ def test_relocated_constants_stay_few(lib):
     # 852 relative relocations with `tracing` in the library (its call sites' metadata,
     # the subscriber's vtables and its dependencies' panic locations: ~400 of them, three
     # written pages); ~470 without (std's panic locations and vtables are most of the rest).
-    relative = sum(1 for line in subprocess.run(["readelf", "-r", "-W", str(lib)], capture_output=True,
-                                                text=True, check=True).stdout.splitlines()
-                   if "R_X86_64_RELATIVE" in line)
+    relative = relative_relocations(lib)
     assert 0 < relative < 600, f"{relative} relative relocations (was ~470): what added pointers to statics?"
 
 

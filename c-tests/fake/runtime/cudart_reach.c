@@ -567,14 +567,6 @@ static cudaError_t batch_to_driver(PFN_cuMemPrefetchBatchAsync_v13000 *slot, voi
                    stream));
 }
 
-static cudaError_t prefetch_batch(int pt, void **dptrs, size_t *sizes, size_t count,
-                                  struct cudaMemLocation *prefetchLocs, size_t *prefetchLocIdxs,
-                                  size_t numPrefetchLocs, unsigned long long flags, cudaStream_t stream)
-{
-    return batch_to_driver(&drv13.prefetchBatch[pt], dptrs, sizes, count, prefetchLocs,
-                           prefetchLocIdxs, numPrefetchLocs, flags, stream);
-}
-
 RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
                                                      struct cudaMemLocation *prefetchLocs,
                                                      size_t *prefetchLocIdxs, size_t numPrefetchLocs,
@@ -585,8 +577,8 @@ RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync(void **dptrs, size_t *sizes, siz
                                                 size_t *prefetchLocIdxs, size_t numPrefetchLocs,
                                                 unsigned long long flags, cudaStream_t stream)
 {
-    return prefetch_batch(0, dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
-                          flags, stream);
+    return batch_to_driver(&drv13.prefetchBatch[0], dptrs, sizes, count, prefetchLocs,
+                           prefetchLocIdxs, numPrefetchLocs, flags, stream);
 }
 
 RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
@@ -594,8 +586,8 @@ RT_EXPORT cudaError_t cudaMemPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes
                                                      size_t *prefetchLocIdxs, size_t numPrefetchLocs,
                                                      unsigned long long flags, cudaStream_t stream)
 {
-    return prefetch_batch(1, dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
-                          flags, stream);
+    return batch_to_driver(&drv13.prefetchBatch[1], dptrs, sizes, count, prefetchLocs,
+                           prefetchLocIdxs, numPrefetchLocs, flags, stream);
 }
 
 /* Like cudaMemPrefetchBatchAsync (the ranges' contents are discarded first); it records
