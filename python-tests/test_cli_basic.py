@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -110,6 +111,21 @@ def test_ranks_get_sigpipe_back_at_its_default():
     assert p.returncode == 0, p.stderr
     ignored = int(p.stdout.split()[-1], 16)
     assert not ignored & (1 << (13 - 1)), p.stdout  # SIGPIPE is 13
+
+
+def test_ranks_start_with_no_signal_blocked_and_keep_what_the_launchers_parent_ignored():
+    # A rank's child is cloned with every signal blocked (src/cli/rank_start.rs) and clears
+    # the mask right before its exec; a signal ignored by whoever started the launcher
+    # (SIGUSR1 here, as `nohup` does with SIGHUP) stays ignored, as across a fork and exec.
+    p = subprocess.run([str(CLI), "launch", "--nproc-per-node", "2", "--prefix-output", "--", "cat",
+                        "/proc/self/status"], capture_output=True, text=True, env=clean_env(), timeout=30,
+                       preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+    assert p.returncode == 0, p.stderr
+    for rank in (0, 1):
+        fields = dict(l.split(":", 1) for l in p.stdout.splitlines() if l.startswith(f"[rank {rank}] Sig"))
+        assert int(fields[f"[rank {rank}] SigBlk"], 16) == 0, p.stdout
+        ignored = int(fields[f"[rank {rank}] SigIgn"], 16)
+        assert ignored == 1 << (signal.SIGUSR1 - 1), p.stdout
 
 
 def test_closed_standard_descriptors_are_opened_on_dev_null():

@@ -1,6 +1,6 @@
-"""A rank whose program cannot be executed (issue 17). The launcher forks and execs each
-rank without waiting for the exec (src/cli/sys.rs `spawn_rank`; std's `Command::spawn`
-waited, so ranks started one after another): a rank that cannot exec writes one line naming
+"""A rank whose program cannot be executed (issue 17). The launcher starts each rank
+without waiting for its exec (src/cli/rank_start.rs; std's `Command::spawn` waited, so ranks
+started one after another): a rank that cannot exec writes one line naming
 the program and the reason to its stderr and exits 127 (not found) or 126 (any other
 failure), as a shell does; the launcher reports it like any failed rank, stops the others
 and exits with that status (docs/cli.md)."""
@@ -77,9 +77,9 @@ def test_a_script_without_interpreter_line_runs_under_sh_as_before(tmp_path):
 
 
 def test_ranks_are_started_without_waiting_for_each_others_exec(tmp_path):
-    """Every rank is forked although rank 0's exec fails: the launcher did not wait for
-    rank 0's exec before forking rank 1 (std's spawn stopped at the first exec error, so
-    exactly one rank was forked). Counted with the logging preload, no timing."""
+    """Every rank is started although rank 0's exec fails: the launcher did not wait for
+    rank 0's exec before starting rank 1 (std's spawn stopped at the first exec error, so
+    exactly one rank was started). Counted with the logging preload, no timing."""
     log = tmp_path / "spawn.log"
     missing = tmp_path / "missing"
     p = launch("--nproc-per-node", "8", "--", str(missing), SPAWN_LOG=str(log), LD_PRELOAD=str(LOG_LIB))
@@ -87,8 +87,53 @@ def test_ranks_are_started_without_waiting_for_each_others_exec(tmp_path):
     lines = [line.split(" ", 2) for line in log.read_text().splitlines()]
     launcher = int(lines[0][0])
     calls = Counter((int(pid) == launcher, call, rest[0] if rest else "") for pid, call, *rest in lines)
-    assert calls[(True, "fork", "")] == 8 + 2, lines  # 8 ranks, the driver query, the reaper
-    # Ranks forked after the first failure may be stopped before their exec: at least one.
-    assert 1 <= calls[(False, "exec", str(missing))] <= 8, lines
-    assert cannot_execute_lines(p.stderr, missing, "No such file or directory (os error 2)"), p.stderr
+    assert calls[(True, "clone", "vm")] == 8, lines  # the ranks
+    assert calls[(True, "fork", "")] == 2, lines  # the driver query, the reaper
+    # Ranks started after the first failure may be stopped before their exec: at least one
+    # tried it, and none ran anything.
+    assert 1 <= len(cannot_execute_lines(p.stderr, missing, "No such file or directory (os error 2)")) <= 8, \
+        p.stderr
+    assert not any(call == "image" for pid, call, *_ in lines if int(pid) != launcher), lines
 
+
+def on_path(tmp_path, name: str, dirs: dict[str, tuple[str, int] | None]) -> str:
+    """A PATH of directories under tmp_path, in order; each holds `name` with the given
+    text and mode, or not (None)."""
+    entries = []
+    for d, file in dirs.items():
+        p = tmp_path / d
+        p.mkdir()
+        if file is not None:
+            text, mode = file
+            (p / name).write_text(text)
+            (p / name).chmod(mode)
+        entries.append(str(p))
+    return ":".join(entries)
+
+
+def test_path_search_passes_a_denied_file_and_runs_a_later_one_as_execvp(tmp_path):
+    # execvp's rule: EACCES on one entry is remembered and the search goes on; a later
+    # entry that runs wins. The launcher plans the search, the rank's child only tries the
+    # paths (it may not call the C library: src/cli/rank_start.rs).
+    path = on_path(tmp_path, "rg-prog", {
+        "missing": None,
+        "denied": ("#!/bin/sh\necho denied\n", 0o644),
+        "good": ("#!/bin/sh\necho \"rank $RANK good\"\n", 0o755),
+    })
+    p = launch("--nproc-per-node", "2", "--", "rg-prog", PATH=f"{path}:/usr/bin:/bin")
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == ["rank 0 good", "rank 1 good"]
+
+
+def test_path_search_that_only_finds_a_denied_file_exits_126_permission_denied(tmp_path):
+    path = on_path(tmp_path, "rg-prog", {"denied": ("#!/bin/sh\necho denied\n", 0o644), "missing": None})
+    p = launch("--nproc-per-node", "1", "--", "rg-prog", PATH=f"{path}:/usr/bin:/bin")
+    assert p.returncode == 126, p.stderr
+    assert cannot_execute_lines(p.stderr, "rg-prog", "Permission denied (os error 13)"), p.stderr
+
+
+def test_path_search_runs_a_script_without_interpreter_line_under_sh(tmp_path):
+    path = on_path(tmp_path, "rg-plain", {"bin": ('echo "rank $RANK args $*"\n', 0o755)})
+    p = launch("--nproc-per-node", "2", "--", "rg-plain", "a", "b c", PATH=f"{path}:/usr/bin:/bin")
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == ["rank 0 args a b c", "rank 1 args a b c"]

@@ -2,16 +2,23 @@
  * named by SPAWN_LOG, then forwards the call:
  *
  *   <pid> fork
+ *   <pid> clone vm             (clone with CLONE_VM; "clone" without it)
  *   <pid> exec <path>          (execve, execv, execvp, execvpe)
  *   <pid> spawn <path>         (posix_spawn, posix_spawnp)
+ *   <pid> image <path>         (a program image started with this preload: the path its
+ *                               exec was given, AT_EXECFN; also after a raw execve system
+ *                               call, which no preload can see)
  *
  * test_launch_cost.py counts what `rankguard launch` starts: which helpers are forked,
- * which programs are exec'ed, and how often. One write(2) per line, O_APPEND: lines from
- * several processes never interleave. */
+ * which ranks are cloned, which programs run, and how often. One write(2) per line,
+ * O_APPEND: lines from several processes never interleave. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <spawn.h>
+#include <stdarg.h>
+#include <sys/auxv.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +41,26 @@ static void log_line(const char *what, const char *path)
 }
 
 #define NEXT(name) ((__typeof__(&name))dlsym(RTLD_NEXT, #name))
+
+__attribute__((constructor)) static void log_image(void)
+{
+    const char *path = (const char *)getauxval(AT_EXECFN);
+    log_line("image", path ? path : "?");
+}
+
+/* glibc's clone(fn, stack, flags, arg, [ptid, tls, ctid]): the optional arguments are
+ * forwarded as read (unused ones are whatever the caller left in those registers). */
+int clone(int (*fn)(void *), void *stack, int flags, void *arg, ...)
+{
+    va_list ap;
+    va_start(ap, arg);
+    pid_t *ptid = va_arg(ap, pid_t *);
+    void *tls = va_arg(ap, void *);
+    pid_t *ctid = va_arg(ap, pid_t *);
+    va_end(ap);
+    log_line((flags & CLONE_VM) ? "clone vm" : "clone", NULL);
+    return NEXT(clone)(fn, stack, flags, arg, ptid, tls, ctid);
+}
 
 pid_t fork(void)
 {

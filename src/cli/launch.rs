@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::args::{number, Lexer, Token};
 use super::json::Value;
 use super::rank_env::Launch;
-use super::{gpus, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
+use super::{gpus, rank_start, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
 use crate::cvd;
 use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
 use crate::topology::Topology;
@@ -505,16 +505,18 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
         code: EXIT_CANNOT_EXECUTE,
     })?;
     let base_env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let path = std::env::var_os("PATH");
     for r in &p.ranks {
-        // Ranks are forked and exec'ed without waiting for the exec (`sys::spawn_rank`): one
-        // that cannot exec says so on its stderr and exits 126/127, seen by `supervise`.
+        // Ranks are started without waiting for their exec (`rank_start::spawn`): one that
+        // cannot exec says so on its stderr and exits 126/127, seen by `supervise`.
         let started = spawn::prepare(
             r.rank,
             &o.cmd,
             &spawn::merge_env(&base_env, &launch.rank_env(&p, r)),
+            path.as_deref(),
         )
         .and_then(|prep| {
-            sys::spawn_rank(&prep, r.cpus.as_ref(), &null, o.prefix).map_err(|e| e.to_string())
+            rank_start::spawn(prep, r.cpus.as_ref(), &null, o.prefix).map_err(|e| e.to_string())
         });
         match started {
             Ok(child) => {
@@ -532,12 +534,15 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
                     rank: r.rank,
                     pid: child.pid,
                     status: None,
+                    memory: Some(child.memory),
                 });
             }
             Err(e) => {
                 stop_all(&mut ranks, sys::SIGKILL);
                 for rk in &mut ranks {
-                    let _ = sys::wait_child(rk.pid, true);
+                    if let Ok(Some(st)) = sys::wait_child(rk.pid, true) {
+                        rk.reaped(st);
+                    }
                 }
                 reaper.done();
                 wait_helper(helper.take());
@@ -740,6 +745,18 @@ struct Rank {
     /// Also its process group.
     pid: u32,
     status: Option<ExitStatus>,
+    /// What its child used before its exec, freed once it is reaped (`rank_start.rs`).
+    memory: Option<rank_start::ChildMemory>,
+}
+
+impl Rank {
+    /// The rank has been reaped with status `st`: its child's memory is no longer used.
+    fn reaped(&mut self, st: ExitStatus) {
+        self.status = Some(st);
+        if let Some(m) = self.memory.take() {
+            m.release();
+        }
+    }
 }
 
 /// Copy a child's stream to ours, line by line, each line led by `tag`.
@@ -811,7 +828,7 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
                 continue;
             }
             if let Ok(Some(st)) = sys::wait_child(r.pid, false) {
-                r.status = Some(st);
+                r.reaped(st);
                 if !st.success() && first_failure.is_none() && interrupted.is_none() {
                     first_failure = Some((r.rank, st));
                     eprintln!("rankguard launch: rank {} (pid {}) {}; stopping the other ranks (SIGTERM, SIGKILL \

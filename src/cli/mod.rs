@@ -17,6 +17,7 @@ mod launch;
 mod lib_build;
 mod lib_path;
 mod rank_env;
+mod rank_start;
 mod report;
 mod run;
 mod spawn;

@@ -1,14 +1,14 @@
-//! What a rank's child needs, prepared in the launcher before `fork` (`sys::spawn_rank`
-//! does the fork and exec): its environment, its `argv`/`envp` as C strings, and the line it
-//! prints when it cannot be started.
+//! What a rank's child needs, prepared in the launcher before its clone (`rank_start.rs`
+//! does the clone and exec): its environment, its `argv`/`envp` as C strings, the paths its
+//! exec tries, and the line it prints when it cannot be started.
 //!
 //! Why: the launcher used to start ranks with `std::process::Command` and a `pre_exec` hook,
 //! which makes std wait, rank after rank, until the child has exec'ed (to return exec errors
-//! from `spawn`): the ranks started one after the other. `sys::spawn_rank` does not wait;
+//! from `spawn`): the ranks started one after the other. `rank_start::spawn` does not wait;
 //! a rank that cannot exec reports it itself, on its stderr, and exits 127 (not found) or
 //! 126 (any other failure), as a shell does; the launcher sees a failed rank like any other
-//! (docs/cli.md). Between `fork` and `exec` the child of a multi-threaded launcher (output
-//! relay threads) may not allocate, so everything it writes is built here, before.
+//! (docs/cli.md). Between its clone and its exec the child runs in the launcher's memory
+//! and may not allocate, nor call the C library, so everything it uses is built here.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -58,9 +58,64 @@ pub fn merge_env(
     out
 }
 
-/// Everything the child uses between `fork` and `exec`, owned by the parent.
+/// Where a rank's exec looks for its program: `execvp`'s rule (glibc's `execvpe`, which the
+/// child called before it could no longer use the C library, `rank_start.rs`).
+/// - A name with a `/` is the one path tried.
+/// - Otherwise each entry of the launcher's `PATH` (`/bin:/usr/bin` without one), in
+///   order, with the name appended; an empty entry is the current directory. A path that
+///   is not there (ENOENT, ENOTDIR, ...) goes on to the next; one that is there but denied
+///   (EACCES) too, and EACCES is reported if no later one runs; any other error ends the
+///   search with it.
+/// - A file the kernel cannot exec (ENOEXEC: no `#!` line) runs under `/bin/sh`.
+#[derive(Debug, PartialEq)]
+pub struct Search {
+    /// The paths to try, in order.
+    pub paths: Vec<CString>,
+    /// Whether they come from `PATH` (the rules above) rather than being the name itself.
+    pub in_path: bool,
+    /// The error reported when there is nothing to try (an empty name: ENOENT).
+    pub none: i32,
+}
+
+/// The [`Search`] for `program` (no NUL byte) under `path` (the launcher's `PATH`).
+pub fn search(program: &[u8], path: Option<&[u8]>) -> Search {
+    let none = libc::ENOENT;
+    if program.is_empty() {
+        return Search {
+            paths: Vec::new(),
+            in_path: false,
+            none,
+        };
+    }
+    if program.contains(&b'/') {
+        return Search {
+            paths: CString::new(program).into_iter().collect(),
+            in_path: false,
+            none,
+        };
+    }
+    let paths = path
+        .unwrap_or(b"/bin:/usr/bin")
+        .split(|&b| b == b':')
+        .filter_map(|dir| {
+            let mut p = dir.to_vec();
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(program);
+            CString::new(p).ok()
+        })
+        .collect();
+    Search {
+        paths,
+        in_path: true,
+        none,
+    }
+}
+
+/// Everything the child uses between its clone and its exec, owned by the parent.
 pub struct Prepared {
-    pub program: CString,
+    pub search: Search,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
     /// `rankguard launch: rank R: cannot execute 'PROGRAM': ` (the reason follows).
@@ -70,12 +125,14 @@ pub struct Prepared {
     pub setup_failed: Vec<u8>,
 }
 
-/// Build the C strings of a rank's `exec`. An argument or variable with a NUL byte cannot
-/// be passed to `exec`: the error names it.
+/// Build the C strings of a rank's `exec`, its program searched in `path` (the launcher's
+/// `PATH`, as `execvp` searches). An argument or variable with a NUL byte cannot be passed
+/// to `exec`: the error names it.
 pub fn prepare(
     rank: u32,
     cmd: &[OsString],
     env: &[(OsString, OsString)],
+    path: Option<&OsStr>,
 ) -> Result<Prepared, String> {
     let cstr = |what: &str, b: Vec<u8>| {
         CString::new(b).map_err(|e| {
@@ -99,8 +156,9 @@ pub fn prepare(
             cstr("the environment variable", kv)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let program = cstr("the program", program.as_bytes().to_vec())?;
     Ok(Prepared {
-        program: cstr("the program", program.as_bytes().to_vec())?,
+        search: search(program.as_bytes(), path.map(OsStr::as_bytes)),
         argv,
         envp,
         exec_failed: format!(
@@ -153,7 +211,7 @@ pub fn errno_text(errno: i32) -> &'static str {
     }
 }
 
-/// A fixed-size line built without allocating (the child between `fork` and `exec`):
+/// A fixed-size line built without allocating (the child between its clone and its exec):
 /// pieces beyond its capacity are cut, and the line always ends with a newline.
 pub struct Line {
     buf: [u8; 1024],
@@ -263,8 +321,9 @@ mod tests {
     #[test]
     fn prepare_builds_c_strings_and_the_failure_lines() {
         let cmd = [OsString::from("/no/such"), OsString::from("-v")];
-        let p = prepare(3, &cmd, &os(&[("RANK", "3")])).unwrap();
-        assert_eq!(p.program.as_bytes(), b"/no/such");
+        let p = prepare(3, &cmd, &os(&[("RANK", "3")]), Some(OsStr::new("/bin"))).unwrap();
+        assert_eq!(p.search.paths, [CString::new("/no/such").unwrap()]);
+        assert!(!p.search.in_path);
         assert_eq!(p.argv.len(), 2);
         assert_eq!(p.envp[0].as_bytes(), b"RANK=3");
         assert_eq!(
@@ -274,12 +333,49 @@ mod tests {
         assert!(String::from_utf8_lossy(&p.setup_failed).starts_with("rankguard launch: rank 3: "));
     }
 
+    fn paths(s: &Search) -> Vec<&str> {
+        s.paths.iter().map(|p| p.to_str().unwrap()).collect()
+    }
+
+    #[test]
+    fn search_follows_execvp_a_name_with_a_slash_is_the_one_path() {
+        let s = search(b"./train.py", Some(b"/usr/bin"));
+        assert_eq!((paths(&s), s.in_path), (vec!["./train.py"], false));
+        let s = search(b"/opt/x", None);
+        assert_eq!((paths(&s), s.in_path), (vec!["/opt/x"], false));
+    }
+
+    #[test]
+    fn search_follows_execvp_path_entries_in_order_an_empty_one_is_the_cwd() {
+        let s = search(b"python", Some(b"/venv/bin::/usr/bin:"));
+        assert_eq!(
+            paths(&s),
+            ["/venv/bin/python", "python", "/usr/bin/python", "python"]
+        );
+        assert!(s.in_path);
+        // No PATH: glibc's default (confstr _CS_PATH).
+        assert_eq!(
+            paths(&search(b"true", None)),
+            ["/bin/true", "/usr/bin/true"]
+        );
+    }
+
+    #[test]
+    fn search_of_an_empty_name_tries_nothing_and_reports_enoent() {
+        let s = search(b"", Some(b"/bin"));
+        assert!(s.paths.is_empty());
+        assert_eq!(s.none, libc::ENOENT);
+        assert_eq!(failure_status(s.none), 127);
+    }
+
     #[test]
     fn prepare_refuses_a_nul_byte_naming_it() {
         let cmd = [OsString::from("/bin/true"), OsString::from("a\0b")];
-        let e = prepare(0, &cmd, &[]).err().unwrap();
+        let e = prepare(0, &cmd, &[], None).err().unwrap();
         assert!(e.contains("argument 'a\0b'") && e.contains("NUL"), "{e}");
-        let e = prepare(0, &cmd[..1], &os(&[("K", "v\0w")])).err().unwrap();
+        let e = prepare(0, &cmd[..1], &os(&[("K", "v\0w")]), None)
+            .err()
+            .unwrap();
         assert!(e.contains("environment variable 'K=v\0w'"), "{e}");
     }
 

@@ -1,9 +1,9 @@
-//! The CLI's only FFI: CPU affinity, a rank's fork and exec (affinity, `PR_SET_PDEATHSIG`,
-//! its own process group, a clean signal mask; `spawn.rs` prepares what it needs), signals
-//! to process groups, synchronous signal waiting, and the driver query through `libloading`.
+//! The CLI's FFI: CPU affinity, signals to process groups, synchronous signal waiting, and
+//! the driver query through `libloading`. A rank's start (clone and exec) is in
+//! `rank_start.rs`, the helpers' forks in `forked.rs`.
 //!
-//! `unsafe` is allowed in this module only (main.rs denies it); each block states the
-//! invariant that makes it sound. Everything exported here is a safe function.
+//! `unsafe` is allowed in these three modules only (main.rs denies it); each block states
+//! the invariant that makes it sound. Everything exported here is a safe function.
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::io;
@@ -17,7 +17,7 @@ use crate::cpuset::{CpuSet, MAX_CPU};
 ///   never become its stdout (std's start-up does the same).
 /// - SIGPIPE is ignored, as under std's start-up: a closed pipe is an error the CLI handles
 ///   (`emit`), never a silent death; ranks and `run`'s command get it back at its default
-///   (`rank_child`, std's `Command`).
+///   (`rank_start.rs`, std's `Command`).
 /// - A panic is caught and exits 101, as std's start-up makes it.
 /// - Stdout is flushed at the end (std's start-up does it at exit).
 ///
@@ -49,10 +49,10 @@ extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
 /// A kernel CPU mask big enough for every id we accept (MAX_CPU), passed where libc expects
 /// a `cpu_set_t` (the kernel takes any size that covers `nr_cpu_ids`).
 #[derive(Clone)]
-struct Mask([u64; (MAX_CPU as usize + 1) / 64]);
+pub(super) struct Mask([u64; (MAX_CPU as usize + 1) / 64]);
 
 impl Mask {
-    fn from_set(set: &CpuSet) -> Mask {
+    pub(super) fn from_set(set: &CpuSet) -> Mask {
         let mut m = Mask([0; (MAX_CPU as usize + 1) / 64]);
         for c in set.iter() {
             m.0[(c / 64) as usize] |= 1u64 << (c % 64);
@@ -102,173 +102,6 @@ pub fn glibc_version() -> Option<(u32, u32)> {
     // SAFETY: non-NULL, NUL-terminated, static (above).
     let v = unsafe { CStr::from_ptr(p) };
     super::lib_build::parse_version(&v.to_string_lossy())
-}
-
-/// A rank's process, started by [`spawn_rank`]: its pid (also its process group) and, when
-/// its output is relayed, the read ends of its stdout and stderr.
-pub struct RankProcess {
-    pub pid: u32,
-    pub stdout: Option<std::io::PipeReader>,
-    pub stderr: Option<std::io::PipeReader>,
-}
-
-/// Fork and exec one rank as `prep` says, without waiting for the exec: the child runs on
-/// `cpus` (inherited by its threads and descendants), dies with SIGKILL when the launcher
-/// dies (`PR_SET_PDEATHSIG`), leads its own process group (so signals reach the rank's
-/// whole tree), starts with an empty signal mask and SIGPIPE at its default (the launcher
-/// blocks the signals it waits for; Rust ignores SIGPIPE), reads `/dev/null` (`null`) and,
-/// with `capture`, writes into two pipes. When a step or the exec fails, the child writes
-/// one line to its stderr (`prep.setup_failed`/`prep.exec_failed`, the reason) and exits
-/// 127 (not found) or 126 (`spawn::failure_status`): its program never runs without its
-/// set-up. Err only when the launcher itself cannot (pipe, fork).
-pub fn spawn_rank(
-    prep: &super::spawn::Prepared,
-    cpus: Option<&CpuSet>,
-    null: &std::fs::File,
-    capture: bool,
-) -> io::Result<RankProcess> {
-    use std::os::fd::AsRawFd;
-    let mask = cpus.map(Mask::from_set);
-    // argv and envp: NULL-terminated arrays of pointers into `prep`, which outlives the fork.
-    let mut argv: Vec<*const c_char> = prep.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const c_char> = prep.envp.iter().map(|e| e.as_ptr()).collect();
-    envp.push(std::ptr::null());
-    let pipes = if capture {
-        Some((std::io::pipe()?, std::io::pipe()?))
-    } else {
-        None
-    };
-    let fds = [
-        null.as_raw_fd(),
-        pipes.as_ref().map_or(1, |((_, w), _)| w.as_raw_fd()),
-        pipes.as_ref().map_or(2, |(_, (_, w))| w.as_raw_fd()),
-    ];
-    // SAFETY: getpid is always safe to call.
-    let launcher = unsafe { libc::getpid() };
-    // SAFETY: fork has no preconditions; the child only runs `rank_child`, which makes
-    // async-signal-safe calls on data built before the fork (see there).
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if pid == 0 {
-        // SAFETY: we are the child of the fork above; the pointers point into `prep`,
-        // `argv`, `envp` and `mask`, which the fork copied with the rest of the memory.
-        unsafe { rank_child(prep, &argv, &envp, mask.as_ref(), fds, launcher) }
-    }
-    // The parent sets the child's process group too: the launcher may signal the group
-    // (another rank failed) before the child has run its own setpgid, and would then miss
-    // it. Whichever call comes first makes the group; the other is a no-op, or EACCES once
-    // the child has exec'ed (ignored).
-    // SAFETY: setpgid takes integers only; `pid` is our child.
-    unsafe { libc::setpgid(pid, pid) };
-    // The parent: the write ends are the child's now (dropped here), the read ends ours.
-    let (stdout, stderr) = match pipes {
-        Some(((out_r, _), (err_r, _))) => (Some(out_r), Some(err_r)),
-        None => (None, None),
-    };
-    Ok(RankProcess {
-        pid: pid as u32,
-        stdout,
-        stderr,
-    })
-}
-
-/// The child's side of [`spawn_rank`]; never returns.
-///
-/// # Safety
-/// Only in the child of `fork`. The launcher may have other threads (output relays), which
-/// do not exist here and may have held the allocator's lock: so only async-signal-safe
-/// calls (dup2, fcntl, sigemptyset, pthread_sigmask, signal, sched_setaffinity, prctl,
-/// getppid, setpgid, execvpe, write, _exit) on data built before the fork, no allocation
-/// (errors are formatted into a stack buffer, `spawn::Line`). `argv`/`envp` end with NULL.
-/// glibc's `execvpe` searches `PATH` with a stack buffer, no `malloc`.
-unsafe fn rank_child(
-    prep: &super::spawn::Prepared,
-    argv: &[*const c_char],
-    envp: &[*const c_char],
-    mask: Option<&Mask>,
-    fds: [c_int; 3],
-    launcher: libc::pid_t,
-) -> ! {
-    use super::spawn::{failure_status, Line};
-    let errno = || io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    let fail = |step: &[u8], e: i32| -> ! {
-        let mut line = Line::new();
-        line.push(&prep.setup_failed)
-            .push(step)
-            .push(b": ")
-            .push_errno(e);
-        let l = line.finish();
-        // SAFETY: `l` is a live buffer of that length; write and _exit are
-        // async-signal-safe.
-        unsafe {
-            libc::write(2, l.as_ptr().cast(), l.len());
-            libc::_exit(failure_status(e))
-        }
-    };
-    for (target, fd) in fds.into_iter().enumerate() {
-        let target = target as c_int;
-        // SAFETY: dup2 and fcntl take descriptor numbers only. dup2 onto itself leaves
-        // FD_CLOEXEC set (our descriptors have it), so it is cleared explicitly then.
-        let rc = unsafe {
-            if fd == target {
-                libc::fcntl(fd, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(fd, target)
-            }
-        };
-        if rc < 0 {
-            fail(b"redirecting its standard streams (dup2)", errno());
-        }
-    }
-    // SAFETY: an empty, initialised sigset_t passed by pointer; SIG_DFL is a valid
-    // disposition for SIGPIPE.
-    unsafe {
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    if let Some(m) = mask {
-        // SAFETY: the pointer and size describe `m`, a live mask built before the fork.
-        let rc = unsafe {
-            libc::sched_setaffinity(
-                0,
-                std::mem::size_of::<Mask>(),
-                (m as *const Mask).cast::<libc::cpu_set_t>(),
-            )
-        };
-        if rc != 0 {
-            fail(b"setting its CPU affinity (sched_setaffinity)", errno());
-        }
-    }
-    // SAFETY: prctl(PR_SET_PDEATHSIG, sig) takes an integer signal number; no pointers.
-    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
-        fail(b"PR_SET_PDEATHSIG", errno());
-    }
-    // The launcher may have died before the prctl: then nothing would ever kill us.
-    // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != launcher {
-        fail(b"the launcher exited", libc::ESRCH);
-    }
-    // SAFETY: setpgid(0, 0) makes this process a group leader; no pointers.
-    if unsafe { libc::setpgid(0, 0) } != 0 {
-        fail(b"leading its own process group (setpgid)", errno());
-    }
-    // SAFETY: `program` is NUL-terminated; argv and envp are NULL-terminated arrays of
-    // NUL-terminated strings owned by `prep` (the caller's invariant).
-    unsafe { libc::execvpe(prep.program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-    let e = errno();
-    let mut line = Line::new();
-    line.push(&prep.exec_failed).push_errno(e);
-    let l = line.finish();
-    // SAFETY: as in `fail`.
-    unsafe {
-        libc::write(2, l.as_ptr().cast(), l.len());
-        libc::_exit(failure_status(e))
-    }
 }
 
 /// Whether child `pid` has ended, without blocking (`wait` false), or once it has (`wait`
