@@ -11,15 +11,15 @@
 //!
 //! Fast reject (docs/benchmarks.md, figure 2): every guarded name is `cu<Upper>...` or
 //! `cuda<Upper>...` ([`table::guarded_shape`]). The trampoline tests exactly that, byte by
-//! byte (byte i is read only once bytes 0..i matched, so never past the NUL), with
-//! [`SHAPE`] classifying bytes 2 and 4, and jumps through [`FORWARD`] for every other name:
-//! `curl_easy_init`, `cudnnCreate`, `cublasCreate_v2` and any name not starting with `cu`
-//! cost 3 to 12 instructions and never enter Rust. `FORWARD` starts as the slow path (which
+//! byte, with compares against immediates (byte i is read only once bytes 0..i matched, so
+//! never past the NUL; no table, no register written), and jumps through [`FORWARD`] for
+//! every other name: `curl_easy_init`, `cudnnCreate`, `cublasCreate_v2` cost 9
+//! instructions, any name not starting with `c` 3, and none enters Rust. `FORWARD` starts as the slow path (which
 //! resolves the real `dlsym` and then stores it there), so the fast path needs no "is it
 //! resolved yet" test. A NULL name is not tested for: glibc's own `dlsym` faults on it, and
 //! so does the trampoline, at the same call.
 //!
-//! `REAL_DLSYM`, `FORWARD` and `SHAPE` must stay unexported (a PC-relative reference to an
+//! `REAL_DLSYM` and `FORWARD` must stay unexported (a PC-relative reference to an
 //! exported static fails to link in a cdylib: `R_X86_64_PC32`), and `rg_dlsym_decide` must
 //! ensure `REAL_DLSYM` is set and stored in `FORWARD` before it returns.
 #![allow(unsafe_code)]
@@ -42,19 +42,6 @@ use crate::guard::table;
 /// one more copy-on-write page per process (docs/benchmarks.md, "Written pages").
 #[cfg_attr(not(test), link_section = ".rankguard_relocated")]
 static FORWARD: AtomicPtr<c_void> = AtomicPtr::new(rg_dlsym_slow as *mut c_void);
-
-/// `SHAPE[b]`: 1 if byte `b` is an ASCII capital (`cu<Upper>`, `cuda<Upper>`), 2 if it is
-/// `d` (`cud...`, maybe `cuda<Upper>`), 0 for every other byte (NUL included).
-static SHAPE: [u8; 256] = {
-    let mut t = [0u8; 256];
-    let mut b = b'A';
-    while b <= b'Z' {
-        t[b as usize] = 1;
-        b += 1;
-    }
-    t[b'd' as usize] = 2;
-    t
-};
 
 #[cfg(test)]
 thread_local! {
@@ -91,28 +78,33 @@ extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mu
 /// # Safety
 /// Same contract as glibc's `dlsym`.
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // rdi = handle, rsi = symbol; rcx and rdx are scratch (dlsym takes two arguments).
-    // `curl_easy_init`, `cublasCreate_v2`: 9 instructions, the last one the jump to the real
-    // dlsym (SHAPE's 0 is tested first, so those names leave at the first branch on byte 2);
-    // `cudnnCreate`: 12.
+    // rdi = handle, rsi = symbol. No register is written: the name's bytes are compared
+    // in memory. `curl_easy_init`, `cublasCreate_v2` and `cudnnCreate`: 9 instructions, the
+    // last one the jump to the real dlsym; a name not starting with 'c': 3. Byte 2 is
+    // tested for 'd' first, then against 'Z': every lower-case letter is above it, so the
+    // libraries' own prefixes (cublas, cufft, curand, cusparse, curl) leave at that
+    // second compare, and `cud<not a>` one compare after `d`.
     core::arch::naked_asm!(
         "cmp byte ptr [rsi], 0x63",        // 'c'
         "jne 2f",
         "cmp byte ptr [rsi + 1], 0x75",    // 'u'
         "jne 2f",
-        "movzx ecx, byte ptr [rsi + 2]",
-        "lea rdx, [rip + {shape}]",
-        "cmp byte ptr [rdx + rcx], 1",
-        "jb 2f",                            // cu<not a capital, not d>
-        "je {slow}",                        // cu<Upper>
-        "cmp byte ptr [rsi + 3], 0x61",    // cud: 'a'
-        "jne 2f",
-        "movzx ecx, byte ptr [rsi + 4]",
-        "cmp byte ptr [rdx + rcx], 1",
-        "je {slow}",                        // cuda<Upper>
+        "cmp byte ptr [rsi + 2], 0x64",    // 'd'
+        "je 3f",
+        "cmp byte ptr [rsi + 2], 0x5a",    // above 'Z': lower case, '_', not ASCII
+        "ja 2f",
+        "cmp byte ptr [rsi + 2], 0x41",    // 'A'..'Z': cu<Upper>
+        "jae {slow}",
         "2:",
         "jmp qword ptr [rip + {forward}]",
-        shape = sym SHAPE,
+        "3:",
+        "cmp byte ptr [rsi + 3], 0x61",    // cud: 'a'
+        "jne 2b",
+        "cmp byte ptr [rsi + 4], 0x5a",
+        "ja 2b",
+        "cmp byte ptr [rsi + 4], 0x41",    // cuda<Upper>
+        "jae {slow}",
+        "jmp 2b",
         forward = sym FORWARD,
         slow = sym rg_dlsym_slow,
     )
@@ -151,7 +143,8 @@ unsafe extern "C" fn rg_dlsym_slow(handle: *mut c_void, symbol: *const c_char) -
 /// # Safety
 /// Same contract as glibc's `dlsym`.
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // x0 = handle, x1 = symbol; x16, x17 (IP0, IP1) are scratch at a function's entry.
+    // x0 = handle, x1 = symbol; x16 (IP0) is scratch at a function's entry. The same
+    // tests as the x86_64 one, in the same order.
     core::arch::naked_asm!(
         "ldrb w16, [x1]",
         "cmp w16, #0x63",                   // 'c'
@@ -160,27 +153,27 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "cmp w16, #0x75",                   // 'u'
         "b.ne 2f",
         "ldrb w16, [x1, #2]",
-        "adrp x17, {shape}",
-        "add x17, x17, :lo12:{shape}",
-        "ldrb w16, [x17, x16]",
-        "cmp w16, #1",
-        "b.eq 4f",                          // cu<Upper>
-        "b.hi 3f",                          // cud
+        "cmp w16, #0x64",                   // 'd'
+        "b.eq 3f",
+        "cmp w16, #0x5a",                   // above 'Z'
+        "b.hi 2f",
+        "cmp w16, #0x41",                   // cu<Upper>
+        "b.hs 4f",
         "2:",
         "adrp x16, {forward}",
         "ldr x16, [x16, :lo12:{forward}]",
         "br x16",
         "3:",
         "ldrb w16, [x1, #3]",
-        "cmp w16, #0x61",                   // 'a'
+        "cmp w16, #0x61",                   // cud: 'a'
         "b.ne 2b",
         "ldrb w16, [x1, #4]",
-        "ldrb w16, [x17, x16]",
-        "cmp w16, #1",
-        "b.ne 2b",                          // not cuda<Upper>
+        "cmp w16, #0x5a",
+        "b.hi 2b",
+        "cmp w16, #0x41",                   // cuda<Upper>
+        "b.lo 2b",
         "4:",
         "b {slow}",
-        shape = sym SHAPE,
         forward = sym FORWARD,
         slow = sym rg_dlsym_slow,
     )
@@ -309,17 +302,5 @@ mod tests {
             !through_trampoline(b"cuserid").0.is_null(),
             "libc exports cuserid"
         );
-    }
-
-    #[test]
-    fn shape_table_is_guarded_shape_at_bytes_2_and_4() {
-        for b in 0..=255u8 {
-            let at2 = match SHAPE[b as usize] {
-                1 => b.is_ascii_uppercase(),
-                2 => b == b'd',
-                _ => !b.is_ascii_uppercase() && b != b'd',
-            };
-            assert!(at2, "SHAPE[{b}] = {}", SHAPE[b as usize]);
-        }
     }
 }

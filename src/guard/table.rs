@@ -218,7 +218,7 @@ pub const fn piece_starts<const K: usize>(s: &[u8]) -> [u32; K] {
 
 /// Whether a name can be a guarded one, from its first bytes alone: every guarded ABI name
 /// is `cu<Upper>...` (driver) or `cuda<Upper>...` (runtime), so `curl_*`, `cudnn*`,
-/// `cublas*` and all other names are rejected in at most five byte compares, without
+/// `cublas*` and all other names are rejected by their first five bytes, without
 /// `strlen` (the `dlsym` hot path). `at(i)` is the name's byte i; it is only asked for byte
 /// i when bytes 0..i matched (and so are not NUL).
 #[inline(always)]
