@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from _cli import clean_env, cli
-from conftest import TESTS
+from _cli import CLI, clean_env, cli
+from conftest import TESTS, run
 
 LOG_LIB = TESTS / "libspawn_log.so"
+NO_VM_CLONE = TESTS / "no_vm_clone"
 
 
 def launch(*args, **env):
@@ -94,6 +95,24 @@ def test_ranks_are_started_without_waiting_for_each_others_exec(tmp_path):
     assert 1 <= len(cannot_execute_lines(p.stderr, missing, "No such file or directory (os error 2)")) <= 8, \
         p.stderr
     assert not any(call == "image" for pid, call, *_ in lines if int(pid) != launcher), lines
+
+
+def test_where_a_clone_sharing_memory_is_refused_ranks_are_forked(tmp_path):
+    """An emulator or a sandbox that allows only threads and forks (qemu-user) answers the
+    ranks' clone(CLONE_VM) with EINVAL; c-tests' no_vm_clone makes one with seccomp. The
+    launcher then forks every rank (src/cli/rank_start.rs), and the launch is the same."""
+    log = tmp_path / "spawn.log"
+    p = run([NO_VM_CLONE, CLI, "launch", "--nproc-per-node", "3", "--prefix-output", "--", "sh", "-c",
+             'echo "rank $RANK ran"'],
+            env=clean_env(FAKECUDA_GPUS="8", SPAWN_LOG=str(log), LD_PRELOAD=str(LOG_LIB)), timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == [f"[rank {r}] rank {r} ran" for r in range(3)], p.stdout
+    lines = [line.split(" ", 2) for line in log.read_text().splitlines()]
+    launcher = int(lines[0][0])
+    calls = Counter((int(pid) == launcher, call, rest[0] if rest else "") for pid, call, *rest in lines)
+    # One refused clone (the first rank's), then forks: 3 ranks and the two helpers.
+    assert calls[(True, "clone", "vm")] == 1, lines
+    assert calls[(True, "fork", "")] == 3 + 2, lines
 
 
 def on_path(tmp_path, name: str, dirs: dict[str, tuple[str, int] | None]) -> str:

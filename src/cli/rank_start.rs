@@ -2,12 +2,13 @@
 //!
 //! Why not `fork`: a fork copies the launcher's page tables and shares its pages
 //! copy-on-write until the child's exec, which then tears that copy down; every page either
-//! side writes meanwhile is a fault and a copy. For 8 ranks of `/bin/true` that was about a
-//! fifth of the launch against a shell loop (docs/benchmarks.md, "Starting ranks without
-//! copying the launcher"). A child made with `CLONE_VM` runs in the launcher's memory, on a
-//! stack of its own, until its exec gives it memory of its own. Why not `vfork` (glibc's
-//! `posix_spawn`: `CLONE_VM | CLONE_VFORK`): the launcher would stop until each exec, and the
-//! ranks would start one after the other (measured slower, same section).
+//! side writes meanwhile is a fault and a copy. Against a shell loop starting 8 ranks of
+//! `/bin/true`, the launch went from 1.33x to 1.13-1.19x without it (docs/benchmarks.md,
+//! "Starting ranks without copying the launcher"). A child made with `CLONE_VM` runs in the
+//! launcher's memory, on a stack of its own, until its exec gives it memory of its own. Why
+//! not `vfork` (glibc's `posix_spawn`: `CLONE_VM | CLONE_VFORK`): the launcher would stop
+//! until each exec, and the ranks would start one after the other (measured slower: the
+//! same document, "Tried and reverted").
 //!
 //! The child runs alongside the launcher in the same memory, so it:
 //! - reads only its [`ChildData`], built before the clone and neither changed nor freed by
@@ -29,6 +30,13 @@
 //! the clone, as after a fork. `PR_SET_PDEATHSIG`, the parent pid check and the process
 //! group work as after a fork.
 //!
+//! Where such a clone is refused, the same child is forked instead (the child's code is
+//! sound after a fork too): under valgrind, which stops the whole process at a `CLONE_VM`
+//! clone that is not a thread ("Unsupported clone() flags"), so `valgrind
+//! --trace-children=yes rankguard launch ...` keeps working; and where the clone is refused
+//! (EINVAL, EPERM or ENOSYS: an emulator or a sandbox that allows only threads and forks,
+//! such as qemu-user), from then on for every rank.
+//!
 //! `unsafe` is allowed in this module (FFI and the raw system calls); each block says why
 //! it is sound.
 #![allow(unsafe_code)]
@@ -38,10 +46,11 @@ use std::ffi::{c_char, c_int, c_void};
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use super::spawn::{failure_status, Line, Prepared};
-use super::sys::Mask;
+use super::sys::{self, Mask};
 use crate::cpuset::CpuSet;
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -178,6 +187,22 @@ fn signals_to_default() -> &'static [c_int] {
     })
 }
 
+/// Whether an object of this file name means the launcher runs under valgrind, whose core
+/// preload (`vgpreload_core-<arch>-linux.so`) every valgrind tool loads.
+fn is_valgrind(file: &[u8]) -> bool {
+    file.starts_with(b"vgpreload_core")
+}
+
+/// Set when a clone sharing memory was refused (EINVAL): every later rank is forked.
+static FORK_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// Whether ranks are forked rather than cloned into the launcher's memory (module doc).
+fn fork_only() -> bool {
+    static UNDER_VALGRIND: OnceLock<bool> = OnceLock::new();
+    FORK_ONLY.load(Ordering::Relaxed)
+        || *UNDER_VALGRIND.get_or_init(|| sys::any_object_loaded(is_valgrind))
+}
+
 /// Start one rank as `prep` says, without waiting for its exec: the child runs on `cpus`
 /// (inherited by its threads and descendants), dies with SIGKILL when the launcher dies
 /// (`PR_SET_PDEATHSIG`), leads its own process group (so signals reach the rank's whole
@@ -233,22 +258,45 @@ pub fn spawn(
     // pthread_sigmask before it is read.
     let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
         unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    // SAFETY (block, clone, restore): the child runs `child_main` on `stack` with `arg`,
-    // the boxed `ChildData`, both kept alive and unchanged until the child is reaped
+    // SAFETY (block, clone or fork, restore): the child runs `child_main` on `stack` with
+    // `arg`, the boxed `ChildData`, both kept alive and unchanged until the child is reaped
     // (`ChildMemory`); it shares our memory (CLONE_VM) but not our descriptor table or
-    // signal handlers, and makes only raw system calls (module doc). Every signal is
-    // blocked in this thread across the clone so that the child starts with all blocked,
-    // then this thread's mask is restored.
+    // signal handlers, and makes only raw system calls (module doc). A forked child runs it
+    // on its copy of this stack, with its copy of `arg`'s memory: raw system calls are
+    // sound there too, whatever other threads held. Every signal is blocked in this thread
+    // across the clone so that the child starts with all blocked, then this thread's mask
+    // is restored.
     let pid = unsafe {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let pid = libc::clone(
-            child_main,
-            stack.top(),
-            libc::CLONE_VM | libc::SIGCHLD,
-            arg.cast_mut().cast(),
-        );
-        let e = io::Error::last_os_error();
+        let mut pid = -1;
+        let mut e = io::Error::from_raw_os_error(libc::EINVAL);
+        if !fork_only() {
+            pid = libc::clone(
+                child_main,
+                stack.top(),
+                libc::CLONE_VM | libc::SIGCHLD,
+                arg.cast_mut().cast(),
+            );
+            e = io::Error::last_os_error();
+            // Refused as a kind of clone (not for want of memory or processes, which a
+            // fork would meet too).
+            if pid < 0
+                && matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL | libc::EPERM | libc::ENOSYS)
+                )
+            {
+                FORK_ONLY.store(true, Ordering::Relaxed);
+            }
+        }
+        if pid < 0 && fork_only() {
+            pid = libc::fork();
+            if pid == 0 {
+                child_main(arg.cast_mut().cast());
+            }
+            e = io::Error::last_os_error();
+        }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         if pid < 0 {
             // No child: nothing else uses the stack.
@@ -377,7 +425,7 @@ struct KernelSigaction {
 /// The kernel's signal set size (`rt_sigaction`, `rt_sigprocmask`).
 const KERNEL_SIGSET: usize = 8;
 
-/// The child of [`spawn`]'s clone; never returns.
+/// The child of [`spawn`]'s clone (or fork); never returns.
 extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the boxed ChildData that outlives this child (ChildMemory).
     let d = unsafe { &*arg.cast_const().cast::<ChildData>() };
@@ -531,5 +579,19 @@ unsafe fn fail(d: &ChildData, step: &[u8], rc: isize) -> ! {
     unsafe {
         let _ = raw(libc::SYS_write, [2, l.as_ptr() as usize, l.len(), 0]);
         exit_group(failure_status(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valgrinds_core_preload_is_recognised_by_its_file_name() {
+        assert!(is_valgrind(b"vgpreload_core-amd64-linux.so"));
+        assert!(is_valgrind(b"vgpreload_core-arm64-linux.so"));
+        assert!(!is_valgrind(b"vgpreload_memcheck-amd64-linux.so"));
+        assert!(!is_valgrind(b"libc.so.6"));
+        assert!(!is_valgrind(b"librankguard.so"));
     }
 }

@@ -131,8 +131,13 @@ pub fn wait_child(pid: u32, wait: bool) -> io::Result<Option<std::process::ExitS
 /// program's libraries, preloaded or `dlopen`ed), from the loader's own list
 /// (`dl_iterate_phdr`): no file to read, unlike `/proc/self/maps`.
 pub fn object_loaded(name: &str) -> bool {
+    any_object_loaded(|file| file == name.as_bytes())
+}
+
+/// Whether an ELF object whose file name `matches` is loaded (see [`object_loaded`]).
+pub fn any_object_loaded(matches: impl Fn(&[u8]) -> bool) -> bool {
     struct Search<'a> {
-        name: &'a [u8],
+        matches: &'a dyn Fn(&[u8]) -> bool,
         found: bool,
     }
     unsafe extern "C" fn visit(
@@ -151,15 +156,15 @@ pub fn object_loaded(name: &str) -> bool {
             (search, CStr::from_ptr(p).to_bytes())
         };
         let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-        search.found = file == search.name;
+        search.found = (search.matches)(file);
         c_int::from(search.found)
     }
     let mut search = Search {
-        name: name.as_bytes(),
+        matches: &matches,
         found: false,
     };
-    // SAFETY: `visit` matches the callback type, never unwinds (no panicking code), and
-    // `search` outlives the call; a non-zero return ends the iteration.
+    // SAFETY: `visit` matches the callback type, never unwinds (the callers' predicates
+    // compare bytes), and `search` outlives the call; a non-zero return ends the iteration.
     unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
     search.found
 }
