@@ -44,8 +44,8 @@
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::io;
-use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -74,7 +74,9 @@ pub struct RankProcess {
 /// child is reaped: [`ChildMemory::release`] frees it then, and dropping it without that
 /// leaks it (never a stack a child may still run on).
 pub struct ChildMemory {
-    data: ManuallyDrop<Box<ChildData>>,
+    /// A leaked `Box` (`Box::into_raw`): the child reads it through this pointer, so no
+    /// `Box` may be moved or dropped meanwhile.
+    data: NonNull<ChildData>,
     stack: Stack,
 }
 
@@ -82,12 +84,11 @@ impl ChildMemory {
     /// Free the child's stack and data. Only once the child has been reaped (its exec or
     /// its exit is then past).
     pub fn release(self) {
-        let mut me = ManuallyDrop::new(self);
-        // SAFETY: the caller reaped the child, the only other user of this memory; `me`
-        // is never used again (ManuallyDrop: no second drop).
+        // SAFETY: the caller reaped the child, the only other user of this memory; `data`
+        // came from `Box::into_raw` and `self` is consumed, so this happens once.
         unsafe {
-            ManuallyDrop::drop(&mut me.data);
-            me.stack.unmap();
+            drop(Box::from_raw(self.data.as_ptr()));
+            self.stack.unmap();
         }
     }
 }
@@ -193,7 +194,8 @@ fn is_valgrind(file: &[u8]) -> bool {
     file.starts_with(b"vgpreload_core")
 }
 
-/// Set when a clone sharing memory was refused (EINVAL): every later rank is forked.
+/// Set when a clone sharing memory was refused (EINVAL, EPERM, ENOSYS): every later rank
+/// is forked.
 static FORK_ONLY: AtomicBool = AtomicBool::new(false);
 
 /// Whether ranks are forked rather than cloned into the launcher's memory (module doc).
@@ -241,6 +243,7 @@ pub fn spawn(
         .into_iter()
         .chain(argv.iter().skip(1).copied())
         .collect();
+    let stack = Stack::new()?;
     let data = Box::new(ChildData {
         prep,
         argv,
@@ -252,8 +255,8 @@ pub fn spawn(
         launcher: unsafe { libc::getpid() },
         to_default: signals_to_default(),
     });
-    let stack = Stack::new()?;
-    let arg: *const ChildData = &*data;
+    let data = NonNull::from(Box::leak(data));
+    let arg = data.as_ptr();
     // SAFETY: sigset_t is plain data, initialised by sigfillset / written by
     // pthread_sigmask before it is read.
     let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
@@ -276,7 +279,7 @@ pub fn spawn(
                 child_main,
                 stack.top(),
                 libc::CLONE_VM | libc::SIGCHLD,
-                arg.cast_mut().cast(),
+                arg.cast(),
             );
             e = io::Error::last_os_error();
             // Refused as a kind of clone (not for want of memory or processes, which a
@@ -293,14 +296,15 @@ pub fn spawn(
         if pid < 0 && fork_only() {
             pid = libc::fork();
             if pid == 0 {
-                child_main(arg.cast_mut().cast());
+                child_main(arg.cast()); // never returns
             }
             e = io::Error::last_os_error();
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         if pid < 0 {
-            // No child: nothing else uses the stack.
+            // No child: nothing else uses the stack or the data.
             stack.unmap();
+            drop(Box::from_raw(arg));
             return Err(e);
         }
         pid
@@ -321,10 +325,7 @@ pub fn spawn(
         pid: pid as u32,
         stdout,
         stderr,
-        memory: ChildMemory {
-            data: ManuallyDrop::new(data),
-            stack,
-        },
+        memory: ChildMemory { data, stack },
     })
 }
 
