@@ -2,10 +2,9 @@
 //!
 //! Why not `fork`: a fork copies the launcher's page tables and shares its pages
 //! copy-on-write until the child's exec, which then tears that copy down; every page either
-//! side writes meanwhile is a fault and a copy. Against a shell loop starting 8 ranks of
-//! `/bin/true`, the launch went from 1.33x to 1.13-1.19x without it (docs/benchmarks.md,
-//! "Starting ranks without copying the launcher"). A child made with `CLONE_VM` runs in the
-//! launcher's memory, on a stack of its own, until its exec gives it memory of its own. Why
+//! side writes meanwhile is a fault and a copy: for 8 ranks of `/bin/true`, the largest part
+//! of a launch (docs/benchmarks.md, "Starting ranks without copying the launcher", with the
+//! figures). A child made with `CLONE_VM` runs in the launcher's memory, on a stack of its own, until its exec gives it memory of its own. Why
 //! not `vfork` (glibc's `posix_spawn`: `CLONE_VM | CLONE_VFORK`): the launcher would stop
 //! until each exec, and the ranks would start one after the other (measured slower: the
 //! same document, "Tried and reverted").
@@ -383,33 +382,12 @@ unsafe fn raw(nr: libc::c_long, a: [usize; 4]) -> isize {
 ///
 /// # Safety
 /// Only in the child of [`spawn`] (it ends the calling process).
-#[cfg(target_arch = "x86_64")]
 unsafe fn exit_group(code: c_int) -> ! {
-    // SAFETY: exit_group never returns; the convention as in `raw`.
+    // SAFETY: exit_group takes an integer and does not return, so the end of this function
+    // is never reached.
     unsafe {
-        core::arch::asm!(
-            "syscall",
-            in("rax") libc::SYS_exit_group,
-            in("rdi") code as isize,
-            options(noreturn, nostack),
-        )
-    }
-}
-
-/// See the x86_64 one.
-///
-/// # Safety
-/// Only in the child of [`spawn`] (it ends the calling process).
-#[cfg(target_arch = "aarch64")]
-unsafe fn exit_group(code: c_int) -> ! {
-    // SAFETY: exit_group never returns; the convention as in `raw`.
-    unsafe {
-        core::arch::asm!(
-            "svc 0",
-            in("x8") libc::SYS_exit_group,
-            in("x0") code as isize,
-            options(noreturn, nostack),
-        )
+        raw(libc::SYS_exit_group, [code as usize, 0, 0, 0]);
+        std::hint::unreachable_unchecked()
     }
 }
 
