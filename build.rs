@@ -321,11 +321,108 @@ fn symver_cfg() {
 /// `-z lazy`: the library's calls to other objects' functions (libc's) are bound on first
 /// use, not at load (`.cargo/config.toml` has rustc emit them through the PLT with
 /// `relro-level=partial`): a process that never touches CUDA never pays those ~35 symbol
-/// lookups (~700 loader instructions each). What cannot be lazy stays bound at load: data
-/// and the functions whose address std takes or calls through the GOT.
+/// lookups (~700 loader instructions each). std's precompiled calls through the GOT are
+/// made lazy by stubs ([`lazy_libc`]); what stays bound at load is data and std's weak
+/// references.
 fn library_link_args() {
     if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
         println!("cargo:rustc-cdylib-link-arg=-Wl,-z,lazy");
     }
+    lazy_libc();
+}
+
+/// The C library functions that std's precompiled code calls through the GOT (its bitcode's
+/// declarations are `nonlazybind`, whatever `relro-level` this crate is built with), which
+/// the loader would otherwise look up at every process start: 48 of the 52 symbols bound
+/// at load with rustc 1.95 (~34,000 of `/bin/true`'s 52,700 added loader instructions,
+/// docs/benchmarks.md, "Binding std's C calls on first use"). Left out: the weak
+/// references (`gettid`, `statx`, `__cxa_thread_atexit_impl`: std tests them for null, and
+/// a stub would never be null) and data (`stderr`, the unwinder's). A name std stops
+/// calling costs nothing (its stub is dropped with its section); one it starts calling
+/// through the GOT shows up in python-tests/test_startup_cost.py, which names this list.
+const LAZY_LIBC: &[&str] = &[
+    "abort",
+    "bcmp",
+    "calloc",
+    "clock_nanosleep",
+    "closedir",
+    "dirfd",
+    "free",
+    "fstat",
+    "fstat64",
+    "getcwd",
+    "getenv",
+    "lseek64",
+    "lstat64",
+    "malloc",
+    "memcmp",
+    "memcpy",
+    "memmove",
+    "memset",
+    "mkdir",
+    "mmap64",
+    "open",
+    "open64",
+    "opendir",
+    "pause",
+    "posix_memalign",
+    "pthread_attr_destroy",
+    "pthread_attr_init",
+    "pthread_attr_setstacksize",
+    "pthread_create",
+    "pthread_detach",
+    "pthread_key_create",
+    "pthread_key_delete",
+    "pthread_self",
+    "pthread_setname_np",
+    "pthread_setspecific",
+    "read",
+    "readdir64",
+    "readlink",
+    "realloc",
+    "realpath",
+    "rename",
+    "stat64",
+    "strlen",
+    "sysconf",
+    "unlink",
+    "write",
+    "writev",
+    "__xpg_strerror_r",
+];
+
+/// Each [`LAZY_LIBC`] function gets a one-instruction stub, `__wrap_NAME: jmp
+/// __real_NAME@PLT`, and the library links with `--wrap=NAME`: every reference to `NAME`
+/// in the library (std's GOT loads included) binds to the stub, which the linker resolves
+/// inside the library (a relative relocation, no lookup), and the stub's reference to the
+/// real function is a lazy PLT slot bound on first use (`-z lazy`), like the library's own
+/// calls. Same function, same symbol version, same interposition by other objects (a
+/// jemalloc `malloc` still wins); two jumps more per call. The stubs are written to
+/// `$OUT_DIR/lazy_libc.s`, which `src/guard/lazy_libc.rs` assembles (cfg
+/// `rankguard_lazy_libc`: x86_64 Linux; elsewhere the library links as before).
+fn lazy_libc() {
+    println!("cargo:rustc-check-cfg=cfg(rankguard_lazy_libc)");
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux")
+        || env::var("CARGO_CFG_TARGET_ARCH").as_deref() != Ok("x86_64")
+    {
+        return;
+    }
+    let mut asm = String::new();
+    for name in LAZY_LIBC {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={name}");
+        // A section per stub: `--gc-sections` drops the stub of a name nothing references,
+        // and its PLT slot with it.
+        asm += &format!(
+            ".pushsection .text.rankguard_lazy_libc.{name},\"ax\",@progbits\n\
+             .globl __wrap_{name}\n.hidden __wrap_{name}\n.type __wrap_{name},@function\n\
+             __wrap_{name}:\n    jmp __real_{name}@PLT\n.size __wrap_{name}, . - __wrap_{name}\n\
+             .popsection\n"
+        );
+    }
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    if let Err(e) = fs::write(out.join("lazy_libc.s"), asm) {
+        panic!("cannot write {}: {e}", out.join("lazy_libc.s").display());
+    }
+    println!("cargo:rustc-cfg=rankguard_lazy_libc");
 }

@@ -105,6 +105,86 @@ def test_libc_calls_are_bound_on_first_use_not_at_load(lib):
     assert lazy >= 30, f"only {lazy} of {len(kinds)} imports are bound lazily"
 
 
+def dynamic_symbols(lib: pathlib.Path) -> dict[str, tuple[str, str]]:
+    """name (without version) -> (type, binding) of every undefined dynamic symbol."""
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    syms = {}
+    for line in out.splitlines():
+        f = line.split()
+        # Num: Value Size Type Bind Vis Ndx Name
+        if len(f) >= 8 and f[6] == "UND" and f[7]:
+            syms[f[7].split("@")[0]] = (f[3], f[4])
+    return syms
+
+
+# What stays bound at load (build.rs, LAZY_LIBC): std's weak references, which it tests for
+# null before calling, so a stub that is never null cannot stand in for them, and data.
+LOAD_TIME_WEAK = {"gettid", "statx", "__cxa_thread_atexit_impl"}
+LOAD_TIME_DATA = {"stderr"}  # the unwinder's (libunwind's debug prints)
+
+
+def load_time_lookups(lib: pathlib.Path) -> set[str]:
+    return {name.split("@")[0] for kind, _, name in symbol_relocations(lib)
+            if kind != "R_X86_64_JUMP_SLOT"}
+
+
+@pytest.mark.parametrize("lib", BUILDS)
+def test_no_function_is_looked_up_at_load_but_stds_weak_references(lib):
+    # std's precompiled code calls malloc, free, memcpy, opendir, pthread_create... through
+    # GOT entries, each a symbol lookup at every process start (52 in all at 2e8e1f2, ~2/3
+    # of the guard's added start-up instructions). build.rs wraps each in a stub that jumps
+    # through a lazy PLT slot; a function std starts calling that way fails here.
+    syms = dynamic_symbols(lib)
+    at_load = load_time_lookups(lib)
+    unknown = sorted(n for n in at_load if n not in syms)
+    assert not unknown, f"load-time relocations of symbols readelf --dyn-syms did not list: {unknown}"
+    functions = sorted(n for n in at_load if syms[n] == ("FUNC", "GLOBAL"))
+    assert not functions, (f"{len(functions)} functions looked up at every process start: {functions}; "
+                           "add them to LAZY_LIBC in build.rs")
+    weak = {n for n in at_load if syms[n][1] == "WEAK"}
+    data = {n for n in at_load if syms[n][0] == "OBJECT"}
+    assert weak <= LOAD_TIME_WEAK and data <= LOAD_TIME_DATA, (sorted(weak), sorted(data))
+    assert at_load == weak | data, sorted(at_load - weak - data)
+
+
+def bindings(lib: pathlib.Path, argv: list, **env: str) -> list[tuple[str, str]]:
+    """(symbol, object it was bound to) for each binding the loader made for `lib`
+    (LD_DEBUG=bindings), in order."""
+    p = run(argv, env=clean_env(LD_PRELOAD=str(lib), LD_DEBUG="bindings", **env))
+    out = []
+    for line in p.stderr.splitlines():
+        m = re.search(r"binding file (\S+) \[0\] to (\S+) \[0\]: normal symbol `([^']+)'", line)
+        if m and pathlib.Path(m.group(1)).resolve() == lib.resolve():
+            out.append((m.group(3), pathlib.Path(m.group(2)).name))
+    return out
+
+
+@pytest.mark.parametrize("lib", BUILDS)
+def test_stds_libc_calls_bind_on_first_use_to_the_c_library(lib):
+    # The loader's own account: /bin/true under the guard binds nothing of the library's
+    # but what LOAD_TIME_* names; a refused call, which reads the configuration, allocates,
+    # opens the registry's directory and writes, binds the C library's functions then,
+    # to libc (the stubs reach the same functions the GOT held).
+    at_start = {name for name, _ in bindings(lib, ["/bin/true"])}
+    assert at_start, "LD_DEBUG=bindings printed nothing for the library: the parse is wrong"
+    assert at_start <= LOAD_TIME_WEAK | LOAD_TIME_DATA, sorted(at_start - LOAD_TIME_WEAK - LOAD_TIME_DATA)
+    used = dict(bindings(lib, [prog("guard_call"), "link", "cuDeviceGet", "1"],
+                         CUDA_VISIBLE_DEVICES="3", RANKGUARD_MODE="enforce"))
+    for f in ("malloc", "free", "memcpy", "getenv", "opendir", "write"):
+        assert used.get(f, "").startswith("libc.so"), (f, used.get(f), sorted(used))
+
+
+@pytest.mark.parametrize("lib", BUILDS)
+def test_the_guard_works_with_every_slot_bound_at_load(lib):
+    # LD_BIND_NOW binds every lazy slot, the stubs' included, at start: each must resolve
+    # in this glibc (a missing one fails the load with "symbol lookup error").
+    env = clean_env(LD_PRELOAD=str(lib), LD_BIND_NOW="1", CUDA_VISIBLE_DEVICES="3", RANKGUARD_MODE="enforce")
+    assert run(["/bin/true"], env=env).returncode == 0
+    p = run([prog("guard_call"), "dlsym", "cuDeviceGet", "1"], env=env)
+    assert "rc=101" in p.stdout and "RANKGUARD WARN cuDeviceGet(" in p.stderr, p.stdout + p.stderr
+
+
 def table_entries() -> int:
     text = (pathlib.Path(__file__).resolve().parent.parent / "src" / "guard" / "generated.rs").read_text()
     m = re.search(r"pub static BY_ABI: \[u16; (\d+)\]", text)
@@ -181,7 +261,9 @@ def test_no_relocation_writes_a_page_of_data_but_the_plt_slots(lib):
 def test_relocated_constants_stay_few(lib):
     # 852 relative relocations with `tracing` in the library (its call sites' metadata,
     # the subscriber's vtables and its dependencies' panic locations: ~400 of them, three
-    # written pages); ~470 without (std's panic locations and vtables are most of the rest).
+    # written pages); ~470 without (std's panic locations and vtables are most of the rest),
+    # ~500 since the GOT entries of std's C calls point at the library's stubs (build.rs,
+    # LAZY_LIBC: 48 relative relocations in place of 48 symbol lookups).
     relative = relative_relocations(lib)
     assert 0 < relative < 600, f"{relative} relative relocations (was ~470): what added pointers to statics?"
 

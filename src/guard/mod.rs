@@ -27,6 +27,7 @@ pub mod init_check;
 pub mod internal;
 pub mod ipc;
 pub mod layout;
+pub mod lazy_libc;
 pub mod libcsym;
 pub mod majors;
 pub mod missing;
