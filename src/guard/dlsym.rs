@@ -83,7 +83,11 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     // last one the jump to the real dlsym; a name not starting with 'c': 3. Byte 2 is
     // tested for 'd' first, then against 'Z': every lower-case letter is above it, so the
     // libraries' own prefixes (cublas, cufft, curand, cusparse, curl) leave at that
-    // second compare, and `cud<not a>` one compare after `d`.
+    // second compare, and `cud<not a>` one compare after `d`. Each way out has its own
+    // jump to the real dlsym, reached by falling through: `curl`/`cublas` take no branch
+    // before that jump and `cudnn` one (interleaved on an Intel host, -0.3 and -0.7 % of a
+    // lookup against one shared jump; docs/benchmarks.md, "Binding std's C calls on first
+    // use").
     core::arch::naked_asm!(
         "cmp byte ptr [rsi], 0x63",        // 'c'
         "jne 2f",
@@ -92,19 +96,23 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "cmp byte ptr [rsi + 2], 0x64",    // 'd'
         "je 3f",
         "cmp byte ptr [rsi + 2], 0x5a",    // above 'Z': lower case, '_', not ASCII
-        "ja 2f",
-        "cmp byte ptr [rsi + 2], 0x41",    // 'A'..'Z': cu<Upper>
-        "jae {slow}",
+        "jbe 4f",
         "2:",
         "jmp qword ptr [rip + {forward}]",
         "3:",
         "cmp byte ptr [rsi + 3], 0x61",    // cud: 'a'
-        "jne 2b",
+        "je 5f",
+        "jmp qword ptr [rip + {forward}]",
+        "4:",
+        "cmp byte ptr [rsi + 2], 0x41",    // 'A'..'Z': cu<Upper>
+        "jae {slow}",
+        "jmp qword ptr [rip + {forward}]",
+        "5:",
         "cmp byte ptr [rsi + 4], 0x5a",
         "ja 2b",
         "cmp byte ptr [rsi + 4], 0x41",    // cuda<Upper>
         "jae {slow}",
-        "jmp 2b",
+        "jmp qword ptr [rip + {forward}]",
         forward = sym FORWARD,
         slow = sym rg_dlsym_slow,
     )
