@@ -7,10 +7,11 @@
 #   build/bench/bench_dlsym        non-CUDA dlsym cost
 #   build/bench/bench_spawn        start-up and launch wall time (posix_spawn, no CUDA)
 #   build/bench/empty_preload.so   the physical floor of LD_PRELOAD
+#   build/bench/jump_dlsym.so      the floor of interposing dlsym (a dlsym that only jumps)
 #   build/bench/libbenchsyms.so    names bench_dlsym looks up
 BBUILD := $(BUILD)/bench
 BENCH_BINS := $(BBUILD)/bench_calls $(BBUILD)/bench_calls13 $(BBUILD)/bench_dlsym $(BBUILD)/bench_spawn \
-              $(BBUILD)/empty_preload.so $(BBUILD)/libbenchsyms.so
+              $(BBUILD)/empty_preload.so $(BBUILD)/jump_dlsym.so $(BBUILD)/libbenchsyms.so
 
 .PHONY: bench
 bench: $(BENCH_BINS)
@@ -42,6 +43,10 @@ $(BBUILD)/bench_spawn: $(HERE)bench/bench_spawn.c
 $(BBUILD)/empty_preload.so: $(HERE)bench/empty_preload.c
 	@mkdir -p $(BBUILD)
 	$(CC) $(CFLAGS) -shared -o $@ $<
+
+$(BBUILD)/jump_dlsym.so: $(HERE)bench/jump_dlsym.c
+	@mkdir -p $(BBUILD)
+	$(CC) $(CFLAGS) -shared -o $@ $< -ldl
 
 $(BBUILD)/libbenchsyms.so: $(HERE)bench/benchsyms.c
 	@mkdir -p $(BBUILD)

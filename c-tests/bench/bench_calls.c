@@ -12,6 +12,8 @@
  *       drv-repeat cuDeviceGet(&d, 1) from one call site, again and again: under the guard in
  *                  warn mode with CUDA_VISIBLE_DEVICES=0,1, a repeated violation (the warm-up
  *                  takes the site's full records; every timed call is only counted)
+ *       lock-add   no CUDA call: one relaxed atomic increment of a counter (`lock add`),
+ *                  what a repeated violation's count costs on this CPU by itself
  *       rt-where   times nothing: prints which object and symbol the program's calls to
  *                  cudaSetDevice reach (dladdr of the address they use), as
  *                  "served_by=<file> symbol=<name> offset=0x<offset in the file's mapping>"
@@ -88,11 +90,15 @@ static int run(const char *c, long n, double *ns)
     } else if (!strcmp(c, "drv-repeat")) {
         LOOP(1000, cuDeviceGet(&d, 1));
         TIMED(n, cuDeviceGet(&d, 1));
+    } else if (!strcmp(c, "lock-add")) {
+        static unsigned long count;
+        LOOP(1000, (__atomic_fetch_add(&count, 1, __ATOMIC_RELAXED), 0));
+        TIMED(n, (__atomic_fetch_add(&count, 1, __ATOMIC_RELAXED), 0));
     } else if (!strcmp(c, "drv-pass")) {
         LOOP(1000, cuDriverGetVersion(&v));
         TIMED(n, cuDriverGetVersion(&v));
     } else {
-        fprintf(stderr, "bench_calls: unknown case '%s' (drv-link, drv-gpa2, rt-set, drv-wrap, drv-pass, drv-repeat, rt-where)\n", c);
+        fprintf(stderr, "bench_calls: unknown case '%s' (drv-link, drv-gpa2, rt-set, drv-wrap, drv-pass, drv-repeat, lock-add, rt-where)\n", c);
         return 2;
     }
     if (rc != 0) {
