@@ -5,8 +5,9 @@
 //! - **Key.** A violation from a Python thread is keyed by its innermost Python frame
 //!   (`site.rs`: one traceback dump per violation, the cost of a Python site). Otherwise by
 //!   the guarded wrapper's return address: when that lies outside the CUDA libraries it *is*
-//!   the site, and a repeated violation costs a hash probe and one atomic increment (no
-//!   syscall, no allocation, no lock). A return address inside `libcudart` (the runtime
+//!   the site, and a repeated violation costs a hash probe and one increment (no syscall,
+//!   no allocation, no lock; without the `lock` prefix in the thread that counts the site
+//!   first, [`bump`]). A return address inside `libcudart` (the runtime
 //!   calling the driver for its caller) is remembered as such, and those violations are
 //!   keyed by the first frame outside the CUDA libraries (one bounded unwind each).
 //! - **Table.** [`SLOTS`] slots of atomics, open addressing; a slot is claimed with one
@@ -21,7 +22,7 @@
 //!   parent writes what it counted.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::config::Mode;
 use crate::guard::debug_log;
@@ -57,6 +58,14 @@ struct Slot {
     meta: AtomicU32,
     seen: AtomicU64,
     pending: AtomicU64,
+    /// The thread that counts this slot's repeated violations in [`Slot::owned`] (its
+    /// thread pointer; 0: none yet). See [`counted_again`].
+    owner: AtomicUsize,
+    /// Repeated violations counted by `owner` with a plain increment: only that thread
+    /// writes it, and it only grows.
+    owned: AtomicU64,
+    /// How much of `owned` summaries have taken (moved forward by compare-and-swap only).
+    owned_taken: AtomicU64,
     /// Time (µs since the epoch) of the last record written for this slot.
     last_us: AtomicU64,
     site_len: AtomicU32,
@@ -71,6 +80,9 @@ impl Slot {
             meta: AtomicU32::new(0),
             seen: AtomicU64::new(0),
             pending: AtomicU64::new(0),
+            owner: AtomicUsize::new(0),
+            owned: AtomicU64::new(0),
+            owned_taken: AtomicU64::new(0),
             last_us: AtomicU64::new(0),
             site_len: AtomicU32::new(0),
             site: [const { AtomicU64::new(0) }; SITE_WORDS],
@@ -83,6 +95,9 @@ impl Slot {
         self.meta.store(0, Ordering::Relaxed);
         self.seen.store(0, Ordering::Relaxed);
         self.pending.store(0, Ordering::Relaxed);
+        self.owner.store(0, Ordering::Relaxed);
+        self.owned.store(0, Ordering::Relaxed);
+        self.owned_taken.store(0, Ordering::Relaxed);
         self.last_us.store(0, Ordering::Relaxed);
         self.site_len.store(0, Ordering::Relaxed);
     }
@@ -224,7 +239,7 @@ fn meta_of(id: usize, rule: Rule, deny: bool) -> u32 {
 }
 
 /// The repeated path of a process without Python: a violation from a return address that
-/// is its own site and has had its full records. Counted with one atomic increment; false
+/// is its own site and has had its full records. Counted with one increment ([`bump`]); false
 /// when it is not such a violation (the caller then takes [`occurrence`]).
 /// (A DIRECT slot exists only in a process without Python, and only once activated; a
 /// fork child's table is empty.) Always inlined: `gate!` marks the violation branch cold,
@@ -248,11 +263,87 @@ pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
     if slot.flags.load(Ordering::Relaxed) & (DIRECT | SATURATED) != DIRECT | SATURATED {
         return None;
     }
-    slot.pending.fetch_add(1, Ordering::Relaxed);
+    bump(slot);
     if EXITING.load(Ordering::SeqCst) {
         flush_slot(slot);
     }
     Some(deny)
+}
+
+/// Count one repeated violation. The first thread to count a slot owns it: it counts in
+/// `owned` with one increment without the `lock` prefix, which the CPU need not serialise
+/// (a `lock add` alone took 6.1 ns on an Intel Xeon, more than the allowed call's 3.7 ns:
+/// docs/benchmarks.md, "A repeated violation without a locked increment"). Every other
+/// thread counts in `pending` with an atomic increment, as before. Nothing is lost: only
+/// the owner writes `owned`, a single instruction that a signal handler on the same thread
+/// cannot split, and summaries take its growth by compare-and-swap ([`take`]). A thread is
+/// told apart by its thread pointer (`fs:0`), which no two live threads share; a thread
+/// that reuses an exited owner's becomes the owner, alone as the exited one was.
+#[inline(always)]
+fn bump(slot: &Slot) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let tp = thread_pointer();
+        let owner = slot.owner.load(Ordering::Relaxed);
+        if owner == tp
+            || (owner == 0
+                && slot
+                    .owner
+                    .compare_exchange(0, tp, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok())
+        {
+            // SAFETY: `owned` is a live, aligned u64 (an AtomicU64 of a static slot). Only
+            // the owner thread writes it; one aligned 8-byte `add` is seen whole by other
+            // threads' atomic loads (x86-64 guarantees it), so this is a relaxed load and
+            // store of the atomic done as one instruction.
+            unsafe {
+                core::arch::asm!(
+                    "add qword ptr [{0}], 1",
+                    in(reg) slot.owned.as_ptr(),
+                    options(nostack)
+                );
+            }
+            return;
+        }
+    }
+    slot.pending.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The calling thread's thread pointer: glibc's thread control block starts with its own
+/// address, at `fs:0`. Never 0.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: reads one word at fs:0, which glibc maps for every thread (the TCB's self
+    // pointer); no memory is written, no flag changed.
+    unsafe {
+        core::arch::asm!(
+            "mov {}, qword ptr fs:[0]",
+            out(reg) tp,
+            options(nostack, readonly, preserves_flags, pure)
+        );
+    }
+    tp
+}
+
+/// What the owner counted that no summary has taken yet, taken: `owned_taken` only moves
+/// forward, by compare-and-swap, so each count is taken once whoever takes it.
+fn take(slot: &Slot) -> u64 {
+    let mut taken = slot.owned_taken.load(Ordering::Acquire);
+    loop {
+        let now = slot.owned.load(Ordering::Acquire);
+        if now <= taken {
+            return 0;
+        }
+        match slot
+            .owned_taken
+            .compare_exchange(taken, now, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return now - taken,
+            Err(t) => taken = t,
+        }
+    }
 }
 
 /// Count one violation of entry `id` and decide whether it gets a full record.
@@ -502,16 +593,19 @@ fn flush_all() {
 }
 
 fn flush_slot(s: &Slot) {
-    if s.pending.load(Ordering::Relaxed) == 0 {
+    if s.pending.load(Ordering::Relaxed) == 0
+        && s.owned.load(Ordering::Relaxed) == s.owned_taken.load(Ordering::Relaxed)
+    {
         return;
     }
     let Some(st) = state::try_get() else { return };
     if !state::audit_on() {
         s.pending.store(0, Ordering::Relaxed);
+        take(s);
         return;
     }
     let meta = s.meta.load(Ordering::Relaxed);
-    let d = s.pending.swap(0, Ordering::AcqRel);
+    let d = s.pending.swap(0, Ordering::AcqRel) + take(s);
     if d == 0 {
         return;
     }
@@ -610,6 +704,50 @@ mod tests {
         }
         assert_eq!((full, first), (FULL_PER_SITE, 1));
         assert_eq!(slot.pending.swap(0, Ordering::Relaxed), 250);
+    }
+
+    #[test]
+    fn owner_and_other_threads_are_counted_exactly_while_summaries_take() {
+        // The first thread to count owns the slot (plain increments), the others count
+        // atomically; takers running meanwhile take every count once.
+        static S: Slot = Slot::new();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let taker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut got = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    got += S.pending.swap(0, Ordering::AcqRel) + take(&S);
+                }
+                got
+            })
+        };
+        bump(&S);
+        assert_eq!(S.owner.load(Ordering::Relaxed), thread_pointer());
+        let counters: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..100_000 {
+                        bump(&S);
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..100_000 {
+            bump(&S);
+        }
+        for c in counters {
+            c.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let taken = taker.join().unwrap();
+        let left = S.pending.swap(0, Ordering::AcqRel) + take(&S);
+        assert_eq!(taken + left, 500_001);
+        assert!(
+            S.owned.load(Ordering::Relaxed) >= 100_001,
+            "the owner counted elsewhere"
+        );
+        assert_eq!(take(&S), 0, "a count taken twice");
     }
 
     #[test]

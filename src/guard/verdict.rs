@@ -78,7 +78,7 @@ pub fn on_verdict_ra<R: Code>(
 /// The repeated path (issue 19), inlined into each wrapper by `gate!` before anything is
 /// formatted (a call into the engine would cost as much as the whole allowed call): a
 /// violation from a return address already recorded in full as its own site is only
-/// counted (one atomic increment: no formatting, no syscall, no allocation, nothing that
+/// counted (one increment, `tally::bump`: no formatting, no syscall, no allocation, nothing that
 /// can panic). `None`: not such a violation, take [`on_verdict_ra`].
 #[inline(always)]
 pub fn repeated<R: Code>(id: usize, verdict: Verdict, ra: usize) -> Option<Result<(), R>> {
