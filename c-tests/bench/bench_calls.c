@@ -13,7 +13,8 @@
  *                  warn mode with CUDA_VISIBLE_DEVICES=0,1, a repeated violation (the warm-up
  *                  takes the site's full records; every timed call is only counted)
  *       lock-add   no CUDA call: one relaxed atomic increment of a counter (`lock add`),
- *                  what a repeated violation's count costs on this CPU by itself
+ *                  what a repeated violation's count costs on this CPU in a thread other
+ *                  than the first to count its site
  *       rt-where   times nothing: prints which object and symbol the program's calls to
  *                  cudaSetDevice reach (dladdr of the address they use), as
  *                  "served_by=<file> symbol=<name> offset=0x<offset in the file's mapping>"

@@ -86,8 +86,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     // second compare, and `cud<not a>` one compare after `d`. Each way out has its own
     // jump to the real dlsym, reached by falling through: `curl`/`cublas` take no branch
     // before that jump and `cudnn` one (interleaved on an Intel host, -0.3 and -0.7 % of a
-    // lookup against one shared jump; docs/benchmarks.md, "Binding std's C calls on first
-    // use").
+    // lookup against one shared jump; docs/benchmarks.md, "The floor of interposing
+    // `dlsym`").
     core::arch::naked_asm!(
         "cmp byte ptr [rsi], 0x63",        // 'c'
         "jne 2f",
