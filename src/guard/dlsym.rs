@@ -79,29 +79,24 @@ extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mu
 /// Same contract as glibc's `dlsym`.
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     // rdi = handle, rsi = symbol. No register is written: the name's bytes are compared
-    // in memory. `curl_easy_init`, `cublasCreate_v2` and `cudnnCreate`: 9 instructions, the
-    // last one the jump to the real dlsym; a name not starting with 'c': 3. Byte 2 is
-    // tested for 'd' first, then against 'Z': every lower-case letter is above it, so the
-    // libraries' own prefixes (cublas, cufft, curand, cusparse, curl) leave at that
-    // second compare, and `cud<not a>` one compare after `d`. Each way out has its own
-    // jump to the real dlsym, reached by falling through: `curl`/`cublas` take no branch
-    // before that jump and `cudnn` one (interleaved on an Intel host, -0.3 and -0.7 % of a
-    // lookup against one shared jump; docs/benchmarks.md, "The floor of interposing
-    // `dlsym`").
+    // in memory. `curl_easy_init`, `cublasCreate_v2` and `cudnnCreate`: 9 instructions and
+    // no branch taken before the last one, the jump to the real dlsym; a name not starting
+    // with 'c': 3. Byte 2 is compared with 'Z' first: every lower-case letter is above it,
+    // and a lower-case `cu?` is guarded only as `cuda`, so bytes 2 and 3 are then compared
+    // with "da" as one 16-bit word (byte 2 is not NUL there, so byte 3 is inside the string:
+    // the read cannot cross the string's end). Each way out has its own jump to the real
+    // dlsym, reached by falling through (interleaved on an Intel host: docs/benchmarks.md,
+    // "The floor of interposing `dlsym`").
     core::arch::naked_asm!(
         "cmp byte ptr [rsi], 0x63",        // 'c'
         "jne 2f",
         "cmp byte ptr [rsi + 1], 0x75",    // 'u'
         "jne 2f",
-        "cmp byte ptr [rsi + 2], 0x64",    // 'd'
-        "je 3f",
-        "cmp byte ptr [rsi + 2], 0x5a",    // above 'Z': lower case, '_', not ASCII
+        "cmp byte ptr [rsi + 2], 0x5a",    // at most 'Z': upper case, digits, NUL
         "jbe 4f",
-        "2:",
-        "jmp qword ptr [rip + {forward}]",
-        "3:",
-        "cmp byte ptr [rsi + 3], 0x61",    // cud: 'a'
+        "cmp word ptr [rsi + 2], 0x6164",  // "da" (little-endian)
         "je 5f",
+        "2:",
         "jmp qword ptr [rip + {forward}]",
         "4:",
         "cmp byte ptr [rsi + 2], 0x41",    // 'A'..'Z': cu<Upper>
