@@ -335,8 +335,9 @@ fn library_link_args() {
 /// The C library functions that std's precompiled code calls through the GOT (its bitcode's
 /// declarations are `nonlazybind`, whatever `relro-level` this crate is built with), which
 /// the loader would otherwise look up at every process start: 48 of the 52 symbols bound
-/// at load with rustc 1.95 (~34,000 of `/bin/true`'s 52,700 added loader instructions,
-/// docs/benchmarks.md, "Binding std's C calls on first use"). Left out: the weak
+/// at load with rustc 1.95 (with them bound on first use, the library adds 15,125 loader
+/// instructions to `/bin/true`'s start instead of 52,571: docs/benchmarks.md, "Binding
+/// std's C calls on first use"). Left out: the weak
 /// references (`gettid`, `statx`, `__cxa_thread_atexit_impl`: std tests them for null, and
 /// a stub would never be null) and data (`stderr`, the unwinder's). A name std stops
 /// calling costs nothing (its stub is dropped with its section); one it starts calling

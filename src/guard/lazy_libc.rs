@@ -3,8 +3,8 @@
 //! std's precompiled code calls `malloc`, `free`, `memcpy`, `opendir`, `pthread_create`...
 //! through GOT entries, which the loader fills by a symbol lookup at every process start,
 //! CUDA or not, though a process that never touches CUDA never calls them from the guard
-//! (48 lookups, about two thirds of what the library added to `/bin/true`'s start-up,
-//! docs/benchmarks.md, "Binding std's C calls on first use"). build.rs links the library
+//! (48 lookups: 37,000 of the 52,600 loader instructions the library added to `/bin/true`'s
+//! start-up, docs/benchmarks.md, "Binding std's C calls on first use"). build.rs links the library
 //! with `--wrap=NAME` for each of them and writes a stub per name, `__wrap_NAME: jmp
 //! __real_NAME@PLT`, assembled here: the GOT entries then point into the library (relative
 //! relocations, no lookup) and each stub reaches the real function through a lazy PLT slot,

@@ -13,8 +13,10 @@
 //! - **Table.** [`SLOTS`] slots of atomics, open addressing; a slot is claimed with one
 //!   compare-and-swap and never freed. Sites beyond the table are still counted, under one
 //!   overflow slot with no site.
-//! - **Summaries.** `pending` holds the occurrences not yet written; a writer takes them
-//!   with `swap(0)`, so a count is written exactly once whoever writes it. Writers: a
+//! - **Summaries.** `pending` holds the occurrences not yet written, and `owned` those of
+//!   the slot's owner thread ([`bump`]); a writer takes `pending` with `swap(0)` and
+//!   `owned`'s growth by compare-and-swap ([`take`]), so a count is written exactly once
+//!   whoever writes it. Writers: a
 //!   flusher thread started at the first counted-only violation (every [`INTERVAL_MS`]), the
 //!   process's exit (`atexit`), an `exec*` call (`exec.rs`), and, after exit began, the
 //!   violating thread itself. A SIGKILL or `_exit` loses at most the last interval.
