@@ -262,7 +262,7 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 /// The guard keys a repeated violation on its wrapper's return address, read through the
-/// frame pointer (`guard/site.rs`). `.cargo/config.toml` turns frame pointers on; a build
+/// frame pointer (`guard/6_audit/site.rs`). `.cargo/config.toml` turns frame pointers on; a build
 /// whose RUSTFLAGS replaced that (cargo then ignores the config's flags) must not read
 /// `[rbp+8]`, so the read is compiled in only when the flag is really there.
 fn frame_pointer_cfg() {
@@ -287,7 +287,7 @@ fn frame_pointer_cfg() {
 }
 
 /// `rankguard_symver`: the library is linked by `scripts/link-glibc-2.28`, which gives the
-/// linker `src/guard/librankguard.map` (the runtime majors' version nodes) in place of
+/// linker `src/guard/2_table/librankguard.map` (the runtime majors' version nodes) in place of
 /// rustc's anonymous version script, so each runtime major's wrappers can be defined under
 /// their node (`cudaSetDevice@libcudart.so.12`, `@@libcudart.so.13`; docs/design.md §2).
 /// Linked any other way (a `cargo install` run outside the checkout), the nodes cannot be
@@ -400,7 +400,7 @@ const LAZY_LIBC: &[&str] = &[
 /// real function is a lazy PLT slot bound on first use (`-z lazy`), like the library's own
 /// calls. Same function, same symbol version, same interposition by other objects (a
 /// jemalloc `malloc` still wins); two jumps more per call. The stubs are written to
-/// `$OUT_DIR/lazy_libc.s`, which `src/guard/lazy_libc.rs` assembles (cfg
+/// `$OUT_DIR/lazy_libc.s`, which `src/guard/1_sys/lazy_libc.rs` assembles (cfg
 /// `rankguard_lazy_libc`: x86_64 Linux; elsewhere the library links as before).
 fn lazy_libc() {
     println!("cargo:rustc-check-cfg=cfg(rankguard_lazy_libc)");

@@ -1,6 +1,6 @@
 """Every device-touching CUDA function of the 12.9 and 13.x headers is classified (issue 15).
 
-scripts/device_touching.py finds them (the criterion as code); src/guard/classification.tsv
+scripts/device_touching.py finds them (the criterion as code); src/guard/2_table/classification.tsv
 says for each whether the guard enforces a rule on it, observes it (a query) or passes it
 with a reason; scripts/classification.py checks both against the guarded table and renders
 docs/classification.md. These tests fail when a header gains an unclassified function,
@@ -86,7 +86,7 @@ def test_a_new_function_in_a_new_header_breaks_the_build(cls):
              for n, (lib, r) in D.api_touching(h).items()}
     bad = [p for p in C.problems(found, cls, C.guarded_names()) if p.startswith("cuDeviceSetFutureKnob")]
     assert bad == ["cuDeviceSetFutureKnob: device-touching (device:dev; CUDA 14.0) but not "
-                   "classified in src/guard/classification.tsv"], bad
+                   "classified in src/guard/2_table/classification.tsv"], bad
 
 
 def test_the_criterion_finds_the_ranked_list(found):

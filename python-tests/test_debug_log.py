@@ -1,5 +1,5 @@
 """The debug log (RANKGUARD_DEBUG, RANKGUARD_DEBUG_FILE): the guard's own writer since
-tracing left the preload (src/guard/debug_log.rs). Lines have the shape of the guard's
+tracing left the preload (src/guard/3_output/debug_log.rs). Lines have the shape of the guard's
 stderr lines and NCCL_DEBUG's (`host:pid:tid [rank ...] RANKGUARD LEVEL message`), the
 level filters them, and a repeated warning goes to the log whole."""
 from __future__ import annotations

@@ -3,7 +3,7 @@ guarded (libcurl's `curl_*`, cuDNN's `cudnn*`, cuBLAS's `cublas*`, ...) are forw
 the real dlsym in a few byte compares, and must resolve exactly as without the guard:
 RTLD_NEXT, a library handle and RTLD_DEFAULT. Guarded names still get the wrappers.
 (That the rejected names never enter the guard's Rust code is tested by the unit tests in
-src/guard/dlsym.rs; the instructions they cost by test_dlsym_trampoline_path.py, and by
+src/guard/8_hooks/dlsym.rs; the instructions they cost by test_dlsym_trampoline_path.py, and by
 callgrind in figure 2 of scripts/bench.)"""
 from __future__ import annotations
 

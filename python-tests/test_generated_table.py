@@ -1,6 +1,6 @@
-"""The guarded table is generated, not hand-kept (issue 18): src/guard/generated.rs, the path
+"""The guarded table is generated, not hand-kept (issue 18): src/guard/8_hooks/generated.rs, the path
 matrices (python-tests/_guarded.py, c-tests/include/guarded.h) and the README's contract
-table are what scripts/gen_guarded.py writes from src/guard/guarded.spec and NVIDIA's
+table are what scripts/gen_guarded.py writes from src/guard/2_table/guarded.spec and NVIDIA's
 headers of every supported major (12.9 and 13.x, installed by scripts/setup).
 """
 from __future__ import annotations

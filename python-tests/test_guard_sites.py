@@ -157,7 +157,7 @@ CTYPES_ONLY = textwrap.dedent("""\
 
 
 # CPython exports `_Py_DumpTraceback` (faulthandler's GIL-free dump) in 3.11 and 3.12; 3.13
-# hides it but publishes its frame layout (`_PyRuntime.debug_offsets`, src/guard/pyframes.rs).
+# hides it but publishes its frame layout (`_PyRuntime.debug_offsets`, src/guard/1_sys/pyframes.rs).
 # 3.10 has neither (README).
 PY_SITE_VERSIONS = {(3, 11), (3, 12), (3, 13)}
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import CLI, GUARD, PYTHON, clean_env, run
 from _guard import guarded, prog
 
-FULL = 100  # FULL_PER_SITE in src/guard/tally.rs
+FULL = 100  # FULL_PER_SITE in src/guard/6_audit/tally.rs
 
 
 def report_json(*paths) -> dict:

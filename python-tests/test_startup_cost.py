@@ -186,7 +186,7 @@ def test_the_guard_works_with_every_slot_bound_at_load(lib):
 
 
 def table_entries() -> int:
-    text = (pathlib.Path(__file__).resolve().parent.parent / "src" / "guard" / "generated.rs").read_text()
+    text = (pathlib.Path(__file__).resolve().parent.parent / "src" / "guard" / "8_hooks" / "generated.rs").read_text()
     m = re.search(r"pub static BY_ABI: \[u16; (\d+)\]", text)
     assert m, "generated.rs has no BY_ABI index (scripts/gen_guarded.py changed shape?)"
     return int(m.group(1))
@@ -203,7 +203,7 @@ def test_the_guarded_table_holds_no_pointers():
     objects = {}
     for line in syms.splitlines():
         f = line.split()
-        if len(f) >= 8 and (f[7].startswith("rankguard::guard::wrappers::") or f[7] == "rankguard_wrapper_offsets"):
+        if len(f) >= 8 and (f[7].startswith("rankguard::guard::hooks::wrappers::") or f[7] == "rankguard_wrapper_offsets"):
             name = f[7].rsplit("::", 1)[-1]
             if name in ("TABLE", "NAMES", "NAME_AT", "BY_ABI", "DRIVER_APIS", "DRIVER_VARIANTS",
                         "rankguard_wrapper_offsets"):
@@ -271,7 +271,7 @@ def test_relocated_constants_stay_few(lib):
 @pytest.mark.parametrize("lib", BUILDS)
 def test_the_loader_writes_four_pages(lib):
     # The RELRO data (3 pages from a page boundary) and the last writable page (`.data`,
-    # `.got.plt`): src/guard/layout.rs aligns the starts of `.data.rel.ro` and `.data`, and
+    # `.got.plt`): src/guard/1_sys/layout.rs aligns the starts of `.data.rel.ro` and `.data`, and
     # the guard's relocation-free arrays (the table's run-time slots, the pools' devices)
     # are zero-initialised, in `.bss`. 8 pages with `tracing` and a table in `.data`; 5
     # before the alignment.

@@ -1,5 +1,5 @@
 /* layout_check: the sizes and offsets of the CUDA structs that librankguard.so declares by
- * hand (src/guard/ffi.rs), checked against NVIDIA's real cuda.h at compile time. The same
+ * hand (src/guard/1_sys/ffi.rs), checked against NVIDIA's real cuda.h at compile time. The same
  * numbers are asserted on the Rust side (ffi.rs `layout` test), so a wrong declaration on
  * either side fails the build or the tests. */
 #include <cuda.h>

@@ -1,5 +1,5 @@
 /* layout_check13: the CUDA 13-only structs librankguard.so declares by hand
- * (src/guard/ffi.rs: the operations of 13.5's cuFabricCpyBatchAsync), checked at compile time
+ * (src/guard/1_sys/ffi.rs: the operations of 13.5's cuFabricCpyBatchAsync), checked at compile time
  * against NVIDIA's 13.x cuda.h; the Rust side asserts the same numbers (ffi.rs `layout`
  * test). layout_check.c does the same for the structs of both majors against 12.9's. */
 #include <cuda.h>

@@ -12,35 +12,23 @@
 //! `unsafe` is allowed for this module and everything below it (the crate root says so
 //! where it declares `mod guard`); each block carries a `SAFETY:` comment.
 
-// `table` first: its macros must be defined before `wrappers` uses them.
+// The layers, lowest first: each folder's number is its place; a module imports only from
+// its own layer or a lower one (python-tests/test_architecture.py). `table` before `hooks`:
+// its macros must be defined before `wrappers` uses them.
+#[path = "1_sys/mod.rs"]
+pub mod sys;
 #[macro_use]
+#[path = "2_table/mod.rs"]
 pub mod table;
-pub mod debug_log;
-pub mod decision_record;
-pub mod dlsym;
-pub mod dlvsym;
-pub mod driver_query;
-pub mod elfsym;
-pub mod exec;
-pub mod ffi;
-pub mod init_check;
-pub mod internal;
-pub mod ipc;
-pub mod layout;
-pub mod lazy_libc;
-pub mod libcsym;
-pub mod majors;
-pub mod missing;
-pub mod once;
-pub mod pyframes;
-pub mod rank_root;
-pub mod reach;
-pub mod real;
-pub mod route;
-pub mod signal_safe;
-pub mod sink;
-pub mod site;
-pub mod state;
-pub mod tally;
-pub mod verdict;
-pub mod wrappers;
+#[path = "6_audit/mod.rs"]
+pub mod audit;
+#[path = "7_decide/mod.rs"]
+pub mod decide;
+#[path = "8_hooks/mod.rs"]
+pub mod hooks;
+#[path = "3_output/mod.rs"]
+pub mod output;
+#[path = "5_process/mod.rs"]
+pub mod process;
+#[path = "4_resolve/mod.rs"]
+pub mod resolve;

@@ -64,9 +64,9 @@ pub struct Row {
     pub gpu: Option<String>,
     pub args: Option<String>,
     pub detail: Option<String>,
-    /// R3: who exported the imported handle (`exporter_*` fields, `guard/ipc.rs`).
+    /// R3: who exported the imported handle (`exporter_*` fields, `guard/7_decide/ipc.rs`).
     pub exporter: Option<Exporter>,
-    /// Where the call came from (`guard/site.rs`): `FILE:LINE in FUNCTION` or
+    /// Where the call came from (`guard/6_audit/site.rs`): `FILE:LINE in FUNCTION` or
     /// `OBJECT(SYMBOL+0xOFF)`; absent in records of older guards.
     pub site: Option<String>,
     /// Python frames `FILE:LINE in FUNCTION`, outermost first (empty without Python).

@@ -19,7 +19,7 @@
 //! two ranks. An unguarded process is not a rank (it is outside the contract), but the walk
 //! passes through it.
 //!
-//! The walk (pure here, over a [`ProcView`]; `guard/rank_root.rs` reads the real `/proc`)
+//! The walk (pure here, over a [`ProcView`]; `guard/5_process/rank_root.rs` reads the real `/proc`)
 //! stops at a process of another user (nothing another user can write is trusted), at a
 //! pid whose start time is later than its child's (the parent exited and the pid was
 //! reused: a recycled pid is never taken for an ancestor), at pid 0 and after

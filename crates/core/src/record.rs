@@ -92,7 +92,7 @@ impl RuleId<'_> {
     }
 }
 
-/// A rank root as a record names it (`src/guard/rank_root.rs`, crate::rank_root).
+/// A rank root as a record names it (`src/guard/5_process/rank_root.rs`, crate::rank_root).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootRef<'a> {
     pub pid: u32,
@@ -176,7 +176,7 @@ pub struct AuditRecord<'a> {
     pub args: Option<Text<'a>>,
     pub detail: Option<Text<'a>>,
     pub rule_fields: RuleFields<'a>,
-    /// Where the call came from (`guard/site.rs`).
+    /// Where the call came from (`guard/6_audit/site.rs`).
     pub site: Option<Text<'a>>,
     /// Python frames, outermost first.
     pub py_stack: Cow<'a, [String]>,

@@ -1,0 +1,275 @@
+//! The audit file and the debug log file: opened and written so that they can never hang,
+//! corrupt or expose the program the guard lives in (issue 14, items 1, 3, 4, 9).
+//!
+//! - **Bounded**: opened with `O_NONBLOCK` (a FIFO without a reader fails at once with
+//!   ENXIO instead of waiting for one) and written without blocking (a full pipe or FIFO
+//!   drops the record: counted, said once). A regular file on a stalled network mount can
+//!   still block in the kernel: no user-space flag bounds that (README, "Limits").
+//! - **Never the program's descriptor**: the descriptor's file identity `(st_dev, st_ino)`
+//!   is remembered at open and checked with `fstat` before each write. A program that closed
+//!   it (daemons and launchers close every fd >= 3) and reused the number for its own file,
+//!   or a `vfork` child that opened it in its own descriptor table, gets it reopened, never
+//!   written into.
+//! - **Private**: `O_NOFOLLOW | O_CLOEXEC`, created mode 0600; a symbolic link, or an
+//!   existing regular file or FIFO that another user owns, is refused with one line.
+//! - **Said once**: a file that cannot be opened, or records being lost (ENOSPC, EIO, a
+//!   full pipe), is said once per process on stderr, never once per event.
+//!
+//! All state is atomics plus a fork-safe [`PidLock`] around the short check-or-reopen.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use crate::config;
+use crate::guard::audit::decision_record;
+use crate::guard::sys::once::PidLock;
+use crate::guard::sys::signal_safe::{self, StackBuf};
+
+pub struct Sink {
+    /// Which file: its variable, what it holds and what happens instead are `kind`'s texts
+    /// (an enum, not `&'static str` fields: a pointer in a mutable static is a relocation
+    /// on a page the loader then writes at every process start, docs/benchmarks.md).
+    kind: Kind,
+    lock: PidLock,
+    fd: AtomicI32,
+    dev: AtomicU64,
+    ino: AtomicU64,
+    /// The pid for which opening failed (not retried, said once), or 0.
+    refused: AtomicU32,
+    /// The pid that last said that records are being lost.
+    lost_said: AtomicU32,
+    /// Records that could not be written (all processes sharing this memory).
+    lost: AtomicU64,
+}
+
+pub static AUDIT: Sink = Sink::new(Kind::Audit);
+pub static DEBUG: Sink = Sink::new(Kind::Debug);
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Audit,
+    Debug,
+}
+
+impl Kind {
+    /// The variable that names the file.
+    fn var(self) -> &'static str {
+        match self {
+            Kind::Audit => "RANKGUARD_AUDIT",
+            Kind::Debug => "RANKGUARD_DEBUG_FILE",
+        }
+    }
+    /// What the file holds, for messages.
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Audit => "audit records",
+            Kind::Debug => "debug log lines",
+        }
+    }
+    /// What happens instead when the file cannot be opened.
+    fn instead(self) -> &'static str {
+        match self {
+            Kind::Audit => "no audit records will be written by this process",
+            Kind::Debug => "the debug log goes to stderr",
+        }
+    }
+}
+
+/// Why a file was not opened.
+enum OpenProblem {
+    Errno(i32),
+    Owner(u32),
+}
+
+impl Sink {
+    const fn new(kind: Kind) -> Sink {
+        Sink {
+            kind,
+            lock: PidLock::new(),
+            fd: AtomicI32::new(-1),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+            refused: AtomicU32::new(0),
+            lost_said: AtomicU32::new(0),
+            lost: AtomicU64::new(0),
+        }
+    }
+
+    /// Open the file now (at the first guarded call), so that a problem with it is said
+    /// up front rather than at the first record.
+    pub fn open_now(&self, template: &str) {
+        let _ = self.descriptor(template);
+    }
+
+    /// Append one record (one `write(2)`: records of processes sharing the file never
+    /// interleave). Never blocks on a pipe or FIFO; a record that cannot be written is
+    /// counted and said once. False when the file could not be opened at all.
+    pub fn write(&self, template: &str, bytes: &[u8]) -> bool {
+        let Some(fd) = self.descriptor(template) else {
+            return false;
+        };
+        loop {
+            // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes of it.
+            let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+            if n >= 0 && n as usize == bytes.len() {
+                return true;
+            }
+            let err = if n < 0 { errno() } else { 0 };
+            if err == libc::EINTR {
+                continue;
+            }
+            // A short write (a full disk part-way) or an error: the record is lost either
+            // way; never retry a partial record (it would tear the line).
+            self.lose(template, if n >= 0 { libc::ENOSPC } else { err });
+            return true;
+        }
+    }
+
+    fn lose(&self, template: &str, err: i32) {
+        let total = self.lost.fetch_add(1, Ordering::Relaxed) + 1;
+        let pid = signal_safe::pid();
+        if self.lost_said.swap(pid, Ordering::Relaxed) == pid {
+            return;
+        }
+        let why = if err == libc::EAGAIN {
+            "the pipe or FIFO is full (its reader is not keeping up)".to_string()
+        } else {
+            std::io::Error::from_raw_os_error(err).to_string()
+        };
+        let mut b = StackBuf::<1024>::new();
+        decision_record::prefix(&mut b, "WARN");
+        let _ = writeln!(
+            b,
+            "{}={:?}: a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: free space on that file system or point {} elsewhere",
+            self.kind.var(),
+            self.path(template),
+            self.kind.what(),
+            self.kind.var()
+        );
+        signal_safe::write_all(2, b.as_bytes());
+    }
+
+    fn path(&self, template: &str) -> String {
+        let mut host = [0u8; 64];
+        let host = signal_safe::hostname(&mut host).to_string();
+        config::expand_path(template, &host, signal_safe::pid())
+    }
+
+    /// Our descriptor of the file, checked to still be the file we opened; reopened when
+    /// the program closed it and reused the number (or it was opened by a vfork child in
+    /// its own descriptor table). None when it cannot be opened (said once).
+    fn descriptor(&self, template: &str) -> Option<i32> {
+        let pid = signal_safe::pid();
+        if self.refused.load(Ordering::Relaxed) == pid {
+            return None;
+        }
+        let _guard = self.lock.lock();
+        let fd = self.fd.load(Ordering::Relaxed);
+        if fd >= 0 && self.is_ours(fd) {
+            return Some(fd);
+        }
+        // Never close `fd` here: it is not ours any more (or never was in this process).
+        let path = self.path(template);
+        match open_private(&path) {
+            Ok((fd, dev, ino)) => {
+                self.fd.store(fd, Ordering::Relaxed);
+                self.dev.store(dev, Ordering::Relaxed);
+                self.ino.store(ino, Ordering::Relaxed);
+                Some(fd)
+            }
+            Err(problem) => {
+                self.fd.store(-1, Ordering::Relaxed);
+                if self.refused.swap(pid, Ordering::Relaxed) != pid {
+                    self.say_refused(&path, problem);
+                }
+                None
+            }
+        }
+    }
+
+    fn is_ours(&self, fd: i32) -> bool {
+        // SAFETY: `st` is a valid out-pointer; fstat on a closed fd just fails.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return false;
+        }
+        st.st_dev == self.dev.load(Ordering::Relaxed)
+            && st.st_ino == self.ino.load(Ordering::Relaxed)
+    }
+
+    fn say_refused(&self, path: &str, problem: OpenProblem) {
+        let what = match problem {
+            OpenProblem::Errno(libc::ELOOP) => {
+                "is a symbolic link: refused (another user could point it at your files); name the file itself".to_string()
+            }
+            OpenProblem::Errno(libc::ENXIO) => {
+                "is a FIFO with no reader: not waiting for one (the program would hang)".to_string()
+            }
+            OpenProblem::Errno(e) => format!("cannot be opened ({})", std::io::Error::from_raw_os_error(e)),
+            OpenProblem::Owner(uid) => format!(
+                "exists and belongs to uid {uid}, not to you (uid {}): refused (it could be another user's trap for your records); remove it or choose another path",
+                euid()
+            ),
+        };
+        let mut b = StackBuf::<1024>::new();
+        decision_record::prefix(&mut b, "WARN");
+        let _ = writeln!(
+            b,
+            "{}={path:?} {what}; {}",
+            self.kind.var(),
+            self.kind.instead()
+        );
+        signal_safe::write_all(2, b.as_bytes());
+    }
+}
+
+fn errno() -> i32 {
+    // SAFETY: __errno_location always returns a valid thread-local pointer.
+    unsafe { *libc::__errno_location() }
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// Open `path` for appending, privately: no symlink, close-on-exec, never blocking, created
+/// 0600; an existing regular file or FIFO must be the user's own. Character devices
+/// (`/dev/null`, `/dev/full`, a terminal) are accepted: only root creates them.
+fn open_private(path: &str) -> Result<(i32, u64, u64), OpenProblem> {
+    let c = CString::new(path).map_err(|_| OpenProblem::Errno(libc::EINVAL))?;
+    // SAFETY: `c` is NUL-terminated; the flags ask for an append-only, non-blocking,
+    // close-on-exec descriptor that does not follow a final symbolic link.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_WRONLY
+                | libc::O_APPEND
+                | libc::O_CREAT
+                | libc::O_CLOEXEC
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(OpenProblem::Errno(errno()));
+    }
+    // SAFETY: `st` is a valid out-pointer for fstat on the descriptor we just opened.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        let e = errno();
+        // SAFETY: `fd` is ours, opened above.
+        unsafe { libc::close(fd) };
+        return Err(OpenProblem::Errno(e));
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    if (kind == libc::S_IFREG || kind == libc::S_IFIFO) && st.st_uid != euid() {
+        // SAFETY: `fd` is ours, opened above.
+        unsafe { libc::close(fd) };
+        return Err(OpenProblem::Owner(st.st_uid));
+    }
+    Ok((fd, st.st_dev, st.st_ino))
+}

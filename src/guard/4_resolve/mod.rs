@@ -1,0 +1,5 @@
+//! Resolving real functions: the C library's and each CUDA major's, into the table's slots.
+
+pub mod internal;
+pub mod majors;
+pub mod real;

@@ -1,0 +1,5 @@
+//! Per-process state: configuration, the rank root, the driver's facts.
+
+pub mod driver_query;
+pub mod rank_root;
+pub mod state;

@@ -1,0 +1,231 @@
+//! The rank root, guard side: at the first `cuInit` of a process that no rank variable
+//! names, read `/proc` and the registry for the walk of [`crate::rank_root`], keep the
+//! result for the process's lines and records, and leave a rank record for descendants.
+//!
+//! Cold path only: the walk runs once, inside the R1 check at the first `cuInit` or at the
+//! first violation reported before it (`decision_record::record_decision`); afterwards a
+//! set value is read.
+//! A process that never initialises CUDA (and breaks no rule) never walks. Measured: about
+//! 160 syscalls and 0.6 ms of CPU for six ancestors with a tmpfs registry.
+//! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
+//! `PMI_RANK` or `RANKGUARD_RANK_GPU` set, nothing here runs and the root stays unset.
+//!
+//! Fork: the root is kept with the pid that found it. A forked child inherits its parent's
+//! value and its lines keep naming it (the child is in that tree), but the child's own R1
+//! check walks again: "no root GPU, this process is the root" is the parent's fact, not
+//! the child's. No lock is involved: the value is a leaked box behind an atomic pointer.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::config::Config;
+use crate::cvd::Visibility;
+use crate::guard::decide::ipc;
+use crate::guard::output::debug_log;
+use crate::guard::sys::signal_safe;
+use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
+use crate::rankgpu;
+use crate::registry::{self, Key, Location, Lookup, ProcFs, ProvenanceRecord, Registry};
+use rankguard_core::record::RootRef;
+use std::borrow::Cow;
+
+/// Largest `/proc/<pid>/environ` read (ARG_MAX-sized environments fit).
+const MAX_ENVIRON: u64 = 8 << 20;
+
+/// This process's rank root.
+#[derive(Debug)]
+pub struct Root {
+    pub id: RootId,
+    /// The node's host name (the walk never leaves the node).
+    pub host: String,
+    /// The rank GPU as the root's evidence names it; None when this process is the root
+    /// (its own GPU is the rank's).
+    pub gpu: Option<RankGpu>,
+    /// The process that found it.
+    by: u32,
+}
+
+/// A `Box<Root>` leaked on purpose (once per process that walks), or null.
+static ROOT: AtomicPtr<Root> = AtomicPtr::new(ptr::null_mut());
+
+/// The rank root, once found here or in the parent this process was forked from.
+pub fn current() -> Option<&'static Root> {
+    let p = ROOT.load(Ordering::Acquire);
+    // SAFETY: a non-null ROOT comes from Box::leak in `establish` and is never freed or
+    // written through, so it is a valid &'static Root.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The rank root this process found itself (not one inherited across fork).
+fn mine() -> Option<&'static Root> {
+    current().filter(|r| r.by == signal_safe::pid())
+}
+
+pub fn id() -> Option<RootId> {
+    current().map(|r| r.id)
+}
+
+/// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU
+/// (set at all, even empty: the R1 check then fails closed on it, as `init_check` decides).
+pub fn applies(cfg: &Config) -> bool {
+    cfg.rank.is_none() && signal_safe::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
+}
+
+/// The real `/proc`, and the registry for rank records (opened once per walk).
+struct ProcFsView {
+    reg: Option<Option<Registry>>,
+}
+
+impl ProcView for ProcFsView {
+    fn stat(&mut self, pid: u32) -> Option<Stat> {
+        rank_root::parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    }
+    fn uid(&mut self, pid: u32) -> Option<u32> {
+        fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+    }
+    fn environ(&mut self, pid: u32) -> Option<EnvFacts> {
+        let mut buf = Vec::new();
+        File::open(format!("/proc/{pid}/environ"))
+            .ok()?
+            .take(MAX_ENVIRON)
+            .read_to_end(&mut buf)
+            .ok()?;
+        Some(rank_root::scan_environ(&buf))
+    }
+    fn record(&mut self, id: RootId) -> Option<RankRecord> {
+        let reg = self.reg.get_or_insert_with(ipc::open_registry).as_ref()?;
+        match reg.lookup(&Key::rank(id.pid), &ProcFs) {
+            // lookup checked that pid `id.pid` is alive, ours, and started at rec.start
+            Lookup::Found(rec) if rec.start == id.start => Some(RankRecord {
+                root: rec.root?,
+                gpu: rec.gpu?,
+            }),
+            Lookup::Found(_) | Lookup::Missing => None,
+            Lookup::Skipped(skip) => {
+                debug_log::log!(Debug, "rank record not trusted: {skip} pid={}", id.pid);
+                None
+            }
+        }
+    }
+}
+
+/// This process's rank root, found on first use: at the first `cuInit`, or at a violation
+/// reported before it (a `cudaSetDevice(2)` denied before the runtime initialised). None
+/// when rank variables name the rank ([`applies`]) or the identity could not be read.
+/// Never called from [`crate::guard::audit::decision_record::prefix`]: the walk may say a registry problem, whose
+/// line calls `prefix`, which reads [`current`] only.
+pub fn ensure(cfg: &Config) -> Option<&'static Root> {
+    if let Some(r) = mine() {
+        return Some(r);
+    }
+    if !applies(cfg) {
+        return None;
+    }
+    establish()
+}
+
+fn establish() -> Option<&'static Root> {
+    let found = std::panic::catch_unwind(|| {
+        let me = signal_safe::pid();
+        let start = registry::own_start_time()?;
+        let mut view = ProcFsView { reg: None };
+        let ancestor = rank_root::find(me, ipc::euid(), &mut view);
+        debug_log::log!(Debug, "rank root walk ancestor={ancestor:?}");
+        let mut host = [0u8; 64];
+        let host = signal_safe::hostname(&mut host).to_string();
+        Some(match ancestor {
+            Some(Ancestor { root, gpu, .. }) => Root {
+                id: root,
+                host,
+                gpu: Some(gpu),
+                by: me,
+            },
+            None => Root {
+                id: RootId { pid: me, start },
+                host,
+                gpu: None,
+                by: me,
+            },
+        })
+    });
+    let Ok(Some(r)) = found else { return None };
+    let old = ROOT.load(Ordering::Acquire);
+    if let Some(first) = mine() {
+        return Some(first); // another thread of this process found it meanwhile
+    }
+    let new: &'static mut Root = Box::leak(Box::new(r));
+    match ROOT.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(new),
+        // Lost a race with another thread of this process (its value is kept; this box
+        // stays leaked, at most once per racing thread).
+        Err(_) => mine(),
+    }
+}
+
+/// Whether the one GPU this process sees is the rank root's (None: this process is the
+/// root, or there is no root).
+pub fn is_rank_gpu(own_uuid: &str, vis: &Visibility) -> Option<bool> {
+    let gpu = mine()?.gpu.as_ref()?;
+    // The launcher's rule (crate::rankgpu, shared with `rankguard check`): a full UUID is
+    // compared with the driver's; an index or prefix entry only with this process's own.
+    let uuid = match gpu {
+        RankGpu::Uuid(u) => Some(u.as_bytes()),
+        RankGpu::Entry(_) => None,
+    };
+    Some(rankgpu::decide(gpu.text().as_bytes(), uuid, own_uuid, vis.entries()).is_same())
+}
+
+/// The rank GPU for reports: the root's, when it is an ancestor.
+pub fn rank_gpu() -> Option<&'static str> {
+    current()?.gpu.as_ref().map(RankGpu::text)
+}
+
+/// Leave this process's rank record for its descendants: its root and the rank GPU's UUID
+/// (`own_uuid` when this process sees the rank's GPU, else the root's recorded one).
+/// Problems with the registry are said once (`guard/ipc.rs`); never fails the caller.
+pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
+    let Some(root) = mine() else { return };
+    let gpu = match (&root.gpu, sees_rank_gpu) {
+        (_, true) if !own_uuid.is_empty() => own_uuid.to_string(),
+        (Some(RankGpu::Uuid(u)), _) => u.clone(),
+        _ => return,
+    };
+    let _ = std::panic::catch_unwind(|| {
+        let reg = ipc::open_registry()?;
+        let rec = ProvenanceRecord {
+            key: Key::rank(signal_safe::pid()),
+            job: cfg.job.as_deref().map(registry::job_token),
+            rank: None,
+            pid: signal_safe::pid(),
+            start: registry::own_start_time()?,
+            gpu: Some(gpu),
+            location: Location::Device,
+            time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            root: Some(root.id),
+        };
+        match reg.write(&rec, &ProcFs) {
+            Ok(()) => debug_log::log!(Debug, "recorded this process's rank root={}", root.id),
+            Err(problem) => ipc::said_write_problem(
+                reg.dir(),
+                &problem,
+                "this process's rank is not recorded, so a process it starts cannot name it as its rank root unless its environment does",
+            ),
+        }
+        Some(())
+    });
+}
+
+/// A root as a record names it.
+pub fn as_ref(r: &Root) -> RootRef<'_> {
+    RootRef {
+        pid: r.id.pid,
+        start: r.id.start,
+        host: Some(Cow::Borrowed(&r.host)),
+    }
+}

@@ -1,0 +1,137 @@
+//! R1 at CUDA initialisation: the first `cuInit` that reaches the guard checks that the
+//! process sees exactly one GPU, the rank's, and stops it (enforce) or records it (warn).
+#![allow(unsafe_code)]
+
+use std::fmt::Write;
+
+use crate::config::Mode;
+use crate::cvd;
+use crate::guard::audit::decision_record::{prefix, record_decision, Extra};
+use crate::guard::decide::verdict::abort_now;
+use crate::guard::output::debug_log;
+use crate::guard::process::driver_query::{device_uuid, driver_count};
+use crate::guard::process::rank_root;
+use crate::guard::process::state;
+use crate::guard::sys::ffi::CuResult;
+use crate::guard::sys::once::ForkSafeOnce;
+use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::table::Id;
+use crate::policy::{self, InitFacts, Verdict};
+use crate::rankgpu;
+use rankguard_core::record::{Action, RuleFields};
+use std::borrow::Cow;
+
+/// Exit status of a process terminated by R1 in enforce mode (sysexits' EX_CONFIG: the
+/// process was started with a configuration that breaks the contract).
+pub const EXIT_R1: i32 = 78;
+
+// R1 at CUDA initialisation
+
+static INIT_CHECK: ForkSafeOnce = ForkSafeOnce::new();
+
+/// Called by the `cuInit` wrapper after the real `cuInit` returned `rc`. The first call in
+/// the process runs the R1 check; concurrent first calls wait for it, so no thread uses
+/// CUDA before the verdict (a child forked in the middle of its parent's check runs its
+/// own). A violation in enforce mode terminates the process here.
+pub fn after_init(rc: CuResult) {
+    if INIT_CHECK.is_done() {
+        return;
+    }
+    INIT_CHECK.call(|| {
+        // As in on_verdict_with: never unwind into the caller of cuInit. A check that
+        // could not finish fails closed: in enforce mode the process is stopped as for
+        // any R1 violation, since its visibility was not verified.
+        if std::panic::catch_unwind(|| check_init(rc)).is_err() && state::mode() == Mode::Enforce {
+            let mut b = StackBuf::<256>::new();
+            prefix(&mut b, "WARN");
+            let _ = writeln!(b, "terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})");
+            signal_safe::write_all(2, b.as_bytes());
+            // SAFETY: _exit has no preconditions (see check_init for why not exit()).
+            unsafe { libc::_exit(EXIT_R1) }
+        }
+    });
+}
+
+fn check_init(rc: CuResult) {
+    let mode = state::mode();
+    state::report_config_errors();
+    if mode == Mode::Off {
+        return;
+    }
+    let cvd_text = signal_safe::getenv(c"CUDA_VISIBLE_DEVICES");
+    let vis = cvd::parse(cvd_text);
+    let entries = vis.entries().map_or(0, <[cvd::CvdEntry]>::len);
+
+    let mut devices = 0;
+    if rc == CuResult::SUCCESS {
+        if let Some(count) = driver_count() {
+            devices = count;
+        }
+    }
+    let mut own_uuid = String::new();
+    if devices == 1 {
+        if let Some(u) = device_uuid(0) {
+            state::set_owned_gpu(u.clone());
+            own_uuid = u;
+        }
+    }
+    let own_uuid = own_uuid.as_str();
+    // The raw values: an empty, non-UTF-8 or unverifiable rank GPU fails closed, exactly
+    // as `rankguard check` decides it (one shared function).
+    let rank_uuid = signal_safe::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
+    // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
+    let cfg = &state::get().config;
+    let by_root = rank_root::ensure(cfg).is_some();
+    let is_rank_gpu = match signal_safe::getenv_bytes("RANKGUARD_RANK_GPU") {
+        Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
+        None => rank_root::is_rank_gpu(own_uuid, &vis),
+    };
+    let facts = InitFacts {
+        cvd_set: cvd_text.is_some(),
+        entries,
+        devices,
+        is_rank_gpu,
+    };
+    debug_log::log!(
+        Debug,
+        "R1 check at cuInit facts={facts:?} uuid={own_uuid:?}"
+    );
+    let verdict = policy::init(facts);
+    if by_root && (verdict.is_allow() || mode == Mode::Warn) {
+        // A process that sees exactly one GPU records its rank for its descendants.
+        let sees_rank_gpu = entries == 1 && devices == 1 && is_rank_gpu != Some(false);
+        rank_root::publish(cfg, own_uuid, sees_rank_gpu);
+    }
+    let Verdict::Violation(v) = verdict else {
+        return;
+    };
+    let id = Id::cuInit as usize;
+    let extra = || {
+        Some(Extra {
+            fields: RuleFields::Init {
+                devices,
+                entries: entries as u32,
+                sees: (!own_uuid.is_empty()).then_some(Cow::Borrowed(own_uuid)),
+            },
+            gpu: None,
+        })
+    };
+    match mode {
+        Mode::Warn => record_decision(id, &v, Action::Warn, mode, format_args!("flags=0"), extra()),
+        Mode::Abort => {
+            record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
+            abort_now()
+        }
+        Mode::Enforce | Mode::Off => {
+            record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
+            let mut b = StackBuf::<256>::new();
+            prefix(&mut b, "WARN");
+            let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
+            signal_safe::write_all(2, b.as_bytes());
+            // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
+            // we are inside a CUDA call on an arbitrary thread of someone else's process,
+            // where running their handlers could deadlock; our message is already written.
+            unsafe { libc::_exit(EXIT_R1) }
+        }
+    }
+}

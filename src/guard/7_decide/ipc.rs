@@ -1,0 +1,820 @@
+//! R3 glue: what the IPC wrappers of `wrappers.rs` call around the real export and import
+//! functions. It asks the driver and the kernel for the facts (handle bytes, file identity
+//! of a shared fd, the memory's device and location) and hands them to the safe
+//! [`crate::registry`], which keeps the provenance records and decides.
+//!
+//! Rules of this module:
+//! - nothing here may crash the host process: registry work runs under `catch_unwind`, and
+//!   any registry problem is said once on stderr and turns into "provenance unknown";
+//! - no locks (a forked child must never find one held): the registry directory is
+//!   re-verified on every use, and "said once" flags are atomics;
+//! - the runtime's IPC functions reach the driver's through our own driver wrappers (the
+//!   runtime gets its driver entry points from `cuGetProcAddress`), so a runtime wrapper
+//!   marks its thread while it runs ([`RuntimeScope`]) and the nested driver wrapper
+//!   neither checks nor records a second time.
+//!
+//! Decided here, where the docs are silent (README contract table lists them):
+//! - a denied import returns `CUDA_ERROR_NOT_PERMITTED`/`cudaErrorNotPermitted` (800);
+//! - after-the-fact verification uses `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` of an opened
+//!   legacy/pool pointer (cuda.h: "a device ordinal of a device against which the memory
+//!   was allocated") and only the location *type* of an imported VMM allocation: its
+//!   `location.id` may be the exporter's numbering (fake driver D-importprop), so it is
+//!   never taken as provenance;
+//! - pool exports record the current context's GPU with location "unknown" (no driver
+//!   call reports a pool's location).
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+use std::fmt::{self, Write as _};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::config::Mode;
+use crate::guard::audit::decision_record::{self, Extra};
+use crate::guard::decide::verdict::{self, Code};
+use crate::guard::output::debug_log;
+use crate::guard::process::rank_root;
+use crate::guard::process::state;
+use crate::guard::resolve::internal;
+use crate::guard::sys::ffi::{
+    CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
+    EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+};
+use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
+use crate::registry::{
+    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, ProvenanceRecord,
+    Registry,
+};
+use rankguard_core::record::{Exporter, RootRef, RuleFields};
+use std::borrow::Cow;
+
+/// Every 64-byte opaque CUDA handle: `CUipcMemHandle`, `CUipcEventHandle`, their runtime
+/// twins `cudaIpcMemHandle_t`/`cudaIpcEventHandle_t`, `CUmemFabricHandle` and
+/// `CUmemPoolPtrExportData` (cuda.h: `char reserved[CU_IPC_HANDLE_SIZE]`, 64). Passed by
+/// value to the open functions; never parsed.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcHandle {
+    pub reserved: [u8; 64],
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` (the shareable handle is an `int`).
+pub const HANDLE_TYPE_POSIX_FD: u32 = 0x1;
+/// `CU_MEM_HANDLE_TYPE_FABRIC` (the shareable handle is a `CUmemFabricHandle`).
+pub const HANDLE_TYPE_FABRIC: u32 = 0x8;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+const POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+
+/// Room for a whole `CUmemAllocationProp` (32 bytes in cuda.h 12.9) with margin: the driver
+/// writes the full struct, the guard reads only its head.
+#[repr(C, align(8))]
+struct AllocProp {
+    head: CUmemAllocationPropHead,
+    rest: [u8; 48],
+}
+
+// ---------------------------------------------------------------------------------------
+// Runtime nesting
+
+thread_local! {
+    static IN_RUNTIME: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the thread while a runtime IPC wrapper runs the real runtime function.
+pub struct RuntimeScope(bool);
+
+impl RuntimeScope {
+    pub fn enter() -> RuntimeScope {
+        RuntimeScope(IN_RUNTIME.replace(true))
+    }
+}
+
+impl Drop for RuntimeScope {
+    fn drop(&mut self) {
+        IN_RUNTIME.set(self.0);
+    }
+}
+
+/// Whether the guard acts at all on this call (mode not off, not nested in a runtime
+/// wrapper that already did).
+fn active() -> bool {
+    state::mode() != Mode::Off && !IN_RUNTIME.get()
+}
+
+// ---------------------------------------------------------------------------------------
+// Facts from the driver
+
+/// The ordinal of the device a pointer's memory belongs to, as the driver reports it.
+pub fn pointer_device(ptr: u64) -> Option<i32> {
+    let f = internal::cuPointerGetAttribute()?;
+    let mut ordinal: c_int = -1;
+    // SAFETY: DEVICE_ORDINAL writes one int into the valid out-pointer.
+    let rc = unsafe {
+        f(
+            (&raw mut ordinal).cast(),
+            POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    (rc == CuResult::SUCCESS && ordinal >= 0).then_some(ordinal)
+}
+
+/// The location `(type, id)` of a VMM allocation.
+fn allocation_location(handle: u64) -> Option<CUmemLocation> {
+    let f = internal::cuMemGetAllocationPropertiesFromHandle()?;
+    let mut prop = AllocProp {
+        head: CUmemAllocationPropHead {
+            type_: 0,
+            requestedHandleTypes: 0,
+            location: CUmemLocation { type_: 0, id: 0 },
+        },
+        rest: [0; 48],
+    };
+    // SAFETY: `prop` is larger than and aligned like CUmemAllocationProp.
+    (unsafe { f((&raw mut prop).cast(), handle) } == CuResult::SUCCESS)
+        .then_some(prop.head.location)
+}
+
+/// The device of the current context.
+fn current_device() -> Option<i32> {
+    let f = internal::cuCtxGetDevice()?;
+    let mut d: CUdevice = -1;
+    // SAFETY: valid out-pointer.
+    (unsafe { f(&mut d) } == CuResult::SUCCESS && d >= 0).then_some(d)
+}
+
+use crate::guard::process::driver_query::device_uuid;
+
+/// This process's GPU: what the R1 check established, else device 0's.
+fn own_gpu() -> Option<String> {
+    state::owned_gpu()
+        .map(str::to_string)
+        .or_else(|| device_uuid(0))
+}
+
+/// `(st_dev, st_ino, S_ISREG, f_type)` of an open file descriptor.
+fn file_ident(fd: c_int) -> Option<FileIdent> {
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: plain-data structs, valid when zeroed; fstat/fstatfs write into them and
+    // fail cleanly (EBADF) on a bad descriptor.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let mut sfs: libc::statfs = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 || libc::fstatfs(fd, &mut sfs) != 0 {
+            return None;
+        }
+        Some(FileIdent {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            regular: st.st_mode & libc::S_IFMT == libc::S_IFREG,
+            fs_magic: sfs.f_type,
+        })
+    }
+}
+
+/// The key of a shareable handle, by its type; None for types without a unique identity.
+///
+/// # Safety
+/// For a POSIX fd, `os_handle` is the descriptor's value (import) — `by_value` — or points
+/// to an `int` (export); for FABRIC it is NULL or points to 64 readable bytes.
+unsafe fn shareable_key(
+    fd_kind: Kind,
+    fabric_kind: Kind,
+    os_handle: *const c_void,
+    htype: u32,
+    by_value: bool,
+) -> Option<Key> {
+    match htype {
+        HANDLE_TYPE_POSIX_FD => {
+            let fd = if by_value {
+                os_handle as usize as c_int
+            } else if os_handle.is_null() {
+                return None;
+            } else {
+                // SAFETY: caller guarantees `os_handle` points to the exported int.
+                unsafe { *(os_handle as *const c_int) }
+            };
+            match Key::from_file(fd_kind, file_ident(fd)?) {
+                Ok(k) => Some(k),
+                Err(_) => {
+                    debug_log::log!(
+                        Debug,
+                        "shared fd has no unique file identity: provenance unknown fd={fd}"
+                    );
+                    None
+                }
+            }
+        }
+        HANDLE_TYPE_FABRIC if !os_handle.is_null() => {
+            // SAFETY: caller guarantees 64 readable bytes.
+            let h = unsafe { *(os_handle as *const IpcHandle) };
+            Some(Key::from_bytes(fabric_kind, &h.reserved))
+        }
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The registry, as this process sees it
+
+static SAID_DIR: AtomicBool = AtomicBool::new(false);
+static SAID_WRITE: AtomicBool = AtomicBool::new(false);
+static SAID_SKIP: AtomicBool = AtomicBool::new(false);
+static SAID_PANIC: AtomicBool = AtomicBool::new(false);
+/// The pid that last swept the registry (a forked child sweeps again).
+static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
+
+fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
+    if flag.swap(true, Ordering::Relaxed) {
+        debug_log::log!(Debug, "{args}");
+        return;
+    }
+    let mut b = StackBuf::<1024>::new();
+    decision_record::prefix(&mut b, "WARN");
+    let _ = b.write_fmt(args);
+    let _ = b.write_char('\n');
+    signal_safe::write_all(2, b.as_bytes());
+}
+
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// The verified registry, or None (said once).
+pub(crate) fn open_registry() -> Option<Registry> {
+    let uid = euid();
+    let (dir, var) = match &state::get().config.registry {
+        Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
+        None => (registry::default_dir(uid), "the default registry"),
+    };
+    match Registry::open(&dir, uid, true) {
+        Ok(r) => Some(r),
+        Err(problem) if state::get().config.registry.is_none() => {
+            open_fallback(uid, &dir, &problem.to_string())
+        }
+        Err(problem) => {
+            say_once(
+                &SAID_DIR,
+                format_args!(
+                    "IPC provenance registry {var} {:?} {problem}; not trusted, ignoring it: every IPC import has unknown provenance (allowed, or denied under RANKGUARD_IPC=strict). Fix: point RANKGUARD_REGISTRY at a directory you own with mode 0700 (not a symlink), or unset it",
+                    dir.display().to_string()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// A record could not be written (said once per process). `consequence`: what is lost.
+pub(crate) fn said_write_problem(
+    dir: &std::path::Path,
+    problem: &registry::WriteProblem,
+    consequence: &str,
+) {
+    say_once(
+        &SAID_WRITE,
+        format_args!(
+            "IPC provenance registry {:?} {problem}: {consequence}. Fix: free space in (or make writable) that directory, or set RANKGUARD_REGISTRY to another one",
+            dir.display().to_string()
+        ),
+    );
+}
+
+/// The default registry directory is not usable (another user created it first, or it has
+/// the wrong mode): use the private fallback under the user's home, which nobody else can
+/// create, and say so once: the default being taken may be an attempt to disable R3.
+fn open_fallback(uid: u32, default: &std::path::Path, problem: &str) -> Option<Registry> {
+    let mut host = [0u8; 256];
+    let fallback =
+        home_dir(uid).map(|home| registry::fallback_dir(&home, full_hostname(&mut host)));
+    let opened = fallback.as_ref().map(|f| {
+        if let Some(parent) = f.parent() {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent);
+        }
+        Registry::open(f, uid, true)
+    });
+    match (fallback, opened) {
+        (Some(f), Some(Ok(r))) => {
+            say_once(
+                &SAID_DIR,
+                format_args!(
+                    "the default IPC provenance registry {:?} {problem}; using the private fallback {:?} instead (another user may have created the default to disable rule R3; remove it if it is stale)",
+                    default.display().to_string(),
+                    f.display().to_string()
+                ),
+            );
+            Some(r)
+        }
+        (f, opened) => {
+            let why = match (f, opened) {
+                (Some(f), Some(Err(p))) => {
+                    format!("and the private fallback {:?} {p}", f.display().to_string())
+                }
+                _ => "and there is no home directory for a private fallback".to_string(),
+            };
+            say_once(
+                &SAID_DIR,
+                format_args!(
+                    "the default IPC provenance registry {:?} {problem}, {why}; not trusted: every IPC import has unknown provenance (allowed, or denied under RANKGUARD_IPC=strict). Fix: set RANKGUARD_REGISTRY to a directory you own with mode 0700",
+                    default.display().to_string()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The user's home directory from the password database (not `$HOME`, which a process
+/// may change: every process of the user must find the same fallback).
+fn home_dir(uid: u32) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: passwd is plain data (integers and pointers): all-zero is a valid value.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwuid_r writes into `pw` and into `buf` (whose length we pass) and sets
+    // `result` to `&pw` or to NULL.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_dir points to a NUL-terminated string inside `buf`.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes()));
+    path.is_absolute().then_some(path)
+}
+
+/// The full host name (not cut at the first dot: hosts sharing a home must differ).
+fn full_hostname(out: &mut [u8; 256]) -> &str {
+    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
+    if unsafe { libc::gethostname(out.as_mut_ptr().cast(), out.len() - 1) } != 0 {
+        return "unknown-host";
+    }
+    out[255] = 0;
+    let end = out.iter().position(|&b| b == 0).unwrap_or(255);
+    std::str::from_utf8(&out[..end]).unwrap_or("unknown-host")
+}
+
+/// Run registry work without letting a panic reach the host process.
+fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            say_once(
+                &SAID_PANIC,
+                format_args!("internal error while {what} the IPC provenance registry; provenance is unknown for this call (please report this)"),
+            );
+            None
+        }
+    }
+}
+
+/// Record an export. Never fails the export: a problem is said once.
+fn record(key: Key, gpu: Option<String>, location: Location) {
+    let _ = shielded("writing", || {
+        let reg = open_registry()?;
+        let pid = signal_safe::pid();
+        if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
+            let swept = reg.sweep(&ProcFs);
+            debug_log::log!(Debug, "swept the IPC provenance registry swept={swept:?}");
+        }
+        let cfg = &state::get().config;
+        let Some(start) = registry::own_start_time() else {
+            say_once(&SAID_WRITE, format_args!("cannot read /proc/self/stat: IPC exports of this process are not recorded; importers will see unknown provenance"));
+            return None;
+        };
+        let rec = ProvenanceRecord {
+            key,
+            job: cfg.job.as_deref().map(registry::job_token),
+            rank: cfg.rank,
+            pid,
+            start,
+            gpu,
+            location,
+            time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            root: rank_root::id(),
+        };
+        match reg.write(&rec, &ProcFs) {
+            Ok(()) => debug_log::log!(
+                Debug,
+                "recorded IPC export key={} gpu={:?} location={}",
+                rec.key.short(),
+                rec.gpu,
+                rec.location.as_str()
+            ),
+            Err(problem) => said_write_problem(
+                reg.dir(),
+                &problem,
+                "exports of this process are not recorded, so importers will see unknown provenance",
+            ),
+        }
+        Some(())
+    });
+}
+
+/// The trusted record of `key`, if any (problems said once).
+fn lookup(key: &Key) -> Option<ProvenanceRecord> {
+    shielded("reading", || {
+        let reg = open_registry()?;
+        match reg.lookup(key, &ProcFs) {
+            Lookup::Found(r) => Some(r),
+            Lookup::Missing => None,
+            Lookup::Skipped(skip) => {
+                if skip.is_suspicious() {
+                    say_once(
+                        &SAID_SKIP,
+                        format_args!(
+                            "IPC provenance record {:?} {skip}; not trusted (removed): this import has unknown provenance",
+                            reg.dir().join(key.file_name()).display().to_string()
+                        ),
+                    );
+                } else {
+                    debug_log::log!(Debug, "{skip} key={}", key.short());
+                }
+                None
+            }
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Exports
+
+/// After a successful `cuIpcGetMemHandle`/`cudaIpcGetMemHandle`.
+///
+/// # Safety
+/// `handle` points to the 64 bytes the real call just wrote.
+pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
+    if handle.is_null() || !active() {
+        return;
+    }
+    // SAFETY: caller guarantees readability.
+    let h = unsafe { *handle };
+    let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
+    record(
+        Key::from_bytes(Kind::Mem, &h.reserved),
+        gpu,
+        Location::Device,
+    );
+}
+
+/// After a successful `cuIpcGetEventHandle`/`cudaIpcGetEventHandle`: the event lives in the
+/// current context's device.
+///
+/// # Safety
+/// `handle` points to the 64 bytes the real call just wrote.
+pub unsafe fn exported_event(handle: *const IpcHandle) {
+    if handle.is_null() || !active() {
+        return;
+    }
+    // SAFETY: caller guarantees readability.
+    let h = unsafe { *handle };
+    let gpu = current_device().and_then(device_uuid).or_else(own_gpu);
+    record(
+        Key::from_bytes(Kind::Event, &h.reserved),
+        gpu,
+        Location::Device,
+    );
+}
+
+/// After a successful `cuMemExportToShareableHandle`.
+///
+/// # Safety
+/// `shareable` points to what the real call wrote for `htype`.
+pub unsafe fn exported_allocation(shareable: *const c_void, alloc: u64, htype: u32) {
+    if !active() {
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    let Some(key) = (unsafe { shareable_key(Kind::VmmFd, Kind::Fabric, shareable, htype, false) })
+    else {
+        return;
+    };
+    let (location, gpu) = match allocation_location(alloc) {
+        Some(l) => {
+            let loc = Location::from_cu(l.type_);
+            let gpu = if loc == Location::Device {
+                device_uuid(l.id)
+            } else {
+                None
+            };
+            (loc, gpu)
+        }
+        None => (Location::Unknown, own_gpu()),
+    };
+    record(key, gpu, location);
+}
+
+/// After a successful `cuMemPoolExportToShareableHandle`.
+///
+/// # Safety
+/// `shareable` points to what the real call wrote for `htype`.
+pub unsafe fn exported_pool(shareable: *const c_void, htype: u32) {
+    if !active() {
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    let Some(key) =
+        (unsafe { shareable_key(Kind::PoolFd, Kind::PoolFabric, shareable, htype, false) })
+    else {
+        return;
+    };
+    record(
+        key,
+        current_device().and_then(device_uuid).or_else(own_gpu),
+        Location::Unknown,
+    );
+}
+
+/// After a successful `cuMemPoolExportPointer`.
+///
+/// # Safety
+/// `data` points to the 64 bytes the real call just wrote.
+pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
+    if data.is_null() || !active() {
+        return;
+    }
+    // SAFETY: caller guarantees readability.
+    let h = unsafe { *data };
+    let gpu = pointer_device(ptr).and_then(device_uuid).or_else(own_gpu);
+    record(
+        Key::from_bytes(Kind::PoolPtr, &h.reserved),
+        gpu,
+        Location::Device,
+    );
+}
+
+/// After a successful `cuMemGetHandleForAddressRange` of a dma-buf fd: device memory
+/// shared outside CUDA IPC keeps the same provenance as a VMM fd (its file identity).
+///
+/// # Safety
+/// `handle` points to the int the real call just wrote.
+pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
+    if handle.is_null() || !active() {
+        return;
+    }
+    // SAFETY: caller guarantees `handle` points to the exported fd.
+    let fd = unsafe { *(handle as *const c_int) };
+    let Some(key) = file_ident(fd).and_then(|f| Key::from_file(Kind::DmaBuf, f).ok()) else {
+        debug_log::log!(
+            Debug,
+            "dma-buf fd has no unique file identity: provenance unknown fd={fd}"
+        );
+        return;
+    };
+    let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
+    record(key, gpu, Location::Device);
+}
+
+// ---------------------------------------------------------------------------------------
+// Imports
+
+/// The key of an external memory object imported from an opaque fd
+/// (`cuImportExternalMemory`, `cudaImportExternalMemory`): a dma-buf this node exported, or
+/// a VMM shareable fd, whichever has a record (the fd's identity is the same text for
+/// both). Other handle types (Windows, D3D, NvSciBuf) have no key: unknown provenance.
+///
+/// # Safety
+/// `desc` is NULL or points to a readable handle descriptor.
+pub unsafe fn key_of_external(desc: *const ExternalMemoryHandleDescHead) -> Option<Key> {
+    if desc.is_null() {
+        return None;
+    }
+    // SAFETY: caller guarantees readability.
+    let d = unsafe { &*desc };
+    if d.type_ != EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD {
+        return None;
+    }
+    let f = file_ident(d.fd)?;
+    let dmabuf = Key::from_file(Kind::DmaBuf, f).ok()?;
+    if !active() || lookup(&dmabuf).is_some() {
+        return Some(dmabuf);
+    }
+    let vmm = Key::from_file(Kind::VmmFd, f).ok()?;
+    Some(if lookup(&vmm).is_some() { vmm } else { dmabuf })
+}
+
+/// The key of a 64-byte handle passed by value.
+pub fn key_of(kind: Kind, h: &IpcHandle) -> Key {
+    Key::from_bytes(kind, &h.reserved)
+}
+
+/// The key of a shareable handle given to an import function.
+///
+/// # Safety
+/// As [`shareable_key`] with `by_value` (POSIX fd: the value; FABRIC: a pointer or NULL).
+pub unsafe fn key_of_shareable(
+    fd_kind: Kind,
+    fabric_kind: Kind,
+    os_handle: *const c_void,
+    htype: u32,
+) -> Option<Key> {
+    // SAFETY: forwarded from the caller.
+    unsafe { shareable_key(fd_kind, fabric_kind, os_handle, htype, true) }
+}
+
+/// A handle's first bytes for a report (`0011..eeff…`).
+pub struct Short<'a>(pub &'a IpcHandle);
+
+impl fmt::Display for Short<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0.reserved[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("...")
+    }
+}
+
+/// What an import decided, carried to the after-the-fact check.
+#[derive(Clone, Copy)]
+pub struct Checked(Option<Decision>);
+
+/// R3 on an import. `location` is what the driver says about the imported memory, where it
+/// was asked already (VMM). `Ok`: go on (keep the result for [`verify_mapping`]);
+/// `Err(code)`: return `code` (enforce mode denied it).
+pub fn check_import<R: Code>(
+    id: usize,
+    key: Option<Key>,
+    location: Option<Location>,
+    args: fmt::Arguments<'_>,
+) -> Result<Checked, R> {
+    if !active() {
+        return Ok(Checked(None));
+    }
+    let rec = key.as_ref().and_then(lookup);
+    let cfg = &state::get().config;
+    let job = cfg.job.as_deref().map(registry::job_token);
+    let gpu = own_gpu();
+    let me = Importer {
+        job: job.as_deref(),
+        rank: cfg.rank,
+        gpu: gpu.as_deref(),
+        root: rank_root::id(),
+    };
+    let d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
+    let verdict = d.verdict();
+    if verdict.is_allow() {
+        debug_log::log!(
+            Debug,
+            "IPC import allowed: {} call={} key={} exporter_pid={:?}",
+            d.as_str(),
+            crate::guard::table::TABLE[id].call(),
+            key.as_ref().map_or_else(|| "-".to_string(), Key::short),
+            rec.as_ref().map(|r| r.pid)
+        );
+        return Ok(Checked(Some(d)));
+    }
+    let mut host = [0u8; 64];
+    let host = signal_safe::hostname(&mut host);
+    let short = key.as_ref().map(Key::short);
+    let fields = RuleFields::Import {
+        handle: key.as_ref().map(|k| Cow::Borrowed(k.kind().as_str())),
+        key: short.as_deref().map(Cow::Borrowed),
+        decision: Cow::Borrowed(d.as_str()),
+        exporter: rec.as_ref().map(|r| Exporter {
+            pid: r.pid,
+            rank: r.rank,
+            job: r.job.as_deref().map(Cow::Borrowed),
+            gpu: r.gpu.as_deref().map(Cow::Borrowed),
+            location: Cow::Borrowed(r.location.as_str()),
+            // The exporter's root is on this host (the registry is per node).
+            rank_root: r.root.map(|id| RootRef {
+                pid: id.pid,
+                start: id.start,
+                host: Some(Cow::Borrowed(host)),
+            }),
+        }),
+    };
+    verdict::on_verdict_with(
+        id,
+        verdict,
+        args,
+        Some(Extra {
+            fields,
+            gpu: gpu.as_deref(),
+        }),
+    )?;
+    Ok(Checked(Some(d)))
+}
+
+/// After a successful import that [`check_import`] allowed: where the driver reports the
+/// mapping on a device other than the rank's device 0, R3 is broken after all.
+/// `Err(code)`: the caller undoes the import and returns `code`.
+pub fn verify_mapping<R: Code>(
+    id: usize,
+    checked: Checked,
+    device: Option<i32>,
+    args: fmt::Arguments<'_>,
+) -> Result<(), R> {
+    let Checked(Some(d)) = checked else {
+        return Ok(());
+    };
+    if !d.verify_after() {
+        return Ok(());
+    }
+    let Some(device) = device.filter(|&x| x != 0) else {
+        return Ok(());
+    };
+    let v = Violation {
+        rule: Rule::R3,
+        code: DenyCode::NotPermitted,
+        detail: Detail::ImportedOnOtherDevice { device },
+    };
+    verdict::on_verdict_with(
+        id,
+        Verdict::Violation(v),
+        args,
+        Some(Extra {
+            fields: RuleFields::Mapping { device },
+            gpu: None,
+        }),
+    )
+}
+
+/// The driver's verdict after a pointer import (legacy IPC, pool pointer).
+pub fn verify_pointer<R: Code>(
+    id: usize,
+    checked: Checked,
+    ptr: u64,
+    args: fmt::Arguments<'_>,
+) -> Result<(), R> {
+    if matches!(checked, Checked(Some(d)) if d.verify_after()) {
+        verify_mapping(id, checked, pointer_device(ptr), args)
+    } else {
+        Ok(())
+    }
+}
+
+/// R3 on a VMM import, after the real import gave `alloc`: the allocation's location type
+/// (host memory is always allowed) joins the registry's record.
+pub fn check_vmm_import<R: Code>(
+    id: usize,
+    key: Option<Key>,
+    alloc: u64,
+    args: fmt::Arguments<'_>,
+) -> Result<(), R> {
+    if !active() {
+        return Ok(());
+    }
+    let location = allocation_location(alloc).map(|l| Location::from_cu(l.type_));
+    check_import::<R>(id, key, location, args).map(|_| ())
+}
+
+/// Undo a denied legacy import through the driver.
+pub fn close_mem(ptr: u64) {
+    if let Some(f) = internal::cuIpcCloseMemHandle() {
+        // SAFETY: the driver's cuIpcCloseMemHandle on the pointer it just opened.
+        let _ = unsafe { f(ptr) };
+    }
+}
+
+/// Undo a denied runtime import of table entry `id`'s wrapper, in the runtime of that
+/// wrapper's major: the mapping lives in the runtime that opened it (in a process with
+/// both majors, a cu13 caller's import is closed in the 13 runtime).
+pub fn close_mem_runtime(id: usize, ptr: *mut c_void) {
+    let Some(f) = internal::cudaIpcCloseMemHandle(crate::guard::table::TABLE[id].major) else {
+        return close_mem(ptr as u64);
+    };
+    let _s = RuntimeScope::enter();
+    // SAFETY: as above.
+    let _ = unsafe { f(ptr) };
+}
+
+/// Undo a denied VMM import.
+pub fn release_allocation(handle: u64) {
+    if let Some(f) = internal::cuMemRelease() {
+        // SAFETY: the driver's cuMemRelease on the handle it just imported.
+        let _ = unsafe { f(handle) };
+    }
+}
+
+/// Undo a denied pool pointer import: cuda.h `cuMemPoolImportPointer` says an imported
+/// pointer "may be freed with cuMemFree or cuMemFreeAsync"; the async form on the legacy
+/// stream is the one every driver (and the fake) accepts for pool memory.
+pub fn free_pointer(ptr: u64) {
+    if let Some(f) = internal::cuMemFreeAsync() {
+        // SAFETY: the driver's cuMemFreeAsync on the pointer it just imported, on the
+        // legacy stream (NULL).
+        let _ = unsafe { f(ptr, std::ptr::null_mut()) };
+    }
+}

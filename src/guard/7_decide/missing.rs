@@ -1,0 +1,73 @@
+//! What the guard says when it cannot hand out a guarded function: the real one is missing
+//! from the CUDA library, or an entry point came back as an ABI variant it does not know.
+#![allow(unsafe_code)]
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use crate::guard::audit::decision_record::prefix;
+use crate::guard::decide::verdict::Code;
+use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::table::TABLE;
+
+/// The real function of entry `id` is missing: say so once, return the defined error.
+#[cold]
+pub fn missing<R: Code>(id: usize) -> R {
+    let e = &TABLE[id];
+    if e.first_said(signal_safe::pid()) {
+        let mut b = StackBuf::<512>::new();
+        prefix(&mut b, "WARN");
+        match e.lib {
+            crate::guard::table::Lib::Driver => {
+                let _ = writeln!(
+                    b,
+                    "{}: the real function was not found in libcuda.so.1; returning error 500 (not found). Is the CUDA library installed and on the library path?",
+                    e.abi()
+                );
+            }
+            // Each major's wrapper has that major's parameters (guard/majors.rs): one whose
+            // parameters differ between majors never calls another major's runtime.
+            crate::guard::table::Lib::Runtime => {
+                let _ = writeln!(
+                    b,
+                    "{}: the real function was not found in a CUDA {} runtime (libcudart.so.{}){}; returning error 500 (not found). Is the CUDA library installed and on the library path?",
+                    e.abi(),
+                    e.major,
+                    e.major,
+                    if e.same_everywhere {
+                        ""
+                    } else {
+                        ", and its parameters differ in the other CUDA majors, whose runtimes it never calls"
+                    }
+                );
+            }
+        }
+        signal_safe::write_all(2, b.as_bytes());
+    }
+    R::missing()
+}
+
+/// A guarded API's entry point came back as a pointer matching none of its ABI variants
+/// we know: say so (once per process) and refuse it.
+#[cold]
+pub fn unknown_variant(symbol: *const std::ffi::c_char) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let name = if symbol.is_null() {
+        "?"
+    } else {
+        // SAFETY: a non-NULL symbol argument is a NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(symbol) }
+            .to_str()
+            .unwrap_or("?")
+    };
+    let mut b = StackBuf::<512>::new();
+    prefix(&mut b, "WARN");
+    let _ = writeln!(
+        b,
+        "entry point for {name} is an ABI variant this guard does not know (newer driver?); refusing it (pointer NULL, status not found) rather than handing out an unguarded function. Upgrade rankguard."
+    );
+    signal_safe::write_all(2, b.as_bytes());
+}

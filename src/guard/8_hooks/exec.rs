@@ -1,0 +1,101 @@
+//! `exec*` replaces the process image and with it the counts of violations not yet written
+//! (`tally.rs`). These exports write them first, then jump to the real function with the
+//! caller's registers and stack untouched (the `execl` family is variadic, so the shims are
+//! naked trampolines, like our `dlsym`). When the process never violated, a shim costs one
+//! atomic load and, once per function, a `dlsym(RTLD_NEXT)`.
+//!
+//! x86-64 only; on other architectures nothing is interposed and an `exec` after
+//! violations loses at most the last interval's counts, like `_exit` (README).
+#![allow(unsafe_code)]
+// Unit-test builds do not export the shims (as for `dlsym`), so nothing calls the hook there.
+#![cfg_attr(test, allow(dead_code))]
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::ffi::{c_int, CStr};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::guard::audit::tally;
+    use crate::guard::resolve::real;
+
+    const NAMES: [&CStr; 8] = [
+        c"execve", c"execv", c"execvp", c"execvpe", c"execl", c"execlp", c"execle", c"fexecve",
+    ];
+    static REAL: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+
+    /// A real function that cannot be found: fail the call the way exec fails.
+    extern "C" fn missing() -> c_int {
+        // SAFETY: __errno_location always returns this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        -1
+    }
+
+    /// Resolve every real function now (a process's first violation, `tally.rs`), so that a
+    /// `vfork` child's exec never has to call `dlsym` (which takes the loader's lock).
+    pub fn resolve_all() {
+        for (slot, name) in REAL.iter().zip(NAMES) {
+            if slot.load(Ordering::Acquire) == 0 {
+                slot.store(
+                    real::lookup(libc::RTLD_NEXT, name) as usize,
+                    Ordering::Release,
+                );
+            }
+        }
+    }
+
+    /// Called by every shim with its index: flush the counts, return the real function.
+    /// Never unwinds into the caller.
+    extern "C" fn rg_exec_hook(which: usize) -> usize {
+        let _ = std::panic::catch_unwind(tally::before_exec);
+        let Some(slot) = REAL.get(which) else {
+            return missing as *const () as usize;
+        };
+        let mut p = slot.load(Ordering::Acquire);
+        if p == 0 {
+            p = real::lookup(libc::RTLD_NEXT, NAMES[which]) as usize;
+            if p == 0 {
+                return missing as *const () as usize;
+            }
+            slot.store(p, Ordering::Release);
+        }
+        p
+    }
+
+    /// Save every argument register (and `al`, the vector count of a variadic call), ask
+    /// the hook, restore, and jump to its answer with the caller's return address intact.
+    /// Seven pushes take rsp from 8 mod 16 (after the call) to 0 mod 16 for the hook call.
+    macro_rules! exec_shim {
+        ($name:ident, $idx:literal) => {
+            #[unsafe(naked)]
+            #[cfg_attr(not(test), no_mangle)]
+            /// # Safety
+            /// Same contract as glibc's function of this name.
+            pub unsafe extern "C" fn $name() {
+                core::arch::naked_asm!(
+                    "push rdi", "push rsi", "push rdx", "push rcx", "push r8", "push r9", "push rax",
+                    concat!("mov edi, ", $idx),
+                    "call {hook}",
+                    "mov r11, rax",
+                    "pop rax", "pop r9", "pop r8", "pop rcx", "pop rdx", "pop rsi", "pop rdi",
+                    "jmp r11",
+                    hook = sym rg_exec_hook,
+                )
+            }
+        };
+    }
+
+    exec_shim!(execve, 0);
+    exec_shim!(execv, 1);
+    exec_shim!(execvp, 2);
+    exec_shim!(execvpe, 3);
+    exec_shim!(execl, 4);
+    exec_shim!(execlp, 5);
+    exec_shim!(execle, 6);
+    exec_shim!(fexecve, 7);
+}
+
+/// See `x86::resolve_all`; nothing to resolve where nothing is interposed.
+pub fn resolve_all() {
+    #[cfg(target_arch = "x86_64")]
+    x86::resolve_all();
+}
