@@ -186,7 +186,7 @@ def test_the_guard_works_with_every_slot_bound_at_load(lib):
 
 
 def table_entries() -> int:
-    text = (pathlib.Path(__file__).resolve().parent.parent / "src" / "guard" / "8_hooks" / "generated.rs").read_text()
+    text = (pathlib.Path(__file__).resolve().parent.parent / "src" / "guard" / "2_table" / "generated.rs").read_text()
     m = re.search(r"pub static BY_ABI: \[u16; (\d+)\]", text)
     assert m, "generated.rs has no BY_ABI index (scripts/gen_guarded.py changed shape?)"
     return int(m.group(1))
@@ -203,7 +203,7 @@ def test_the_guarded_table_holds_no_pointers():
     objects = {}
     for line in syms.splitlines():
         f = line.split()
-        if len(f) >= 8 and (f[7].startswith("rankguard::guard::hooks::wrappers::") or f[7] == "rankguard_wrapper_offsets"):
+        if len(f) >= 8 and (f[7].startswith("rankguard::guard::table::") or f[7] == "rankguard_wrapper_offsets"):
             name = f[7].rsplit("::", 1)[-1]
             if name in ("TABLE", "NAMES", "NAME_AT", "BY_ABI", "DRIVER_APIS", "DRIVER_VARIANTS",
                         "rankguard_wrapper_offsets"):

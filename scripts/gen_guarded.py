@@ -8,9 +8,11 @@ pinned wheels `scripts/setup` installs), parsed by `scripts/cudaapi.py`.
 
 Outputs (checked in; the build never needs the headers, so `cargo install` stays offline;
 python-tests/test_generated_table.py regenerates them and fails on any difference):
+  src/guard/2_table/generated.rs        the table's items (one entry per ABI variant: names,
+                                library, major), the sorted name index, the driver API
+                                index used by routing
   src/guard/8_hooks/generated.rs        the `guarded!` items (one wrapper per ABI variant, its
-                                parameters as the header declares them), the sorted name
-                                index, the driver API index used by routing
+                                parameters as the header declares them), in the same order
   python-tests/_guarded.py      the path matrix of the pytest suites
   c-tests/include/guarded.h     the same for the C programs (X-macros)
   c-tests/tests/guard_sigs12.c, tests13/guard_sigs13.c
@@ -39,6 +41,7 @@ from cudaapi import Func, Headers  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.path.join(ROOT, "src", "guard", "2_table", "guarded.spec")
 OUT_RS = os.path.join(ROOT, "src", "guard", "8_hooks", "generated.rs")
+OUT_TABLE = os.path.join(ROOT, "src", "guard", "2_table", "generated.rs")
 OUT_PY = os.path.join(ROOT, "python-tests", "_guarded.py")
 OUT_H = os.path.join(ROOT, "c-tests", "include", "guarded.h")
 OUT_MAP = os.path.join(ROOT, "src", "guard", "2_table", "librankguard.map")
@@ -425,6 +428,24 @@ def render_rs(wrappers: list[Wrapper], sources: str) -> str:
         out.append("\n".join(("    " + l if l.strip() else "") for l in body(w, rtypes).split("\n")))
         out.append("    }")
     out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def render_table_rs(wrappers: list[Wrapper], sources: str) -> str:
+    """The table's half: each entry's names, library, major and `same`, in the wrappers'
+    order (`guarded_table!`, src/guard/2_table/mod.rs), and the indexes."""
+    out = [f"// {HEADER_NOTE.format(sources=sources)}.",
+           "// Included by src/guard/2_table/mod.rs; the wrappers of the same entries, in the same",
+           "// order, are src/guard/8_hooks/generated.rs.",
+           "",
+           "guarded_table! {"]
+    for w in wrappers:
+        if w.lib == "Driver":
+            out.append(f"    Driver 0 \"{w.api}\" \"{w.abi}\" same true {w.ident};")
+        else:
+            same = "true" if w.same_everywhere else "false"
+            out.append(f"    Runtime {w.majors[0]} \"{w.api}\" \"{w.abi}\" same {same} {w.ident};")
+    out.append("}")
     out.append("")
     order = sorted(range(len(wrappers)), key=lambda i: (wrappers[i].abi, wrappers[i].majors))
     out.append("/// The runtime majors wrapped, each with its own parameters; the version node of each.")
@@ -617,6 +638,7 @@ def generate(includes: list[str]) -> dict[str, str]:
     with open(README, encoding="utf-8") as f:
         readme = f.read()
     return {
+        OUT_TABLE: render_table_rs(wrappers, sources),
         OUT_RS: render_rs(wrappers, sources),
         OUT_PY: render_py(wrappers, entries, sources),
         OUT_H: render_h(wrappers, entries, sources),

@@ -13,13 +13,7 @@
 //! where it declares `mod guard`); each block carries a `SAFETY:` comment.
 
 // The layers, lowest first: each folder's number is its place; a module imports only from
-// its own layer or a lower one (python-tests/test_architecture.py). `table` before `hooks`:
-// its macros must be defined before `wrappers` uses them.
-#[path = "1_sys/mod.rs"]
-pub mod sys;
-#[macro_use]
-#[path = "2_table/mod.rs"]
-pub mod table;
+// its own layer or a lower one (python-tests/test_architecture.py).
 #[path = "6_audit/mod.rs"]
 pub mod audit;
 #[path = "7_decide/mod.rs"]
@@ -32,3 +26,7 @@ pub mod output;
 pub mod process;
 #[path = "4_resolve/mod.rs"]
 pub mod resolve;
+#[path = "1_sys/mod.rs"]
+pub mod sys;
+#[path = "2_table/mod.rs"]
+pub mod table;

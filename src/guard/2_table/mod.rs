@@ -1,12 +1,11 @@
-//! The one declarative table of guarded functions, and the macros that build it.
+//! The one declarative table of guarded functions.
 //!
-//! `guarded!` (invoked once, by `wrappers.rs` including the generated `generated.rs`)
-//! takes every guarded ABI symbol (a runtime one once per major) with its C signature and
-//! body and generates, from that single list:
-//! - the exported wrapper (driver: `#[no_mangle]`, unversioned; runtime: defined under its
-//!   major's version node, `cudaSetDevice@libcudart.so.12` / `@@libcudart.so.13`);
-//! - its entry in [`TABLE`]: ABI name, the API name programs call it by, library, runtime
-//!   major, the slot of the real function, the wrapper's address.
+//! `generated.rs` (written by `scripts/gen_guarded.py`) lists every guarded ABI symbol (a
+//! runtime one once per major); `guarded_table!` makes of it its entry in [`TABLE`]: ABI
+//! name, the API name programs call it by, library, runtime major, the slot of the real
+//! function, the wrapper's address. The wrappers themselves are the entry layer's
+//! (`hooks::wrappers`, from the same spec and headers, in the same order); this layer knows
+//! them only by the offsets the linker computes.
 //!
 //! The table holds no pointers: the names are offsets into one string ([`NAMES`]), the
 //! wrappers' addresses offsets the linker computes (`rankguard_wrapper_offsets`). Every
@@ -172,17 +171,12 @@ pub fn is_wrapper(p: *const c_void) -> bool {
     unsafe { WRAPPER_OFFSETS.contains(&off) }
 }
 
-/// Every entry's ABI name, then its API name, each NUL-terminated, one after the other in
-/// [`TABLE`]'s order (`guarded!` concatenates them).
-pub use crate::guard::hooks::wrappers::NAMES;
-use crate::guard::hooks::wrappers::{NAME_AT, SLOTS};
-
 unsafe extern "C" {
     /// Entry `i` is the address of entry `i`'s wrapper minus this table's own address
-    /// (`guarded!`'s `global_asm!`: the linker computes each difference, so the loader has
+    /// (`hooks::wrappers`' `guarded!`, its `global_asm!`: the linker computes each difference, so the loader has
     /// nothing to relocate). Hidden: only this library refers to it.
     #[link_name = "rankguard_wrapper_offsets"]
-    static WRAPPER_OFFSETS: [i32; crate::guard::hooks::wrappers::COUNT];
+    static WRAPPER_OFFSETS: [i32; COUNT];
 }
 
 /// `s`'s bytes as an array (`guarded!`'s [`NAMES`]: a static array, so one copy, addressed
@@ -263,21 +257,13 @@ pub fn driver_variants(name: &[u8]) -> Option<&'static [u16]> {
         .map(|i| variants(&DRIVER_APIS[i]))
 }
 
-/// Generates the wrappers and [`TABLE`] from the items of `generated.rs`, one per ABI
-/// symbol and (runtime) major:
-/// `Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true fn cuCtxCreate_v2(pctx: *mut CUcontext, ...) -> CuResult |real| { body }`
-/// `Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(...) -> CudaError |real| { body }`
-/// A runtime wrapper is defined under its major's version node (`symver`, in builds linked
-/// with `src/guard/2_table/librankguard.map`: cfg `rankguard_symver`); in other builds the
-/// `fallback` one is exported under the plain name instead. `same` says whether the
-/// symbol's parameters are the same in every wrapped major. In the body, `real` is the real
-/// function of the symbol being called (already resolved: a missing one returns 500 before
-/// the body runs) and `ID` is its entry's index.
-macro_rules! guarded {
-    ($( $lib:ident $major:literal $call:literal $abi:literal same $same:literal
-        $( symver $sv:literal )? $( fallback $fb:literal )?
-        fn $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? )
-        -> $ret:ty | $real:ident | $body:block )*) => {
+/// Builds [`TABLE`] from the items of the generated `generated.rs`, one per ABI symbol and
+/// (runtime) major, in the order of the wrappers' own generated list (`hooks::wrappers`):
+/// `Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true cuCtxCreate_v2;`
+/// `Runtime 13 "cudaSetDevice" "cudaSetDevice" same true cudaSetDevice_cu13;`
+/// `same` says whether the symbol's parameters are the same in every wrapped major.
+macro_rules! guarded_table {
+    ($( $lib:ident $major:literal $call:literal $abi:literal same $same:literal $sym:ident ; )*) => {
         // Variants are the C names (`cuCtxGetId` ends with the enum's name), runtime ones
         // with their major (`cudaSetDevice_cu13`).
         #[allow(non_camel_case_types, dead_code, clippy::enum_variant_names)]
@@ -287,120 +273,24 @@ macro_rules! guarded {
 
         pub const COUNT: usize = [$( stringify!($sym), )*].len();
 
-        pub static TABLE: [$crate::guard::table::Entry; COUNT] = [
-            $( $crate::guard::table::Entry::new(
-                $crate::guard::table::Lib::$lib,
-                $major,
-                $same,
-                Id::$sym as usize,
-            ), )*
+        pub static TABLE: [Entry; COUNT] = [
+            $( Entry::new(Lib::$lib, $major, $same, Id::$sym as usize), )*
         ];
         /// Each entry's run-time state, by index (`Entry::slot`): zero at load (`.bss`).
-        pub static SLOTS: [$crate::guard::table::Slot; COUNT] = [$crate::guard::table::Slot::ZERO; COUNT];
-
-        /// Each entry's wrapper, as the compiler sees it (the test of `Entry::wrapper`).
-        #[cfg(test)]
-        pub fn wrapper_fns() -> [*const (); COUNT] {
-            [$( $sym as *const (), )*]
-        }
+        pub static SLOTS: [Slot; COUNT] = [Slot::ZERO; COUNT];
 
         const NAMES_STR: &str = concat!($( $abi, "\0", $call, "\0", )*);
-        /// Every entry's ABI name then API name, NUL-terminated (`Entry::abi`, `call`).
-        pub static NAMES: [u8; NAMES_STR.len()] = $crate::guard::table::bytes(NAMES_STR);
+        /// Every entry's ABI name, then its API name, each NUL-terminated, one after the
+        /// other in [`TABLE`]'s order (`Entry::abi`, `call`).
+        pub static NAMES: [u8; NAMES_STR.len()] = bytes(NAMES_STR);
         /// Where each piece of [`NAMES`] starts, and its length last.
-        pub static NAME_AT: [u32; 2 * COUNT + 1] =
-            $crate::guard::table::piece_starts(NAMES_STR.as_bytes());
-
-        // The wrappers' addresses as 32-bit offsets from the table's own address, in TABLE's
-        // order: differences the linker resolves (the wrappers are bound to this library,
-        // build.rs `-Bsymbolic`), so none is left for the loader (`Entry::wrapper`).
-        ::core::arch::global_asm!(
-            ".pushsection .rodata.rankguard_wrapper_offsets,\"a\"",
-            ".balign 4",
-            ".globl rankguard_wrapper_offsets",
-            ".hidden rankguard_wrapper_offsets",
-            ".type rankguard_wrapper_offsets, STT_OBJECT",
-            "rankguard_wrapper_offsets:",
-            $( concat!(".long {", stringify!($sym), "} - rankguard_wrapper_offsets"), )*
-            ".size rankguard_wrapper_offsets, . - rankguard_wrapper_offsets",
-            ".popsection",
-            $( $sym = sym $sym, )*
-        );
-
-        $(
-            $( #[cfg(all(not(test), rankguard_symver))]
-               ::core::arch::global_asm!(concat!(".symver ", stringify!($sym), ", ", $sv)); )?
-            guarded_wrapper! { [ $( $fb )? ] $sym ( $( $arg : $ty ),* ) -> $ret | $real | $body }
-        )*
+        pub static NAME_AT: [u32; 2 * COUNT + 1] = piece_starts(NAMES_STR.as_bytes());
     };
 }
 
-/// One exported wrapper (see [`guarded!`]).
-macro_rules! guarded_wrapper {
-    ([ $fb:literal ] $sym:ident $args:tt -> $ret:ty | $real:ident | $body:block) => {
-        guarded_wrapper! { @fn
-            #[cfg_attr(all(not(test), rankguard_symver), no_mangle)]
-            #[cfg_attr(all(not(test), not(rankguard_symver)), export_name = $fb)]
-            $sym $args -> $ret | $real | $body }
-    };
-    ([] $sym:ident $args:tt -> $ret:ty | $real:ident | $body:block) => {
-        guarded_wrapper! { @fn #[cfg_attr(not(test), no_mangle)] $sym $args -> $ret | $real | $body }
-    };
-    (@fn $( #[$attr:meta] )* $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty | $real:ident | $body:block) => {
-        $( #[$attr] )*
-        #[allow(non_snake_case, unused_variables, clippy::missing_safety_doc)]
-        pub unsafe extern "C" fn $sym( $( $arg : $ty ),* ) -> $ret {
-            #[allow(dead_code)]
-            const ID: usize = Id::$sym as usize;
-            let p = $crate::guard::resolve::real::get(ID);
-            if p.is_null() {
-                return $crate::guard::decide::missing::missing::<$ret>(ID);
-            }
-            // SAFETY: `p` is the real function exported under this wrapper's own ABI
-            // name (or the pointer the driver returned for it), so it has exactly this
-            // C signature.
-            let $real = unsafe {
-                ::std::mem::transmute::<*mut ::std::ffi::c_void,
-                    unsafe extern "C" fn($( $ty ),*) -> $ret>(p)
-            };
-            $body
-        }
-    };
-}
-
-/// `gate!(verdict, "fmt", args...)`: if the verdict is not Allow, let the engine decide;
-/// return its error code from the enclosing wrapper when the call is denied. The format
-/// arguments describe the call's arguments and are only evaluated on that cold path.
-///
-/// The call of [`verdict::cold_path`](crate::guard::decide::verdict::cold_path) makes the allowed
-/// call the wrapper's straight line: without it LLVM placed the allowed path out of line,
-/// behind a taken branch to wherever it landed (62 bytes into a cache line in one build:
-/// +0.9 ns per `cudaSetDevice` at the same instruction count; docs/benchmarks.md,
-/// "Allowed calls: layout"). The repeated path stays inlined in the cold block
-/// (`tally::counted_again` is `#[inline(always)]`): the allowed call keeps its instructions
-/// (+23 per guarded call) and the repeated one its own.
-macro_rules! gate {
-    ($verdict:expr, $($fmt:tt)*) => {{
-        let verdict = $verdict;
-        if !verdict.is_allow() {
-            $crate::guard::decide::verdict::cold_path();
-            let ra = $crate::caller_address!();
-            match $crate::guard::decide::verdict::repeated(ID, verdict, ra) {
-                Some(Ok(())) => {}
-                Some(Err(code)) => return code,
-                None => {
-                    if let Err(code) = $crate::guard::decide::verdict::on_verdict_ra(ID, verdict, format_args!($($fmt)*), ra) {
-                        return code;
-                    }
-                }
-            }
-        }
-    }};
-}
-
-pub use crate::guard::hooks::wrappers::{
-    runtime_node, Id, BY_ABI, DRIVER_APIS, DRIVER_VARIANTS, RUNTIME_MAJORS, TABLE,
-};
+// The entries and indexes: generated from guarded.spec and NVIDIA's headers
+// (scripts/gen_guarded.py).
+include!("generated.rs");
 
 #[cfg(test)]
 mod tests {
@@ -452,26 +342,12 @@ mod tests {
         assert_eq!(driver_variants(b"cuMemAlloc"), None);
     }
 
-    /// The linker-computed offsets give each entry its own wrapper, and the names are
-    /// each entry's own (not shifted by one piece).
+    /// The offsets' own address is no wrapper's (the wrappers' own test, in
+    /// `hooks::wrappers`, checks each entry's).
     #[test]
-    fn wrappers_and_names_are_each_entrys_own() {
-        let fns = crate::guard::hooks::wrappers::wrapper_fns();
-        for (id, e) in TABLE.iter().enumerate() {
-            assert_eq!(e.wrapper(), fns[id].cast(), "{}", e.abi());
-            assert_eq!(e.abi_cstr().to_bytes(), e.abi().as_bytes());
-            assert!(e.abi().starts_with(e.call()), "{} / {}", e.abi(), e.call());
-        }
-        let e = &TABLE[Id::cuCtxCreate_v2 as usize];
-        assert_eq!((e.abi(), e.call()), ("cuCtxCreate_v2", "cuCtxCreate"));
-        assert!(TABLE.iter().all(|e| is_wrapper(e.wrapper())));
-        assert!(!is_wrapper(std::ptr::null()));
+    fn the_offsets_are_no_wrapper() {
         assert!(!is_wrapper((&raw const WRAPPER_OFFSETS).cast()));
-        let e = &TABLE[Id::cuDeviceGet as usize];
-        assert_eq!(
-            e.wrapper(),
-            crate::guard::hooks::wrappers::cuDeviceGet as *const c_void
-        );
+        assert!(!is_wrapper(std::ptr::null()));
         assert_eq!(NAMES.last(), Some(&0));
     }
 

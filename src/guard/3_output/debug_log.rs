@@ -11,9 +11,9 @@
 //! costs one relaxed load; one at or above it is formatted into a stack buffer (no
 //! allocation, no lock a forked child could inherit held) and handed over whole.
 
-use crate::guard::audit::decision_record;
+use crate::guard::output::line;
 use crate::guard::output::sink;
-use crate::guard::process::state;
+use crate::guard::sys::once::ForkSafeCell;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use rankguard_core::config::Level;
 use std::fmt::{self, Write};
@@ -46,6 +46,17 @@ const fn name(level: Level) -> &'static str {
     }
 }
 
+/// The debug file's template (`RANKGUARD_DEBUG_FILE`), handed down by the configuration
+/// (`process::state`) before it sets the level; unset: lines go to stderr.
+static FILE: ForkSafeCell<&'static str> = ForkSafeCell::new();
+
+/// Set the debug file's template (once; a second call changes nothing).
+pub fn set_file(template: Option<&'static str>) {
+    if let Some(t) = template {
+        FILE.set(t);
+    }
+}
+
 /// Turn the log on at `level` (`state`'s configuration, once per process).
 pub fn set_level(level: Level) {
     MAX.store(rank(level), Ordering::Relaxed);
@@ -60,7 +71,7 @@ pub fn enabled(level: Level) -> bool {
 /// Format `args` after the line prefix into `buf`: one line, cut at `N` bytes with [`CUT`]
 /// before its newline.
 fn render<const N: usize>(buf: &mut StackBuf<N>, level: Level, args: fmt::Arguments<'_>) {
-    decision_record::prefix(buf, name(level));
+    line::prefix(buf, name(level));
     let _ = buf.write_fmt(args);
     end_line(buf);
 }
@@ -87,8 +98,7 @@ pub fn write(level: Level, args: fmt::Arguments<'_>) {
 /// Hand a finished line (its own prefix and newline included) to the debug file, or to
 /// stderr when there is none or it cannot be opened (the sink says why, once).
 pub fn write_line(line: &[u8]) {
-    let template = state::try_get().and_then(|s| s.config.debug_file.as_deref());
-    match template {
+    match FILE.get() {
         Some(t) if sink::DEBUG.write(t, line) => {}
         _ => signal_safe::write_all(2, line),
     }

@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::config;
-use crate::guard::audit::decision_record;
+use crate::guard::output::line;
 use crate::guard::sys::once::PidLock;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 
@@ -139,7 +139,7 @@ impl Sink {
             std::io::Error::from_raw_os_error(err).to_string()
         };
         let mut b = StackBuf::<1024>::new();
-        decision_record::prefix(&mut b, "WARN");
+        line::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
             "{}={:?}: a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: free space on that file system or point {} elsewhere",
@@ -214,7 +214,7 @@ impl Sink {
             ),
         };
         let mut b = StackBuf::<1024>::new();
-        decision_record::prefix(&mut b, "WARN");
+        line::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
             "{}={path:?} {what}; {}",

@@ -167,7 +167,7 @@ pub fn notice_unknown() {
         }
         UNKNOWN_PATH.store(path.cast_mut(), Ordering::Relaxed);
         let mut b = StackBuf::<768>::new();
-        crate::guard::audit::decision_record::prefix(&mut b, "WARN");
+        crate::guard::output::line::prefix(&mut b, "WARN");
         let shown = std::str::from_utf8(bytes).unwrap_or("libcudart (name not UTF-8)");
         let _ = write!(
             b,

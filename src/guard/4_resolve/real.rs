@@ -20,8 +20,8 @@ use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use crate::guard::hooks::wrappers::SLOTS;
 use crate::guard::resolve::majors;
+use crate::guard::table::SLOTS;
 use crate::guard::table::{Lib, TABLE};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;

@@ -2,4 +2,5 @@
 
 pub mod driver_query;
 pub mod rank_root;
+pub mod registry_io;
 pub mod state;

@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::config::Config;
 use crate::cvd::Visibility;
-use crate::guard::decide::ipc;
-use crate::guard::output::debug_log;
+use crate::guard::output::{debug_log, line};
+use crate::guard::process::registry_io;
 use crate::guard::sys::signal_safe;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
 use crate::rankgpu;
@@ -97,7 +97,10 @@ impl ProcView for ProcFsView {
         Some(rank_root::scan_environ(&buf))
     }
     fn record(&mut self, id: RootId) -> Option<RankRecord> {
-        let reg = self.reg.get_or_insert_with(ipc::open_registry).as_ref()?;
+        let reg = self
+            .reg
+            .get_or_insert_with(registry_io::open_registry)
+            .as_ref()?;
         match reg.lookup(&Key::rank(id.pid), &ProcFs) {
             // lookup checked that pid `id.pid` is alive, ours, and started at rec.start
             Lookup::Found(rec) if rec.start == id.start => Some(RankRecord {
@@ -133,7 +136,7 @@ fn establish() -> Option<&'static Root> {
         let me = signal_safe::pid();
         let start = registry::own_start_time()?;
         let mut view = ProcFsView { reg: None };
-        let ancestor = rank_root::find(me, ipc::euid(), &mut view);
+        let ancestor = rank_root::find(me, registry_io::euid(), &mut view);
         debug_log::log!(Debug, "rank root walk ancestor={ancestor:?}");
         let mut host = [0u8; 64];
         let host = signal_safe::hostname(&mut host).to_string();
@@ -159,7 +162,10 @@ fn establish() -> Option<&'static Root> {
     }
     let new: &'static mut Root = Box::leak(Box::new(r));
     match ROOT.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => Some(new),
+        Ok(_) => {
+            line::set_root_pid(new.id.pid);
+            Some(new)
+        }
         // Lost a race with another thread of this process (its value is kept; this box
         // stays leaked, at most once per racing thread).
         Err(_) => mine(),
@@ -186,7 +192,7 @@ pub fn rank_gpu() -> Option<&'static str> {
 
 /// Leave this process's rank record for its descendants: its root and the rank GPU's UUID
 /// (`own_uuid` when this process sees the rank's GPU, else the root's recorded one).
-/// Problems with the registry are said once (`guard/ipc.rs`); never fails the caller.
+/// Problems with the registry are said once (`registry_io`); never fails the caller.
 pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
     let Some(root) = mine() else { return };
     let gpu = match (&root.gpu, sees_rank_gpu) {
@@ -195,7 +201,7 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
         _ => return,
     };
     let _ = std::panic::catch_unwind(|| {
-        let reg = ipc::open_registry()?;
+        let reg = registry_io::open_registry()?;
         let rec = ProvenanceRecord {
             key: Key::rank(signal_safe::pid()),
             job: cfg.job.as_deref().map(registry::job_token),
@@ -211,7 +217,7 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
         };
         match reg.write(&rec, &ProcFs) {
             Ok(()) => debug_log::log!(Debug, "recorded this process's rank root={}", root.id),
-            Err(problem) => ipc::said_write_problem(
+            Err(problem) => registry_io::said_write_problem(
                 reg.dir(),
                 &problem,
                 "this process's rank is not recorded, so a process it starts cannot name it as its rank root unless its environment does",

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::config::{Config, Mode};
 use crate::guard::output::debug_log;
+use crate::guard::output::line;
 use crate::guard::output::sink;
 use crate::guard::resolve::real;
 use crate::guard::sys::once::ForkSafeCell;
@@ -69,7 +70,7 @@ fn init() -> &'static State {
         let dlopened = !secure && !interposing();
         if dlopened {
             let mut b = StackBuf::<512>::new();
-            decision_record::prefix(&mut b, "WARN");
+            line::prefix(&mut b, "WARN");
             let _ = std::fmt::Write::write_str(
                 &mut b,
                 "librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)\n",
@@ -90,6 +91,7 @@ fn init() -> &'static State {
         }
         state
     });
+    line::set_rank(s.config.rank);
     if !s.inert {
         init_debug(&s.config);
     }
@@ -153,7 +155,7 @@ pub fn audit_on() -> bool {
 /// A configuration problem, said on stderr.
 fn warn_once_config(var: &str, value: &str, what: &str) {
     let mut b = StackBuf::<768>::new();
-    decision_record::prefix(&mut b, "WARN");
+    line::prefix(&mut b, "WARN");
     let _ = std::fmt::Write::write_fmt(&mut b, format_args!("{var}={value:?} {what}\n"));
     signal_safe::write_all(2, b.as_bytes());
 }
@@ -181,6 +183,7 @@ fn init_debug(cfg: &'static Config) {
     if let Some(t) = &cfg.debug_file {
         sink::DEBUG.open_now(t);
     }
+    debug_log::set_file(cfg.debug_file.as_deref());
     debug_log::set_level(level);
 }
 
@@ -192,5 +195,3 @@ pub fn set_owned_gpu(uuid: String) {
 pub fn owned_gpu() -> Option<&'static str> {
     OWNED_GPU.get().map(String::as_str)
 }
-
-use crate::guard::audit::decision_record;

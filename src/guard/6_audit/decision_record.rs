@@ -18,27 +18,8 @@ use rankguard_core::record::{
 };
 use std::borrow::Cow;
 
-/// `host:pid:tid [rank N] RANKGUARD LEVEL ` — the NCCL line shape users grep.
-pub fn prefix<W: Write>(w: &mut W, level: &str) {
-    let mut host = [0u8; 64];
-    let host = signal_safe::hostname(&mut host);
-    let _ = write!(w, "{host}:{}:{} ", signal_safe::pid(), signal_safe::tid());
-    match (
-        state::try_get().and_then(|s| s.config.rank),
-        rank_root::current(),
-    ) {
-        (Some(r), _) => {
-            let _ = write!(w, "[rank {r}] ");
-        }
-        (None, Some(root)) => {
-            let _ = write!(w, "[rank root {}] ", root.id.pid);
-        }
-        (None, None) => {
-            let _ = w.write_str("[rank -] ");
-        }
-    }
-    let _ = write!(w, "RANKGUARD {level} ");
-}
+/// The line prefix (`output::line`), here too for the layers above, which write decisions.
+pub use crate::guard::output::line::prefix;
 
 /// The rule-specific facts a report carries beyond the common ones (R1's view of the
 /// devices, R3's exporter), and the GPU the reporter says this process sees when it knows

@@ -504,7 +504,7 @@ fn activate_slow() {
         },
         Ordering::Relaxed,
     );
-    crate::guard::hooks::exec::resolve_all();
+    crate::guard::resolve::exec_real::resolve_all();
     // SAFETY: both handlers are plain extern "C" functions of this library, which is never
     // unloaded once a violation happened in it; they only touch atomics and write(2).
     unsafe {

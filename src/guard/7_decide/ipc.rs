@@ -26,27 +26,26 @@
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::config::Mode;
-use crate::guard::audit::decision_record::{self, Extra};
+use crate::guard::audit::decision_record::Extra;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::output::debug_log;
 use crate::guard::process::rank_root;
+use crate::guard::process::registry_io::{open_registry, said_write_problem, say_once, SAID_WRITE};
 use crate::guard::process::state;
 use crate::guard::resolve::internal;
 use crate::guard::sys::ffi::{
     CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
     EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::signal_safe;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
     self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, ProvenanceRecord,
-    Registry,
 };
 use rankguard_core::record::{Exporter, RootRef, RuleFields};
 use std::borrow::Cow;
@@ -222,156 +221,10 @@ unsafe fn shareable_key(
 // ---------------------------------------------------------------------------------------
 // The registry, as this process sees it
 
-static SAID_DIR: AtomicBool = AtomicBool::new(false);
-static SAID_WRITE: AtomicBool = AtomicBool::new(false);
 static SAID_SKIP: AtomicBool = AtomicBool::new(false);
 static SAID_PANIC: AtomicBool = AtomicBool::new(false);
 /// The pid that last swept the registry (a forked child sweeps again).
 static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
-
-fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
-    if flag.swap(true, Ordering::Relaxed) {
-        debug_log::log!(Debug, "{args}");
-        return;
-    }
-    let mut b = StackBuf::<1024>::new();
-    decision_record::prefix(&mut b, "WARN");
-    let _ = b.write_fmt(args);
-    let _ = b.write_char('\n');
-    signal_safe::write_all(2, b.as_bytes());
-}
-
-pub(crate) fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
-}
-
-/// The verified registry, or None (said once).
-pub(crate) fn open_registry() -> Option<Registry> {
-    let uid = euid();
-    let (dir, var) = match &state::get().config.registry {
-        Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
-        None => (registry::default_dir(uid), "the default registry"),
-    };
-    match Registry::open(&dir, uid, true) {
-        Ok(r) => Some(r),
-        Err(problem) if state::get().config.registry.is_none() => {
-            open_fallback(uid, &dir, &problem.to_string())
-        }
-        Err(problem) => {
-            say_once(
-                &SAID_DIR,
-                format_args!(
-                    "IPC provenance registry {var} {:?} {problem}; not trusted, ignoring it: every IPC import has unknown provenance (allowed, or denied under RANKGUARD_IPC=strict). Fix: point RANKGUARD_REGISTRY at a directory you own with mode 0700 (not a symlink), or unset it",
-                    dir.display().to_string()
-                ),
-            );
-            None
-        }
-    }
-}
-
-/// A record could not be written (said once per process). `consequence`: what is lost.
-pub(crate) fn said_write_problem(
-    dir: &std::path::Path,
-    problem: &registry::WriteProblem,
-    consequence: &str,
-) {
-    say_once(
-        &SAID_WRITE,
-        format_args!(
-            "IPC provenance registry {:?} {problem}: {consequence}. Fix: free space in (or make writable) that directory, or set RANKGUARD_REGISTRY to another one",
-            dir.display().to_string()
-        ),
-    );
-}
-
-/// The default registry directory is not usable (another user created it first, or it has
-/// the wrong mode): use the private fallback under the user's home, which nobody else can
-/// create, and say so once: the default being taken may be an attempt to disable R3.
-fn open_fallback(uid: u32, default: &std::path::Path, problem: &str) -> Option<Registry> {
-    let mut host = [0u8; 256];
-    let fallback =
-        home_dir(uid).map(|home| registry::fallback_dir(&home, full_hostname(&mut host)));
-    let opened = fallback.as_ref().map(|f| {
-        if let Some(parent) = f.parent() {
-            use std::os::unix::fs::DirBuilderExt;
-            let _ = std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent);
-        }
-        Registry::open(f, uid, true)
-    });
-    match (fallback, opened) {
-        (Some(f), Some(Ok(r))) => {
-            say_once(
-                &SAID_DIR,
-                format_args!(
-                    "the default IPC provenance registry {:?} {problem}; using the private fallback {:?} instead (another user may have created the default to disable rule R3; remove it if it is stale)",
-                    default.display().to_string(),
-                    f.display().to_string()
-                ),
-            );
-            Some(r)
-        }
-        (f, opened) => {
-            let why = match (f, opened) {
-                (Some(f), Some(Err(p))) => {
-                    format!("and the private fallback {:?} {p}", f.display().to_string())
-                }
-                _ => "and there is no home directory for a private fallback".to_string(),
-            };
-            say_once(
-                &SAID_DIR,
-                format_args!(
-                    "the default IPC provenance registry {:?} {problem}, {why}; not trusted: every IPC import has unknown provenance (allowed, or denied under RANKGUARD_IPC=strict). Fix: set RANKGUARD_REGISTRY to a directory you own with mode 0700",
-                    default.display().to_string()
-                ),
-            );
-            None
-        }
-    }
-}
-
-/// The user's home directory from the password database (not `$HOME`, which a process
-/// may change: every process of the user must find the same fallback).
-fn home_dir(uid: u32) -> Option<PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: passwd is plain data (integers and pointers): all-zero is a valid value.
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: getpwuid_r writes into `pw` and into `buf` (whose length we pass) and sets
-    // `result` to `&pw` or to NULL.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pw,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
-        return None;
-    }
-    // SAFETY: on success pw_dir points to a NUL-terminated string inside `buf`.
-    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
-    let path = PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes()));
-    path.is_absolute().then_some(path)
-}
-
-/// The full host name (not cut at the first dot: hosts sharing a home must differ).
-fn full_hostname(out: &mut [u8; 256]) -> &str {
-    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
-    if unsafe { libc::gethostname(out.as_mut_ptr().cast(), out.len() - 1) } != 0 {
-        return "unknown-host";
-    }
-    out[255] = 0;
-    let end = out.iter().position(|&b| b == 0).unwrap_or(255);
-    std::str::from_utf8(&out[..end]).unwrap_or("unknown-host")
-}
 
 /// Run registry work without letting a panic reach the host process.
 fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {

@@ -12,16 +12,10 @@
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use std::ffi::{c_int, CStr};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::ffi::c_int;
 
     use crate::guard::audit::tally;
-    use crate::guard::resolve::real;
-
-    const NAMES: [&CStr; 8] = [
-        c"execve", c"execv", c"execvp", c"execvpe", c"execl", c"execlp", c"execle", c"fexecve",
-    ];
-    static REAL: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+    use crate::guard::resolve::exec_real;
 
     /// A real function that cannot be found: fail the call the way exec fails.
     extern "C" fn missing() -> c_int {
@@ -30,35 +24,14 @@ mod x86 {
         -1
     }
 
-    /// Resolve every real function now (a process's first violation, `tally.rs`), so that a
-    /// `vfork` child's exec never has to call `dlsym` (which takes the loader's lock).
-    pub fn resolve_all() {
-        for (slot, name) in REAL.iter().zip(NAMES) {
-            if slot.load(Ordering::Acquire) == 0 {
-                slot.store(
-                    real::lookup(libc::RTLD_NEXT, name) as usize,
-                    Ordering::Release,
-                );
-            }
-        }
-    }
-
-    /// Called by every shim with its index: flush the counts, return the real function.
-    /// Never unwinds into the caller.
+    /// Called by every shim with its index (into `exec_real::NAMES`): flush the counts,
+    /// return the real function. Never unwinds into the caller.
     extern "C" fn rg_exec_hook(which: usize) -> usize {
         let _ = std::panic::catch_unwind(tally::before_exec);
-        let Some(slot) = REAL.get(which) else {
-            return missing as *const () as usize;
-        };
-        let mut p = slot.load(Ordering::Acquire);
-        if p == 0 {
-            p = real::lookup(libc::RTLD_NEXT, NAMES[which]) as usize;
-            if p == 0 {
-                return missing as *const () as usize;
-            }
-            slot.store(p, Ordering::Release);
+        match exec_real::get(which) {
+            0 => missing as *const () as usize,
+            p => p,
         }
-        p
     }
 
     /// Save every argument register (and `al`, the vector count of a variadic call), ask
@@ -92,10 +65,4 @@ mod x86 {
     exec_shim!(execlp, 5);
     exec_shim!(execle, 6);
     exec_shim!(fexecve, 7);
-}
-
-/// See `x86::resolve_all`; nothing to resolve where nothing is interposed.
-pub fn resolve_all() {
-    #[cfg(target_arch = "x86_64")]
-    x86::resolve_all();
 }
