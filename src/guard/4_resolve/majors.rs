@@ -29,6 +29,7 @@ use std::fmt::Write;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
+use crate::guard::resolve::dl;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::{self, Entry};
 
@@ -91,7 +92,7 @@ pub fn major_of(path: &[u8]) -> Option<u32> {
 
 /// The real `dlvsym` with this library as the caller (so `RTLD_NEXT` means: after it).
 fn dlvsym(handle: *mut c_void, name: &CStr, node: &CStr) -> *mut c_void {
-    crate::guard::resolve::real::vlookup(handle, name, node)
+    crate::guard::resolve::dl::vlookup(handle, name, node)
 }
 
 /// The real function of a runtime wrapper: its own major's, found by version node in the
@@ -105,7 +106,7 @@ pub fn resolve(e: &Entry) -> *mut c_void {
         return p;
     }
     if e.same_everywhere {
-        return crate::guard::resolve::real::any_runtime(name);
+        return any_runtime(name);
     }
     ptr::null_mut()
 }
@@ -115,7 +116,7 @@ pub fn resolve(e: &Entry) -> *mut c_void {
 pub fn in_major(name: &CStr, major: u8) -> *mut c_void {
     if let Some(node) = table::runtime_node(major) {
         let p = dlvsym(libc::RTLD_NEXT, name, node);
-        if !p.is_null() && !crate::guard::resolve::real::is_own(p) {
+        if !p.is_null() && !crate::guard::resolve::dl::is_own(p) {
             return p;
         }
         let mut names = [ptr::null(); MAX_RUNTIMES];
@@ -127,7 +128,7 @@ pub fn in_major(name: &CStr, major: u8) -> *mut c_void {
                 continue;
             }
             let p = dlvsym(h, name, node);
-            if !p.is_null() && !crate::guard::resolve::real::is_own(p) {
+            if !p.is_null() && !crate::guard::resolve::dl::is_own(p) {
                 return p;
             }
         }
@@ -183,6 +184,45 @@ pub fn notice_unknown() {
         signal_safe::write_all(2, b.as_bytes());
         return;
     }
+}
+
+/// `name` in any loaded runtime, whatever its major: the next definition after this
+/// library, else a runtime loaded privately. For runtime functions the guard calls itself
+/// (`internal.rs`) and for wrappers whose parameters are the same in every major.
+pub fn any_runtime(name: &CStr) -> *mut c_void {
+    let mut p = dl::lookup(libc::RTLD_NEXT, name);
+    if p.is_null() || dl::is_own(p) {
+        // Not in the global scope: a runtime loaded privately, as a dependency of a
+        // library dlopen'ed with RTLD_LOCAL (PyTorch's libtorch_cuda.so, CuPy).
+        let h = loaded_runtime();
+        p = if h.is_null() {
+            ptr::null_mut()
+        } else {
+            dl::lookup(h, name)
+        };
+    }
+    p
+}
+
+/// A handle of the CUDA runtime already loaded in this process, whatever its major version
+/// (`libcudart.so.12`, `libcudart.so.13`, ...), or null. Loads nothing: the runtime a
+/// wrapper was reached from is necessarily loaded. The loaded runtimes are listed once, by
+/// [`loaded_runtimes`]; a renamed wheel copy (`libcudart-<hash>.so.12`) is not
+/// taken here.
+fn loaded_runtime() -> *mut c_void {
+    let mut names = [ptr::null(); MAX_RUNTIMES];
+    let n = loaded_runtimes(&mut names);
+    for &name in &names[..n] {
+        // SAFETY: `name` is a loaded object's NUL-terminated name from the loader's records.
+        let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
+        let base = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+        if base.starts_with(b"libcudart.so") {
+            // SAFETY: as above; RTLD_NOLOAD returns a handle only for an object already
+            // loaded, loading nothing.
+            return unsafe { libc::dlopen(name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        }
+    }
+    ptr::null_mut()
 }
 
 #[cfg(test)]
