@@ -9,5 +9,4 @@
 
 use rankguard_core::{config, cvd, policy, rank_root, rankgpu, registry};
 
-#[allow(unsafe_code)]
 mod guard;

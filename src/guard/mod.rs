@@ -9,8 +9,9 @@
 //! ([`state`]); the first `cuInit` that reaches the guard checks R1. The hot path of an
 //! allowed call is one atomic load of the real function and the policy's integer compare.
 //!
-//! `unsafe` is allowed for this module and everything below it (the crate root says so
-//! where it declares `mod guard`); each block carries a `SAFETY:` comment.
+//! `unsafe` is denied for the crate (`src/lib.rs`); each file that needs it (FFI,
+//! interposition, lock-free cells) says `#![allow(unsafe_code)]` at its top, and each block
+//! carries a `SAFETY:` comment.
 
 // The layers, lowest first: each folder's number is its place; a module imports only from
 // its own layer or a lower one (python-tests/test_architecture.py).

@@ -2,6 +2,7 @@
 //! C library's own tables, `sys::libcsym`), lookups by name and by version, the driver's
 //! handle, and whether a pointer is one of this library's wrappers. The lowest part of
 //! resolving: `majors` and `real` look up through it.
+#![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;

@@ -14,6 +14,7 @@
 //! value and its lines keep naming it (the child is in that tree), but the child's own R1
 //! check walks again: "no root GPU, this process is the root" is the parent's fact, not
 //! the child's. No lock is involved: the value is a leaked box behind an atomic pointer.
+#![allow(unsafe_code)]
 
 use std::fs::{self, File};
 use std::io::Read;

@@ -1,6 +1,7 @@
 //! The IPC provenance registry as this process opens it: which directory (configured,
 //! default, or the private fallback under the user's home), and its problems said once.
 //! The rank root (`rank_root`) and R3 (`decide::ipc`) both read and write through it.
+#![allow(unsafe_code)]
 
 use std::fmt::{self, Write as _};
 use std::path::PathBuf;
