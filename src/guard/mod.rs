@@ -1,6 +1,8 @@
 //! The interposer: everything that runs inside other people's processes.
 //!
-//! Layers (docs/design.md §2), all handing out the same wrappers from one table
+//! Eight layers, one numbered folder each (`1_sys` .. `8_hooks`; the order and what each
+//! holds: docs/design.md §2), imports running only downward
+//! (python-tests/test_architecture.py). The entry points all hand out the same wrappers from one table
 //! ([`table`]): exported symbols, the `dlsym` override ([`dlsym`]), `cuGetProcAddress`
 //! and `cuGetProcAddress_v2`, and `cudaGetDriverEntryPoint(ByVersion)` (routing in
 //! [`route`]).
