@@ -2,13 +2,13 @@
 //!
 //! Eight layers, one numbered folder each (`1_sys` .. `8_hooks`; the order and what each
 //! holds: docs/design.md §2), imports running only downward
-//! (python-tests/test_architecture.py). The entry points all hand out the same wrappers from one table
-//! ([`table`]): exported symbols, the `dlsym` override ([`dlsym`]), `cuGetProcAddress`
-//! and `cuGetProcAddress_v2`, and `cudaGetDriverEntryPoint(ByVersion)` (routing in
-//! [`route`]).
+//! (python-tests/test_architecture.py). The entry points all hand out the same wrappers
+//! from one table ([`table`]): exported symbols, the `dlsym` override ([`hooks::dlsym`]),
+//! `cuGetProcAddress` and `cuGetProcAddress_v2`, and `cudaGetDriverEntryPoint(ByVersion)`
+//! (routing in [`hooks::route`]).
 //!
 //! Life cycle: nothing runs at load time. The first guarded call reads the configuration
-//! ([`state`]); the first `cuInit` that reaches the guard checks R1. The hot path of an
+//! ([`process::state`]); the first `cuInit` that reaches the guard checks R1. The hot path of an
 //! allowed call is one atomic load of the real function and the policy's integer compare.
 //!
 //! `unsafe` is denied for the crate (`src/lib.rs`); each file that needs it (FFI,
