@@ -71,3 +71,17 @@ def run(cmd, env=None, timeout=60, check=False, **kw) -> subprocess.CompletedPro
 @pytest.fixture
 def env():
     return clean_env()
+
+
+# PyTorch on the fake node (scripts/setup installs the pinned torch into .venv-torch;
+# scripts/fake-node runs a command with it, the fake platform and the built rankguard).
+TORCH_VENV = ROOT / ".venv-torch"
+TORCH_SITE = TORCH_VENV / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+FAKE_NODE = ROOT / "scripts" / "fake-node"
+
+
+def fake_node(cmd, env=None, timeout=120, **kw) -> subprocess.CompletedProcess:
+    """Run cmd through scripts/fake-node with a scrubbed environment (clean_env())."""
+    assert (TORCH_VENV / ".requirements-torch.sha256").exists(), \
+        f"{TORCH_VENV} missing: run scripts/setup (it installs the pinned torch)"
+    return run([FAKE_NODE, *cmd], env=env, timeout=timeout, **kw)

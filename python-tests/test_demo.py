@@ -74,9 +74,25 @@ def tally(records) -> collections.Counter:
 
 def test_demo_exits_0_with_every_act_as_described(demo):
     assert demo.proc.returncode == 0, demo.out
-    for n in (1, 2, 3):
+    # scripts/setup installs PyTorch, so the demo's fourth act (the job written with torch)
+    # always runs here.
+    for n in (1, 2, 3, 4):
         assert f"act {n} ended as described" in demo.out, demo.out
-    assert "all three acts ended as described" in demo.out
+    assert "all four acts ended as described" in demo.out
+
+
+def test_act4_torch_legacy_warn_records_the_planted_set(demo):
+    assert "(rankguard launch exited with status 0)" in demo.out.split("Act 4:", 1)[1], demo.out
+    got = tally(demo.records(4))
+    want = collections.Counter()
+    for r in range(WORLD):
+        if r:
+            want[(r, "R2", "cudaSetDevice")] += 1
+        for rule, call in (("R1", "cuInit"), ("R3", "cudaIpcOpenEventHandle"),
+                           ("R3", "cudaIpcOpenMemHandle")):
+            want[(r, rule, call)] += 1
+    assert got == want, got
+    assert demo.act_output(4).count("done, every check passed") == WORLD
 
 
 def test_act1_legacy_warn_runs_to_the_end(demo):

@@ -920,6 +920,25 @@ FAKE_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 
 FAKE_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
 
+/* cuda.h: "Query the priority of a given stream"; the NULL (legacy or per-thread) stream has
+ * the default priority 0. */
+static CUresult stream_priority(CUstream hStream, int *priority)
+{
+    CHECK_INIT();
+    if (!priority)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    CUresult r = fake_stream_check(hStream);
+    if (r == CUDA_SUCCESS)
+        *priority = (hStream == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
+                        ? 0 : ((struct fake_stream *)hStream)->priority;
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority) { return stream_priority(hStream, priority); }
+FAKE_API CUresult CUDAAPI cuStreamGetPriority_ptsz(CUstream hStream, int *priority) { return stream_priority(hStream, priority); }
+
 static CUresult stream_sync(CUstream s)
 {
     CHECK_INIT();

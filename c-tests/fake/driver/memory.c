@@ -1318,6 +1318,11 @@ struct fake_pool {
     int gpu, mig;
     unsigned long long ino;
     unsigned long long access[FAKE_MAX_GPUS];
+    /* Pool attributes (cuMemPoolSetAttribute): the three reuse policies (default enabled),
+     * the release threshold (default 0), this process's used bytes and the high watermarks. */
+    int reuse[3];
+    cuuint64_t release_threshold;
+    cuuint64_t used, used_high, reserved_high;
 };
 
 static struct fake_pool *pools;
@@ -1373,7 +1378,12 @@ static CUresult pool_create(const CUmemPoolProps *props, struct fake_pool **out)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct fake_pool *p = calloc(1, sizeof *p);
+    if (!p) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     p->fd = fd;
+    p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
     p->props = *props;
     p->gpu = hd.gpu;
     p->mig = hd.mig;
@@ -1573,7 +1583,15 @@ static CUresult pool_alloc(struct fake_pool *p, size_t size, CUdeviceptr *out)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct fake_ctx *c = NULL;
     fake_current_ctx(&c);
-    return pool_map(p, off, size, K_POOL, c, out);
+    CUresult r = pool_map(p, off, size, K_POOL, c, out);
+    if (r == CUDA_SUCCESS) {
+        p->used += len;
+        if (p->used > p->used_high)
+            p->used_high = p->used;
+        if (hd.bump - PAGE > p->reserved_high)
+            p->reserved_high = hd.bump - PAGE;
+    }
+    return r;
 }
 
 static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
@@ -1633,12 +1651,97 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s)
                               (a->kind != K_POOL && a->kind != K_POOL_IMPORT)))
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
+        if (a->kind == K_POOL && a->pool && a->pool->used >= round_up(a->size, PAGE))
+            a->pool->used -= round_up(a->size, PAGE);
         unlink_alloc(a);
         munmap((void *)a->base, round_up(a->size, PAGE));
         free(a);
     }
     pthread_mutex_unlock(&fake_lock);
     return r;
+}
+
+/* Pool attributes (cuda.h, cuMemPoolSetAttribute / cuMemPoolGetAttribute). D-pool: freed
+ * ranges are never reused and never released, so the reserved size is every byte the pool
+ * has handed out (read from its header: all processes of an exported pool share it); the
+ * reuse policies and the release threshold are kept and reported, and change nothing. */
+static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set)
+{
+    CHECK_INIT();
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(pool);
+    CUresult r = p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    struct pool_header hd = {0};
+    if (r == CUDA_SUCCESS && pread(p->fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+        r = CUDA_ERROR_INVALID_VALUE;
+    cuuint64_t reserved = hd.bump >= PAGE ? hd.bump - PAGE : 0;
+    if (r == CUDA_SUCCESS) {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: {
+            int *slot = &p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+            if (set)
+                *slot = *(int *)value != 0;
+            else
+                *(int *)value = *slot;
+            break;
+        }
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            if (set)
+                p->release_threshold = *(cuuint64_t *)value;
+            else
+                *(cuuint64_t *)value = p->release_threshold;
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: {
+            cuuint64_t *high = attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH ? &p->used_high : &p->reserved_high;
+            /* "It is illegal to set this attribute to a non-zero value"; a reset takes the
+             * current value. */
+            if (set && *(cuuint64_t *)value != 0)
+                r = CUDA_ERROR_INVALID_VALUE;
+            else if (set)
+                *high = attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH ? p->used : reserved;
+            else
+                *(cuuint64_t *)value = *high;
+            break;
+        }
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+            if (set)                          /* read-only */
+                r = CUDA_ERROR_INVALID_VALUE;
+            else
+                *(cuuint64_t *)value = attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT ? p->used : reserved;
+            break;
+        default:
+            r = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return r;
+}
+
+FAKE_API CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    return pool_attribute(pool, attr, value, 1);
+}
+
+FAKE_API CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    return pool_attribute(pool, attr, value, 0);
+}
+
+/* D-pool: nothing is ever released, so there is nothing to trim; the pool must exist. */
+FAKE_API CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    (void)minBytesToKeep;
+    CHECK_INIT();
+    pthread_mutex_lock(&fake_lock);
+    struct fake_pool *p = pool_lookup(pool);
+    pthread_mutex_unlock(&fake_lock);
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 FAKE_API CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
@@ -1730,7 +1833,12 @@ FAKE_API CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_
     if (fd < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct fake_pool *p = calloc(1, sizeof *p);
+    if (!p) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     p->fd = fd;
+    p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
     p->imported = 1;
     p->props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     p->props.handleTypes = hd.handle_types;

@@ -474,6 +474,16 @@ RT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *att
         /* "In CUDA 11.0 forward passing host pointer will return cudaMemoryTypeUnregistered
          * ... and call will return cudaSuccess." Decision (docs silent on the other
          * fields): device -2 as the real runtime reports, both aliases NULL. */
+        void *base;
+        if (rt_host_lookup(ptr, &base)) {
+            /* Page-locked host memory the runtime allocated or registered: host memory,
+             * mapped at the same address on the device (unified addressing). */
+            attributes->type = cudaMemoryTypeHost;
+            attributes->device = rt_current_device();
+            attributes->devicePointer = (void *)ptr;
+            attributes->hostPointer = (void *)ptr;
+            return cudaSuccess;
+        }
         attributes->type = cudaMemoryTypeUnregistered;
         attributes->device = -2;
         attributes->devicePointer = NULL;

@@ -121,6 +121,10 @@ RT_HIDDEN void rt_set_current_device(int dev);
 RT_HIDDEN cudaError_t rt_ret(cudaError_t e);
 RT_HIDDEN cudaError_t rt_last_error(int reset);
 
+/* Host memory of cudaHostAlloc/cudaMallocHost/cudaHostRegister containing `ptr`
+ * (cudart_frameworks.c): 1 and its base in *base, else 0. */
+RT_HIDDEN int rt_host_lookup(const void *ptr, void **base);
+
 /* CUresult -> cudaError_t (see cudart_errors.c for the rule). */
 RT_HIDDEN cudaError_t rt_map(CUresult r);
 

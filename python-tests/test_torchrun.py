@@ -1,0 +1,95 @@
+"""torchrun for real: the README's torchrun recipe, taken from the README and run as
+written (train.py is python-tests/_torch_ddp.py: cuda:0, a gloo all_reduce) with the pinned
+torch on the fake 8-GPU node (scripts/fake-node)."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+
+from conftest import ROOT, clean_env, fake_node
+
+WORKER = ROOT / "python-tests" / "_torch_ddp.py"
+SET_DEVICE_LINE = next(i for i, line in enumerate(WORKER.read_text().splitlines(), 1)
+                       if "torch.cuda.set_device(local)" in line)
+
+
+def readme_recipe() -> list[str]:
+    """The README's torchrun command line (one, in a sh block of "Recipes")."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    lines = [line for b in blocks for line in b.splitlines() if line.startswith("torchrun ")]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])
+
+
+def torchrun(tmp_path, *, extra=(), **env):
+    """Run the recipe in tmp_path (its train.py the worker); (process, records, lines)."""
+    shutil.copy(WORKER, tmp_path / "train.py")
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    cmd = readme_recipe()
+    assert cmd[0] == "torchrun" and cmd[-2:] == ["python", "train.py"], cmd
+    cmd = [cmd[0], *extra, *cmd[1:]]
+    p = fake_node(cmd, env=clean_env(RANKGUARD_AUDIT=str(audit / "%p.jsonl"), **env),
+                  timeout=120, cwd=tmp_path)
+    records = [json.loads(line) for f in sorted(audit.glob("*.jsonl"))
+               for line in f.read_text().splitlines()]
+    workers = [line.split() for line in p.stdout.splitlines() if line.startswith("rank ")]
+    return p, records, workers
+
+
+def _fields(words: list[str]) -> dict[str, str]:
+    return {k: v for k, v in zip(words[::2], words[1::2])}
+
+
+def test_readme_recipe_runs_4_ranks_each_on_its_gpu_as_cuda0(tmp_path):
+    p, records, workers = torchrun(tmp_path, RANKGUARD_MODE="enforce")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    ranks = {w["rank"]: w for w in map(_fields, workers)}
+    assert sorted(ranks) == ["0", "1", "2", "3"], out
+    for r, w in ranks.items():
+        assert w["cvd"] == r, out               # --narrow-by LOCAL_RANK: one GPU each
+    assert all(line.endswith("sum [10.0, 10.0, 10.0, 10.0]") for line in
+               (ln for ln in p.stdout.splitlines() if ln.startswith("rank "))), out
+    assert "RANKGUARD" not in out, out
+    assert records == []
+
+
+def test_legacy_set_device_is_r2_with_the_users_line_and_one_job_id_across_a_restart(tmp_path):
+    p, records, workers = torchrun(tmp_path, extra=("--max-restarts", "1"),
+                                   RANKGUARD_MODE="warn", LEGACY="1", FAIL_FIRST="1")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    attempts = {(w["rank"], w["attempt"]) for w in map(_fields, workers)}
+    # Rank 1 failed the first attempt before the group formed; torchrun restarted all four,
+    # and the second attempt reduced.
+    assert attempts == {(r, "1") for r in ("0", "1", "2", "3")}, out
+    assert "failed (exitcode: 3) local_rank: 1" in out, out
+    run_ids = {w["run"] for w in map(_fields, workers)}
+    assert len(run_ids) == 1 and "None" not in run_ids, out
+    job = "torchelastic:" + run_ids.pop()
+    # Ranks 1-3 name their global index in both attempts (rank 0's set_device(0) is legal).
+    got = sorted((r["rank"], r["rule"], r["call"]) for r in records)
+    assert got == sorted([(r, "R2", "cudaSetDevice") for r in (1, 2, 3)] * 2), got
+    assert {r["job"] for r in records} == {job}
+    assert {r["verdict"] for r in records} == {"warn"}
+    for r in records:
+        assert r["py_stack"][0] == f"{tmp_path / 'train.py'}:{SET_DEVICE_LINE} in <module>", r
+    for r in (1, 2, 3):
+        assert f"[rank {r}] RANKGUARD WARN cudaSetDevice(device={r}) allowed (warn mode) [R2" in out
+
+
+def test_legacy_set_device_is_refused_in_enforce_mode(tmp_path):
+    p, records, workers = torchrun(tmp_path, RANKGUARD_MODE="enforce", LEGACY="1")
+    out = p.stdout + p.stderr
+    # Refused with the driver's answer (invalid device); the worker falls back to cuda:0.
+    assert p.returncode == 0, out
+    assert len(workers) == 4, out
+    got = sorted((r["rank"], r["rule"], r["call"], r["verdict"]) for r in records)
+    assert got == [(r, "R2", "cudaSetDevice", "deny") for r in (1, 2, 3)], got
+    for r in (1, 2, 3):
+        assert f"[rank {r}] RANKGUARD WARN cudaSetDevice(device={r}) denied [R2" in out
+    assert len({r["job"] for r in records}) == 1
