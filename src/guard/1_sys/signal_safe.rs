@@ -50,17 +50,25 @@ impl<const N: usize> Write for StackBuf<N> {
 
 /// Write all of `bytes` to `fd` (stderr: the program's descriptor, whose blocking mode is
 /// not ours to change), retrying on EINTR and short writes, but never waiting more than
-/// [`WRITE_WAIT_MS`] for it to become writable: a stderr pipe nobody reads loses the line
-/// instead of hanging the program.
+/// [`WRITE_WAIT_MS`] in all for it to become writable: a stderr pipe nobody reads loses the
+/// line instead of hanging the program. The bound is a deadline on the monotonic clock
+/// (`clock_gettime` is async-signal-safe), so signals arriving faster than the bound (a
+/// profiler's timer) cannot renew it: each EINTR polls again for what is left, never for a
+/// fresh [`WRITE_WAIT_MS`] (issue 29, item 5).
 pub fn write_all(fd: i32, mut bytes: &[u8]) {
+    let deadline = monotonic_ms().saturating_add(WRITE_WAIT_MS as u64);
     while !bytes.is_empty() {
+        let left = deadline.saturating_sub(monotonic_ms());
+        if left == 0 {
+            return;
+        }
         let mut p = libc::pollfd {
             fd,
             events: libc::POLLOUT,
             revents: 0,
         };
         // SAFETY: `p` is one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, WRITE_WAIT_MS) };
+        let r = unsafe { libc::poll(&mut p, 1, left.min(WRITE_WAIT_MS as u64) as i32) };
         if r == 0 {
             return;
         }
@@ -85,6 +93,17 @@ pub fn write_all(fd: i32, mut bytes: &[u8]) {
         }
         bytes = &bytes[n as usize..];
     }
+}
+
+/// Milliseconds on the monotonic clock (async-signal-safe).
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// The longest [`write_all`] waits for its descriptor to become writable.

@@ -1,0 +1,79 @@
+"""Hostile inputs, second round (issue 29, items 5-10 and 12): the guard's own output never
+hangs, kills or corrupts the program it lives in. Each test is bounded by its run's timeout,
+which fails the test (subprocess.TimeoutExpired), never the suite."""
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+import subprocess
+
+from conftest import GUARD, PYTHON, clean_env
+from _guard import prog
+
+# A Python program that makes violations (cuDeviceGet with ordinal 1: R2) with a periodic
+# signal arriving every 300 ms (a handler that does nothing, as a profiler's or a
+# progress timer's would).
+SIGNALLED = """
+import ctypes, signal, sys
+signal.signal(signal.SIGALRM, lambda *a: None)
+signal.setitimer(signal.ITIMER_REAL, 0.3, 0.3)
+lib = ctypes.CDLL('libcuda.so.1'); lib.cuInit(0); d = ctypes.c_int()
+for i in range(int(sys.argv[1])):
+    rc = lib.cuDeviceGet(ctypes.byref(d), 1)
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+print('rc=%d' % rc, flush=True)
+"""
+
+
+def full_pipe():
+    """A pipe whose buffer is full and that nobody reads: (read end, blocking write end)."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(w, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return r, w
+
+
+def test_item5_blocked_stderr_under_a_periodic_signal_is_bounded(tmp_path):
+    """stderr a full pipe nobody reads and a signal every 300 ms: each EINTR used to start
+    a fresh 2 s wait, so the violating call never returned. The wait is a deadline: the
+    line is dropped after 2 s whatever the signals, and the program ends."""
+    script = tmp_path / "sig.py"
+    script.write_text(SIGNALLED)
+    r, w = full_pipe()
+    try:
+        env = clean_env(LD_PRELOAD=str(GUARD), CUDA_VISIBLE_DEVICES="0", RANKGUARD_MODE="warn")
+        p = subprocess.run([PYTHON, str(script), "1"], stdout=subprocess.PIPE, stderr=w,
+                           env=env, timeout=40, text=True)
+        # warn mode: the call reaches the driver, which has no device 1 under CVD=0 (101).
+        assert p.returncode == 0 and "rc=101" in p.stdout, p.stdout
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_item6_file_size_limit_never_kills_the_program(tmp_path):
+    """`ulimit -f` below the shared audit (or debug) file's size: the guard's write used to
+    raise SIGXFSZ and kill the program (status 153; SIGXFSZ's default action). The record is
+    lost, said once, and the program runs on."""
+    for var, extra in [("RANKGUARD_AUDIT", {}),
+                       ("RANKGUARD_DEBUG_FILE", {"RANKGUARD_DEBUG": "DEBUG"})]:
+        big = tmp_path / f"{var}.log"
+        big.write_bytes(b"x" * 8192 + b"\n")
+        env = clean_env(LD_PRELOAD=str(GUARD), CUDA_VISIBLE_DEVICES="0", **{var: str(big)}, **extra)
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+        # restore_signals (the default) gives the program SIGXFSZ's default action.
+        p = subprocess.run([str(prog("guard_call")), "link", "cuDeviceGet", "1"], capture_output=True,
+                           text=True, env=env, timeout=40, preexec_fn=limit)
+        assert p.returncode == 0 and "rc=101" in p.stdout, (var, p.returncode, p.stdout, p.stderr)
+        lost = [x for x in p.stderr.splitlines() if "being lost" in x and var in x]
+        assert len(lost) == 1 and "too large" in lost[0].lower(), p.stderr
+        assert big.stat().st_size == 8193
