@@ -8,7 +8,9 @@ import os
 import resource
 import subprocess
 
-from conftest import GUARD, PYTHON, clean_env
+import json
+
+from conftest import CLI, GUARD, PYTHON, clean_env
 from _guard import prog
 
 # A Python program that makes violations (cuDeviceGet with ordinal 1: R2) with a periodic
@@ -77,3 +79,22 @@ def test_item6_file_size_limit_never_kills_the_program(tmp_path):
         lost = [x for x in p.stderr.splitlines() if "being lost" in x and var in x]
         assert len(lost) == 1 and "too large" in lost[0].lower(), p.stderr
         assert big.stat().st_size == 8193
+
+
+def test_item10_guard_and_check_agree_on_entries_cuda_does_not_read():
+    """`0,` and `0,-1` are the single device 0 (docs/design.md §3: the first invalid entry
+    truncates the list). The guard allowed them silently and `rankguard check` exited 1:
+    now both decide on the entries read (allowed, exit 0) and both say the rest, in the same
+    words (one function, crates/core cvd::unread)."""
+    for value in ["0,", "0,-1"]:
+        env = clean_env(LD_PRELOAD=str(GUARD), CUDA_VISIBLE_DEVICES=value)
+        p = subprocess.run([str(prog("guard_call")), "link", "cuDeviceGet", "0"], capture_output=True,
+                           text=True, env=env, timeout=30)
+        assert p.returncode == 0 and "rc=0" in p.stdout, (value, p.stdout, p.stderr)
+        said = [x for x in p.stderr.splitlines() if "CUDA reads only its first 1 of 2 entries" in x]
+        assert len(said) == 1 and "fix the variable" in said[0], (value, p.stderr)
+        c = subprocess.run([str(CLI), "check", "--json"], capture_output=True, text=True, env=env, timeout=60)
+        d = json.loads(c.stdout)
+        assert c.returncode == 0 and d["ok"] is True and d["entries"] == ["0"], (value, d)
+        sentence = said[0].split(" RANKGUARD WARN ", 1)[1]
+        assert sentence in d["warnings"], (value, sentence, d["warnings"])
