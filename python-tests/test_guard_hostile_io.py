@@ -98,3 +98,26 @@ def test_item10_guard_and_check_agree_on_entries_cuda_does_not_read():
         assert c.returncode == 0 and d["ok"] is True and d["entries"] == ["0"], (value, d)
         sentence = said[0].split(" RANKGUARD WARN ", 1)[1]
         assert sentence in d["warnings"], (value, sentence, d["warnings"])
+
+
+def test_item8_long_values_never_cut_a_line_nor_glue_the_next():
+    """A 2,000-character RANKGUARD_* value, or an audit path over 1 KiB: the guard's line was
+    cut at 1,024 bytes without its newline and the next line (the R2 denial) glued onto it.
+    Every line ends with its newline and keeps its end (what happens, the fix); the long
+    value is shown by its two ends."""
+    long_dir = "/nonexistent/" + "d" * 1500
+    cases = [
+        ({"RANKGUARD_MODE": "x" * 2000 + "END"}, "is not valid: expected"),
+        ({"RANKGUARD_AUDIT": long_dir + "/a.jsonl"}, "no audit records will be written by this process"),
+    ]
+    for extra, end in cases:
+        env = clean_env(LD_PRELOAD=str(GUARD), CUDA_VISIBLE_DEVICES="0", **extra)
+        p = subprocess.run([str(prog("guard_call")), "link", "cuDeviceGet", "1"], capture_output=True,
+                           text=True, env=env, timeout=30)
+        assert p.returncode == 0 and "rc=101" in p.stdout, (p.stdout, p.stderr)
+        lines = [x for x in p.stderr.splitlines() if "RANKGUARD" in x]
+        assert all(x.count(" RANKGUARD ") == 1 for x in lines), lines
+        said = [x for x in lines if end in x]
+        assert len(said) == 1 and len(said[0]) < 1024 and " [...] " in said[0], lines
+        denial = [x for x in lines if "cuDeviceGet(ordinal=1) denied [R2" in x]
+        assert len(denial) == 1 and end not in denial[0], lines

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use crate::config;
 use crate::guard::audit::decision_record;
 use crate::guard::sys::once::PidLock;
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::signal_safe::{self, Mid, StackBuf};
 
 pub struct Sink {
     /// Which file: its variable, what it holds and what happens instead are `kind`'s texts
@@ -147,12 +147,13 @@ impl Sink {
         decision_record::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
-            "{}={:?}: a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: {fix} {} elsewhere",
+            "{}=\"{}\": a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: {fix} {} elsewhere",
             self.kind.var(),
-            self.path(template),
+            Mid(&self.path(template), signal_safe::VALUE_MAX),
             self.kind.what(),
             self.kind.var()
         );
+        b.end_line();
         signal_safe::write_all(2, b.as_bytes());
     }
 
@@ -222,10 +223,12 @@ impl Sink {
         decision_record::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
-            "{}={path:?} {what}; {}",
+            "{}=\"{}\" {what}; {}",
             self.kind.var(),
+            Mid(path, signal_safe::VALUE_MAX),
             self.kind.instead()
         );
+        b.end_line();
         signal_safe::write_all(2, b.as_bytes());
     }
 }
