@@ -48,7 +48,8 @@ def test_violations_exit_1_and_say_why():
         ({}, "is unset"),
         ({"CUDA_VISIBLE_DEVICES": "0,1"}, "makes 2 GPUs visible"),
         ({"CUDA_VISIBLE_DEVICES": ""}, "makes no GPU visible"),
-        ({"CUDA_VISIBLE_DEVICES": "0,2,-1"}, "malformed"),
+        # CUDA reads 0,2 (the first invalid entry truncates): two GPUs
+        ({"CUDA_VISIBLE_DEVICES": "0,2,-1"}, "makes 2 GPUs visible"),
         ({"CUDA_VISIBLE_DEVICES": "9"}, "the driver enumerates 0 devices"),
         ({"CUDA_VISIBLE_DEVICES": "2", "RANKGUARD_RANK_GPU": uuid(3)}, f"its rank owns RANKGUARD_RANK_GPU='{uuid(3)}'"),
         # a prefix that is not this process's own entry cannot be proven to name one GPU

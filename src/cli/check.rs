@@ -1,8 +1,9 @@
 //! `rankguard check`: what this environment means for the contract, and whether a rank
 //! started in it would violate it (exit 1) or not (exit 0).
 //!
-//! Problems (exit 1) break R1 for a rank process: `CUDA_VISIBLE_DEVICES` unset, empty,
-//! malformed or with several entries; the driver not enumerating exactly one device or not
+//! Problems (exit 1) break R1 for a rank process: `CUDA_VISIBLE_DEVICES` unset, empty
+//! or with several entries read (entries CUDA does not read, `0,-1`, are a warning: the
+//! guard decides on those it reads, `cvd::unread`); the driver not enumerating exactly one device or not
 //! answering; a GPU other than the rank's own (`RANKGUARD_RANK_GPU`, compared by identity).
 //! Warnings do not change the status: the guard missing from `LD_PRELOAD` (the contract is
 //! then not enforced, though not violated either), a mode other than enforce.
@@ -128,14 +129,15 @@ fn gather(sysroot: &std::path::Path) -> Report {
             "{var} is unset: every GPU of the node is visible, a rank must see exactly one; {fix}"
         )),
         Some(v) => {
-            let items = v.split(',').count();
+            // R1 is decided on the entries CUDA reads, as the guard decides it at cuInit
+            // (`0,-1` is the single device 0); entries it does not read are a warning, said
+            // by the guard in the same words (crate::cvd::unread, one function).
+            if let Some(u) = cvd::unread(v) {
+                warnings.push(u.describe(v));
+            }
             if entries.is_empty() {
                 problems.push(format!(
                     "{var}='{v}' makes no GPU visible: right for a helper that must not use CUDA, not for a rank; {fix}"));
-            } else if entries.len() != items {
-                problems.push(format!(
-                    "{var}='{v}' is malformed: CUDA reads only its first {} of {items} entries; fix the variable",
-                    entries.len()));
             } else if entries.len() > 1 {
                 problems.push(format!(
                     "{var}='{v}' makes {} GPUs visible, a rank must see exactly one; {fix}",

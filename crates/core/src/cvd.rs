@@ -115,6 +115,47 @@ pub fn parse(value: Option<&str>) -> Visibility {
     Visibility::Entries(entries)
 }
 
+/// Entries of a set value that CUDA does not read, when it still reads some: `0,` and
+/// `0,-1` are the single device 0 (docs/design.md §3: the first invalid entry truncates the
+/// list). Not a violation (the process sees what the entries read say, one device for
+/// `0,-1`), but never what was meant: the guard's R1 check and `rankguard check` both say it
+/// with [`Unread::describe`] and both decide R1 on the entries read (issue 29, item 10).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unread<'a> {
+    /// Entries CUDA reads.
+    pub read: usize,
+    /// Entries written (comma-separated tokens).
+    pub written: usize,
+    /// The first entry not read, as written (`""` for a trailing comma).
+    pub from: &'a str,
+}
+
+impl Unread<'_> {
+    /// One sentence naming the value, what CUDA reads and the fix.
+    pub fn describe(&self, value: &str) -> String {
+        format!(
+            "{VAR}='{value}': CUDA reads only its first {} of {} entries (it stops at {:?}, \
+             which is not a valid entry of this list); the process sees what those name; fix the variable",
+            self.read, self.written, self.from
+        )
+    }
+}
+
+/// What of `value` CUDA does not read (see [`Unread`]); None when it reads every entry, or
+/// none at all (an empty list: no device, a helper's setting, nothing to warn about).
+pub fn unread(value: &str) -> Option<Unread<'_>> {
+    let read = parse(Some(value)).entries().map_or(0, <[CvdEntry]>::len);
+    let written = value.split(',').count();
+    if read == 0 || read >= written {
+        return None;
+    }
+    Some(Unread {
+        read,
+        written,
+        from: value.split(',').nth(read).unwrap_or(""),
+    })
+}
+
 /// Parse the process's own `CUDA_VISIBLE_DEVICES`. A value that is not UTF-8 cannot name
 /// any device (UUIDs and digits are ASCII) and parses as an invalid first entry: none.
 pub fn from_env() -> Visibility {
@@ -303,6 +344,30 @@ mod tests {
         assert_eq!(parse(Some("0,1,2,1")), idx(&[]));
         assert_eq!(parse(Some("0,,1")), idx(&[0]));
         assert_eq!(parse(Some("99999999999")), idx(&[]));
+    }
+
+    #[test]
+    fn unread_entries_are_named_and_the_read_ones_decide() {
+        // `0,` and `0,-1` are the single device 0: one entry, as R1 asks.
+        for v in ["0,", "0,-1", "0,x", "0,GPU-12"] {
+            assert_eq!(parse(Some(v)), idx(&[0]), "{v}");
+        }
+        assert_eq!(
+            unread("0,"),
+            Some(Unread {
+                read: 1,
+                written: 2,
+                from: ""
+            })
+        );
+        let u = unread("0,-1").unwrap();
+        assert_eq!((u.read, u.written, u.from), (1, 2, "-1"));
+        assert!(u.describe("0,-1").contains("first 1 of 2 entries"));
+        assert_eq!(unread("0,2,-1,1").map(|u| u.read), Some(2));
+        // every entry read, or none at all: nothing unread to say
+        for v in ["0", "0,1", "", "-1", "-1,0", "0,1,0", "GPU-12"] {
+            assert_eq!(unread(v), None, "{v}");
+        }
     }
 
     #[test]

@@ -41,6 +41,62 @@ impl<const N: usize> StackBuf<N> {
     }
 }
 
+impl<const N: usize> StackBuf<N> {
+    /// End the buffer as one line: exactly one trailing newline, even when the text filled
+    /// it (then cut, with ` [...]`, before the newline). Values that can be long are written
+    /// through [`Mid`], so what follows them (the rule, the fix) fits (issue 29, item 8).
+    pub fn end_line(&mut self) {
+        if self.as_bytes().ends_with(b"\n") && self.remaining() > 0 {
+            return;
+        }
+        if self.remaining() == 0 {
+            let mut keep = N.saturating_sub(CUT.len() + 1);
+            while keep > 0 && (self.buf[keep] & 0xc0) == 0x80 {
+                keep -= 1;
+            }
+            self.truncate(keep);
+            self.push_bytes(CUT.as_bytes());
+        }
+        if !self.as_bytes().ends_with(b"\n") {
+            self.push_bytes(b"\n");
+        }
+    }
+}
+
+const CUT: &str = " [...]";
+
+/// A value shown whole when it is at most `max` bytes, else its beginning and its end with
+/// ` [...] ` between (cut on character boundaries), escaped as `{:?}` escapes (a newline in
+/// a value never starts a line of its own): a 2,000-character variable or a long path
+/// never pushes the rest of a line (its rule, its fix) out of the line's buffer.
+pub struct Mid<'a>(pub &'a str, pub usize);
+
+impl fmt::Display for Mid<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (s, max) = (self.0, self.1.max(16));
+        if s.len() <= max {
+            return write!(f, "{}", s.escape_debug());
+        }
+        let mut head = max / 2;
+        while !s.is_char_boundary(head) {
+            head -= 1;
+        }
+        let mut tail = s.len() - (max - max / 2);
+        while !s.is_char_boundary(tail) {
+            tail += 1;
+        }
+        write!(
+            f,
+            "{} [...] {}",
+            s[..head].escape_debug(),
+            s[tail..].escape_debug()
+        )
+    }
+}
+
+/// The longest a value is shown in one of the guard's lines ([`Mid`]).
+pub const VALUE_MAX: usize = 200;
+
 impl<const N: usize> Write for StackBuf<N> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         self.push_bytes(s.as_bytes());
@@ -50,17 +106,25 @@ impl<const N: usize> Write for StackBuf<N> {
 
 /// Write all of `bytes` to `fd` (stderr: the program's descriptor, whose blocking mode is
 /// not ours to change), retrying on EINTR and short writes, but never waiting more than
-/// [`WRITE_WAIT_MS`] for it to become writable: a stderr pipe nobody reads loses the line
-/// instead of hanging the program.
+/// [`WRITE_WAIT_MS`] in all for it to become writable: a stderr pipe nobody reads loses the
+/// line instead of hanging the program. The bound is a deadline on the monotonic clock
+/// (`clock_gettime` is async-signal-safe), so signals arriving faster than the bound (a
+/// profiler's timer) cannot renew it: each EINTR polls again for what is left, never for a
+/// fresh [`WRITE_WAIT_MS`] (issue 29, item 5).
 pub fn write_all(fd: i32, mut bytes: &[u8]) {
+    let deadline = monotonic_ms().saturating_add(WRITE_WAIT_MS as u64);
     while !bytes.is_empty() {
+        let left = deadline.saturating_sub(monotonic_ms());
+        if left == 0 {
+            return;
+        }
         let mut p = libc::pollfd {
             fd,
             events: libc::POLLOUT,
             revents: 0,
         };
         // SAFETY: `p` is one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, WRITE_WAIT_MS) };
+        let r = unsafe { libc::poll(&mut p, 1, left.min(WRITE_WAIT_MS as u64) as i32) };
         if r == 0 {
             return;
         }
@@ -85,6 +149,17 @@ pub fn write_all(fd: i32, mut bytes: &[u8]) {
         }
         bytes = &bytes[n as usize..];
     }
+}
+
+/// Milliseconds on the monotonic clock (async-signal-safe).
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// The longest [`write_all`] waits for its descriptor to become writable.
@@ -209,6 +284,24 @@ pub fn now_us() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_values_keep_their_ends_and_lines_their_newline() {
+        let long = "a".repeat(3000) + "END";
+        let shown = Mid(&long, VALUE_MAX).to_string();
+        assert!(shown.len() < VALUE_MAX + 10 && shown.starts_with('a') && shown.ends_with("END"));
+        assert_eq!(Mid("short", VALUE_MAX).to_string(), "short");
+        let e = "é".repeat(500);
+        assert!(Mid(&e, 101).to_string().contains(" [...] "));
+        let mut b = StackBuf::<64>::new();
+        let _ = write!(b, "{}", "x".repeat(100));
+        b.end_line();
+        assert!(b.as_bytes().ends_with(b" [...]\n") && b.as_bytes().len() <= 64);
+        let mut b = StackBuf::<64>::new();
+        let _ = write!(b, "RANK={}: fix it", Mid(&long, 20));
+        b.end_line();
+        assert!(b.as_bytes().ends_with(b"END: fix it\n"));
+    }
 
     #[test]
     fn stack_buf_truncates() {

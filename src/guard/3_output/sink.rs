@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use crate::config;
 use crate::guard::output::line;
 use crate::guard::sys::once::PidLock;
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::signal_safe::{self, Mid, StackBuf};
 
 pub struct Sink {
     /// Which file: its variable, what it holds and what happens instead are `kind`'s texts
@@ -111,12 +111,10 @@ impl Sink {
             return false;
         };
         loop {
-            // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes of it.
-            let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+            let (n, err) = write_no_sigxfsz(fd, bytes);
             if n >= 0 && n as usize == bytes.len() {
                 return true;
             }
-            let err = if n < 0 { errno() } else { 0 };
             if err == libc::EINTR {
                 continue;
             }
@@ -135,19 +133,27 @@ impl Sink {
         }
         let why = if err == libc::EAGAIN {
             "the pipe or FIFO is full (its reader is not keeping up)".to_string()
+        } else if err == libc::EFBIG {
+            "File too large: the file is past this process's file size limit, `ulimit -f`; the guard blocks the SIGXFSZ that would kill the program".to_string()
         } else {
             std::io::Error::from_raw_os_error(err).to_string()
+        };
+        let fix = if err == libc::EFBIG {
+            "raise the file size limit or point"
+        } else {
+            "free space on that file system or point"
         };
         let mut b = StackBuf::<1024>::new();
         line::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
-            "{}={:?}: a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: free space on that file system or point {} elsewhere",
+            "{}=\"{}\": a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: {fix} {} elsewhere",
             self.kind.var(),
-            self.path(template),
+            Mid(&self.path(template), signal_safe::VALUE_MAX),
             self.kind.what(),
             self.kind.var()
         );
+        b.end_line();
         signal_safe::write_all(2, b.as_bytes());
     }
 
@@ -217,11 +223,57 @@ impl Sink {
         line::prefix(&mut b, "WARN");
         let _ = writeln!(
             b,
-            "{}={path:?} {what}; {}",
+            "{}=\"{}\" {what}; {}",
             self.kind.var(),
+            Mid(path, signal_safe::VALUE_MAX),
             self.kind.instead()
         );
+        b.end_line();
         signal_safe::write_all(2, b.as_bytes());
+    }
+}
+
+/// One `write(2)` that never raises SIGXFSZ in the program: past `RLIMIT_FSIZE` (`ulimit
+/// -f` below a shared file's size) the kernel sends the writing thread SIGXFSZ, whose
+/// default action kills the process. The signal is blocked in this thread only, for the
+/// write (the program's disposition and other threads' masks are untouched), so the write
+/// returns EFBIG instead; a SIGXFSZ that the write left pending is taken with a zero-timeout
+/// `sigtimedwait`, only when none was pending before (one the program had pending is its
+/// own and stays). Checking the limit first instead would race with the other processes
+/// appending to the same file. Returns the write's result and its errno (0 on success).
+fn write_no_sigxfsz(fd: i32, bytes: &[u8]) -> (isize, i32) {
+    // SAFETY: the sigset_t values are plain out-parameters initialised by sigemptyset before
+    // use; pthread_sigmask, sigpending and sigtimedwait only read and write them, and change
+    // the calling thread's mask, which is restored before returning.
+    unsafe {
+        let mut xfsz: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut xfsz);
+        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old) == 0;
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut before);
+        let pending_before = blocked
+            && libc::sigpending(&mut before) == 0
+            && libc::sigismember(&before, libc::SIGXFSZ) == 1;
+        // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes of it.
+        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let err = if n < 0 { errno() } else { 0 };
+        if blocked && !pending_before {
+            let mut now: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut now);
+            if libc::sigpending(&mut now) == 0 && libc::sigismember(&now, libc::SIGXFSZ) == 1 {
+                let zero = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
+            }
+        }
+        if blocked {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        (n, err)
     }
 }
 

@@ -24,7 +24,7 @@ pub(crate) fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
     let mut b = StackBuf::<1024>::new();
     prefix(&mut b, "WARN");
     let _ = b.write_fmt(args);
-    let _ = b.write_char('\n');
+    b.end_line();
     signal_safe::write_all(2, b.as_bytes());
 }
 

@@ -156,7 +156,14 @@ pub fn audit_on() -> bool {
 fn warn_once_config(var: &str, value: &str, what: &str) {
     let mut b = StackBuf::<768>::new();
     line::prefix(&mut b, "WARN");
-    let _ = std::fmt::Write::write_fmt(&mut b, format_args!("{var}={value:?} {what}\n"));
+    let _ = std::fmt::Write::write_fmt(
+        &mut b,
+        format_args!(
+            "{var}=\"{}\" {what}\n",
+            signal_safe::Mid(value, signal_safe::VALUE_MAX)
+        ),
+    );
+    b.end_line();
     signal_safe::write_all(2, b.as_bytes());
 }
 

@@ -61,6 +61,14 @@ fn check_init(rc: CuResult) {
     let cvd_text = signal_safe::getenv(c"CUDA_VISIBLE_DEVICES");
     let vis = cvd::parse(cvd_text);
     let entries = vis.entries().map_or(0, <[cvd::CvdEntry]>::len);
+    // Entries CUDA does not read (`0,-1`): R1 is decided on those it reads, as `rankguard
+    // check` decides it; both say the rest in the same words (crate::cvd::unread).
+    if let Some(u) = cvd_text.and_then(cvd::unread) {
+        let mut b = StackBuf::<768>::new();
+        prefix(&mut b, "WARN");
+        let _ = writeln!(b, "{}", u.describe(cvd_text.unwrap_or("")));
+        signal_safe::write_all(2, b.as_bytes());
+    }
 
     let mut devices = 0;
     if rc == CuResult::SUCCESS {
