@@ -140,6 +140,12 @@ pub fn is_own(p: *const c_void) -> bool {
 }
 
 /// The real function of table entry `id`, or null if it cannot be found.
+///
+/// The hot path is one load of the published slot. A driver function's slot is published
+/// only once the R1 check has decided (`init_check::verdict_gate`): until then every call
+/// takes the cold path, which waits there while another thread of the process is in the
+/// check, so no guarded driver call of any thread proceeds before the verdict, at no cost
+/// to the allowed path (issue 29, item 1).
 #[inline]
 pub fn get(id: usize) -> *mut c_void {
     let p = SLOTS[id].real.load(Ordering::Acquire);
@@ -152,18 +158,40 @@ pub fn get(id: usize) -> *mut c_void {
 #[cold]
 fn resolve(id: usize) -> *mut c_void {
     let e = &TABLE[id];
+    let p = find(id);
+    if p.is_null() {
+        return p;
+    }
+    // Runtime functions are published at once: a runtime's own driver calls reach the
+    // driver's wrappers, which wait (and the runtime's first call is what runs cuInit).
+    if e.lib == Lib::Runtime || crate::guard::init_check::verdict_gate() {
+        SLOTS[id].real.store(p, Ordering::Release);
+    }
+    p
+}
+
+/// The real function of table entry `id`, found on first use, published or not (the
+/// guard's own queries, routing).
+pub fn find(id: usize) -> *mut c_void {
+    let e = &TABLE[id];
+    let p = e.found().load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
     match e.lib {
-        Lib::Driver => resolve_slot(e.lib, e.abi_cstr(), e.real()),
+        Lib::Driver => resolve_slot(e.lib, e.abi_cstr(), e.found()),
         // Each runtime wrapper calls its own major's runtime (guard/majors.rs).
         Lib::Runtime => {
             let p = crate::guard::resolve::majors::resolve(e);
             if p.is_null() || is_own(p) {
                 return ptr::null_mut();
             }
-            match e
-                .real()
-                .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match e.found().compare_exchange(
+                ptr::null_mut(),
+                p,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => p,
                 Err(existing) => existing,
             }
@@ -241,22 +269,24 @@ fn loaded_runtime() -> *mut c_void {
 /// recorded one.
 pub fn record(id: usize, p: *mut c_void) -> *mut c_void {
     if p.is_null() || is_own(p) {
-        return TABLE[id].real().load(Ordering::Acquire);
+        return TABLE[id].found().load(Ordering::Acquire);
     }
-    match TABLE[id]
-        .real()
-        .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
-    {
+    match TABLE[id].found().compare_exchange(
+        ptr::null_mut(),
+        p,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
         Ok(_) => p,
         Err(existing) => existing,
     }
 }
 
-/// Resolve every driver entry (once, before routing by pointer).
+/// Find every driver entry (once, before routing by pointer); publishes nothing.
 pub fn resolve_all_driver() {
     for (id, e) in TABLE.iter().enumerate() {
         if e.lib == Lib::Driver {
-            let _ = get(id);
+            let _ = find(id);
         }
     }
 }

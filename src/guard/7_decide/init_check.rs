@@ -3,6 +3,7 @@
 #![allow(unsafe_code)]
 
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::config::Mode;
 use crate::cvd;
@@ -29,15 +30,24 @@ pub const EXIT_R1: i32 = 78;
 
 static INIT_CHECK: ForkSafeOnce = ForkSafeOnce::new();
 
-/// Called by the `cuInit` wrapper after the real `cuInit` returned `rc`. The first call in
-/// the process runs the R1 check; concurrent first calls wait for it, so no thread uses
-/// CUDA before the verdict (a child forked in the middle of its parent's check runs its
-/// own). A violation in enforce mode terminates the process here.
-pub fn after_init(rc: CuResult) {
+/// The thread running the R1 check (valid while [`INIT_CHECK`] is in progress).
+static CHECKER_TID: AtomicU32 = AtomicU32::new(0);
+
+/// The `cuInit` wrapper's body: `real_init` is the real `cuInit`. The first call in the
+/// process claims the R1 check *before* the driver is initialised, runs the real `cuInit`
+/// and then the check; concurrent first calls wait for it, and so does every other guarded
+/// driver call of any thread ([`verdict_gate`]), so no thread uses CUDA before the verdict
+/// (a child forked in the middle of its parent's check runs its own). A violation in
+/// enforce mode terminates the process here.
+pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
     if INIT_CHECK.is_done() {
-        return;
+        return real_init();
     }
+    let mut first = None;
     INIT_CHECK.call(|| {
+        CHECKER_TID.store(signal_safe::tid(), Ordering::Relaxed);
+        let rc = real_init();
+        first = Some(rc);
         // As in on_verdict_with: never unwind into the caller of cuInit. A check that
         // could not finish fails closed: in enforce mode the process is stopped as for
         // any R1 violation, since its visibility was not verified.
@@ -50,6 +60,18 @@ pub fn after_init(rc: CuResult) {
             unsafe { libc::_exit(EXIT_R1) }
         }
     });
+    // A caller that waited for another thread's check initialises the driver itself (the
+    // driver's cuInit is idempotent), as it would have without the guard.
+    first.unwrap_or_else(real_init)
+}
+
+/// Whether a guarded driver function may be published for the hot path (`real::get`):
+/// true once R1 is decided, after waiting while another thread of this process is in the
+/// check. False, without waiting, before any `cuInit` (the driver itself answers
+/// `CUDA_ERROR_NOT_INITIALIZED` then) and in the checking thread itself (its own queries
+/// of the driver): such calls proceed unpublished, through the cold path each time.
+pub fn verdict_gate() -> bool {
+    INIT_CHECK.settled(|| CHECKER_TID.load(Ordering::Relaxed) == signal_safe::tid())
 }
 
 fn check_init(rc: CuResult) {
