@@ -51,3 +51,30 @@ def test_item1_the_rank_gpu_still_runs_both_threads(tmp_path):
     assert "second thread: context and allocation" in p.stdout
     assert "main: cuInit returned" in p.stdout
     assert "RANKGUARD" not in p.stderr, p.stderr
+
+
+# ------------------------------------------------------------- item 2: fd exhaustion fails closed
+
+def test_item2_a_walk_that_cannot_read_proc_fails_closed(tmp_path):
+    """The re-pointed descendant with its fd table full at its first cuInit: the ancestor
+    walk cannot open /proc/<pid>/stat, so the rank is unknown. Before the fix it ran on
+    silently (exit 0, `[rank -]`); now R1 refuses (78) and the line says what could not be
+    read, why (EMFILE) and the fix."""
+    p = descendant(tmp_path, f'CUDA_VISIBLE_DEVICES=1 "{prog("guard_fd_full")}"')
+    assert p.stdout.splitlines()[-1] == "status 78", p.stdout + p.stderr
+    line = next((l for l in p.stderr.splitlines() if "[R1 one GPU per rank]" in l), None)
+    assert line is not None, p.stderr
+    assert "could not be read (EMFILE)" in line and "/stat" in line, line
+    assert "ulimit -n" in line, line
+
+
+def test_item2_a_full_fd_table_on_the_rank_gpu_is_refused_too(tmp_path):
+    """On the rank's own GPU the walk cannot tell either: refused the same way (the
+    guard cannot know it is the rank's GPU); with a rank variable there is no walk and the
+    process runs."""
+    p = descendant(tmp_path, f'"{prog("guard_fd_full")}"')
+    assert p.stdout.splitlines()[-1] == "status 78", p.stdout + p.stderr
+    assert "EMFILE" in p.stderr
+    p = descendant(tmp_path, f'RANK=0 "{prog("guard_fd_full")}"')
+    assert p.stdout.splitlines()[-1] == "status 0", p.stdout + p.stderr
+    assert "cuInit=0" in p.stdout

@@ -103,7 +103,9 @@ fn check_init(rc: CuResult) {
     let rank_uuid = signal_safe::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
     // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
     let cfg = &state::get().config;
-    let by_root = rank_root::ensure(cfg).is_some();
+    // A walk that could not read /proc (the fd table full) fails closed (policy::init).
+    let walk = rank_root::ensure_checked(cfg);
+    let by_root = matches!(walk, Ok(Some(_)));
     let is_rank_gpu = match signal_safe::getenv_bytes("RANKGUARD_RANK_GPU") {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
         None => rank_root::is_rank_gpu(own_uuid, &vis),
@@ -113,6 +115,7 @@ fn check_init(rc: CuResult) {
         entries,
         devices,
         is_rank_gpu,
+        walk_unreadable: walk.err(),
     };
     debug_log::log!(
         Debug,
