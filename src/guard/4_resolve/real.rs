@@ -18,10 +18,12 @@
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use crate::guard::hooks::wrappers::SLOTS;
 use crate::guard::resolve::majors;
+use crate::guard::sys::once::ForkSafeOnce;
+use crate::guard::sys::signal_safe;
 use crate::guard::table::{Lib, TABLE};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -139,10 +141,25 @@ pub fn is_own(p: *const c_void) -> bool {
     crate::guard::table::is_wrapper(p)
 }
 
+/// The R1 check at the first `cuInit` (`init_check::around_init` runs it).
+pub static R1_CHECK: ForkSafeOnce = ForkSafeOnce::new();
+
+/// The thread running the R1 check (valid while [`R1_CHECK`] is in progress).
+pub static R1_CHECKER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether a guarded driver function may be published for the hot path ([`get`]): true
+/// once R1 is decided, after waiting while another thread of this process is in the
+/// check. False, without waiting, before any `cuInit` (the driver itself answers
+/// `CUDA_ERROR_NOT_INITIALIZED` then) and in the checking thread itself (its own queries
+/// of the driver): such calls proceed unpublished, through the cold path each time.
+pub fn verdict_gate() -> bool {
+    R1_CHECK.settled(|| R1_CHECKER.load(Ordering::Relaxed) == signal_safe::tid())
+}
+
 /// The real function of table entry `id`, or null if it cannot be found.
 ///
 /// The hot path is one load of the published slot. A driver function's slot is published
-/// only once the R1 check has decided (`init_check::verdict_gate`): until then every call
+/// only once the R1 check has decided ([`verdict_gate`]): until then every call
 /// takes the cold path, which waits there while another thread of the process is in the
 /// check, so no guarded driver call of any thread proceeds before the verdict, at no cost
 /// to the allowed path (issue 29, item 1).
@@ -164,7 +181,7 @@ fn resolve(id: usize) -> *mut c_void {
     }
     // Runtime functions are published at once: a runtime's own driver calls reach the
     // driver's wrappers, which wait (and the runtime's first call is what runs cuInit).
-    if e.lib == Lib::Runtime || crate::guard::init_check::verdict_gate() {
+    if e.lib == Lib::Runtime || verdict_gate() {
         SLOTS[id].real.store(p, Ordering::Release);
     }
     p

@@ -3,7 +3,7 @@
 #![allow(unsafe_code)]
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::config::Mode;
 use crate::cvd;
@@ -14,7 +14,6 @@ use crate::guard::process::driver_query::{device_uuid, driver_count};
 use crate::guard::process::rank_root;
 use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
-use crate::guard::sys::once::ForkSafeOnce;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::Id;
 use crate::policy::{self, InitFacts, Verdict};
@@ -28,15 +27,14 @@ pub const EXIT_R1: i32 = 78;
 
 // R1 at CUDA initialisation
 
-static INIT_CHECK: ForkSafeOnce = ForkSafeOnce::new();
-
-/// The thread running the R1 check (valid while [`INIT_CHECK`] is in progress).
-static CHECKER_TID: AtomicU32 = AtomicU32::new(0);
+// The R1 check's one-time state and its thread live where the slots are published
+// (`real::verdict_gate`).
+use crate::guard::resolve::real::{R1_CHECK as INIT_CHECK, R1_CHECKER as CHECKER_TID};
 
 /// The `cuInit` wrapper's body: `real_init` is the real `cuInit`. The first call in the
 /// process claims the R1 check *before* the driver is initialised, runs the real `cuInit`
 /// and then the check; concurrent first calls wait for it, and so does every other guarded
-/// driver call of any thread ([`verdict_gate`]), so no thread uses CUDA before the verdict
+/// driver call of any thread (`real::verdict_gate`), so no thread uses CUDA before the verdict
 /// (a child forked in the middle of its parent's check runs its own). A violation in
 /// enforce mode terminates the process here.
 pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
@@ -63,15 +61,6 @@ pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
     // A caller that waited for another thread's check initialises the driver itself (the
     // driver's cuInit is idempotent), as it would have without the guard.
     first.unwrap_or_else(real_init)
-}
-
-/// Whether a guarded driver function may be published for the hot path (`real::get`):
-/// true once R1 is decided, after waiting while another thread of this process is in the
-/// check. False, without waiting, before any `cuInit` (the driver itself answers
-/// `CUDA_ERROR_NOT_INITIALIZED` then) and in the checking thread itself (its own queries
-/// of the driver): such calls proceed unpublished, through the cold path each time.
-pub fn verdict_gate() -> bool {
-    INIT_CHECK.settled(|| CHECKER_TID.load(Ordering::Relaxed) == signal_safe::tid())
 }
 
 fn check_init(rc: CuResult) {
