@@ -99,6 +99,31 @@ pub enum Detail {
     MultiDeviceLaunch { devices: u32 },
     /// A checkpoint restore that moves a process's CUDA state onto another GPU (R1).
     RestoreOntoOtherGpu,
+    /// The ancestor walk that names the rank (no rank variables) could not read `/proc`
+    /// (R1 fails closed: the process's rank GPU is unknown, not absent).
+    RankUnreadable(Unreadable),
+}
+
+/// A `/proc` file the rank root's walk could not read, and why (an OS error number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unreadable {
+    pub pid: u32,
+    /// The file under `/proc/<pid>/` (`stat`, `environ`).
+    pub file: &'static str,
+    pub errno: i32,
+}
+
+/// The symbolic name of the OS errors a `/proc` read can hit for lack of resources.
+fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        4 => "EINTR",
+        5 => "EIO",
+        11 => "EAGAIN",
+        12 => "ENOMEM",
+        23 => "ENFILE",
+        24 => "EMFILE",
+        _ => "an OS error",
+    }
 }
 
 impl Detail {
@@ -140,6 +165,13 @@ impl fmt::Display for Detail {
             }
             Detail::RestoreOntoOtherGpu => f.write_str(
                 "a checkpoint restore remaps the process onto another GPU than it was checkpointed on",
+            ),
+            Detail::RankUnreadable(u) => write!(
+                f,
+                "the rank could not be established: /proc/{}/{} could not be read ({}), so the walk of the ancestors is refused; fix: leave fds free at the first cuInit (ulimit -n) or name the rank (RANK, RANKGUARD_RANK_GPU)",
+                u.pid,
+                u.file,
+                errno_name(u.errno),
             ),
         }
     }
@@ -344,6 +376,8 @@ pub struct InitFacts {
     /// Whether the device this process sees is the rank's GPU: `None` when the launcher
     /// named no rank GPU (plain `LD_PRELOAD`), or the identity could not be compared.
     pub is_rank_gpu: Option<bool>,
+    /// The walk that names the rank (no rank variables) could not read `/proc`.
+    pub walk_unreadable: Option<Unreadable>,
 }
 
 /// R1 at CUDA initialisation.
@@ -366,6 +400,13 @@ pub fn init(f: InitFacts) -> Verdict {
                 entries: if f.cvd_set { f.entries } else { 0 },
                 devices: f.devices,
             },
+        });
+    }
+    if let Some(u) = f.walk_unreadable {
+        return Verdict::Violation(Violation {
+            rule: Rule::R1,
+            code: DenyCode::NotPermitted,
+            detail: Detail::RankUnreadable(u),
         });
     }
     if f.is_rank_gpu == Some(false) {
@@ -496,6 +537,7 @@ mod tests {
             entries,
             devices,
             is_rank_gpu: None,
+            walk_unreadable: None,
         }
     }
 
@@ -513,5 +555,29 @@ mod tests {
         assert!(matches!(init(f), Verdict::Violation(v) if v.detail == Detail::NotRankGpu));
         f.is_rank_gpu = Some(true);
         assert!(init(f).is_allow());
+    }
+
+    /// A walk that could not read /proc fails closed, and says what, why and the fix; a
+    /// process deliberately given no GPU is still allowed.
+    #[test]
+    fn r1_unread_walk_fails_closed() {
+        let u = Unreadable {
+            pid: 42,
+            file: "stat",
+            errno: 24,
+        };
+        let mut f = facts(true, 1, 1);
+        f.walk_unreadable = Some(u);
+        let Verdict::Violation(v) = init(f) else {
+            panic!("allowed")
+        };
+        assert_eq!((v.rule, v.detail), (Rule::R1, Detail::RankUnreadable(u)));
+        let text = v.detail.to_string();
+        for part in ["/proc/42/stat", "EMFILE", "ulimit -n", "RANKGUARD_RANK_GPU"] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+        let mut none = facts(true, 0, 0);
+        none.walk_unreadable = Some(u);
+        assert!(init(none).is_allow());
     }
 }

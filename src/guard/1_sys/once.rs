@@ -51,6 +51,25 @@ impl ForkSafeOnce {
         self.state.load(Ordering::Acquire) == DONE
     }
 
+    /// Whether the set-up is done, after waiting while another thread of this process is
+    /// doing it. False, without waiting, when it was not started (or was left in progress
+    /// by a process this one was forked from), and when `runner()` says the caller is the
+    /// thread doing it.
+    pub fn settled(&self, runner: impl Fn() -> bool) -> bool {
+        let me = signal_safe::pid();
+        let mut spins = 0;
+        loop {
+            let s = self.state.load(Ordering::Acquire);
+            if s == DONE {
+                return true;
+            }
+            if s != me || runner() {
+                return false;
+            }
+            pause(&mut spins);
+        }
+    }
+
     /// Run `f` unless the set-up is done: exactly one thread of this process runs it, the
     /// others wait for it; a child forked in the middle of a parent's run runs it again.
     pub fn call(&self, f: impl FnOnce()) {
@@ -192,6 +211,28 @@ mod tests {
         once.call(|| ran = true);
         assert!(ran && once.is_done());
         once.call(|| panic!("runs once"));
+    }
+
+    #[test]
+    fn settled_waits_only_for_another_thread_of_this_process() {
+        static ONCE: ForkSafeOnce = ForkSafeOnce::new();
+        assert!(!ONCE.settled(|| false), "not started: no wait");
+        ONCE.state
+            .store(signal_safe::pid().wrapping_add(1).max(1), Ordering::Relaxed);
+        assert!(
+            !ONCE.settled(|| false),
+            "a parent's run, left by a fork: no wait"
+        );
+        ONCE.state.store(signal_safe::pid(), Ordering::Relaxed);
+        assert!(!ONCE.settled(|| true), "the runner itself never waits");
+        let waiter = std::thread::spawn(|| ONCE.settled(|| false));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !waiter.is_finished(),
+            "another thread's run in progress: it waits"
+        );
+        ONCE.state.store(DONE, Ordering::Release);
+        assert!(waiter.join().unwrap());
     }
 
     #[test]

@@ -46,8 +46,13 @@ pub struct Entry {
 
 /// An entry's run-time state (see [`Entry`]).
 pub struct Slot {
-    /// The real function, once resolved (null until then).
+    /// The real function as the wrappers' hot path reads it: published once resolved and,
+    /// for a driver function, once the R1 check has decided (null until then, so a call
+    /// before the verdict takes the cold path and waits there: `real::get`).
     pub real: AtomicPtr<c_void>,
+    /// The real function once found (routing compares with it, the guard's own queries
+    /// call it), published or not.
+    pub found: AtomicPtr<c_void>,
     /// The pid that last said this symbol's first violation on stderr: later ones in the
     /// same process go to the audit file and the debug log only, so a loop cannot flood the
     /// terminal; a forked child says its own first one.
@@ -60,6 +65,7 @@ impl Slot {
     #[allow(clippy::declare_interior_mutable_const)]
     pub const ZERO: Slot = Slot {
         real: AtomicPtr::new(std::ptr::null_mut()),
+        found: AtomicPtr::new(std::ptr::null_mut()),
         said: AtomicU32::new(0),
         queried: AtomicU64::new(0),
     };
@@ -82,10 +88,10 @@ impl Entry {
         &SLOTS[self.id as usize]
     }
 
-    /// The real function's slot (null until resolved).
+    /// The real function once found (null until then; see [`Slot::found`]).
     #[inline(always)]
-    pub fn real(&self) -> &'static AtomicPtr<c_void> {
-        &self.slot().real
+    pub fn found(&self) -> &'static AtomicPtr<c_void> {
+        &self.slot().found
     }
 
     /// Piece `j` of [`NAMES`], with its NUL (empty if out of range: never, the macro

@@ -18,8 +18,10 @@
 
 use std::ffi::{c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
+use crate::guard::sys::once::ForkSafeOnce;
+use crate::guard::sys::signal_safe;
 use crate::guard::table::SLOTS;
 use crate::guard::table::{Lib, TABLE};
 
@@ -31,7 +33,28 @@ pub use crate::guard::resolve::dl::{
 };
 pub use crate::guard::resolve::majors::any_runtime;
 
+/// The R1 check at the first `cuInit` (`init_check::around_init` runs it).
+pub static R1_CHECK: ForkSafeOnce = ForkSafeOnce::new();
+
+/// The thread running the R1 check (valid while [`R1_CHECK`] is in progress).
+pub static R1_CHECKER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether a guarded driver function may be published for the hot path ([`get`]): true
+/// once R1 is decided, after waiting while another thread of this process is in the
+/// check. False, without waiting, before any `cuInit` (the driver itself answers
+/// `CUDA_ERROR_NOT_INITIALIZED` then) and in the checking thread itself (its own queries
+/// of the driver): such calls proceed unpublished, through the cold path each time.
+pub fn verdict_gate() -> bool {
+    R1_CHECK.settled(|| R1_CHECKER.load(Ordering::Relaxed) == signal_safe::tid())
+}
+
 /// The real function of table entry `id`, or null if it cannot be found.
+///
+/// The hot path is one load of the published slot. A driver function's slot is published
+/// only once the R1 check has decided ([`verdict_gate`]): until then every call
+/// takes the cold path, which waits there while another thread of the process is in the
+/// check, so no guarded driver call of any thread proceeds before the verdict, at no cost
+/// to the allowed path (issue 29, item 1).
 #[inline]
 pub fn get(id: usize) -> *mut c_void {
     let p = SLOTS[id].real.load(Ordering::Acquire);
@@ -44,18 +67,40 @@ pub fn get(id: usize) -> *mut c_void {
 #[cold]
 fn resolve(id: usize) -> *mut c_void {
     let e = &TABLE[id];
+    let p = find(id);
+    if p.is_null() {
+        return p;
+    }
+    // Runtime functions are published at once: a runtime's own driver calls reach the
+    // driver's wrappers, which wait (and the runtime's first call is what runs cuInit).
+    if e.lib == Lib::Runtime || verdict_gate() {
+        SLOTS[id].real.store(p, Ordering::Release);
+    }
+    p
+}
+
+/// The real function of table entry `id`, found on first use, published or not (the
+/// guard's own queries, routing).
+pub fn find(id: usize) -> *mut c_void {
+    let e = &TABLE[id];
+    let p = e.found().load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
     match e.lib {
-        Lib::Driver => resolve_slot(e.lib, e.abi_cstr(), e.real()),
+        Lib::Driver => resolve_slot(e.lib, e.abi_cstr(), e.found()),
         // Each runtime wrapper calls its own major's runtime (guard/majors.rs).
         Lib::Runtime => {
             let p = crate::guard::resolve::majors::resolve(e);
             if p.is_null() || is_own(p) {
                 return ptr::null_mut();
             }
-            match e
-                .real()
-                .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match e.found().compare_exchange(
+                ptr::null_mut(),
+                p,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => p,
                 Err(existing) => existing,
             }
@@ -94,22 +139,24 @@ pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_v
 /// recorded one.
 pub fn record(id: usize, p: *mut c_void) -> *mut c_void {
     if p.is_null() || is_own(p) {
-        return TABLE[id].real().load(Ordering::Acquire);
+        return TABLE[id].found().load(Ordering::Acquire);
     }
-    match TABLE[id]
-        .real()
-        .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
-    {
+    match TABLE[id].found().compare_exchange(
+        ptr::null_mut(),
+        p,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
         Ok(_) => p,
         Err(existing) => existing,
     }
 }
 
-/// Resolve every driver entry (once, before routing by pointer).
+/// Find every driver entry (once, before routing by pointer); publishes nothing.
 pub fn resolve_all_driver() {
     for (id, e) in TABLE.iter().enumerate() {
         if e.lib == Lib::Driver {
-            let _ = get(id);
+            let _ = find(id);
         }
     }
 }

@@ -20,10 +20,10 @@ pub fn driver_count() -> Option<i32> {
 
 /// The UUID of the device with this ordinal, from the real driver.
 pub fn device_uuid_bytes(ordinal: i32) -> Option<CUuuid> {
-    let get = real::get(Id::cuDeviceGet as usize);
-    let uuid = real::get(Id::cuDeviceGetUuid_v2 as usize);
+    let get = real::find(Id::cuDeviceGet as usize);
+    let uuid = real::find(Id::cuDeviceGetUuid_v2 as usize);
     let uuid = if uuid.is_null() {
-        real::get(Id::cuDeviceGetUuid as usize)
+        real::find(Id::cuDeviceGetUuid as usize)
     } else {
         uuid
     };

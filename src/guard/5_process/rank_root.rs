@@ -28,6 +28,7 @@ use crate::cvd::Visibility;
 use crate::guard::output::{debug_log, line};
 use crate::guard::process::registry_io;
 use crate::guard::sys::signal_safe;
+use crate::policy::Unreadable;
 use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
 use crate::rankgpu;
 use crate::registry::{self, Key, Location, Lookup, ProcFs, ProvenanceRecord, Registry};
@@ -79,22 +80,42 @@ pub fn applies(cfg: &Config) -> bool {
 /// The real `/proc`, and the registry for rank records (opened once per walk).
 struct ProcFsView {
     reg: Option<Option<Registry>>,
+    /// The first read that failed for a reason other than the process being gone or not
+    /// ours to read (EMFILE with the fd table full, ENOMEM, EIO): the walk is incomplete.
+    failed: Option<Unreadable>,
+}
+
+impl ProcFsView {
+    /// `r`'s value; on an error, None, remembering one that leaves the walk incomplete.
+    fn read<T>(&mut self, pid: u32, file: &'static str, r: std::io::Result<T>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(0);
+                // Gone (ENOENT, ESRCH) or another user's (EACCES, EPERM): the walk stops
+                // there by its own rules. Anything else is a read that did not happen.
+                if ![libc::ENOENT, libc::ESRCH, libc::EACCES, libc::EPERM].contains(&errno) {
+                    self.failed.get_or_insert(Unreadable { pid, file, errno });
+                }
+                None
+            }
+        }
+    }
 }
 
 impl ProcView for ProcFsView {
     fn stat(&mut self, pid: u32) -> Option<Stat> {
-        rank_root::parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+        let text = fs::read_to_string(format!("/proc/{pid}/stat"));
+        rank_root::parse_stat(&self.read(pid, "stat", text)?)
     }
     fn uid(&mut self, pid: u32) -> Option<u32> {
         fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
     }
     fn environ(&mut self, pid: u32) -> Option<EnvFacts> {
         let mut buf = Vec::new();
-        File::open(format!("/proc/{pid}/environ"))
-            .ok()?
-            .take(MAX_ENVIRON)
-            .read_to_end(&mut buf)
-            .ok()?;
+        let read = File::open(format!("/proc/{pid}/environ"))
+            .and_then(|f| f.take(MAX_ENVIRON).read_to_end(&mut buf));
+        self.read(pid, "environ", read)?;
         Some(rank_root::scan_environ(&buf))
     }
     fn record(&mut self, id: RootId) -> Option<RankRecord> {
@@ -123,25 +144,43 @@ impl ProcView for ProcFsView {
 /// Never called from [`crate::guard::audit::decision_record::prefix`]: the walk may say a registry problem, whose
 /// line calls `prefix`, which reads [`current`] only.
 pub fn ensure(cfg: &Config) -> Option<&'static Root> {
+    ensure_checked(cfg).ok().flatten()
+}
+
+/// [`ensure`], saying when the walk could not read `/proc` (the R1 check fails closed
+/// then: issue 29, item 2). Not kept: a later call walks again.
+pub fn ensure_checked(cfg: &Config) -> Result<Option<&'static Root>, Unreadable> {
     if let Some(r) = mine() {
-        return Some(r);
+        return Ok(Some(r));
     }
     if !applies(cfg) {
-        return None;
+        return Ok(None);
     }
     establish()
 }
 
-fn establish() -> Option<&'static Root> {
+fn establish() -> Result<Option<&'static Root>, Unreadable> {
     let found = std::panic::catch_unwind(|| {
         let me = signal_safe::pid();
-        let start = registry::own_start_time()?;
-        let mut view = ProcFsView { reg: None };
+        let mut view = ProcFsView {
+            reg: None,
+            failed: None,
+        };
+        let own = fs::read_to_string("/proc/self/stat");
+        let Some(start) = view
+            .read(me, "stat", own)
+            .and_then(|t| registry::stat_start_time(&t))
+        else {
+            return view.failed.map_or(Ok(None), Err);
+        };
         let ancestor = rank_root::find(me, registry_io::euid(), &mut view);
         debug_log::log!(Debug, "rank root walk ancestor={ancestor:?}");
+        if let Some(u) = view.failed {
+            return Err(u);
+        }
         let mut host = [0u8; 64];
         let host = signal_safe::hostname(&mut host).to_string();
-        Some(match ancestor {
+        Ok(Some(match ancestor {
             Some(Ancestor { root, gpu, .. }) => Root {
                 id: root,
                 host,
@@ -154,22 +193,26 @@ fn establish() -> Option<&'static Root> {
                 gpu: None,
                 by: me,
             },
-        })
+        }))
     });
-    let Ok(Some(r)) = found else { return None };
+    let r = match found {
+        Ok(Ok(Some(r))) => r,
+        Ok(Err(u)) => return Err(u),
+        Ok(Ok(None)) | Err(_) => return Ok(None),
+    };
     let old = ROOT.load(Ordering::Acquire);
     if let Some(first) = mine() {
-        return Some(first); // another thread of this process found it meanwhile
+        return Ok(Some(first)); // another thread of this process found it meanwhile
     }
     let new: &'static mut Root = Box::leak(Box::new(r));
     match ROOT.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
             line::set_root_pid(new.id.pid);
-            Some(new)
+            Ok(Some(new))
         }
         // Lost a race with another thread of this process (its value is kept; this box
         // stays leaked, at most once per racing thread).
-        Err(_) => mine(),
+        Err(_) => Ok(mine()),
     }
 }
 

@@ -3,6 +3,7 @@
 #![allow(unsafe_code)]
 
 use std::fmt::Write;
+use std::sync::atomic::Ordering;
 
 use crate::config::Mode;
 use crate::cvd;
@@ -13,7 +14,6 @@ use crate::guard::process::driver_query::{device_uuid, driver_count};
 use crate::guard::process::rank_root;
 use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
-use crate::guard::sys::once::ForkSafeOnce;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::Id;
 use crate::policy::{self, InitFacts, Verdict};
@@ -27,17 +27,25 @@ pub const EXIT_R1: i32 = 78;
 
 // R1 at CUDA initialisation
 
-static INIT_CHECK: ForkSafeOnce = ForkSafeOnce::new();
+// The R1 check's one-time state and its thread live where the slots are published
+// (`real::verdict_gate`).
+use crate::guard::resolve::real::{R1_CHECK as INIT_CHECK, R1_CHECKER as CHECKER_TID};
 
-/// Called by the `cuInit` wrapper after the real `cuInit` returned `rc`. The first call in
-/// the process runs the R1 check; concurrent first calls wait for it, so no thread uses
-/// CUDA before the verdict (a child forked in the middle of its parent's check runs its
-/// own). A violation in enforce mode terminates the process here.
-pub fn after_init(rc: CuResult) {
+/// The `cuInit` wrapper's body: `real_init` is the real `cuInit`. The first call in the
+/// process claims the R1 check *before* the driver is initialised, runs the real `cuInit`
+/// and then the check; concurrent first calls wait for it, and so does every other guarded
+/// driver call of any thread (`real::verdict_gate`), so no thread uses CUDA before the verdict
+/// (a child forked in the middle of its parent's check runs its own). A violation in
+/// enforce mode terminates the process here.
+pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
     if INIT_CHECK.is_done() {
-        return;
+        return real_init();
     }
+    let mut first = None;
     INIT_CHECK.call(|| {
+        CHECKER_TID.store(signal_safe::tid(), Ordering::Relaxed);
+        let rc = real_init();
+        first = Some(rc);
         // As in on_verdict_with: never unwind into the caller of cuInit. A check that
         // could not finish fails closed: in enforce mode the process is stopped as for
         // any R1 violation, since its visibility was not verified.
@@ -50,6 +58,9 @@ pub fn after_init(rc: CuResult) {
             unsafe { libc::_exit(EXIT_R1) }
         }
     });
+    // A caller that waited for another thread's check initialises the driver itself (the
+    // driver's cuInit is idempotent), as it would have without the guard.
+    first.unwrap_or_else(real_init)
 }
 
 fn check_init(rc: CuResult) {
@@ -89,7 +100,9 @@ fn check_init(rc: CuResult) {
     let rank_uuid = signal_safe::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
     // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
     let cfg = &state::get().config;
-    let by_root = rank_root::ensure(cfg).is_some();
+    // A walk that could not read /proc (the fd table full) fails closed (policy::init).
+    let walk = rank_root::ensure_checked(cfg);
+    let by_root = matches!(walk, Ok(Some(_)));
     let is_rank_gpu = match signal_safe::getenv_bytes("RANKGUARD_RANK_GPU") {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
         None => rank_root::is_rank_gpu(own_uuid, &vis),
@@ -99,6 +112,7 @@ fn check_init(rc: CuResult) {
         entries,
         devices,
         is_rank_gpu,
+        walk_unreadable: walk.err(),
     };
     debug_log::log!(
         Debug,

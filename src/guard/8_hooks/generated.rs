@@ -307,8 +307,7 @@ guarded! {
     }
     // cuInit v2000: hook
     Driver 0 "cuInit" "cuInit" same true fn cuInit(Flags: c_uint) -> CuResult |real| {
-        let rc = real(Flags);
-        init_check::after_init(rc);
+        let rc = init_check::around_init(|| real(Flags));
         // Every runtime initialises the driver: say once if one is of a major no wrapper
         // exists for (its own calls pass untouched; guard/majors.rs).
         crate::guard::resolve::majors::notice_unknown();

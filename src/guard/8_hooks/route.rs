@@ -54,7 +54,7 @@ pub fn route(p: *mut c_void, symbol: *const c_char) -> Routed {
     DRIVER_ROUTES.call(real::resolve_all_driver);
     for &id in variants {
         let e = &TABLE[id as usize];
-        if e.real().load(Ordering::Acquire) == p {
+        if e.found().load(Ordering::Acquire) == p {
             return Routed::Wrap(e.wrapper() as *mut c_void);
         }
     }
