@@ -6,6 +6,9 @@
 //! under their module names; only `guard`, the interposition layer, contains `unsafe`.
 //! Nothing runs at load time: a process that never touches CUDA is never affected.
 #![deny(unsafe_code)]
+// The unsafe wall (docs/design.md §2): inside an `unsafe fn` every unsafe operation still
+// sits in its own `unsafe {}` block, and every block says why it is sound (`// SAFETY:`).
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use rankguard_core::{config, cvd, policy, rank_root, rankgpu, registry};
 

@@ -6,6 +6,9 @@
 //! library (a cdylib that exports CUDA and `dlsym` symbols). Unsafe code is denied here and
 //! allowed only in `cli/sys.rs`, the FFI module.
 #![deny(unsafe_code)]
+// Inside an `unsafe fn` every unsafe operation still sits in its own `unsafe {}` block, and
+// every block says why it is sound (`// SAFETY:`).
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 // The entry point is `cli::sys::main`, a C `main`: std's own start-up (`lang_start`) reads
 // /proc/self/maps to find the main thread's stack for its stack-overflow guard, ~0.2 ms of
 // every launch on the reference VM (docs/benchmarks.md, figure 4). What the CLI needs of

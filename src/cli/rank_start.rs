@@ -173,9 +173,11 @@ fn signals_to_default() -> &'static [c_int] {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP || sig == libc::SIGPIPE {
                 continue;
             }
-            // SAFETY: sigaction with a NULL new action only reads the disposition into
-            // `old`, a valid out-pointer.
+            // SAFETY: `sigaction` is plain data (integers, a mask and a handler address), for
+            // which all-zero bytes are a valid value.
             let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: with a NULL new action sigaction changes nothing and only writes the
+            // current disposition into `old`, a valid, exclusively borrowed out-pointer.
             if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0
                 && old.sa_sigaction != libc::SIG_DFL
                 && old.sa_sigaction != libc::SIG_IGN
@@ -260,7 +262,7 @@ pub fn spawn(
     // pthread_sigmask before it is read.
     let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
         unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    // SAFETY (block, clone or fork, restore): the child runs `child_main` on `stack` with
+    // SAFETY: (block, clone or fork, restore) the child runs `child_main` on `stack` with
     // `arg`, the boxed `ChildData`, both kept alive and unchanged until the child is reaped
     // (`ChildMemory`); it shares our memory (CLONE_VM) but not our descriptor table or
     // signal handlers, and makes only raw system calls (module doc). A forked child runs it

@@ -184,9 +184,10 @@ pub fn become_subreaper() -> io::Result<()> {
 /// touching the exit status of those in `keep` (the ranks, whose `Child` reaps them).
 pub fn reap_others(keep: &[u32]) {
     loop {
-        // SAFETY: siginfo_t is plain data; waitid with WNOWAIT only peeks at a child that
-        // has exited, writing into `info`.
+        // SAFETY: siginfo_t is plain data, for which all-zero bytes are a valid value.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid, exclusively borrowed out-pointer; with WNOWAIT waitid
+        // only peeks at a child that has exited (its status stays for its own reaper).
         let rc = unsafe {
             libc::waitid(
                 libc::P_ALL,
@@ -330,20 +331,27 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
     // be dlopen()ed this way by every CUDA runtime and binding.
     let lib = unsafe { libloading::Library::new("libcuda.so.1") }
         .map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
-    // SAFETY (all `get`s below): each symbol is declared in cuda.h with exactly the
-    // signature of the function-pointer type it is read as; `lib` outlives every use.
+    // SAFETY (this `get` and each one below): the symbol is declared in cuda.h with exactly
+    // the signature of the function-pointer type it is read as; `lib` outlives every use.
     let init: libloading::Symbol<FnInit> =
+        // SAFETY: as above (cuda.h's cuInit).
         unsafe { lib.get(b"cuInit\0") }.map_err(|e| e.to_string())?;
     let count_fn: libloading::Symbol<FnGetCount> =
+        // SAFETY: as above (cuda.h's cuDeviceGetCount).
         unsafe { lib.get(b"cuDeviceGetCount\0") }.map_err(|e| e.to_string())?;
     let get: libloading::Symbol<FnDeviceGet> =
+        // SAFETY: as above (cuda.h's cuDeviceGet).
         unsafe { lib.get(b"cuDeviceGet\0") }.map_err(|e| e.to_string())?;
+    // SAFETY: as above (cuda.h's cuDeviceGetUuid_v2 and cuDeviceGetUuid: one signature).
     let uuid_fn: libloading::Symbol<FnGetUuid> = unsafe { lib.get(b"cuDeviceGetUuid_v2\0") }
+        // SAFETY: as above.
         .or_else(|_| unsafe { lib.get(b"cuDeviceGetUuid\0") })
         .map_err(|e| e.to_string())?;
     let bus_fn: libloading::Symbol<FnGetBusId> =
+        // SAFETY: as above (cuda.h's cuDeviceGetPCIBusId).
         unsafe { lib.get(b"cuDeviceGetPCIBusId\0") }.map_err(|e| e.to_string())?;
     let name_fn: Option<libloading::Symbol<FnErrorName>> =
+        // SAFETY: as above (cuda.h's cuGetErrorName).
         unsafe { lib.get(b"cuGetErrorName\0") }.ok();
     let describe = |rc: CuResult| -> String {
         let mut p: *const c_char = std::ptr::null();

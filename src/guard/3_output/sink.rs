@@ -196,8 +196,10 @@ impl Sink {
     }
 
     fn is_ours(&self, fd: i32) -> bool {
-        // SAFETY: `st` is a valid out-pointer; fstat on a closed fd just fails.
+        // SAFETY: `stat` is plain data, for which all-zero bytes are a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid, exclusively borrowed out-pointer; on a closed or
+        // reused fd fstat fails or describes that file, which the compare below rejects.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return false;
         }
@@ -309,8 +311,10 @@ fn open_private(path: &str) -> Result<(i32, u64, u64), OpenProblem> {
     if fd < 0 {
         return Err(OpenProblem::Errno(errno()));
     }
-    // SAFETY: `st` is a valid out-pointer for fstat on the descriptor we just opened.
+    // SAFETY: `stat` is plain data, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, exclusively borrowed out-pointer; `fd` is the descriptor
+    // this function just opened and still owns.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         let e = errno();
         // SAFETY: `fd` is ours, opened above.

@@ -51,6 +51,9 @@ macro_rules! caller_address {
         {
             let fp: usize;
             let sp: usize;
+            // Expanded inside a wrapper body's own `unsafe {}` block (gate!), where this one
+            // is nested: it stays so that the macro's one unsafe operation is documented here.
+            #[allow(unused_unsafe)]
             // SAFETY: reads two registers, touches no memory and no flags.
             unsafe {
                 ::core::arch::asm!("mov {}, rbp", "mov {}, rsp", out(reg) fp, out(reg) sp,

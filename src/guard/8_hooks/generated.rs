@@ -4,1429 +4,3006 @@
 guarded! {
     // cuCheckpointProcessRestore v12080: hook
     Driver 0 "cuCheckpointProcessRestore" "cuCheckpointProcessRestore" same true fn cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgsHead) -> CuResult |real| {
-        gate!(reach::restore(args), "pid={pid}, gpuPairsCount={}", (*args).gpuPairsCount);
-        real(pid, args)
+        // SAFETY: `real` is libcuda's `cuCheckpointProcessRestore`, the ABI version of cuda.h's
+        // cuCheckpointProcessRestore v12080, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::restore(args), "pid={pid}, gpuPairsCount={}", (*args).gpuPairsCount);
+            real(pid, args)
+        }
     }
     // cuCtxCreate v2000: ordinal(dev)
     Driver 0 "cuCtxCreate" "cuCtxCreate" same true fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
-        real(pctx, flags, dev)
+        // SAFETY: `real` is libcuda's `cuCtxCreate`, the ABI version of cuda.h's cuCtxCreate
+        // v2000, resolved by that name and version (its symbol, or the driver's entry-point answer
+        // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
+        // as the CUDA API requires for this call, read only as it defines them and passed to
+        // `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
+            real(pctx, flags, dev)
+        }
     }
     // cuCtxCreate v3020: ordinal(dev)
     Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
-        real(pctx, flags, dev)
+        // SAFETY: `real` is libcuda's `cuCtxCreate_v2`, the ABI version of cuda.h's cuCtxCreate
+        // v3020, resolved by that name and version (its symbol, or the driver's entry-point answer
+        // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
+        // as the CUDA API requires for this call, read only as it defines them and passed to
+        // `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
+            real(pctx, flags, dev)
+        }
     }
     // cuCtxCreate v11040: ordinal(dev)
     Driver 0 "cuCtxCreate" "cuCtxCreate_v3" same true fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "numParams={numParams}, flags={flags:#x}, dev={dev}");
-        real(pctx, paramsArray, numParams, flags, dev)
+        // SAFETY: `real` is libcuda's `cuCtxCreate_v3`, the ABI version of cuda.h's cuCtxCreate
+        // v11040, resolved by that name and version (its symbol, or the driver's entry-point
+        // answer for it), so it has exactly this signature; the pointer arguments are the
+        // caller's, valid as the CUDA API requires for this call, read only as it defines them and
+        // passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "numParams={numParams}, flags={flags:#x}, dev={dev}");
+            real(pctx, paramsArray, numParams, flags, dev)
+        }
     }
     // cuCtxCreate v12050: ordinal(dev)
     Driver 0 "cuCtxCreate" "cuCtxCreate_v4" same true fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
-        real(pctx, ctxCreateParams, flags, dev)
+        // SAFETY: `real` is libcuda's `cuCtxCreate_v4`, the ABI version of cuda.h's cuCtxCreate
+        // v12050, resolved by that name and version (its symbol, or the driver's entry-point
+        // answer for it), so it has exactly this signature; the pointer arguments are the
+        // caller's, valid as the CUDA API requires for this call, read only as it defines them and
+        // passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "flags={flags:#x}, dev={dev}");
+            real(pctx, ctxCreateParams, flags, dev)
+        }
     }
     // cuCtxEnablePeerAccess v4000: peer_ctx(current, peerContext)
     Driver 0 "cuCtxEnablePeerAccess" "cuCtxEnablePeerAccess" same true fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CuResult |real| {
-        gate!(peer_contexts(std::ptr::null_mut(), peerContext), "peerContext={peerContext:p}, Flags={Flags:#x}");
-        real(peerContext, Flags)
+        // SAFETY: `real` is libcuda's `cuCtxEnablePeerAccess`, the ABI version of cuda.h's
+        // cuCtxEnablePeerAccess v4000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(peer_contexts(std::ptr::null_mut(), peerContext), "peerContext={peerContext:p}, Flags={Flags:#x}");
+            real(peerContext, Flags)
+        }
     }
     // cuDeviceCanAccessPeer v4000: query(dev, peerDev)
     Driver 0 "cuDeviceCanAccessPeer" "cuDeviceCanAccessPeer" same true fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(if dev != 0 { dev } else { peerDev }), "dev={dev}, peerDev={peerDev}");
-        real(canAccessPeer, dev, peerDev)
+        // SAFETY: `real` is libcuda's `cuDeviceCanAccessPeer`, the ABI version of cuda.h's
+        // cuDeviceCanAccessPeer v4000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if dev != 0 { dev } else { peerDev }), "dev={dev}, peerDev={peerDev}");
+            real(canAccessPeer, dev, peerDev)
+        }
     }
     // cuDeviceComputeCapability v2000: query(dev)
     Driver 0 "cuDeviceComputeCapability" "cuDeviceComputeCapability" same true fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(major, minor, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceComputeCapability`, the ABI version of cuda.h's
+        // cuDeviceComputeCapability v2000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(major, minor, dev)
+        }
     }
     // cuDeviceGet v2000: ordinal(ordinal)
     Driver 0 "cuDeviceGet" "cuDeviceGet" same true fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
-        gate!(policy::ordinal(ordinal), "ordinal={ordinal}");
-        real(device, ordinal)
+        // SAFETY: `real` is libcuda's `cuDeviceGet`, the ABI version of cuda.h's cuDeviceGet
+        // v2000, resolved by that name and version (its symbol, or the driver's entry-point answer
+        // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
+        // as the CUDA API requires for this call, read only as it defines them and passed to
+        // `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(ordinal), "ordinal={ordinal}");
+            real(device, ordinal)
+        }
     }
     // cuDeviceGetAttribute v2000: query(dev)
     Driver 0 "cuDeviceGetAttribute" "cuDeviceGetAttribute" same true fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "attrib={attrib}, dev={dev}");
-        real(pi, attrib, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetAttribute`, the ABI version of cuda.h's
+        // cuDeviceGetAttribute v2000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "attrib={attrib}, dev={dev}");
+            real(pi, attrib, dev)
+        }
     }
     // cuDeviceGetByPCIBusId v4010: hook
     Driver 0 "cuDeviceGetByPCIBusId" "cuDeviceGetByPCIBusId" same true fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pciBusId: *const c_char) -> CuResult |real| {
-        let rc = real(dev, pciBusId);
-        if rc == CuResult::SUCCESS && !dev.is_null() {
-            let d = *dev;
-            gate!(policy::query(d), "pciBusId -> dev={d}");
+        // SAFETY: `real` is libcuda's `cuDeviceGetByPCIBusId`, the ABI version of cuda.h's
+        // cuDeviceGetByPCIBusId v4010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(dev, pciBusId);
+            if rc == CuResult::SUCCESS && !dev.is_null() {
+                let d = *dev;
+                gate!(policy::query(d), "pciBusId -> dev={d}");
+            }
+            rc
         }
-        rc
     }
     // cuDeviceGetCliqueCount v13040: query(dev)
     Driver 0 "cuDeviceGetCliqueCount" "cuDeviceGetCliqueCount" same true fn cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(count, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetCliqueCount`, the ABI version of cuda.h's
+        // cuDeviceGetCliqueCount v13040, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(count, dev)
+        }
     }
     // cuDeviceGetCliqueInfo v13040: query(dev)
     Driver 0 "cuDeviceGetCliqueInfo" "cuDeviceGetCliqueInfo" same true fn cuDeviceGetCliqueInfo(cliqueInfo: *mut c_void, count: *mut usize, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(cliqueInfo, count, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetCliqueInfo`, the ABI version of cuda.h's
+        // cuDeviceGetCliqueInfo v13040, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(cliqueInfo, count, dev)
+        }
     }
     // cuDeviceGetDefaultMemPool v11020: hook
     Driver 0 "cuDeviceGetDefaultMemPool" "cuDeviceGetDefaultMemPool" same true fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        let rc = real(pool_out, dev);
-        if rc == CuResult::SUCCESS && !pool_out.is_null() {
-            reach::remember_pool(*pool_out, dev);
+        // SAFETY: `real` is libcuda's `cuDeviceGetDefaultMemPool`, the ABI version of cuda.h's
+        // cuDeviceGetDefaultMemPool v11020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            let rc = real(pool_out, dev);
+            if rc == CuResult::SUCCESS && !pool_out.is_null() {
+                reach::remember_pool(*pool_out, dev);
+            }
+            rc
         }
-        rc
     }
     // cuDeviceGetDevResource v12040: ordinal(dev)
     Driver 0 "cuDeviceGetDevResource" "cuDeviceGetDevResource" same true fn cuDeviceGetDevResource(dev: CUdevice, result: *mut c_void, type_: c_uint) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}, type_={type_}");
-        real(dev, result, type_)
+        // SAFETY: `real` is libcuda's `cuDeviceGetDevResource`, the ABI version of cuda.h's
+        // cuDeviceGetDevResource v12040, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}, type_={type_}");
+            real(dev, result, type_)
+        }
     }
     // cuDeviceGetExecAffinitySupport v11040: query(dev)
     Driver 0 "cuDeviceGetExecAffinitySupport" "cuDeviceGetExecAffinitySupport" same true fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: c_int, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "type_={type_}, dev={dev}");
-        real(pi, type_, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetExecAffinitySupport`, the ABI version of
+        // cuda.h's cuDeviceGetExecAffinitySupport v11040, resolved by that name and version (its
+        // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "type_={type_}, dev={dev}");
+            real(pi, type_, dev)
+        }
     }
     // cuDeviceGetFabricClusterUuid v13040: query(dev)
     Driver 0 "cuDeviceGetFabricClusterUuid" "cuDeviceGetFabricClusterUuid" same true fn cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(uuid, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetFabricClusterUuid`, the ABI version of cuda.h's
+        // cuDeviceGetFabricClusterUuid v13040, resolved by that name and version (its symbol, or
+        // the driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(uuid, dev)
+        }
     }
     // cuDeviceGetGraphMemAttribute v11040: query(device)
     Driver 0 "cuDeviceGetGraphMemAttribute" "cuDeviceGetGraphMemAttribute" same true fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
-        gate!(policy::query(device), "device={device}, attr={attr}");
-        real(device, attr, value)
+        // SAFETY: `real` is libcuda's `cuDeviceGetGraphMemAttribute`, the ABI version of cuda.h's
+        // cuDeviceGetGraphMemAttribute v11040, resolved by that name and version (its symbol, or
+        // the driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}, attr={attr}");
+            real(device, attr, value)
+        }
     }
     // cuDeviceGetHostAtomicCapabilities v13000: query(dev)
     Driver 0 "cuDeviceGetHostAtomicCapabilities" "cuDeviceGetHostAtomicCapabilities" same true fn cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "count={count}, dev={dev}");
-        real(capabilities, operations, count, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetHostAtomicCapabilities`, the ABI version of
+        // cuda.h's cuDeviceGetHostAtomicCapabilities v13000, resolved by that name and version
+        // (its symbol, or the driver's entry-point answer for it), so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "count={count}, dev={dev}");
+            real(capabilities, operations, count, dev)
+        }
     }
     // cuDeviceGetLuid v10000: query(dev)
     Driver 0 "cuDeviceGetLuid" "cuDeviceGetLuid" same true fn cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(luid, deviceNodeMask, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetLuid`, the ABI version of cuda.h's
+        // cuDeviceGetLuid v10000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(luid, deviceNodeMask, dev)
+        }
     }
     // cuDeviceGetMemPool v11020: hook
     Driver 0 "cuDeviceGetMemPool" "cuDeviceGetMemPool" same true fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        let rc = real(pool, dev);
-        if rc == CuResult::SUCCESS && !pool.is_null() {
-            reach::remember_pool(*pool, dev);
+        // SAFETY: `real` is libcuda's `cuDeviceGetMemPool`, the ABI version of cuda.h's
+        // cuDeviceGetMemPool v11020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            let rc = real(pool, dev);
+            if rc == CuResult::SUCCESS && !pool.is_null() {
+                reach::remember_pool(*pool, dev);
+            }
+            rc
         }
-        rc
     }
     // cuDeviceGetName v2000: query(dev)
     Driver 0 "cuDeviceGetName" "cuDeviceGetName" same true fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "len={len}, dev={dev}");
-        real(name, len, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetName`, the ABI version of cuda.h's
+        // cuDeviceGetName v2000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "len={len}, dev={dev}");
+            real(name, len, dev)
+        }
     }
     // cuDeviceGetNvSciSyncAttributes v10020: query(dev)
     Driver 0 "cuDeviceGetNvSciSyncAttributes" "cuDeviceGetNvSciSyncAttributes" same true fn cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}, flags={flags:#x}");
-        real(nvSciSyncAttrList, dev, flags)
+        // SAFETY: `real` is libcuda's `cuDeviceGetNvSciSyncAttributes`, the ABI version of
+        // cuda.h's cuDeviceGetNvSciSyncAttributes v10020, resolved by that name and version (its
+        // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}, flags={flags:#x}");
+            real(nvSciSyncAttrList, dev, flags)
+        }
     }
     // cuDeviceGetP2PAtomicCapabilities v13000: query(srcDevice, dstDevice)
     Driver 0 "cuDeviceGetP2PAtomicCapabilities" "cuDeviceGetP2PAtomicCapabilities" same true fn cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
-        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
-        real(capabilities, operations, count, srcDevice, dstDevice)
+        // SAFETY: `real` is libcuda's `cuDeviceGetP2PAtomicCapabilities`, the ABI version of
+        // cuda.h's cuDeviceGetP2PAtomicCapabilities v13000, resolved by that name and version (its
+        // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+            real(capabilities, operations, count, srcDevice, dstDevice)
+        }
     }
     // cuDeviceGetP2PAttribute v8000: query(srcDevice, dstDevice)
     Driver 0 "cuDeviceGetP2PAttribute" "cuDeviceGetP2PAttribute" same true fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
-        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attrib={attrib}, srcDevice={srcDevice}, dstDevice={dstDevice}");
-        real(value, attrib, srcDevice, dstDevice)
+        // SAFETY: `real` is libcuda's `cuDeviceGetP2PAttribute`, the ABI version of cuda.h's
+        // cuDeviceGetP2PAttribute v8000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attrib={attrib}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+            real(value, attrib, srcDevice, dstDevice)
+        }
     }
     // cuDeviceGetPCIBusId v4010: query(dev)
     Driver 0 "cuDeviceGetPCIBusId" "cuDeviceGetPCIBusId" same true fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "len={len}, dev={dev}");
-        real(pciBusId, len, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetPCIBusId`, the ABI version of cuda.h's
+        // cuDeviceGetPCIBusId v4010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "len={len}, dev={dev}");
+            real(pciBusId, len, dev)
+        }
     }
     // cuDeviceGetProperties v2000: query(dev)
     Driver 0 "cuDeviceGetProperties" "cuDeviceGetProperties" same true fn cuDeviceGetProperties(prop: *mut c_void, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(prop, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetProperties`, the ABI version of cuda.h's
+        // cuDeviceGetProperties v2000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(prop, dev)
+        }
     }
     // cuDeviceGetTexture1DLinearMaxWidth v11010: query(dev)
     Driver 0 "cuDeviceGetTexture1DLinearMaxWidth" "cuDeviceGetTexture1DLinearMaxWidth" same true fn cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: c_int, numChannels: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "format={format}, numChannels={numChannels}, dev={dev}");
-        real(maxWidthInElements, format, numChannels, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetTexture1DLinearMaxWidth`, the ABI version of
+        // cuda.h's cuDeviceGetTexture1DLinearMaxWidth v11010, resolved by that name and version
+        // (its symbol, or the driver's entry-point answer for it), so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "format={format}, numChannels={numChannels}, dev={dev}");
+            real(maxWidthInElements, format, numChannels, dev)
+        }
     }
     // cuDeviceGetUuid v9020: query(dev)
     Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid" same true fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(uuid, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetUuid`, the ABI version of cuda.h's
+        // cuDeviceGetUuid v9020, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(uuid, dev)
+        }
     }
     // cuDeviceGetUuid v11040: query(dev)
     Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid_v2" same true fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(uuid, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceGetUuid_v2`, the ABI version of cuda.h's
+        // cuDeviceGetUuid v11040, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(uuid, dev)
+        }
     }
     // cuDeviceGraphMemTrim v11040: ordinal(device)
     Driver 0 "cuDeviceGraphMemTrim" "cuDeviceGraphMemTrim" same true fn cuDeviceGraphMemTrim(device: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        real(device)
+        // SAFETY: `real` is libcuda's `cuDeviceGraphMemTrim`, the ABI version of cuda.h's
+        // cuDeviceGraphMemTrim v11040, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            real(device)
+        }
     }
     // cuDevicePrimaryCtxGetState v7000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxGetState" "cuDevicePrimaryCtxGetState" same true fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(dev, flags, active)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxGetState`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxGetState v7000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            real(dev, flags, active)
+        }
     }
     // cuDevicePrimaryCtxRelease v7000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease" same true fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(dev)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxRelease`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxRelease v7000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            real(dev)
+        }
     }
     // cuDevicePrimaryCtxRelease v11000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease_v2" same true fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(dev)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxRelease_v2`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxRelease v11000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            real(dev)
+        }
     }
     // cuDevicePrimaryCtxReset v7000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset" same true fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(dev)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxReset`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxReset v7000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            real(dev)
+        }
     }
     // cuDevicePrimaryCtxReset v11000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset_v2" same true fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(dev)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxReset_v2`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxReset v11000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            real(dev)
+        }
     }
     // cuDevicePrimaryCtxRetain v7000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxRetain" "cuDevicePrimaryCtxRetain" same true fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}");
-        real(pctx, dev)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxRetain`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxRetain v7000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}");
+            real(pctx, dev)
+        }
     }
     // cuDevicePrimaryCtxSetFlags v7000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags" same true fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
-        real(dev, flags)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxSetFlags`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxSetFlags v7000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
+            real(dev, flags)
+        }
     }
     // cuDevicePrimaryCtxSetFlags v11000: ordinal(dev)
     Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags_v2" same true fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
-        real(dev, flags)
+        // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxSetFlags_v2`, the ABI version of cuda.h's
+        // cuDevicePrimaryCtxSetFlags v11000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}, flags={flags:#x}");
+            real(dev, flags)
+        }
     }
     // cuDeviceSetGraphMemAttribute v11040: ordinal(device)
     Driver 0 "cuDeviceSetGraphMemAttribute" "cuDeviceSetGraphMemAttribute" same true fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
-        gate!(policy::ordinal(device), "device={device}, attr={attr}");
-        real(device, attr, value)
+        // SAFETY: `real` is libcuda's `cuDeviceSetGraphMemAttribute`, the ABI version of cuda.h's
+        // cuDeviceSetGraphMemAttribute v11040, resolved by that name and version (its symbol, or
+        // the driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, attr={attr}");
+            real(device, attr, value)
+        }
     }
     // cuDeviceSetMemPool v11020: ordinal(dev)
     Driver 0 "cuDeviceSetMemPool" "cuDeviceSetMemPool" same true fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "dev={dev}, pool={pool:p}");
-        real(dev, pool)
+        // SAFETY: `real` is libcuda's `cuDeviceSetMemPool`, the ABI version of cuda.h's
+        // cuDeviceSetMemPool v11020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "dev={dev}, pool={pool:p}");
+            real(dev, pool)
+        }
     }
     // cuDeviceTotalMem v2000: query(dev)
     Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem" same true fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(bytes, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceTotalMem`, the ABI version of cuda.h's
+        // cuDeviceTotalMem v2000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(bytes, dev)
+        }
     }
     // cuDeviceTotalMem v3020: query(dev)
     Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem_v2" same true fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::query(dev), "dev={dev}");
-        real(bytes, dev)
+        // SAFETY: `real` is libcuda's `cuDeviceTotalMem_v2`, the ABI version of cuda.h's
+        // cuDeviceTotalMem v3020, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(dev), "dev={dev}");
+            real(bytes, dev)
+        }
     }
     // cuFabricCpyBatchAsync v13050: hook
     Driver 0 "cuFabricCpyBatchAsync" "cuFabricCpyBatchAsync" same true fn cuFabricCpyBatchAsync(numOps: usize, opList: *mut FabricCopyBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::fabric_ops(opList, numOps), "numOps={numOps}, flags={flags:#x}");
-        real(numOps, opList, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuFabricCpyBatchAsync`, the ABI version of cuda.h's
+        // cuFabricCpyBatchAsync v13050, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::fabric_ops(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+            real(numOps, opList, flags, hStream)
+        }
     }
     // cuFabricCpyBatchAsync v13050_ptsz: hook
     Driver 0 "cuFabricCpyBatchAsync" "cuFabricCpyBatchAsync_ptsz" same true fn cuFabricCpyBatchAsync_ptsz(numOps: usize, opList: *mut FabricCopyBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::fabric_ops(opList, numOps), "numOps={numOps}, flags={flags:#x}");
-        real(numOps, opList, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuFabricCpyBatchAsync_ptsz`, the ABI version of cuda.h's
+        // cuFabricCpyBatchAsync v13050, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::fabric_ops(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+            real(numOps, opList, flags, hStream)
+        }
     }
     // cuGetProcAddress v11030: hook
     Driver 0 "cuGetProcAddress" "cuGetProcAddress" same true fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64) -> CuResult |real| {
-        let rc = real(symbol, pfn, driverVersion, flags);
-        if rc == CuResult::SUCCESS && !route_out(pfn, symbol, std::ptr::null_mut()) {
-            return CuResult::NOT_FOUND;
+        // SAFETY: `real` is libcuda's `cuGetProcAddress`, the ABI version of cuda.h's
+        // cuGetProcAddress v11030, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, pfn, driverVersion, flags);
+            if rc == CuResult::SUCCESS && !route_out(pfn, symbol, std::ptr::null_mut()) {
+                return CuResult::NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cuGetProcAddress v12000: hook
     Driver 0 "cuGetProcAddress" "cuGetProcAddress_v2" same true fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: u64, symbolFound: *mut c_int) -> CuResult |real| {
-        let rc = real(symbol, pfn, driverVersion, flags, symbolFound);
-        if rc == CuResult::SUCCESS && !route_out(pfn, symbol, symbolFound) {
-            return CuResult::NOT_FOUND;
+        // SAFETY: `real` is libcuda's `cuGetProcAddress_v2`, the ABI version of cuda.h's
+        // cuGetProcAddress v12000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, pfn, driverVersion, flags, symbolFound);
+            if rc == CuResult::SUCCESS && !route_out(pfn, symbol, symbolFound) {
+                return CuResult::NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cuGraphAddMemAllocNode v11040: hook
     Driver 0 "cuGraphAddMemAllocNode" "cuGraphAddMemAllocNode" same true fn cuGraphAddMemAllocNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CuResult |real| {
-        gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
-        real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+        // SAFETY: `real` is libcuda's `cuGraphAddMemAllocNode`, the ABI version of cuda.h's
+        // cuGraphAddMemAllocNode v11040, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
+            real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+        }
     }
     // cuGraphAddNode v12020: hook
     Driver 0 "cuGraphAddNode" "cuGraphAddNode" same true fn cuGraphAddNode(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+        // SAFETY: `real` is libcuda's `cuGraphAddNode`, the ABI version of cuda.h's cuGraphAddNode
+        // v12020, resolved by that name and version (its symbol, or the driver's entry-point
+        // answer for it), so it has exactly this signature; the pointer arguments are the
+        // caller's, valid as the CUDA API requires for this call, read only as it defines them and
+        // passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+        }
     }
     // cuGraphAddNode v12030: hook
     Driver 0 "cuGraphAddNode" "cuGraphAddNode_v2" same true fn cuGraphAddNode_v2(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+        // SAFETY: `real` is libcuda's `cuGraphAddNode_v2`, the ABI version of cuda.h's
+        // cuGraphAddNode v12030, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+        }
     }
     // cuGraphAddNode v13040: hook
     Driver 0 "cuGraphAddNode" "cuGraphAddNode_v3" same true fn cuGraphAddNode_v3(phGraphNode: *mut c_void, hGraph: *mut c_void, dependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+        // SAFETY: `real` is libcuda's `cuGraphAddNode_v3`, the ABI version of cuda.h's
+        // cuGraphAddNode v13040, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+        }
     }
     // cuGraphExecNodeSetParams v12020: hook
     Driver 0 "cuGraphExecNodeSetParams" "cuGraphExecNodeSetParams" same true fn cuGraphExecNodeSetParams(hGraphExec: *mut c_void, hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(hGraphExec, hNode, nodeParams)
+        // SAFETY: `real` is libcuda's `cuGraphExecNodeSetParams`, the ABI version of cuda.h's
+        // cuGraphExecNodeSetParams v12020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(hGraphExec, hNode, nodeParams)
+        }
     }
     // cuGraphNodeSetParams v12020: hook
     Driver 0 "cuGraphNodeSetParams" "cuGraphNodeSetParams" same true fn cuGraphNodeSetParams(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(hNode, nodeParams)
+        // SAFETY: `real` is libcuda's `cuGraphNodeSetParams`, the ABI version of cuda.h's
+        // cuGraphNodeSetParams v12020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(hNode, nodeParams)
+        }
     }
     // cuGraphNodeSetParams v13040: hook
     Driver 0 "cuGraphNodeSetParams" "cuGraphNodeSetParams_v2" same true fn cuGraphNodeSetParams_v2(hNode: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CuResult |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(hNode, nodeParams)
+        // SAFETY: `real` is libcuda's `cuGraphNodeSetParams_v2`, the ABI version of cuda.h's
+        // cuGraphNodeSetParams v13040, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(hNode, nodeParams)
+        }
     }
     // cuGreenCtxCreate v12040: ordinal(dev)
     Driver 0 "cuGreenCtxCreate" "cuGreenCtxCreate" same true fn cuGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "desc={desc:p}, dev={dev}, flags={flags:#x}");
-        real(phCtx, desc, dev, flags)
+        // SAFETY: `real` is libcuda's `cuGreenCtxCreate`, the ABI version of cuda.h's
+        // cuGreenCtxCreate v12040, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "desc={desc:p}, dev={dev}, flags={flags:#x}");
+            real(phCtx, desc, dev, flags)
+        }
     }
     // cuImportExternalMemory v10000: hook
     Driver 0 "cuImportExternalMemory" "cuImportExternalMemory" same true fn cuImportExternalMemory(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CuResult |real| {
-        use crate::guard::decide::ipc;
-        // The key first: on success the fd belongs to the driver (cuda.h).
-        let key = ipc::key_of_external(memHandleDesc);
-        if let Err(code) = ipc::check_import::<CuResult>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
-            return code;
+        // SAFETY: `real` is libcuda's `cuImportExternalMemory`, the ABI version of cuda.h's
+        // cuImportExternalMemory v10000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            // The key first: on success the fd belongs to the driver (cuda.h).
+            let key = ipc::key_of_external(memHandleDesc);
+            if let Err(code) = ipc::check_import::<CuResult>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
+                return code;
+            }
+            real(extMem_out, memHandleDesc)
         }
-        real(extMem_out, memHandleDesc)
     }
     // cuInit v2000: hook
     Driver 0 "cuInit" "cuInit" same true fn cuInit(Flags: c_uint) -> CuResult |real| {
-        let rc = init_check::around_init(|| real(Flags));
-        // Every runtime initialises the driver: say once if one is of a major no wrapper
-        // exists for (its own calls pass untouched; guard/majors.rs).
-        crate::guard::resolve::majors::notice_unknown();
-        rc
+        // SAFETY: `real` is libcuda's `cuInit`, the ABI version of cuda.h's cuInit v2000, resolved
+        // by that name and version (its symbol, or the driver's entry-point answer for it), so it
+        // has exactly this signature; the pointer arguments are the caller's, valid as the CUDA
+        // API requires for this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = init_check::around_init(|| real(Flags));
+            // Every runtime initialises the driver: say once if one is of a major no wrapper
+            // exists for (its own calls pass untouched; guard/majors.rs).
+            crate::guard::resolve::majors::notice_unknown();
+            rc
+        }
     }
     // cuIpcGetEventHandle v4010: hook
     Driver 0 "cuIpcGetEventHandle" "cuIpcGetEventHandle" same true fn cuIpcGetEventHandle(pHandle: *mut IpcHandle, event: CUevent) -> CuResult |real| {
-        let rc = real(pHandle, event);
-        if rc == CuResult::SUCCESS {
-            crate::guard::decide::ipc::exported_event(pHandle);
+        // SAFETY: `real` is libcuda's `cuIpcGetEventHandle`, the ABI version of cuda.h's
+        // cuIpcGetEventHandle v4010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(pHandle, event);
+            if rc == CuResult::SUCCESS {
+                crate::guard::decide::ipc::exported_event(pHandle);
+            }
+            rc
         }
-        rc
     }
     // cuIpcGetMemHandle v4010: hook
     Driver 0 "cuIpcGetMemHandle" "cuIpcGetMemHandle" same true fn cuIpcGetMemHandle(pHandle: *mut IpcHandle, dptr: CUdeviceptr) -> CuResult |real| {
-        let rc = real(pHandle, dptr);
-        if rc == CuResult::SUCCESS {
-            crate::guard::decide::ipc::exported_mem(pHandle, dptr);
+        // SAFETY: `real` is libcuda's `cuIpcGetMemHandle`, the ABI version of cuda.h's
+        // cuIpcGetMemHandle v4010, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            let rc = real(pHandle, dptr);
+            if rc == CuResult::SUCCESS {
+                crate::guard::decide::ipc::exported_mem(pHandle, dptr);
+            }
+            rc
         }
-        rc
     }
     // cuIpcOpenEventHandle v4010: hook
     Driver 0 "cuIpcOpenEventHandle" "cuIpcOpenEventHandle" same true fn cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: IpcHandle) -> CuResult |real| {
-        use crate::guard::decide::ipc;
-        if let Err(code) = ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
-            return code;
+        // SAFETY: `real` is libcuda's `cuIpcOpenEventHandle`, the ABI version of cuda.h's
+        // cuIpcOpenEventHandle v4010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            if let Err(code) = ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
+                return code;
+            }
+            real(phEvent, handle)
         }
-        real(phEvent, handle)
     }
     // cuIpcOpenMemHandle v4010: hook
     Driver 0 "cuIpcOpenMemHandle" "cuIpcOpenMemHandle" same true fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
-        use crate::guard::decide::ipc;
-        let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rc = real(pdptr, handle, Flags);
-        if rc == CuResult::SUCCESS && !pdptr.is_null() {
-            let p = *pdptr;
-            if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("handle={}, Flags={Flags:#x} -> {p:#x}", ipc::Short(&handle))) {
-                ipc::close_mem(p);
-                *pdptr = 0;
-                return code;
+        // SAFETY: `real` is libcuda's `cuIpcOpenMemHandle`, the ABI version of cuda.h's
+        // cuIpcOpenMemHandle v4010, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let rc = real(pdptr, handle, Flags);
+            if rc == CuResult::SUCCESS && !pdptr.is_null() {
+                let p = *pdptr;
+                if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("handle={}, Flags={Flags:#x} -> {p:#x}", ipc::Short(&handle))) {
+                    ipc::close_mem(p);
+                    *pdptr = 0;
+                    return code;
+                }
             }
+            rc
         }
-        rc
     }
     // cuIpcOpenMemHandle v11000: hook
     Driver 0 "cuIpcOpenMemHandle" "cuIpcOpenMemHandle_v2" same true fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: IpcHandle, Flags: c_uint) -> CuResult |real| {
-        use crate::guard::decide::ipc;
-        let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rc = real(pdptr, handle, Flags);
-        if rc == CuResult::SUCCESS && !pdptr.is_null() {
-            let p = *pdptr;
-            if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("handle={}, Flags={Flags:#x} -> {p:#x}", ipc::Short(&handle))) {
-                ipc::close_mem(p);
-                *pdptr = 0;
-                return code;
+        // SAFETY: `real` is libcuda's `cuIpcOpenMemHandle_v2`, the ABI version of cuda.h's
+        // cuIpcOpenMemHandle v11000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            let checked = match ipc::check_import::<CuResult>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, Flags={Flags:#x}", ipc::Short(&handle))) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let rc = real(pdptr, handle, Flags);
+            if rc == CuResult::SUCCESS && !pdptr.is_null() {
+                let p = *pdptr;
+                if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("handle={}, Flags={Flags:#x} -> {p:#x}", ipc::Short(&handle))) {
+                    ipc::close_mem(p);
+                    *pdptr = 0;
+                    return code;
+                }
             }
+            rc
         }
-        rc
     }
     // cuKernelSetAttribute v12000: ordinal(dev)
     Driver 0 "cuKernelSetAttribute" "cuKernelSetAttribute" same true fn cuKernelSetAttribute(attrib: c_int, val: c_int, kernel: *mut c_void, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "attrib={attrib}, val={val}, kernel={kernel:p}, dev={dev}");
-        real(attrib, val, kernel, dev)
+        // SAFETY: `real` is libcuda's `cuKernelSetAttribute`, the ABI version of cuda.h's
+        // cuKernelSetAttribute v12000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "attrib={attrib}, val={val}, kernel={kernel:p}, dev={dev}");
+            real(attrib, val, kernel, dev)
+        }
     }
     // cuLaunchCooperativeKernelMultiDevice v9000: hook
     Driver 0 "cuLaunchCooperativeKernelMultiDevice" "cuLaunchCooperativeKernelMultiDevice" same true fn cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CuResult |real| {
-        gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
-        real(launchParamsList, numDevices, flags)
+        // SAFETY: `real` is libcuda's `cuLaunchCooperativeKernelMultiDevice`, the ABI version of
+        // cuda.h's cuLaunchCooperativeKernelMultiDevice v9000, resolved by that name and version
+        // (its symbol, or the driver's entry-point answer for it), so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
+            real(launchParamsList, numDevices, flags)
+        }
     }
     // cuLogicalEndpointAddDevice v13030: ordinal(dev)
     Driver 0 "cuLogicalEndpointAddDevice" "cuLogicalEndpointAddDevice" same true fn cuLogicalEndpointAddDevice(leId: c_uint, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}");
-        real(leId, dev)
+        // SAFETY: `real` is libcuda's `cuLogicalEndpointAddDevice`, the ABI version of cuda.h's
+        // cuLogicalEndpointAddDevice v13030, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "leId={leId}, dev={dev}");
+            real(leId, dev)
+        }
     }
     // cuLogicalEndpointBindAddr v13030: ordinal(dev)
     Driver 0 "cuLogicalEndpointBindAddr" "cuLogicalEndpointBindAddr" same true fn cuLogicalEndpointBindAddr(leId: c_uint, dev: CUdevice, offset: u64, ptr: *mut c_void, size: u64, flags: u64) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}, flags={flags:#x}");
-        real(leId, dev, offset, ptr, size, flags)
+        // SAFETY: `real` is libcuda's `cuLogicalEndpointBindAddr`, the ABI version of cuda.h's
+        // cuLogicalEndpointBindAddr v13030, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}, flags={flags:#x}");
+            real(leId, dev, offset, ptr, size, flags)
+        }
     }
     // cuLogicalEndpointBindMem v13030: ordinal(dev)
     Driver 0 "cuLogicalEndpointBindMem" "cuLogicalEndpointBindMem" same true fn cuLogicalEndpointBindMem(leId: c_uint, dev: CUdevice, offset: u64, memHandle: CUmemGenericAllocationHandle, memOffset: u64, size: u64, flags: u64) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
-        real(leId, dev, offset, memHandle, memOffset, size, flags)
+        // SAFETY: `real` is libcuda's `cuLogicalEndpointBindMem`, the ABI version of cuda.h's
+        // cuLogicalEndpointBindMem v13030, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
+            real(leId, dev, offset, memHandle, memOffset, size, flags)
+        }
     }
     // cuLogicalEndpointUnbind v13030: ordinal(dev)
     Driver 0 "cuLogicalEndpointUnbind" "cuLogicalEndpointUnbind" same true fn cuLogicalEndpointUnbind(leId: c_uint, dev: CUdevice, offset: u64, size: u64) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}");
-        real(leId, dev, offset, size)
+        // SAFETY: `real` is libcuda's `cuLogicalEndpointUnbind`, the ABI version of cuda.h's
+        // cuLogicalEndpointUnbind v13030, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "leId={leId}, dev={dev}, offset={offset}, size={size}");
+            real(leId, dev, offset, size)
+        }
     }
     // cuMemAdvise v8000: ordinal_or_host(device)
     Driver 0 "cuMemAdvise" "cuMemAdvise" same true fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal_or_host(device), "devPtr={devPtr:#x}, count={count}, advice={advice}, device={device}");
-        real(devPtr, count, advice, device)
+        // SAFETY: `real` is libcuda's `cuMemAdvise`, the ABI version of cuda.h's cuMemAdvise
+        // v8000, resolved by that name and version (its symbol, or the driver's entry-point answer
+        // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
+        // as the CUDA API requires for this call, read only as it defines them and passed to
+        // `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal_or_host(device), "devPtr={devPtr:#x}, count={count}, advice={advice}, device={device}");
+            real(devPtr, count, advice, device)
+        }
     }
     // cuMemAdvise v12020: location(location)
     Driver 0 "cuMemAdvise" "cuMemAdvise_v2" same true fn cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, advice={advice}, location={location:?}");
-        real(devPtr, count, advice, location)
+        // SAFETY: `real` is libcuda's `cuMemAdvise_v2`, the ABI version of cuda.h's cuMemAdvise
+        // v12020, resolved by that name and version (its symbol, or the driver's entry-point
+        // answer for it), so it has exactly this signature; the pointer arguments are the
+        // caller's, valid as the CUDA API requires for this call, read only as it defines them and
+        // passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, advice={advice}, location={location:?}");
+            real(devPtr, count, advice, location)
+        }
     }
     // cuMemCreate v10020: location_in(prop)
     Driver 0 "cuMemCreate" "cuMemCreate" same true fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| {
-        let loc = if prop.is_null() { std::ptr::null() } else { &raw const (*prop).location };
-        gate!(location_at(loc), "size={size}, flags={flags:#x}, prop.location={:?}", loc.as_ref());
-        real(handle, size, prop, flags)
+        // SAFETY: `real` is libcuda's `cuMemCreate`, the ABI version of cuda.h's cuMemCreate
+        // v10020, resolved by that name and version (its symbol, or the driver's entry-point
+        // answer for it), so it has exactly this signature; the pointer arguments are the
+        // caller's, valid as the CUDA API requires for this call, read only as it defines them and
+        // passed to `real` unchanged.
+        unsafe {
+            let loc = if prop.is_null() { std::ptr::null() } else { &raw const (*prop).location };
+            gate!(location_at(loc), "size={size}, flags={flags:#x}, prop.location={:?}", loc.as_ref());
+            real(handle, size, prop, flags)
+        }
     }
     // cuMemDiscardAndPrefetchBatchAsync v13000: hook
     Driver 0 "cuMemDiscardAndPrefetchBatchAsync" "cuMemDiscardAndPrefetchBatchAsync" same true fn cuMemDiscardAndPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemDiscardAndPrefetchBatchAsync`, the ABI version of
+        // cuda.h's cuMemDiscardAndPrefetchBatchAsync v13000, resolved by that name and version
+        // (its symbol, or the driver's entry-point answer for it), so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        }
     }
     // cuMemDiscardAndPrefetchBatchAsync v13000_ptsz: hook
     Driver 0 "cuMemDiscardAndPrefetchBatchAsync" "cuMemDiscardAndPrefetchBatchAsync_ptsz" same true fn cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemDiscardAndPrefetchBatchAsync_ptsz`, the ABI version of
+        // cuda.h's cuMemDiscardAndPrefetchBatchAsync v13000, resolved by that name and version
+        // (its symbol, or the driver's entry-point answer for it), so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        }
     }
     // cuMemExportToShareableHandle v10020: hook
     Driver 0 "cuMemExportToShareableHandle" "cuMemExportToShareableHandle" same true fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: c_uint, flags: u64) -> CuResult |real| {
-        let rc = real(shareableHandle, handle, handleType, flags);
-        if rc == CuResult::SUCCESS {
-            crate::guard::decide::ipc::exported_allocation(shareableHandle, handle, handleType);
+        // SAFETY: `real` is libcuda's `cuMemExportToShareableHandle`, the ABI version of cuda.h's
+        // cuMemExportToShareableHandle v10020, resolved by that name and version (its symbol, or
+        // the driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(shareableHandle, handle, handleType, flags);
+            if rc == CuResult::SUCCESS {
+                crate::guard::decide::ipc::exported_allocation(shareableHandle, handle, handleType);
+            }
+            rc
         }
-        rc
     }
     // cuMemGetDefaultMemPool v13000: hook
     Driver 0 "cuMemGetDefaultMemPool" "cuMemGetDefaultMemPool" same true fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
-        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
-        let rc = real(pool_out, location, type_);
-        if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-            reach::remember_pool(*pool_out, (*location).id);
+        // SAFETY: `real` is libcuda's `cuMemGetDefaultMemPool`, the ABI version of cuda.h's
+        // cuMemGetDefaultMemPool v13000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+            let rc = real(pool_out, location, type_);
+            if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+                reach::remember_pool(*pool_out, (*location).id);
+            }
+            rc
         }
-        rc
     }
     // cuMemGetHandleForAddressRange v11070: hook
     Driver 0 "cuMemGetHandleForAddressRange" "cuMemGetHandleForAddressRange" same true fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, handleType: c_uint, flags: u64) -> CuResult |real| {
-        let rc = real(handle, dptr, size, handleType, flags);
-        if rc == CuResult::SUCCESS && handleType == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD {
-            crate::guard::decide::ipc::exported_dmabuf(handle, dptr);
+        // SAFETY: `real` is libcuda's `cuMemGetHandleForAddressRange`, the ABI version of cuda.h's
+        // cuMemGetHandleForAddressRange v11070, resolved by that name and version (its symbol, or
+        // the driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(handle, dptr, size, handleType, flags);
+            if rc == CuResult::SUCCESS && handleType == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD {
+                crate::guard::decide::ipc::exported_dmabuf(handle, dptr);
+            }
+            rc
         }
-        rc
     }
     // cuMemGetMemPool v13000: hook
     Driver 0 "cuMemGetMemPool" "cuMemGetMemPool" same true fn cuMemGetMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CuResult |real| {
-        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
-        let rc = real(pool_out, location, type_);
-        if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-            reach::remember_pool(*pool_out, (*location).id);
+        // SAFETY: `real` is libcuda's `cuMemGetMemPool`, the ABI version of cuda.h's
+        // cuMemGetMemPool v13000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+            let rc = real(pool_out, location, type_);
+            if rc == CuResult::SUCCESS && !pool_out.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+                reach::remember_pool(*pool_out, (*location).id);
+            }
+            rc
         }
-        rc
     }
     // cuMemImportFromShareableHandle v10020: hook
     Driver 0 "cuMemImportFromShareableHandle" "cuMemImportFromShareableHandle" same true fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: c_uint) -> CuResult |real| {
-        use crate::guard::decide::ipc;
-        use crate::registry::Kind;
-        // The key first: the fd is the caller's until the call returns.
-        let key = ipc::key_of_shareable(Kind::VmmFd, Kind::Fabric, osHandle, shHandleType);
-        let rc = real(handle, osHandle, shHandleType);
-        if rc == CuResult::SUCCESS && !handle.is_null() {
-            let h = *handle;
-            if let Err(code) = ipc::check_vmm_import::<CuResult>(ID, key, h, format_args!("osHandle={osHandle:p}, shHandleType={shHandleType:#x}")) {
-                ipc::release_allocation(h);
-                *handle = 0;
-                return code;
+        // SAFETY: `real` is libcuda's `cuMemImportFromShareableHandle`, the ABI version of
+        // cuda.h's cuMemImportFromShareableHandle v10020, resolved by that name and version (its
+        // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            use crate::registry::Kind;
+            // The key first: the fd is the caller's until the call returns.
+            let key = ipc::key_of_shareable(Kind::VmmFd, Kind::Fabric, osHandle, shHandleType);
+            let rc = real(handle, osHandle, shHandleType);
+            if rc == CuResult::SUCCESS && !handle.is_null() {
+                let h = *handle;
+                if let Err(code) = ipc::check_vmm_import::<CuResult>(ID, key, h, format_args!("osHandle={osHandle:p}, shHandleType={shHandleType:#x}")) {
+                    ipc::release_allocation(h);
+                    *handle = 0;
+                    return code;
+                }
             }
+            rc
         }
-        rc
     }
     // cuMemPoolCreate v11020: hook
     Driver 0 "cuMemPoolCreate" "cuMemPoolCreate" same true fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolPropsHead) -> CuResult |real| {
-        let loc = if poolProps.is_null() { std::ptr::null() } else { &raw const (*poolProps).location };
-        gate!(location_at(loc), "poolProps.location={:?}", loc.as_ref());
-        let rc = real(pool, poolProps);
-        if rc == CuResult::SUCCESS && !pool.is_null() && !loc.is_null() && (*loc).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-            reach::remember_pool(*pool, (*loc).id);
+        // SAFETY: `real` is libcuda's `cuMemPoolCreate`, the ABI version of cuda.h's
+        // cuMemPoolCreate v11020, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            let loc = if poolProps.is_null() { std::ptr::null() } else { &raw const (*poolProps).location };
+            gate!(location_at(loc), "poolProps.location={:?}", loc.as_ref());
+            let rc = real(pool, poolProps);
+            if rc == CuResult::SUCCESS && !pool.is_null() && !loc.is_null() && (*loc).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+                reach::remember_pool(*pool, (*loc).id);
+            }
+            rc
         }
-        rc
     }
     // cuMemPoolExportPointer v11020: hook
     Driver 0 "cuMemPoolExportPointer" "cuMemPoolExportPointer" same true fn cuMemPoolExportPointer(shareData_out: *mut IpcHandle, ptr: CUdeviceptr) -> CuResult |real| {
-        let rc = real(shareData_out, ptr);
-        if rc == CuResult::SUCCESS {
-            crate::guard::decide::ipc::exported_pool_pointer(shareData_out, ptr);
+        // SAFETY: `real` is libcuda's `cuMemPoolExportPointer`, the ABI version of cuda.h's
+        // cuMemPoolExportPointer v11020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(shareData_out, ptr);
+            if rc == CuResult::SUCCESS {
+                crate::guard::decide::ipc::exported_pool_pointer(shareData_out, ptr);
+            }
+            rc
         }
-        rc
     }
     // cuMemPoolExportToShareableHandle v11020: hook
     Driver 0 "cuMemPoolExportToShareableHandle" "cuMemPoolExportToShareableHandle" same true fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handleType: c_uint, flags: u64) -> CuResult |real| {
-        let rc = real(handle_out, pool, handleType, flags);
-        if rc == CuResult::SUCCESS {
-            crate::guard::decide::ipc::exported_pool(handle_out, handleType);
+        // SAFETY: `real` is libcuda's `cuMemPoolExportToShareableHandle`, the ABI version of
+        // cuda.h's cuMemPoolExportToShareableHandle v11020, resolved by that name and version (its
+        // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(handle_out, pool, handleType, flags);
+            if rc == CuResult::SUCCESS {
+                crate::guard::decide::ipc::exported_pool(handle_out, handleType);
+            }
+            rc
         }
-        rc
     }
     // cuMemPoolImportFromShareableHandle v11020: hook
     Driver 0 "cuMemPoolImportFromShareableHandle" "cuMemPoolImportFromShareableHandle" same true fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handleType: c_uint, flags: u64) -> CuResult |real| {
-        use crate::guard::decide::ipc;
-        use crate::registry::Kind;
-        let key = ipc::key_of_shareable(Kind::PoolFd, Kind::PoolFabric, handle, handleType);
-        if let Err(code) = ipc::check_import::<CuResult>(ID, key, None, format_args!("handle={handle:p}, handleType={handleType:#x}, flags={flags:#x}")) {
-            return code;
+        // SAFETY: `real` is libcuda's `cuMemPoolImportFromShareableHandle`, the ABI version of
+        // cuda.h's cuMemPoolImportFromShareableHandle v11020, resolved by that name and version
+        // (its symbol, or the driver's entry-point answer for it), so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            use crate::registry::Kind;
+            let key = ipc::key_of_shareable(Kind::PoolFd, Kind::PoolFabric, handle, handleType);
+            if let Err(code) = ipc::check_import::<CuResult>(ID, key, None, format_args!("handle={handle:p}, handleType={handleType:#x}, flags={flags:#x}")) {
+                return code;
+            }
+            real(pool_out, handle, handleType, flags)
         }
-        real(pool_out, handle, handleType, flags)
     }
     // cuMemPoolImportPointer v11020: hook
     Driver 0 "cuMemPoolImportPointer" "cuMemPoolImportPointer" same true fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut IpcHandle) -> CuResult |real| {
-        use crate::guard::decide::ipc;
-        let key = shareData.as_ref().map(|d| ipc::key_of(crate::registry::Kind::PoolPtr, d));
-        let checked = match ipc::check_import::<CuResult>(ID, key, None, format_args!("pool={pool:p}, shareData={shareData:p}")) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rc = real(ptr_out, pool, shareData);
-        if rc == CuResult::SUCCESS && !ptr_out.is_null() {
-            let p = *ptr_out;
-            if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("pool={pool:p}, shareData={shareData:p} -> {p:#x}")) {
-                ipc::free_pointer(p);
-                *ptr_out = 0;
-                return code;
+        // SAFETY: `real` is libcuda's `cuMemPoolImportPointer`, the ABI version of cuda.h's
+        // cuMemPoolImportPointer v11020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            let key = shareData.as_ref().map(|d| ipc::key_of(crate::registry::Kind::PoolPtr, d));
+            let checked = match ipc::check_import::<CuResult>(ID, key, None, format_args!("pool={pool:p}, shareData={shareData:p}")) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let rc = real(ptr_out, pool, shareData);
+            if rc == CuResult::SUCCESS && !ptr_out.is_null() {
+                let p = *ptr_out;
+                if let Err(code) = ipc::verify_pointer::<CuResult>(ID, checked, p, format_args!("pool={pool:p}, shareData={shareData:p} -> {p:#x}")) {
+                    ipc::free_pointer(p);
+                    *ptr_out = 0;
+                    return code;
+                }
             }
+            rc
         }
-        rc
     }
     // cuMemPoolSetAccess v11020: hook
     Driver 0 "cuMemPoolSetAccess" "cuMemPoolSetAccess" same true fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
-        let (verdict, i) = reach::pool_access(pool, map, count);
-        gate!(verdict, "pool={pool:p}, map[{i}].location={:?}, count={count}", (*map.add(i)).location);
-        real(pool, map, count)
+        // SAFETY: `real` is libcuda's `cuMemPoolSetAccess`, the ABI version of cuda.h's
+        // cuMemPoolSetAccess v11020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let (verdict, i) = reach::pool_access(pool, map, count);
+            gate!(verdict, "pool={pool:p}, map[{i}].location={:?}, count={count}", (*map.add(i)).location);
+            real(pool, map, count)
+        }
     }
     // cuMemPrefetchAsync v8000: ordinal_or_host(dstDevice)
     Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync" same true fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
-        real(devPtr, count, dstDevice, hStream)
+        // SAFETY: `real` is libcuda's `cuMemPrefetchAsync`, the ABI version of cuda.h's
+        // cuMemPrefetchAsync v8000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
+            real(devPtr, count, dstDevice, hStream)
+        }
     }
     // cuMemPrefetchAsync v8000_ptsz: ordinal_or_host(dstDevice)
     Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_ptsz" same true fn cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
-        real(devPtr, count, dstDevice, hStream)
+        // SAFETY: `real` is libcuda's `cuMemPrefetchAsync_ptsz`, the ABI version of cuda.h's
+        // cuMemPrefetchAsync v8000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:#x}, count={count}, dstDevice={dstDevice}, hStream={hStream:p}");
+            real(devPtr, count, dstDevice, hStream)
+        }
     }
     // cuMemPrefetchAsync v12020: location(location)
     Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2" same true fn cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
-        real(devPtr, count, location, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemPrefetchAsync_v2`, the ABI version of cuda.h's
+        // cuMemPrefetchAsync v12020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
+            real(devPtr, count, location, flags, hStream)
+        }
     }
     // cuMemPrefetchAsync v12020_ptsz: location(location)
     Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2_ptsz" same true fn cuMemPrefetchAsync_v2_ptsz(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
-        real(devPtr, count, location, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemPrefetchAsync_v2_ptsz`, the ABI version of cuda.h's
+        // cuMemPrefetchAsync v12020, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:#x}, count={count}, location={location:?}, flags={flags:#x}, hStream={hStream:p}");
+            real(devPtr, count, location, flags, hStream)
+        }
     }
     // cuMemPrefetchBatchAsync v13000: hook
     Driver 0 "cuMemPrefetchBatchAsync" "cuMemPrefetchBatchAsync" same true fn cuMemPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemPrefetchBatchAsync`, the ABI version of cuda.h's
+        // cuMemPrefetchBatchAsync v13000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        }
     }
     // cuMemPrefetchBatchAsync v13000_ptsz: hook
     Driver 0 "cuMemPrefetchBatchAsync" "cuMemPrefetchBatchAsync_ptsz" same true fn cuMemPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemPrefetchBatchAsync_ptsz`, the ABI version of cuda.h's
+        // cuMemPrefetchBatchAsync v13000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
+        }
     }
     // cuMemSetAccess v10020: access(desc, count)
     Driver 0 "cuMemSetAccess" "cuMemSetAccess" same true fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult |real| {
-        if !desc.is_null() {
-            for i in 0..count {
-                let loc = &raw const (*desc.add(i)).location;
-                gate!(location_at(loc), "ptr={ptr:#x}, size={size}, count={count}, desc[{i}].location={:?}", *loc);
+        // SAFETY: `real` is libcuda's `cuMemSetAccess`, the ABI version of cuda.h's cuMemSetAccess
+        // v10020, resolved by that name and version (its symbol, or the driver's entry-point
+        // answer for it), so it has exactly this signature; the pointer arguments are the
+        // caller's, valid as the CUDA API requires for this call, read only as it defines them and
+        // passed to `real` unchanged.
+        unsafe {
+            if !desc.is_null() {
+                for i in 0..count {
+                    let loc = &raw const (*desc.add(i)).location;
+                    gate!(location_at(loc), "ptr={ptr:#x}, size={size}, count={count}, desc[{i}].location={:?}", *loc);
+                }
             }
+            real(ptr, size, desc, count)
         }
-        real(ptr, size, desc, count)
     }
     // cuMemSetMemPool v13000: hook
     Driver 0 "cuMemSetMemPool" "cuMemSetMemPool" same true fn cuMemSetMemPool(location: *mut CUmemLocation, type_: c_uint, pool: CUmemoryPool) -> CuResult |real| {
-        gate!(location_at(location), "location={:?}, type={type_}, pool={pool:p}", location.as_ref());
-        real(location, type_, pool)
+        // SAFETY: `real` is libcuda's `cuMemSetMemPool`, the ABI version of cuda.h's
+        // cuMemSetMemPool v13000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(location_at(location), "location={:?}, type={type_}, pool={pool:p}", location.as_ref());
+            real(location, type_, pool)
+        }
     }
     // cuMemcpy3DBatchAsync v12080: hook
     Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync" same true fn cuMemcpy3DBatchAsync(numParams: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
-        real(numParams, opList, failIdx, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DBatchAsync`, the ABI version of cuda.h's
+        // cuMemcpy3DBatchAsync v12080, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+            real(numParams, opList, failIdx, flags, hStream)
+        }
     }
     // cuMemcpy3DBatchAsync v12080_ptsz: hook
     Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync_ptsz" same true fn cuMemcpy3DBatchAsync_ptsz(numParams: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
-        real(numParams, opList, failIdx, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DBatchAsync_ptsz`, the ABI version of cuda.h's
+        // cuMemcpy3DBatchAsync v12080, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+            real(numParams, opList, failIdx, flags, hStream)
+        }
     }
     // cuMemcpy3DBatchAsync v13000: hook
     Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync_v2" same true fn cuMemcpy3DBatchAsync_v2(numParams: usize, opList: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
-        real(numParams, opList, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DBatchAsync_v2`, the ABI version of cuda.h's
+        // cuMemcpy3DBatchAsync v13000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+            real(numParams, opList, flags, hStream)
+        }
     }
     // cuMemcpy3DBatchAsync v13000_ptsz: hook
     Driver 0 "cuMemcpy3DBatchAsync" "cuMemcpy3DBatchAsync_v2_ptsz" same true fn cuMemcpy3DBatchAsync_v2_ptsz(numParams: usize, opList: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
-        real(numParams, opList, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DBatchAsync_v2_ptsz`, the ABI version of cuda.h's
+        // cuMemcpy3DBatchAsync v13000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numParams), "numParams={numParams}, flags={flags:#x}");
+            real(numParams, opList, flags, hStream)
+        }
     }
     // cuMemcpy3DPeer v4000: hook
     Driver 0 "cuMemcpy3DPeer" "cuMemcpy3DPeer" same true fn cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
-        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
-        real(pCopy)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DPeer`, the ABI version of cuda.h's cuMemcpy3DPeer
+        // v4000, resolved by that name and version (its symbol, or the driver's entry-point answer
+        // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
+        // as the CUDA API requires for this call, read only as it defines them and passed to
+        // `real` unchanged.
+        unsafe {
+            gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+            real(pCopy)
+        }
     }
     // cuMemcpy3DPeerAsync v4000: hook
     Driver 0 "cuMemcpy3DPeerAsync" "cuMemcpy3DPeerAsync" same true fn cuMemcpy3DPeerAsync(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
-        real(pCopy, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DPeerAsync`, the ABI version of cuda.h's
+        // cuMemcpy3DPeerAsync v4000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+            real(pCopy, hStream)
+        }
     }
     // cuMemcpy3DPeerAsync v7000_ptsz: hook
     Driver 0 "cuMemcpy3DPeerAsync" "cuMemcpy3DPeerAsync_ptsz" same true fn cuMemcpy3DPeerAsync_ptsz(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
-        real(pCopy, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DPeerAsync_ptsz`, the ABI version of cuda.h's
+        // cuMemcpy3DPeerAsync v7000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+            real(pCopy, hStream)
+        }
     }
     // cuMemcpy3DPeer v7000_ptds: hook
     Driver 0 "cuMemcpy3DPeer" "cuMemcpy3DPeer_ptds" same true fn cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER) -> CuResult |real| {
-        gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
-        real(pCopy)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DPeer_ptds`, the ABI version of cuda.h's
+        // cuMemcpy3DPeer v7000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::memcpy3d_peer(pCopy), "srcContext={:p}, dstContext={:p}", (*pCopy).srcContext, (*pCopy).dstContext);
+            real(pCopy)
+        }
     }
     // cuMemcpy3DWithAttributesAsync v13020: hook
     Driver 0 "cuMemcpy3DWithAttributesAsync" "cuMemcpy3DWithAttributesAsync" same true fn cuMemcpy3DWithAttributesAsync(op: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
-        real(op, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DWithAttributesAsync`, the ABI version of cuda.h's
+        // cuMemcpy3DWithAttributesAsync v13020, resolved by that name and version (its symbol, or
+        // the driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+            real(op, flags, hStream)
+        }
     }
     // cuMemcpy3DWithAttributesAsync v13020_ptsz: hook
     Driver 0 "cuMemcpy3DWithAttributesAsync" "cuMemcpy3DWithAttributesAsync_ptsz" same true fn cuMemcpy3DWithAttributesAsync_ptsz(op: *mut Memcpy3DBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
-        real(op, flags, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpy3DWithAttributesAsync_ptsz`, the ABI version of
+        // cuda.h's cuMemcpy3DWithAttributesAsync v13020, resolved by that name and version (its
+        // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+            real(op, flags, hStream)
+        }
     }
     // cuMemcpyBatchAsync v12080: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync" same true fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyBatchAsync`, the ABI version of cuda.h's
+        // cuMemcpyBatchAsync v12080, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+        }
     }
     // cuMemcpyBatchAsync v12080_ptsz: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_ptsz" same true fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyBatchAsync_ptsz`, the ABI version of cuda.h's
+        // cuMemcpyBatchAsync v12080, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, failIdx, hStream)
+        }
     }
     // cuMemcpyBatchAsync v13000: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_v2" same true fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyBatchAsync_v2`, the ABI version of cuda.h's
+        // cuMemcpyBatchAsync v13000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
+        }
     }
     // cuMemcpyBatchAsync v13000_ptsz: hook
     Driver 0 "cuMemcpyBatchAsync" "cuMemcpyBatchAsync_v2_ptsz" same true fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyBatchAsync_v2_ptsz`, the ABI version of cuda.h's
+        // cuMemcpyBatchAsync v13000, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrIdxs, numAttrs, hStream)
+        }
     }
     // cuMemcpyPeer v4000: peer_ctx(dstContext, srcContext)
     Driver 0 "cuMemcpyPeer" "cuMemcpyPeer" same true fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
-        gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
-        real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
+        // SAFETY: `real` is libcuda's `cuMemcpyPeer`, the ABI version of cuda.h's cuMemcpyPeer
+        // v4000, resolved by that name and version (its symbol, or the driver's entry-point answer
+        // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
+        // as the CUDA API requires for this call, read only as it defines them and passed to
+        // `real` unchanged.
+        unsafe {
+            gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
+            real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
+        }
     }
     // cuMemcpyPeerAsync v4000: peer_ctx(dstContext, srcContext)
     Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync" same true fn cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
-        gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
-        real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyPeerAsync`, the ABI version of cuda.h's
+        // cuMemcpyPeerAsync v4000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
+            real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
+        }
     }
     // cuMemcpyPeerAsync v7000_ptsz: peer_ctx(dstContext, srcContext)
     Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync_ptsz" same true fn cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
-        gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
-        real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyPeerAsync_ptsz`, the ABI version of cuda.h's
+        // cuMemcpyPeerAsync v7000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}, hStream={hStream:p}");
+            real(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
+        }
     }
     // cuMemcpyPeer v7000_ptds: peer_ctx(dstContext, srcContext)
     Driver 0 "cuMemcpyPeer" "cuMemcpyPeer_ptds" same true fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
-        gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
-        real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
+        // SAFETY: `real` is libcuda's `cuMemcpyPeer_ptds`, the ABI version of cuda.h's
+        // cuMemcpyPeer v7000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(peer_contexts(dstContext, srcContext), "dstDevice={dstDevice:#x}, dstContext={dstContext:p}, srcDevice={srcDevice:#x}, srcContext={srcContext:p}, ByteCount={ByteCount}");
+            real(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
+        }
     }
     // cuMemcpyWithAttributesAsync v13020: hook
     Driver 0 "cuMemcpyWithAttributesAsync" "cuMemcpyWithAttributesAsync" same true fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:#x}, src={src:#x}, size={size}");
-        real(dst, src, size, attr, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyWithAttributesAsync`, the ABI version of cuda.h's
+        // cuMemcpyWithAttributesAsync v13020, resolved by that name and version (its symbol, or
+        // the driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attr, 1, 1), "dst={dst:#x}, src={src:#x}, size={size}");
+            real(dst, src, size, attr, hStream)
+        }
     }
     // cuMemcpyWithAttributesAsync v13020_ptsz: hook
     Driver 0 "cuMemcpyWithAttributesAsync" "cuMemcpyWithAttributesAsync_ptsz" same true fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) -> CuResult |real| {
-        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:#x}, src={src:#x}, size={size}");
-        real(dst, src, size, attr, hStream)
+        // SAFETY: `real` is libcuda's `cuMemcpyWithAttributesAsync_ptsz`, the ABI version of
+        // cuda.h's cuMemcpyWithAttributesAsync v13020, resolved by that name and version (its
+        // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attr, 1, 1), "dst={dst:#x}, src={src:#x}, size={size}");
+            real(dst, src, size, attr, hStream)
+        }
     }
     // cuMulticastAddDevice v12010: ordinal(dev)
     Driver 0 "cuMulticastAddDevice" "cuMulticastAddDevice" same true fn cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}");
-        real(mcHandle, dev)
+        // SAFETY: `real` is libcuda's `cuMulticastAddDevice`, the ABI version of cuda.h's
+        // cuMulticastAddDevice v12010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}");
+            real(mcHandle, dev)
+        }
     }
     // cuMulticastBindAddr v12010: hook
     Driver 0 "cuMulticastBindAddr" "cuMulticastBindAddr" same true fn cuMulticastBindAddr(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
-        real(mcHandle, mcOffset, memptr, size, flags)
+        // SAFETY: `real` is libcuda's `cuMulticastBindAddr`, the ABI version of cuda.h's
+        // cuMulticastBindAddr v12010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            real(mcHandle, mcOffset, memptr, size, flags)
+        }
     }
     // cuMulticastBindAddr v13010: ordinal(dev)
     Driver 0 "cuMulticastBindAddr" "cuMulticastBindAddr_v2" same true fn cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memptr={memptr:#x}, size={size}, flags={flags:#x}");
-        real(mcHandle, dev, mcOffset, memptr, size, flags)
+        // SAFETY: `real` is libcuda's `cuMulticastBindAddr_v2`, the ABI version of cuda.h's
+        // cuMulticastBindAddr v13010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memptr={memptr:#x}, size={size}, flags={flags:#x}");
+            real(mcHandle, dev, mcOffset, memptr, size, flags)
+        }
     }
     // cuMulticastBindMem v12010: hook
     Driver 0 "cuMulticastBindMem" "cuMulticastBindMem" same true fn cuMulticastBindMem(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
-        real(mcHandle, mcOffset, memHandle, memOffset, size, flags)
+        // SAFETY: `real` is libcuda's `cuMulticastBindMem`, the ABI version of cuda.h's
+        // cuMulticastBindMem v12010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            real(mcHandle, mcOffset, memHandle, memOffset, size, flags)
+        }
     }
     // cuMulticastBindMem v13010: ordinal(dev)
     Driver 0 "cuMulticastBindMem" "cuMulticastBindMem_v2" same true fn cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
-        real(mcHandle, dev, mcOffset, memHandle, memOffset, size, flags)
+        // SAFETY: `real` is libcuda's `cuMulticastBindMem_v2`, the ABI version of cuda.h's
+        // cuMulticastBindMem v13010, resolved by that name and version (its symbol, or the
+        // driver's entry-point answer for it), so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, memHandle={memHandle}, memOffset={memOffset}, size={size}, flags={flags:#x}");
+            real(mcHandle, dev, mcOffset, memHandle, memOffset, size, flags)
+        }
     }
     // cuMulticastUnbind v12010: ordinal(dev)
     Driver 0 "cuMulticastUnbind" "cuMulticastUnbind" same true fn cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) -> CuResult |real| {
-        gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, size={size}");
-        real(mcHandle, dev, mcOffset, size)
+        // SAFETY: `real` is libcuda's `cuMulticastUnbind`, the ABI version of cuda.h's
+        // cuMulticastUnbind v12010, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(dev), "mcHandle={mcHandle}, dev={dev}, mcOffset={mcOffset}, size={size}");
+            real(mcHandle, dev, mcOffset, size)
+        }
     }
     // cudaChooseDevice, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaChooseDevice" "cudaChooseDevice" same true symver "cudaChooseDevice@libcudart.so.12" fallback "cudaChooseDevice" fn cudaChooseDevice_cu12(device: *mut c_int, prop: *const c_void) -> CudaError |real| {
-        let rc = real(device, prop);
-        if rc == CudaError::SUCCESS && !device.is_null() {
-            let d = *device;
-            gate!(policy::query(d), "-> device={d}");
+        // SAFETY: `real` is libcudart.so.12's own `cudaChooseDevice` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(device, prop);
+            if rc == CudaError::SUCCESS && !device.is_null() {
+                let d = *device;
+                gate!(policy::query(d), "-> device={d}");
+            }
+            rc
         }
-        rc
     }
     // cudaDeviceCanAccessPeer, cuda_runtime_api.h 12: query(device, peerDevice)
     Runtime 12 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@libcudart.so.12" fallback "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer_cu12(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
-        gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
-        real(canAccessPeer, device, peerDevice)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceCanAccessPeer` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
+            real(canAccessPeer, device, peerDevice)
+        }
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 12: peer(current, peerDevice)
     Runtime 12 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@libcudart.so.12" fallback "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess_cu12(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(driver_query::runtime_current_device(ID), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
-        real(peerDevice, flags)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceEnablePeerAccess` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::peer(driver_query::runtime_current_device(ID), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+            real(peerDevice, flags)
+        }
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 12: query(device)
     Runtime 12 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@libcudart.so.12" fallback "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute_cu12(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "attr={attr}, device={device}");
-        real(value, attr, device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetAttribute` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "attr={attr}, device={device}");
+            real(value, attr, device)
+        }
     }
     // cudaDeviceGetDefaultMemPool, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaDeviceGetDefaultMemPool" "cudaDeviceGetDefaultMemPool" same true symver "cudaDeviceGetDefaultMemPool@libcudart.so.12" fallback "cudaDeviceGetDefaultMemPool" fn cudaDeviceGetDefaultMemPool_cu12(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        let rc = real(memPool, device);
-        if rc == CudaError::SUCCESS && !memPool.is_null() {
-            reach::remember_pool(*memPool, device);
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetDefaultMemPool`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            let rc = real(memPool, device);
+            if rc == CudaError::SUCCESS && !memPool.is_null() {
+                reach::remember_pool(*memPool, device);
+            }
+            rc
         }
-        rc
     }
     // cudaDeviceGetGraphMemAttribute, cuda_runtime_api.h 12: query(device)
     Runtime 12 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceGetGraphMemAttribute" fn cudaDeviceGetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}, attr={attr}");
-        real(device, attr, value)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetGraphMemAttribute`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}, attr={attr}");
+            real(device, attr, value)
+        }
     }
     // cudaDeviceGetMemPool, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaDeviceGetMemPool" "cudaDeviceGetMemPool" same true symver "cudaDeviceGetMemPool@libcudart.so.12" fallback "cudaDeviceGetMemPool" fn cudaDeviceGetMemPool_cu12(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        let rc = real(memPool, device);
-        if rc == CudaError::SUCCESS && !memPool.is_null() {
-            reach::remember_pool(*memPool, device);
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetMemPool` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            let rc = real(memPool, device);
+            if rc == CudaError::SUCCESS && !memPool.is_null() {
+                reach::remember_pool(*memPool, device);
+            }
+            rc
         }
-        rc
     }
     // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 12: query(device)
     Runtime 12 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@libcudart.so.12" fallback "cudaDeviceGetNvSciSyncAttributes" fn cudaDeviceGetNvSciSyncAttributes_cu12(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}, flags={flags:#x}");
-        real(nvSciSyncAttrList, device, flags)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetNvSciSyncAttributes`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}, flags={flags:#x}");
+            real(nvSciSyncAttrList, device, flags)
+        }
     }
     // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 12: query(srcDevice, dstDevice)
     Runtime 12 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@libcudart.so.12" fallback "cudaDeviceGetP2PAttribute" fn cudaDeviceGetP2PAttribute_cu12(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
-        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
-        real(value, attr, srcDevice, dstDevice)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetP2PAttribute` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+            real(value, attr, srcDevice, dstDevice)
+        }
     }
     // cudaDeviceGetPCIBusId, cuda_runtime_api.h 12: query(device)
     Runtime 12 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@libcudart.so.12" fallback "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId_cu12(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "len={len}, device={device}");
-        real(pciBusId, len, device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetPCIBusId` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "len={len}, device={device}");
+            real(pciBusId, len, device)
+        }
     }
     // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 12: query(device)
     Runtime 12 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@libcudart.so.12" fallback "cudaDeviceGetTexture1DLinearMaxWidth" fn cudaDeviceGetTexture1DLinearMaxWidth_cu12(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}");
-        real(maxWidthInElements, fmtDesc, device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetTexture1DLinearMaxWidth`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}");
+            real(maxWidthInElements, fmtDesc, device)
+        }
     }
     // cudaDeviceGraphMemTrim, cuda_runtime_api.h 12: ordinal(device)
     Runtime 12 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@libcudart.so.12" fallback "cudaDeviceGraphMemTrim" fn cudaDeviceGraphMemTrim_cu12(device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        real(device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGraphMemTrim` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            real(device)
+        }
     }
     // cudaDeviceSetGraphMemAttribute, cuda_runtime_api.h 12: ordinal(device)
     Runtime 12 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceSetGraphMemAttribute" fn cudaDeviceSetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}, attr={attr}");
-        real(device, attr, value)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceSetGraphMemAttribute`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, attr={attr}");
+            real(device, attr, value)
+        }
     }
     // cudaDeviceSetMemPool, cuda_runtime_api.h 12: ordinal(device)
     Runtime 12 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@libcudart.so.12" fallback "cudaDeviceSetMemPool" fn cudaDeviceSetMemPool_cu12(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}, memPool={memPool:p}");
-        real(device, memPool)
+        // SAFETY: `real` is libcudart.so.12's own `cudaDeviceSetMemPool` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, memPool={memPool:p}");
+            real(device, memPool)
+        }
     }
     // cudaGetDeviceProperties, cuda_runtime_api.h 12: query(device)
     Runtime 12 "cudaGetDeviceProperties" "cudaGetDeviceProperties_v2" same false symver "cudaGetDeviceProperties_v2@libcudart.so.12" fallback "cudaGetDeviceProperties_v2" fn cudaGetDeviceProperties_v2_cu12(prop: *mut c_void, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}");
-        real(prop, device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaGetDeviceProperties_v2` (cuda_runtime_api.h
+        // 12), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}");
+            real(prop, device)
+        }
     }
     // cudaGetDriverEntryPoint, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true symver "cudaGetDriverEntryPoint@libcudart.so.12" fallback "cudaGetDriverEntryPoint" fn cudaGetDriverEntryPoint_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.12's own `cudaGetDriverEntryPoint` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGetDriverEntryPointByVersion, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true symver "cudaGetDriverEntryPointByVersion@libcudart.so.12" fallback "cudaGetDriverEntryPointByVersion" fn cudaGetDriverEntryPointByVersion_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.12's own `cudaGetDriverEntryPointByVersion`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGetDriverEntryPointByVersion _ptsz, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion_ptsz" same true symver "cudaGetDriverEntryPointByVersion_ptsz@libcudart.so.12" fallback "cudaGetDriverEntryPointByVersion_ptsz" fn cudaGetDriverEntryPointByVersion_ptsz_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.12's own `cudaGetDriverEntryPointByVersion_ptsz`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGetDriverEntryPoint _ptsz, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint_ptsz" same true symver "cudaGetDriverEntryPoint_ptsz@libcudart.so.12" fallback "cudaGetDriverEntryPoint_ptsz" fn cudaGetDriverEntryPoint_ptsz_cu12(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.12's own `cudaGetDriverEntryPoint_ptsz`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGraphAddMemAllocNode, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGraphAddMemAllocNode" "cudaGraphAddMemAllocNode" same true symver "cudaGraphAddMemAllocNode@libcudart.so.12" fallback "cudaGraphAddMemAllocNode" fn cudaGraphAddMemAllocNode_cu12(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CudaError |real| {
-        gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
-        real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+        // SAFETY: `real` is libcudart.so.12's own `cudaGraphAddMemAllocNode` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
+            real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+        }
     }
     // cudaGraphAddNode, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGraphAddNode" "cudaGraphAddNode" same false symver "cudaGraphAddNode@libcudart.so.12" fallback "cudaGraphAddNode" fn cudaGraphAddNode_cu12(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+        // SAFETY: `real` is libcudart.so.12's own `cudaGraphAddNode` (cuda_runtime_api.h 12),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+        }
     }
     // cudaGraphAddNode_v2, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGraphAddNode_v2" "cudaGraphAddNode_v2" same false symver "cudaGraphAddNode_v2@libcudart.so.12" fallback "cudaGraphAddNode_v2" fn cudaGraphAddNode_v2_cu12(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
+        // SAFETY: `real` is libcudart.so.12's own `cudaGraphAddNode_v2` (cuda_runtime_api.h 12),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
+        }
     }
     // cudaGraphExecNodeSetParams, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGraphExecNodeSetParams" "cudaGraphExecNodeSetParams" same true symver "cudaGraphExecNodeSetParams@libcudart.so.12" fallback "cudaGraphExecNodeSetParams" fn cudaGraphExecNodeSetParams_cu12(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(graphExec, node, nodeParams)
+        // SAFETY: `real` is libcudart.so.12's own `cudaGraphExecNodeSetParams` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(graphExec, node, nodeParams)
+        }
     }
     // cudaGraphNodeSetParams, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaGraphNodeSetParams" "cudaGraphNodeSetParams" same true symver "cudaGraphNodeSetParams@libcudart.so.12" fallback "cudaGraphNodeSetParams" fn cudaGraphNodeSetParams_cu12(node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(node, nodeParams)
+        // SAFETY: `real` is libcudart.so.12's own `cudaGraphNodeSetParams` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(node, nodeParams)
+        }
     }
     // cudaImportExternalMemory, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaImportExternalMemory" "cudaImportExternalMemory" same true symver "cudaImportExternalMemory@libcudart.so.12" fallback "cudaImportExternalMemory" fn cudaImportExternalMemory_cu12(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CudaError |real| {
-        use crate::guard::decide::ipc;
-        let key = ipc::key_of_external(memHandleDesc);
-        if let Err(code) = ipc::check_import::<CudaError>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
-            return code;
+        // SAFETY: `real` is libcudart.so.12's own `cudaImportExternalMemory` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            let key = ipc::key_of_external(memHandleDesc);
+            if let Err(code) = ipc::check_import::<CudaError>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
+                return code;
+            }
+            let _nested = ipc::RuntimeScope::enter();
+            real(extMem_out, memHandleDesc)
         }
-        let _nested = ipc::RuntimeScope::enter();
-        real(extMem_out, memHandleDesc)
     }
     // cudaInitDevice, cuda_runtime_api.h 12: ordinal(device)
     Runtime 12 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@libcudart.so.12" fallback "cudaInitDevice" fn cudaInitDevice_cu12(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
-        real(device, deviceFlags, flags)
+        // SAFETY: `real` is libcudart.so.12's own `cudaInitDevice` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
+            real(device, deviceFlags, flags)
+        }
     }
     // cudaIpcGetEventHandle, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaIpcGetEventHandle" "cudaIpcGetEventHandle" same true symver "cudaIpcGetEventHandle@libcudart.so.12" fallback "cudaIpcGetEventHandle" fn cudaIpcGetEventHandle_cu12(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
-        let rc = {
-            let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
-            real(handle, event)
-        };
-        if rc == CudaError::SUCCESS {
-            crate::guard::decide::ipc::exported_event(handle);
+        // SAFETY: `real` is libcudart.so.12's own `cudaIpcGetEventHandle` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = {
+                let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
+                real(handle, event)
+            };
+            if rc == CudaError::SUCCESS {
+                crate::guard::decide::ipc::exported_event(handle);
+            }
+            rc
         }
-        rc
     }
     // cudaIpcGetMemHandle, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaIpcGetMemHandle" "cudaIpcGetMemHandle" same true symver "cudaIpcGetMemHandle@libcudart.so.12" fallback "cudaIpcGetMemHandle" fn cudaIpcGetMemHandle_cu12(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
-        let rc = {
-            let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
-            real(handle, devPtr)
-        };
-        if rc == CudaError::SUCCESS {
-            crate::guard::decide::ipc::exported_mem(handle, devPtr as CUdeviceptr);
+        // SAFETY: `real` is libcudart.so.12's own `cudaIpcGetMemHandle` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = {
+                let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
+                real(handle, devPtr)
+            };
+            if rc == CudaError::SUCCESS {
+                crate::guard::decide::ipc::exported_mem(handle, devPtr as CUdeviceptr);
+            }
+            rc
         }
-        rc
     }
     // cudaIpcOpenEventHandle, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaIpcOpenEventHandle" "cudaIpcOpenEventHandle" same true symver "cudaIpcOpenEventHandle@libcudart.so.12" fallback "cudaIpcOpenEventHandle" fn cudaIpcOpenEventHandle_cu12(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
-        use crate::guard::decide::ipc;
-        if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
-            return code;
+        // SAFETY: `real` is libcudart.so.12's own `cudaIpcOpenEventHandle` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
+                return code;
+            }
+            let _nested = ipc::RuntimeScope::enter();
+            real(event, handle)
         }
-        let _nested = ipc::RuntimeScope::enter();
-        real(event, handle)
     }
     // cudaIpcOpenMemHandle, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaIpcOpenMemHandle" "cudaIpcOpenMemHandle" same true symver "cudaIpcOpenMemHandle@libcudart.so.12" fallback "cudaIpcOpenMemHandle" fn cudaIpcOpenMemHandle_cu12(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
-        use crate::guard::decide::ipc;
-        // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
-        let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rc = {
-            let _nested = ipc::RuntimeScope::enter();
-            real(devPtr, handle, flags)
-        };
-        if rc == CudaError::SUCCESS && !devPtr.is_null() {
-            let p = *devPtr;
-            if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
-                ipc::close_mem_runtime(ID, p);
-                *devPtr = std::ptr::null_mut();
-                return code;
+        // SAFETY: `real` is libcudart.so.12's own `cudaIpcOpenMemHandle` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
+            let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let rc = {
+                let _nested = ipc::RuntimeScope::enter();
+                real(devPtr, handle, flags)
+            };
+            if rc == CudaError::SUCCESS && !devPtr.is_null() {
+                let p = *devPtr;
+                if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
+                    ipc::close_mem_runtime(ID, p);
+                    *devPtr = std::ptr::null_mut();
+                    return code;
+                }
             }
+            rc
         }
-        rc
     }
     // cudaKernelSetAttributeForDevice, cuda_runtime_api.h 12: ordinal(device)
     Runtime 12 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@libcudart.so.12" fallback "cudaKernelSetAttributeForDevice" fn cudaKernelSetAttributeForDevice_cu12(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
-        real(kernel, attr, value, device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaKernelSetAttributeForDevice`
+        // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
+            real(kernel, attr, value, device)
+        }
     }
     // cudaLaunchCooperativeKernelMultiDevice, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaLaunchCooperativeKernelMultiDevice" "cudaLaunchCooperativeKernelMultiDevice" same false symver "cudaLaunchCooperativeKernelMultiDevice@libcudart.so.12" fallback "cudaLaunchCooperativeKernelMultiDevice" fn cudaLaunchCooperativeKernelMultiDevice_cu12(launchParamsList: *mut c_void, numDevices: c_uint, flags: c_uint) -> CudaError |real| {
-        gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
-        real(launchParamsList, numDevices, flags)
+        // SAFETY: `real` is libcudart.so.12's own `cudaLaunchCooperativeKernelMultiDevice`
+        // (cuda_runtime_api.h 12), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::multi_device(numDevices), "numDevices={numDevices}, flags={flags:#x}");
+            real(launchParamsList, numDevices, flags)
+        }
     }
     // cudaMemAdvise, cuda_runtime_api.h 12: ordinal_or_host(device)
     Runtime 12 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@libcudart.so.12" fallback "cudaMemAdvise" fn cudaMemAdvise_cu12(devPtr: *const c_void, count: usize, advice: c_int, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(device), "devPtr={devPtr:p}, count={count}, advice={advice}, device={device}");
-        real(devPtr, count, advice, device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemAdvise` (cuda_runtime_api.h 12),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal_or_host(device), "devPtr={devPtr:p}, count={count}, advice={advice}, device={device}");
+            real(devPtr, count, advice, device)
+        }
     }
     // cudaMemAdvise_v2, cuda_runtime_api.h 12: location(location)
     Runtime 12 "cudaMemAdvise_v2" "cudaMemAdvise_v2" same false symver "cudaMemAdvise_v2@libcudart.so.12" fallback "cudaMemAdvise_v2" fn cudaMemAdvise_v2_cu12(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, advice={advice}, location={location:?}");
-        real(devPtr, count, advice, location)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemAdvise_v2` (cuda_runtime_api.h 12),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, advice={advice}, location={location:?}");
+            real(devPtr, count, advice, location)
+        }
     }
     // cudaMemPoolSetAccess, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemPoolSetAccess" "cudaMemPoolSetAccess" same true symver "cudaMemPoolSetAccess@libcudart.so.12" fallback "cudaMemPoolSetAccess" fn cudaMemPoolSetAccess_cu12(memPool: CUmemoryPool, descList: *const CUmemAccessDesc, count: usize) -> CudaError |real| {
-        let (verdict, i) = reach::pool_access(memPool, descList, count);
-        gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
-        real(memPool, descList, count)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemPoolSetAccess` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let (verdict, i) = reach::pool_access(memPool, descList, count);
+            gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
+            real(memPool, descList, count)
+        }
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
     Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@libcudart.so.12" fallback "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
-        real(devPtr, count, dstDevice, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync` (cuda_runtime_api.h 12),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
+            real(devPtr, count, dstDevice, stream)
+        }
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
     Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_ptsz" fn cudaMemPrefetchAsync_ptsz_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
-        gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
-        real(devPtr, count, dstDevice, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync_ptsz` (cuda_runtime_api.h
+        // 12), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal_or_host(dstDevice), "devPtr={devPtr:p}, count={count}, dstDevice={dstDevice}, stream={stream:p}");
+            real(devPtr, count, dstDevice, stream)
+        }
     }
     // cudaMemPrefetchAsync_v2, cuda_runtime_api.h 12: location(location)
     Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2" same false symver "cudaMemPrefetchAsync_v2@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2" fn cudaMemPrefetchAsync_v2_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
-        real(devPtr, count, location, flags, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync_v2` (cuda_runtime_api.h
+        // 12), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+            real(devPtr, count, location, flags, stream)
+        }
     }
     // cudaMemPrefetchAsync_v2 _ptsz, cuda_runtime_api.h 12: location(location)
     Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2_ptsz" same false symver "cudaMemPrefetchAsync_v2_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2_ptsz" fn cudaMemPrefetchAsync_v2_ptsz_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
-        real(devPtr, count, location, flags, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync_v2_ptsz`
+        // (cuda_runtime_api.h 12), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+            real(devPtr, count, location, flags, stream)
+        }
     }
     // cudaMemcpy3DBatchAsync, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync" same false symver "cudaMemcpy3DBatchAsync@libcudart.so.12" fallback "cudaMemcpy3DBatchAsync" fn cudaMemcpy3DBatchAsync_cu12(numOps: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
-        real(numOps, opList, failIdx, flags, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpy3DBatchAsync` (cuda_runtime_api.h
+        // 12), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+            real(numOps, opList, failIdx, flags, stream)
+        }
     }
     // cudaMemcpy3DBatchAsync _ptsz, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync_ptsz" same false symver "cudaMemcpy3DBatchAsync_ptsz@libcudart.so.12" fallback "cudaMemcpy3DBatchAsync_ptsz" fn cudaMemcpy3DBatchAsync_ptsz_cu12(numOps: usize, opList: *mut Memcpy3DBatchOp, failIdx: *mut usize, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
-        real(numOps, opList, failIdx, flags, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpy3DBatchAsync_ptsz`
+        // (cuda_runtime_api.h 12), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+            real(numOps, opList, failIdx, flags, stream)
+        }
     }
     // cudaMemcpy3DPeer, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer" same true symver "cudaMemcpy3DPeer@libcudart.so.12" fallback "cudaMemcpy3DPeer" fn cudaMemcpy3DPeer_cu12(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpy3DPeer` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p)
         }
-        real(p)
     }
     // cudaMemcpy3DPeerAsync, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync" same true symver "cudaMemcpy3DPeerAsync@libcudart.so.12" fallback "cudaMemcpy3DPeerAsync" fn cudaMemcpy3DPeerAsync_cu12(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpy3DPeerAsync` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p, stream)
         }
-        real(p, stream)
     }
     // cudaMemcpy3DPeerAsync _ptsz, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync_ptsz" same true symver "cudaMemcpy3DPeerAsync_ptsz@libcudart.so.12" fallback "cudaMemcpy3DPeerAsync_ptsz" fn cudaMemcpy3DPeerAsync_ptsz_cu12(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpy3DPeerAsync_ptsz` (cuda_runtime_api.h
+        // 12), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p, stream)
         }
-        real(p, stream)
     }
     // cudaMemcpy3DPeer _ptds, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer_ptds" same true symver "cudaMemcpy3DPeer_ptds@libcudart.so.12" fallback "cudaMemcpy3DPeer_ptds" fn cudaMemcpy3DPeer_ptds_cu12(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpy3DPeer_ptds` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p)
         }
-        real(p)
     }
     // cudaMemcpyBatchAsync, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync" same false symver "cudaMemcpyBatchAsync@libcudart.so.12" fallback "cudaMemcpyBatchAsync" fn cudaMemcpyBatchAsync_cu12(dsts: *mut *mut c_void, srcs: *mut *mut c_void, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpyBatchAsync` (cuda_runtime_api.h 12),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
+        }
     }
     // cudaMemcpyBatchAsync _ptsz, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync_ptsz" same false symver "cudaMemcpyBatchAsync_ptsz@libcudart.so.12" fallback "cudaMemcpyBatchAsync_ptsz" fn cudaMemcpyBatchAsync_ptsz_cu12(dsts: *mut *mut c_void, srcs: *mut *mut c_void, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpyBatchAsync_ptsz` (cuda_runtime_api.h
+        // 12), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
+        }
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
     Runtime 12 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@libcudart.so.12" fallback "cudaMemcpyPeer" fn cudaMemcpyPeer_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
-        real(dst, dstDevice, src, srcDevice, count)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpyPeer` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
+            real(dst, dstDevice, src, srcDevice, count)
+        }
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
     Runtime 12 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@libcudart.so.12" fallback "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
-        real(dst, dstDevice, src, srcDevice, count, stream)
+        // SAFETY: `real` is libcudart.so.12's own `cudaMemcpyPeerAsync` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
+            real(dst, dstDevice, src, srcDevice, count, stream)
+        }
     }
     // cudaSetDevice, cuda_runtime_api.h 12: ordinal(device)
     Runtime 12 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@libcudart.so.12" fallback "cudaSetDevice" fn cudaSetDevice_cu12(device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        real(device)
+        // SAFETY: `real` is libcudart.so.12's own `cudaSetDevice` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            real(device)
+        }
     }
     // cudaSetValidDevices, cuda_runtime_api.h 12: hook
     Runtime 12 "cudaSetValidDevices" "cudaSetValidDevices" same true symver "cudaSetValidDevices@libcudart.so.12" fallback "cudaSetValidDevices" fn cudaSetValidDevices_cu12(device_arr: *mut c_int, len: c_int) -> CudaError |real| {
-        gate!(reach::device_list(device_arr, len), "len={len}");
-        real(device_arr, len)
+        // SAFETY: `real` is libcudart.so.12's own `cudaSetValidDevices` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::device_list(device_arr, len), "len={len}");
+            real(device_arr, len)
+        }
     }
     // cudaChooseDevice, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaChooseDevice" "cudaChooseDevice" same true symver "cudaChooseDevice@@libcudart.so.13" fn cudaChooseDevice_cu13(device: *mut c_int, prop: *const c_void) -> CudaError |real| {
-        let rc = real(device, prop);
-        if rc == CudaError::SUCCESS && !device.is_null() {
-            let d = *device;
-            gate!(policy::query(d), "-> device={d}");
+        // SAFETY: `real` is libcudart.so.13's own `cudaChooseDevice` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(device, prop);
+            if rc == CudaError::SUCCESS && !device.is_null() {
+                let d = *device;
+                gate!(policy::query(d), "-> device={d}");
+            }
+            rc
         }
-        rc
     }
     // cudaDeviceCanAccessPeer, cuda_runtime_api.h 13: query(device, peerDevice)
     Runtime 13 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@@libcudart.so.13" fn cudaDeviceCanAccessPeer_cu13(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
-        gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
-        real(canAccessPeer, device, peerDevice)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceCanAccessPeer` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if device != 0 { device } else { peerDevice }), "device={device}, peerDevice={peerDevice}");
+            real(canAccessPeer, device, peerDevice)
+        }
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 13: peer(current, peerDevice)
     Runtime 13 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@@libcudart.so.13" fn cudaDeviceEnablePeerAccess_cu13(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::peer(driver_query::runtime_current_device(ID), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
-        real(peerDevice, flags)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceEnablePeerAccess` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::peer(driver_query::runtime_current_device(ID), peerDevice), "peerDevice={peerDevice}, flags={flags:#x}");
+            real(peerDevice, flags)
+        }
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@@libcudart.so.13" fn cudaDeviceGetAttribute_cu13(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "attr={attr}, device={device}");
-        real(value, attr, device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetAttribute` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "attr={attr}, device={device}");
+            real(value, attr, device)
+        }
     }
     // cudaDeviceGetDefaultMemPool, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaDeviceGetDefaultMemPool" "cudaDeviceGetDefaultMemPool" same true symver "cudaDeviceGetDefaultMemPool@@libcudart.so.13" fn cudaDeviceGetDefaultMemPool_cu13(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        let rc = real(memPool, device);
-        if rc == CudaError::SUCCESS && !memPool.is_null() {
-            reach::remember_pool(*memPool, device);
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetDefaultMemPool`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            let rc = real(memPool, device);
+            if rc == CudaError::SUCCESS && !memPool.is_null() {
+                reach::remember_pool(*memPool, device);
+            }
+            rc
         }
-        rc
     }
     // cudaDeviceGetDevResource, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaDeviceGetDevResource" "cudaDeviceGetDevResource" same false symver "cudaDeviceGetDevResource@@libcudart.so.13" fn cudaDeviceGetDevResource_cu13(device: c_int, resource: *mut c_void, type_: c_uint) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}, type_={type_}");
-        real(device, resource, type_)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetDevResource` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, type_={type_}");
+            real(device, resource, type_)
+        }
     }
     // cudaDeviceGetExecutionCtx, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaDeviceGetExecutionCtx" "cudaDeviceGetExecutionCtx" same false symver "cudaDeviceGetExecutionCtx@@libcudart.so.13" fn cudaDeviceGetExecutionCtx_cu13(ctx: *mut c_void, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        real(ctx, device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetExecutionCtx` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            real(ctx, device)
+        }
     }
     // cudaDeviceGetGraphMemAttribute, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceGetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}, attr={attr}");
-        real(device, attr, value)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetGraphMemAttribute`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}, attr={attr}");
+            real(device, attr, value)
+        }
     }
     // cudaDeviceGetHostAtomicCapabilities, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaDeviceGetHostAtomicCapabilities" "cudaDeviceGetHostAtomicCapabilities" same false symver "cudaDeviceGetHostAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetHostAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "count={count}, device={device}");
-        real(capabilities, operations, count, device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetHostAtomicCapabilities`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "count={count}, device={device}");
+            real(capabilities, operations, count, device)
+        }
     }
     // cudaDeviceGetMemPool, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaDeviceGetMemPool" "cudaDeviceGetMemPool" same true symver "cudaDeviceGetMemPool@@libcudart.so.13" fn cudaDeviceGetMemPool_cu13(memPool: *mut CUmemoryPool, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        let rc = real(memPool, device);
-        if rc == CudaError::SUCCESS && !memPool.is_null() {
-            reach::remember_pool(*memPool, device);
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetMemPool` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            let rc = real(memPool, device);
+            if rc == CudaError::SUCCESS && !memPool.is_null() {
+                reach::remember_pool(*memPool, device);
+            }
+            rc
         }
-        rc
     }
     // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@@libcudart.so.13" fn cudaDeviceGetNvSciSyncAttributes_cu13(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}, flags={flags:#x}");
-        real(nvSciSyncAttrList, device, flags)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetNvSciSyncAttributes`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}, flags={flags:#x}");
+            real(nvSciSyncAttrList, device, flags)
+        }
     }
     // cudaDeviceGetP2PAtomicCapabilities, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
     Runtime 13 "cudaDeviceGetP2PAtomicCapabilities" "cudaDeviceGetP2PAtomicCapabilities" same false symver "cudaDeviceGetP2PAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetP2PAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
-        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
-        real(capabilities, operations, count, srcDevice, dstDevice)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetP2PAtomicCapabilities`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "count={count}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+            real(capabilities, operations, count, srcDevice, dstDevice)
+        }
     }
     // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
     Runtime 13 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@@libcudart.so.13" fn cudaDeviceGetP2PAttribute_cu13(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
-        gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
-        real(value, attr, srcDevice, dstDevice)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetP2PAttribute` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }), "attr={attr}, srcDevice={srcDevice}, dstDevice={dstDevice}");
+            real(value, attr, srcDevice, dstDevice)
+        }
     }
     // cudaDeviceGetPCIBusId, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@@libcudart.so.13" fn cudaDeviceGetPCIBusId_cu13(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "len={len}, device={device}");
-        real(pciBusId, len, device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetPCIBusId` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "len={len}, device={device}");
+            real(pciBusId, len, device)
+        }
     }
     // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@@libcudart.so.13" fn cudaDeviceGetTexture1DLinearMaxWidth_cu13(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}");
-        real(maxWidthInElements, fmtDesc, device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetTexture1DLinearMaxWidth`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}");
+            real(maxWidthInElements, fmtDesc, device)
+        }
     }
     // cudaDeviceGraphMemTrim, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@@libcudart.so.13" fn cudaDeviceGraphMemTrim_cu13(device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        real(device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGraphMemTrim` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            real(device)
+        }
     }
     // cudaDeviceSetGraphMemAttribute, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceSetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}, attr={attr}");
-        real(device, attr, value)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceSetGraphMemAttribute`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, attr={attr}");
+            real(device, attr, value)
+        }
     }
     // cudaDeviceSetMemPool, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@@libcudart.so.13" fn cudaDeviceSetMemPool_cu13(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}, memPool={memPool:p}");
-        real(device, memPool)
+        // SAFETY: `real` is libcudart.so.13's own `cudaDeviceSetMemPool` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, memPool={memPool:p}");
+            real(device, memPool)
+        }
     }
     // cudaGetDeviceProperties, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaGetDeviceProperties" "cudaGetDeviceProperties" same false symver "cudaGetDeviceProperties@@libcudart.so.13" fn cudaGetDeviceProperties_cu13(prop: *mut c_void, device: c_int) -> CudaError |real| {
-        gate!(policy::query(device), "device={device}");
-        real(prop, device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaGetDeviceProperties` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::query(device), "device={device}");
+            real(prop, device)
+        }
     }
     // cudaGetDriverEntryPoint, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true symver "cudaGetDriverEntryPoint@@libcudart.so.13" fn cudaGetDriverEntryPoint_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.13's own `cudaGetDriverEntryPoint` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGetDriverEntryPointByVersion, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true symver "cudaGetDriverEntryPointByVersion@@libcudart.so.13" fn cudaGetDriverEntryPointByVersion_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.13's own `cudaGetDriverEntryPointByVersion`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGetDriverEntryPointByVersion _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion_ptsz" same true symver "cudaGetDriverEntryPointByVersion_ptsz@@libcudart.so.13" fn cudaGetDriverEntryPointByVersion_ptsz_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, cudaVersion: c_uint, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.13's own `cudaGetDriverEntryPointByVersion_ptsz`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGetDriverEntryPoint _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint_ptsz" same true symver "cudaGetDriverEntryPoint_ptsz@@libcudart.so.13" fn cudaGetDriverEntryPoint_ptsz_cu13(symbol: *const c_char, funcPtr: *mut *mut c_void, flags: u64, driverStatus: *mut c_int) -> CudaError |real| {
-        let rc = real(symbol, funcPtr, flags, driverStatus);
-        if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
-            return CudaError::SYMBOL_NOT_FOUND;
+        // SAFETY: `real` is libcudart.so.13's own `cudaGetDriverEntryPoint_ptsz`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = real(symbol, funcPtr, flags, driverStatus);
+            if rc == CudaError::SUCCESS && !route_out(funcPtr, symbol, driverStatus) {
+                return CudaError::SYMBOL_NOT_FOUND;
+            }
+            rc
         }
-        rc
     }
     // cudaGraphAddMemAllocNode, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGraphAddMemAllocNode" "cudaGraphAddMemAllocNode" same true symver "cudaGraphAddMemAllocNode@@libcudart.so.13" fn cudaGraphAddMemAllocNode_cu13(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, numDependencies: usize, nodeParams: *mut MemAllocNodeParamsHead) -> CudaError |real| {
-        gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
-        real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+        // SAFETY: `real` is libcudart.so.13's own `cudaGraphAddMemAllocNode` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::alloc_node(nodeParams), "nodeParams.poolProps.location={:?}", (*nodeParams).poolProps.location);
+            real(pGraphNode, graph, pDependencies, numDependencies, nodeParams)
+        }
     }
     // cudaGraphAddNode, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGraphAddNode" "cudaGraphAddNode" same false symver "cudaGraphAddNode@@libcudart.so.13" fn cudaGraphAddNode_cu13(pGraphNode: *mut c_void, graph: *mut c_void, pDependencies: *const c_void, dependencyData: *const c_void, numDependencies: usize, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
+        // SAFETY: `real` is libcudart.so.13's own `cudaGraphAddNode` (cuda_runtime_api.h 13),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(pGraphNode, graph, pDependencies, dependencyData, numDependencies, nodeParams)
+        }
     }
     // cudaGraphExecNodeSetParams, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGraphExecNodeSetParams" "cudaGraphExecNodeSetParams" same true symver "cudaGraphExecNodeSetParams@@libcudart.so.13" fn cudaGraphExecNodeSetParams_cu13(graphExec: *mut c_void, node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(graphExec, node, nodeParams)
+        // SAFETY: `real` is libcudart.so.13's own `cudaGraphExecNodeSetParams` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(graphExec, node, nodeParams)
+        }
     }
     // cudaGraphNodeSetParams, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaGraphNodeSetParams" "cudaGraphNodeSetParams" same true symver "cudaGraphNodeSetParams@@libcudart.so.13" fn cudaGraphNodeSetParams_cu13(node: *mut c_void, nodeParams: *mut GraphNodeParamsHead) -> CudaError |real| {
-        gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
-        real(node, nodeParams)
+        // SAFETY: `real` is libcudart.so.13's own `cudaGraphNodeSetParams` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::node_params(nodeParams), "nodeParams.type={}", (*nodeParams).type_);
+            real(node, nodeParams)
+        }
     }
     // cudaGreenCtxCreate, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaGreenCtxCreate" "cudaGreenCtxCreate" same false symver "cudaGreenCtxCreate@@libcudart.so.13" fn cudaGreenCtxCreate_cu13(phCtx: *mut c_void, desc: *mut c_void, device: c_int, flags: c_uint) -> CudaError |real| {
-        gate!(policy::ordinal(device), "desc={desc:p}, device={device}, flags={flags:#x}");
-        real(phCtx, desc, device, flags)
+        // SAFETY: `real` is libcudart.so.13's own `cudaGreenCtxCreate` (cuda_runtime_api.h 13),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "desc={desc:p}, device={device}, flags={flags:#x}");
+            real(phCtx, desc, device, flags)
+        }
     }
     // cudaImportExternalMemory, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaImportExternalMemory" "cudaImportExternalMemory" same true symver "cudaImportExternalMemory@@libcudart.so.13" fn cudaImportExternalMemory_cu13(extMem_out: *mut c_void, memHandleDesc: *const ExternalMemoryHandleDescHead) -> CudaError |real| {
-        use crate::guard::decide::ipc;
-        let key = ipc::key_of_external(memHandleDesc);
-        if let Err(code) = ipc::check_import::<CudaError>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
-            return code;
+        // SAFETY: `real` is libcudart.so.13's own `cudaImportExternalMemory` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            let key = ipc::key_of_external(memHandleDesc);
+            if let Err(code) = ipc::check_import::<CudaError>(ID, key, None, format_args!("type={}, fd={}", memHandleDesc.as_ref().map_or(0, |d| d.type_), memHandleDesc.as_ref().map_or(-1, |d| d.fd))) {
+                return code;
+            }
+            let _nested = ipc::RuntimeScope::enter();
+            real(extMem_out, memHandleDesc)
         }
-        let _nested = ipc::RuntimeScope::enter();
-        real(extMem_out, memHandleDesc)
     }
     // cudaInitDevice, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@@libcudart.so.13" fn cudaInitDevice_cu13(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
-        real(device, deviceFlags, flags)
+        // SAFETY: `real` is libcudart.so.13's own `cudaInitDevice` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}, deviceFlags={deviceFlags:#x}, flags={flags:#x}");
+            real(device, deviceFlags, flags)
+        }
     }
     // cudaIpcGetEventHandle, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaIpcGetEventHandle" "cudaIpcGetEventHandle" same true symver "cudaIpcGetEventHandle@@libcudart.so.13" fn cudaIpcGetEventHandle_cu13(handle: *mut IpcHandle, event: CUevent) -> CudaError |real| {
-        let rc = {
-            let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
-            real(handle, event)
-        };
-        if rc == CudaError::SUCCESS {
-            crate::guard::decide::ipc::exported_event(handle);
+        // SAFETY: `real` is libcudart.so.13's own `cudaIpcGetEventHandle` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = {
+                let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
+                real(handle, event)
+            };
+            if rc == CudaError::SUCCESS {
+                crate::guard::decide::ipc::exported_event(handle);
+            }
+            rc
         }
-        rc
     }
     // cudaIpcGetMemHandle, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaIpcGetMemHandle" "cudaIpcGetMemHandle" same true symver "cudaIpcGetMemHandle@@libcudart.so.13" fn cudaIpcGetMemHandle_cu13(handle: *mut IpcHandle, devPtr: *mut c_void) -> CudaError |real| {
-        let rc = {
-            let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
-            real(handle, devPtr)
-        };
-        if rc == CudaError::SUCCESS {
-            crate::guard::decide::ipc::exported_mem(handle, devPtr as CUdeviceptr);
+        // SAFETY: `real` is libcudart.so.13's own `cudaIpcGetMemHandle` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = {
+                let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
+                real(handle, devPtr)
+            };
+            if rc == CudaError::SUCCESS {
+                crate::guard::decide::ipc::exported_mem(handle, devPtr as CUdeviceptr);
+            }
+            rc
         }
-        rc
     }
     // cudaIpcOpenEventHandle, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaIpcOpenEventHandle" "cudaIpcOpenEventHandle" same true symver "cudaIpcOpenEventHandle@@libcudart.so.13" fn cudaIpcOpenEventHandle_cu13(event: *mut CUevent, handle: IpcHandle) -> CudaError |real| {
-        use crate::guard::decide::ipc;
-        if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
-            return code;
+        // SAFETY: `real` is libcudart.so.13's own `cudaIpcOpenEventHandle` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            if let Err(code) = ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Event, &handle)), None, format_args!("handle={}", ipc::Short(&handle))) {
+                return code;
+            }
+            let _nested = ipc::RuntimeScope::enter();
+            real(event, handle)
         }
-        let _nested = ipc::RuntimeScope::enter();
-        real(event, handle)
     }
     // cudaIpcOpenMemHandle, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaIpcOpenMemHandle" "cudaIpcOpenMemHandle" same true symver "cudaIpcOpenMemHandle@@libcudart.so.13" fn cudaIpcOpenMemHandle_cu13(devPtr: *mut *mut c_void, handle: IpcHandle, flags: c_uint) -> CudaError |real| {
-        use crate::guard::decide::ipc;
-        // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
-        let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rc = {
-            let _nested = ipc::RuntimeScope::enter();
-            real(devPtr, handle, flags)
-        };
-        if rc == CudaError::SUCCESS && !devPtr.is_null() {
-            let p = *devPtr;
-            if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
-                ipc::close_mem_runtime(ID, p);
-                *devPtr = std::ptr::null_mut();
-                return code;
+        // SAFETY: `real` is libcudart.so.13's own `cudaIpcOpenMemHandle` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            use crate::guard::decide::ipc;
+            // cudaIpcMemLazyEnablePeerAccess (the only valid flag) is not a violation by itself.
+            let checked = match ipc::check_import::<CudaError>(ID, Some(ipc::key_of(crate::registry::Kind::Mem, &handle)), None, format_args!("handle={}, flags={flags:#x}", ipc::Short(&handle))) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let rc = {
+                let _nested = ipc::RuntimeScope::enter();
+                real(devPtr, handle, flags)
+            };
+            if rc == CudaError::SUCCESS && !devPtr.is_null() {
+                let p = *devPtr;
+                if let Err(code) = ipc::verify_pointer::<CudaError>(ID, checked, p as CUdeviceptr, format_args!("handle={}, flags={flags:#x} -> {p:p}", ipc::Short(&handle))) {
+                    ipc::close_mem_runtime(ID, p);
+                    *devPtr = std::ptr::null_mut();
+                    return code;
+                }
             }
+            rc
         }
-        rc
     }
     // cudaKernelSetAttributeForDevice, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@@libcudart.so.13" fn cudaKernelSetAttributeForDevice_cu13(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
-        real(kernel, attr, value, device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaKernelSetAttributeForDevice`
+        // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
+        // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
+        // the pointer arguments are the caller's, valid as the CUDA API requires for this call,
+        // read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "kernel={kernel:p}, attr={attr}, value={value}, device={device}");
+            real(kernel, attr, value, device)
+        }
     }
     // cudaMemAdvise, cuda_runtime_api.h 13: location(location)
     Runtime 13 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@@libcudart.so.13" fn cudaMemAdvise_cu13(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, advice={advice}, location={location:?}");
-        real(devPtr, count, advice, location)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemAdvise` (cuda_runtime_api.h 13),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, advice={advice}, location={location:?}");
+            real(devPtr, count, advice, location)
+        }
     }
     // cudaMemDiscardAndPrefetchBatchAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemDiscardAndPrefetchBatchAsync" "cudaMemDiscardAndPrefetchBatchAsync" same false symver "cudaMemDiscardAndPrefetchBatchAsync@@libcudart.so.13" fn cudaMemDiscardAndPrefetchBatchAsync_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemDiscardAndPrefetchBatchAsync`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        }
     }
     // cudaMemDiscardAndPrefetchBatchAsync _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemDiscardAndPrefetchBatchAsync" "cudaMemDiscardAndPrefetchBatchAsync_ptsz" same false symver "cudaMemDiscardAndPrefetchBatchAsync_ptsz@@libcudart.so.13" fn cudaMemDiscardAndPrefetchBatchAsync_ptsz_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemDiscardAndPrefetchBatchAsync_ptsz`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        }
     }
     // cudaMemGetDefaultMemPool, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemGetDefaultMemPool" "cudaMemGetDefaultMemPool" same false symver "cudaMemGetDefaultMemPool@@libcudart.so.13" fn cudaMemGetDefaultMemPool_cu13(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
-        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
-        let rc = real(memPool, location, type_);
-        if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-            reach::remember_pool(*memPool, (*location).id);
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemGetDefaultMemPool` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+            let rc = real(memPool, location, type_);
+            if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+                reach::remember_pool(*memPool, (*location).id);
+            }
+            rc
         }
-        rc
     }
     // cudaMemGetMemPool, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemGetMemPool" "cudaMemGetMemPool" same false symver "cudaMemGetMemPool@@libcudart.so.13" fn cudaMemGetMemPool_cu13(memPool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: c_uint) -> CudaError |real| {
-        gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
-        let rc = real(memPool, location, type_);
-        if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-            reach::remember_pool(*memPool, (*location).id);
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemGetMemPool` (cuda_runtime_api.h 13),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(location_at(location), "location={:?}, type={type_}", location.as_ref());
+            let rc = real(memPool, location, type_);
+            if rc == CudaError::SUCCESS && !memPool.is_null() && !location.is_null() && (*location).type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+                reach::remember_pool(*memPool, (*location).id);
+            }
+            rc
         }
-        rc
     }
     // cudaMemPoolSetAccess, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemPoolSetAccess" "cudaMemPoolSetAccess" same true symver "cudaMemPoolSetAccess@@libcudart.so.13" fn cudaMemPoolSetAccess_cu13(memPool: CUmemoryPool, descList: *const CUmemAccessDesc, count: usize) -> CudaError |real| {
-        let (verdict, i) = reach::pool_access(memPool, descList, count);
-        gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
-        real(memPool, descList, count)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemPoolSetAccess` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let (verdict, i) = reach::pool_access(memPool, descList, count);
+            gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
+            real(memPool, descList, count)
+        }
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 13: location(location)
     Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@@libcudart.so.13" fn cudaMemPrefetchAsync_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
-        real(devPtr, count, location, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemPrefetchAsync` (cuda_runtime_api.h 13),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+            real(devPtr, count, location, flags, stream)
+        }
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 13: location(location)
     Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchAsync_ptsz_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
-        gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
-        real(devPtr, count, location, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemPrefetchAsync_ptsz` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::location(location.type_, location.id), "devPtr={devPtr:p}, count={count}, location={location:?}, flags={flags:#x}, stream={stream:p}");
+            real(devPtr, count, location, flags, stream)
+        }
     }
     // cudaMemPrefetchBatchAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemPrefetchBatchAsync" "cudaMemPrefetchBatchAsync" same false symver "cudaMemPrefetchBatchAsync@@libcudart.so.13" fn cudaMemPrefetchBatchAsync_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemPrefetchBatchAsync` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        }
     }
     // cudaMemPrefetchBatchAsync _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemPrefetchBatchAsync" "cudaMemPrefetchBatchAsync_ptsz" same false symver "cudaMemPrefetchBatchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchBatchAsync_ptsz_cu13(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
-        real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemPrefetchBatchAsync_ptsz`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::locations(prefetchLocs, numPrefetchLocs), "count={count}, numPrefetchLocs={numPrefetchLocs}");
+            real(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, stream)
+        }
     }
     // cudaMemSetMemPool, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemSetMemPool" "cudaMemSetMemPool" same false symver "cudaMemSetMemPool@@libcudart.so.13" fn cudaMemSetMemPool_cu13(location: *mut CUmemLocation, type_: c_uint, memPool: CUmemoryPool) -> CudaError |real| {
-        gate!(location_at(location), "location={:?}, type={type_}, memPool={memPool:p}", location.as_ref());
-        real(location, type_, memPool)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemSetMemPool` (cuda_runtime_api.h 13),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(location_at(location), "location={:?}, type={type_}, memPool={memPool:p}", location.as_ref());
+            real(location, type_, memPool)
+        }
     }
     // cudaMemcpy3DBatchAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync" same false symver "cudaMemcpy3DBatchAsync@@libcudart.so.13" fn cudaMemcpy3DBatchAsync_cu13(numOps: usize, opList: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
-        real(numOps, opList, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DBatchAsync` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+            real(numOps, opList, flags, stream)
+        }
     }
     // cudaMemcpy3DBatchAsync _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DBatchAsync" "cudaMemcpy3DBatchAsync_ptsz" same false symver "cudaMemcpy3DBatchAsync_ptsz@@libcudart.so.13" fn cudaMemcpy3DBatchAsync_ptsz_cu13(numOps: usize, opList: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
-        real(numOps, opList, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DBatchAsync_ptsz`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(opList, numOps), "numOps={numOps}, flags={flags:#x}");
+            real(numOps, opList, flags, stream)
+        }
     }
     // cudaMemcpy3DPeer, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer" same true symver "cudaMemcpy3DPeer@@libcudart.so.13" fn cudaMemcpy3DPeer_cu13(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DPeer` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p)
         }
-        real(p)
     }
     // cudaMemcpy3DPeerAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync" same true symver "cudaMemcpy3DPeerAsync@@libcudart.so.13" fn cudaMemcpy3DPeerAsync_cu13(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DPeerAsync` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p, stream)
         }
-        real(p, stream)
     }
     // cudaMemcpy3DPeerAsync _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DPeerAsync" "cudaMemcpy3DPeerAsync_ptsz" same true symver "cudaMemcpy3DPeerAsync_ptsz@@libcudart.so.13" fn cudaMemcpy3DPeerAsync_ptsz_cu13(p: *const cudaMemcpy3DPeerParmsHead, stream: CUstream) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DPeerAsync_ptsz` (cuda_runtime_api.h
+        // 13), resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p, stream)
         }
-        real(p, stream)
     }
     // cudaMemcpy3DPeer _ptds, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DPeer" "cudaMemcpy3DPeer_ptds" same true symver "cudaMemcpy3DPeer_ptds@@libcudart.so.13" fn cudaMemcpy3DPeer_ptds_cu13(p: *const cudaMemcpy3DPeerParmsHead) -> CudaError |real| {
-        if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
-            gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DPeer_ptds` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            if let Some((dst, src)) = reach::memcpy3d_peer_devices(p) {
+                gate!(policy::peer(dst, src), "dstDevice={dst}, srcDevice={src}");
+            }
+            real(p)
         }
-        real(p)
     }
     // cudaMemcpy3DWithAttributesAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DWithAttributesAsync" "cudaMemcpy3DWithAttributesAsync" same false symver "cudaMemcpy3DWithAttributesAsync@@libcudart.so.13" fn cudaMemcpy3DWithAttributesAsync_cu13(op: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
-        real(op, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DWithAttributesAsync`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+            real(op, flags, stream)
+        }
     }
     // cudaMemcpy3DWithAttributesAsync _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpy3DWithAttributesAsync" "cudaMemcpy3DWithAttributesAsync_ptsz" same false symver "cudaMemcpy3DWithAttributesAsync_ptsz@@libcudart.so.13" fn cudaMemcpy3DWithAttributesAsync_ptsz_cu13(op: *mut Memcpy3DBatchOp, flags: u64, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
-        real(op, flags, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpy3DWithAttributesAsync_ptsz`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_ops_3d(op, 1), "flags={flags:#x}");
+            real(op, flags, stream)
+        }
     }
     // cudaMemcpyBatchAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync" same false symver "cudaMemcpyBatchAsync@@libcudart.so.13" fn cudaMemcpyBatchAsync_cu13(dsts: *mut c_void, srcs: *const c_void, sizes: *const usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyBatchAsync` (cuda_runtime_api.h 13),
+        // resolved by that name and major, so it has exactly this signature; the pointer arguments
+        // are the caller's, valid as the CUDA API requires for this call, read only as it defines
+        // them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream)
+        }
     }
     // cudaMemcpyBatchAsync _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpyBatchAsync" "cudaMemcpyBatchAsync_ptsz" same false symver "cudaMemcpyBatchAsync_ptsz@@libcudart.so.13" fn cudaMemcpyBatchAsync_ptsz_cu13(dsts: *mut c_void, srcs: *const c_void, sizes: *const usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
-        real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyBatchAsync_ptsz` (cuda_runtime_api.h
+        // 13), resolved by that name and major, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attrs, numAttrs, count), "count={count}, numAttrs={numAttrs}");
+            real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream)
+        }
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
     Runtime 13 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@@libcudart.so.13" fn cudaMemcpyPeer_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
-        real(dst, dstDevice, src, srcDevice, count)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyPeer` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}");
+            real(dst, dstDevice, src, srcDevice, count)
+        }
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
     Runtime 13 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@@libcudart.so.13" fn cudaMemcpyPeerAsync_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
-        gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
-        real(dst, dstDevice, src, srcDevice, count, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyPeerAsync` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::peer(dstDevice, srcDevice), "dstDevice={dstDevice}, src={src:p}, srcDevice={srcDevice}, count={count}, stream={stream:p}");
+            real(dst, dstDevice, src, srcDevice, count, stream)
+        }
     }
     // cudaMemcpyWithAttributesAsync, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpyWithAttributesAsync" "cudaMemcpyWithAttributesAsync" same false symver "cudaMemcpyWithAttributesAsync@@libcudart.so.13" fn cudaMemcpyWithAttributesAsync_cu13(dst: *mut c_void, src: *const c_void, size: usize, attr: *mut CUmemcpyAttributes, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:p}, src={src:p}, size={size}");
-        real(dst, src, size, attr, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyWithAttributesAsync`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attr, 1, 1), "dst={dst:p}, src={src:p}, size={size}");
+            real(dst, src, size, attr, stream)
+        }
     }
     // cudaMemcpyWithAttributesAsync _ptsz, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaMemcpyWithAttributesAsync" "cudaMemcpyWithAttributesAsync_ptsz" same false symver "cudaMemcpyWithAttributesAsync_ptsz@@libcudart.so.13" fn cudaMemcpyWithAttributesAsync_ptsz_cu13(dst: *mut c_void, src: *const c_void, size: usize, attr: *mut CUmemcpyAttributes, stream: CUstream) -> CudaError |real| {
-        gate!(reach::copy_hints(attr, 1, 1), "dst={dst:p}, src={src:p}, size={size}");
-        real(dst, src, size, attr, stream)
+        // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyWithAttributesAsync_ptsz`
+        // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
+        // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
+        // this call, read only as it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::copy_hints(attr, 1, 1), "dst={dst:p}, src={src:p}, size={size}");
+            real(dst, src, size, attr, stream)
+        }
     }
     // cudaSetDevice, cuda_runtime_api.h 13: ordinal(device)
     Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(device: c_int) -> CudaError |real| {
-        gate!(policy::ordinal(device), "device={device}");
-        real(device)
+        // SAFETY: `real` is libcudart.so.13's own `cudaSetDevice` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(policy::ordinal(device), "device={device}");
+            real(device)
+        }
     }
     // cudaSetValidDevices, cuda_runtime_api.h 13: hook
     Runtime 13 "cudaSetValidDevices" "cudaSetValidDevices" same true symver "cudaSetValidDevices@@libcudart.so.13" fn cudaSetValidDevices_cu13(device_arr: *mut c_int, len: c_int) -> CudaError |real| {
-        gate!(reach::device_list(device_arr, len), "len={len}");
-        real(device_arr, len)
+        // SAFETY: `real` is libcudart.so.13's own `cudaSetValidDevices` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            gate!(reach::device_list(device_arr, len), "len={len}");
+            real(device_arr, len)
+        }
     }
 }
