@@ -112,7 +112,7 @@ pub fn prolog_main(args: Vec<OsString>) -> Result<ExitCode> {
     })
 }
 
-/// The CDI spec (cdiVersion 0.6.0): one device whose edits inject the guard.
+/// The CDI spec (cdiVersion 0.5.0): one device whose edits inject the guard.
 pub fn cdi_spec(kind: &str, name: &str, host: &str, at: &str, mode: Mode, var: &str) -> String {
     use json::Value::{self, Arr, Obj};
     let env = Arr(vec![
@@ -130,7 +130,7 @@ pub fn cdi_spec(kind: &str, name: &str, host: &str, at: &str, mode: Mode, var: &
         ),
     ]);
     Obj(vec![
-        ("cdiVersion", Value::str("0.6.0")),
+        ("cdiVersion", Value::str("0.5.0")),
         ("kind", Value::str(kind)),
         (
             "devices",
