@@ -32,8 +32,8 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::fmt::Write;
 
 use crate::config::Mode;
-use crate::guard::audit::decision_record::prefix;
 use crate::guard::decide::init_check::EXIT_R1;
+use crate::guard::output::line::prefix;
 use crate::guard::sys::once::ForkSafeCell;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use rankguard_core::narrow;
