@@ -32,7 +32,6 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::fmt::Write;
 
 use crate::config::Mode;
-use crate::guard::decide::init_check::EXIT_R1;
 use crate::guard::output::line::prefix;
 use crate::guard::sys::once::ForkSafeCell;
 use crate::guard::sys::signal_safe::{self, StackBuf};
@@ -135,20 +134,21 @@ fn narrow_now() {
 }
 
 /// At the first `cuInit`: a narrowing that failed at load is said in one line and, except
-/// in warn mode, the process stops (fail closed: it was never given its rank's GPU).
-pub fn report_at_init(mode: Mode) {
+/// in warn mode, the process stops with `status` (R1's, given by the caller, init_check:
+/// fail closed, it was never given its rank's GPU).
+pub fn report_at_init(mode: Mode, status: i32) {
     let Some(e) = ERROR.get() else { return };
     let mut b = StackBuf::<1024>::new();
     prefix(&mut b, "WARN");
     let stop = mode != Mode::Warn;
     let _ = if stop {
-        writeln!(b, "{e} (terminating, exit status {EXIT_R1})")
+        writeln!(b, "{e} (terminating, exit status {status})")
     } else {
         writeln!(b, "{e}")
     };
     signal_safe::write_all(2, b.as_bytes());
     if stop {
         // SAFETY: _exit has no preconditions (init_check says why not exit()).
-        unsafe { libc::_exit(EXIT_R1) }
+        unsafe { libc::_exit(status) }
     }
 }
