@@ -25,6 +25,8 @@ from _ipc import gpu_uuid
 from conftest import CLI, FAKE, LIB_GUARD, ROOT, clean_env
 
 ACTORS = 4
+# A preload the cluster's workers already have: the recipe keeps it after the guard.
+KEPT = "libanl.so.1"  # glibc's, loaded by nothing else here
 TIMEOUT = 120
 ray = None          # imported by the cluster fixture, once Ray's environment is set
 
@@ -38,7 +40,8 @@ BODY = '''
         ctx = d.cuDevicePrimaryCtxRetain(dev)[1]
         assert int(d.cuCtxSetCurrent(ctx)[0]) == 0
         self.d = d
-        return {"pid": os.getpid(), "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {"pid": os.getpid(), "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "preload": os.environ.get("LD_PRELOAD"), "maps": open("/proc/self/maps").read()}
 
     def device_get(self, ordinal):
         return int(self.d.cuDeviceGet(ordinal)[0])
@@ -135,11 +138,12 @@ def cluster(tmp_path_factory):
     os.environ.update(clean_env(
         FAKECUDA_GPUS="8", RANKGUARD_MODE="enforce", RANKGUARD_IPC="strict",
         RANKGUARD_REGISTRY=str(reg), RANKGUARD_AUDIT=str(tmp / "audit.%p.jsonl"),
-        RAY_USAGE_STATS_ENABLED="0", PATH=f"{CLI.parent}:{saved.get('PATH', '')}",
+        RAY_USAGE_STATS_ENABLED="0", LD_PRELOAD=KEPT, PATH=f"{CLI.parent}:{saved.get('PATH', '')}",
         # Ray's switch for a single-node cluster on loopback (read when ray is imported):
         # without it every Ray server listens on all interfaces.
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"))
     assert os.environ["LD_LIBRARY_PATH"] == str(FAKE)
+    assert "rankguard" not in recipe().split("class Learner", 1)[1], "the actor's code names rankguard"
     global ray
     try:
         import ray as ray_module
@@ -194,6 +198,9 @@ def test_each_actor_is_its_own_rank_on_its_own_gpu(actors):
     tmp, handles, info = actors
     cvds = sorted(i["cvd"] for i in info)
     assert len(cvds) == ACTORS and len(set(cvds)) == ACTORS and all(c.isdigit() for c in cvds), info
+    for i in info:  # injected by runtime_env alone, the worker's own preload kept after it
+        assert i["preload"] == f"{LIB_GUARD}:{KEPT}", i["preload"]
+        assert "librankguard.so" in i["maps"] and KEPT in i["maps"]
     # cuDeviceGet(1) in an actor is refused (R2, 101); each record names the actor as root
     assert ray.get([a.device_get.remote(1) for a in handles], timeout=TIMEOUT) == [101] * ACTORS
     assert ray.get([a.device_get.remote(0) for a in handles], timeout=TIMEOUT) == [0] * ACTORS

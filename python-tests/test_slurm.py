@@ -37,6 +37,8 @@ NODE = "rgnode"
 GPUS = 8
 # The marker every process of the cluster carries (daemons and, through srun, tasks).
 MARKER = "RANKGUARD_TEST_SLURM"
+# Set in a task's environment: the cluster's TaskProlog injects the guard into it.
+INJECT = "RANKGUARD_TEST_INJECT"
 NEEDED = ["munged", "slurmctld", "slurmd", "srun", "sinfo", "squeue", "scancel"]
 
 
@@ -135,12 +137,18 @@ SlurmdParameters=config_overrides
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
+TaskProlog={t}/etc/task_prolog.sh
 ReturnToService=2
 KillWait=2
 MessageTimeout=10
 NodeName={NODE} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=8 Gres=gpu:{GPUS} State=UNKNOWN
 PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """)
+        # The operator's TaskProlog (README, "Turn it on for a whole cluster"); only the tasks
+        # of the injection tests carry the marker, so the other tests' tasks are unchanged.
+        prolog = t / "etc" / "task_prolog.sh"
+        prolog.write_text(f'#!/bin/sh\n[ -n "${INJECT}" ] || exit 0\nexec {CLI} slurm-task-prolog\n')
+        prolog.chmod(0o755)
         (t / "etc" / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File={t}/dev/nvidia[0-{GPUS - 1}]\n")
 
     def start(self, *argv):
@@ -398,3 +406,42 @@ def _children(pid: int) -> list[int]:
                 if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
                     out.append(int(d.name))
     return out
+
+
+def test_task_prolog_guards_and_narrows_a_job_that_never_names_rankguard(slurm):
+    """TaskProlog=rankguard slurm-task-prolog: `srun python rank.py`, each task on its GPU."""
+    env = slurm.env(**{INJECT: "1"})
+    opts = ["--ntasks", "4", "--gpus-per-node", "4"]
+    with holding(slurm, 2):
+        p = slurm.srun(*opts, PYTHON, CHILD, env=env)
+        q = slurm.srun(*opts, "--gpus-per-task", "1", PYTHON, CHILD, env=env)
+        # Legacy: cuDeviceGet(SLURM_LOCALID), the local rank as a device ordinal.
+        legacy = slurm.srun(*opts, "--label", "sh", "-c", f'exec {GUARD_CALL} link cuDeviceGet "$SLURM_LOCALID"',
+                            env=env)
+    for r in (p, q):
+        assert r.returncode == 0, r.stdout + r.stderr
+        kids = tasks(r.stdout)
+        assert [k["env"]["CUDA_VISIBLE_DEVICES"] for k in kids] == ["2", "3", "4", "5"]
+        for k in kids:
+            assert k["guard_loaded"] and k["env"]["LD_PRELOAD"].endswith("/librankguard.so"), k
+            assert k["env"]["RANKGUARD_RANK_GPU"] == k["env"]["CUDA_VISIBLE_DEVICES"]
+            assert k["cuda"]["count"] == 1
+            assert k["cuda"]["devices"][0]["uuid"] == uuid(int(k["env"]["CUDA_VISIBLE_DEVICES"]))
+    assert legacy.returncode == 0, legacy.stdout + legacy.stderr
+    assert _codes(legacy) == {0: "0", 1: "101", 2: "101", 3: "101"}, legacy.stdout
+    for r in (1, 2, 3):
+        line = next((ln for ln in legacy.stderr.splitlines() if "RANKGUARD WARN cuDeviceGet(" in ln
+                     and f"ordinal={r}" in ln), "")
+        assert "denied" in line and "R2" in line, legacy.stderr
+
+
+def test_task_prolog_without_the_guard_says_so_and_gives_no_gpu(slurm):
+    # A node where the guard is missing: the task is not left unguarded on its GPUs.
+    env = slurm.env(**{INJECT: "1", "RANKGUARD_LIB": str(slurm.tmp / "missing" / "librankguard.so")})
+    p = slurm.srun("--ntasks", "1", "--gpus-per-node", "2", PYTHON, CHILD, env=env)
+    out = p.stdout + p.stderr
+    assert "this task is NOT guarded" in out and "missing/librankguard.so" in out, out
+    # Slurm 22.05 does not start a task whose TaskProlog failed (the prolog exits 1); the
+    # prolog also empties CUDA_VISIBLE_DEVICES for a Slurm that would start it anyway.
+    assert p.returncode == 1 and "TaskProlog failed" in p.stderr, out
+    assert tasks(p.stdout) == [], out

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::cpuset::CpuSet;
-use crate::cvd::{self, CvdEntry, Visibility};
+use crate::cvd::{self, CvdEntry};
 use crate::topology::Topology;
 
 /// A planning error: the message names the inputs in conflict and the fix.
@@ -125,24 +125,7 @@ pub fn host_view(
             devices,
         });
     };
-    let items: Vec<&str> = raw.split(',').collect();
-    let entries = match cvd::parse(Some(raw)) {
-        Visibility::Entries(e) => e,
-        Visibility::Unset => vec![],
-    };
-    if entries.is_empty() {
-        return err(format!(
-            "{var}='{raw}' makes no GPU visible to this launcher (empty, -1, an invalid first entry, or a repeated \
-             entry), so there is nothing to give the ranks; unset {var} to use every GPU, or list the GPUs to use"));
-    }
-    if entries.len() != items.len() {
-        let shown: Vec<String> = entries.iter().map(|e| e.text()).collect();
-        return err(format!(
-            "{var}='{raw}' is malformed: CUDA reads only its first {} of {} entries ({}) and ignores the rest \
-             (entry '{}' is invalid or of a different form than the first); fix the variable so it lists \
-             exactly the GPUs meant",
-            entries.len(), items.len(), shown.join(","), items[entries.len()].trim()));
-    }
+    let entries = rankguard_core::narrow::visible_list(raw).map_err(PlanError)?;
     let mut devices: Vec<VisibleDevice> = entries
         .into_iter()
         .map(|entry| VisibleDevice {

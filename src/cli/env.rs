@@ -68,11 +68,7 @@ pub fn preloaded_guard(existing: Option<&OsStr>) -> Option<String> {
 
 /// The entry itself when it is already a full `GPU-`/`MIG-` UUID (8-4-4-4-12 hex digits).
 pub fn full_uuid(entry: &crate::cvd::CvdEntry) -> Option<String> {
-    use crate::cvd::CvdEntry;
-    let (CvdEntry::Uuid(s) | CvdEntry::Mig(s)) = entry else {
-        return None;
-    };
-    crate::rankgpu::is_full_uuid(s).then(|| s.clone())
+    rankguard_core::narrow::full_uuid(entry)
 }
 
 fn nonempty(var: &str) -> Option<String> {

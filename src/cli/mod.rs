@@ -12,6 +12,7 @@ mod embedded;
 mod env;
 mod forked;
 mod gpus;
+mod inject;
 mod json;
 mod launch;
 mod lib_build;
@@ -129,6 +130,16 @@ const COMMANDS: &[Command] = &[
             "summarise RANKGUARD_AUDIT files: violations by rule, call, site and rank, first occurrence",
         main: report::main,
     },
+    Command {
+        name: "slurm-task-prolog",
+        summary: "print a Slurm TaskProlog's export lines: the guard and per-task narrowing",
+        main: inject::prolog_main,
+    },
+    Command {
+        name: "cdi",
+        summary: "print a CDI spec that injects the guard and per-rank narrowing into containers",
+        main: inject::cdi_main,
+    },
 ];
 
 /// The hidden subcommand the CLI runs itself as to ask the driver (see `gpus.rs`).
@@ -139,8 +150,9 @@ pub const REAPER: &str = "__reaper";
 fn usage() -> String {
     let mut s = String::from(
         "rankguard: one rank owns exactly one GPU, seen as cuda:0\n\nUsage: rankguard <COMMAND> [OPTIONS]\n\nCommands:\n");
+    let w = COMMANDS.iter().map(|c| c.name.len()).max().unwrap_or(0) + 2;
     for c in COMMANDS {
-        s.push_str(&format!("  {:<8}{}\n", c.name, c.summary));
+        s.push_str(&format!("  {:<w$}{}\n", c.name, c.summary));
     }
     s.push_str("\n`rankguard <COMMAND> --help` describes a command. Reference: docs/cli.md\n");
     s

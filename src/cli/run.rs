@@ -23,8 +23,8 @@ use std::process::Command;
 
 use super::args::{Lexer, Token};
 use super::{env, gpus, lib_path, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
-use crate::cvd::{self, CvdEntry, Visibility};
-use crate::plan;
+use crate::cvd::{self, CvdEntry};
+use rankguard_core::narrow::{self, Via};
 
 const HELP: &str = "\
 Usage: rankguard run [--narrow-by VAR | --device ENTRY] [--] CMD [ARGS...]
@@ -37,99 +37,14 @@ LD_PRELOAD, RANKGUARD_RANK_GPU and RANKGUARD_JOB exported; then exec CMD.
   --device ENTRY    pick ENTRY: a position in the visible list, or a GPU-/MIG- UUID
 ";
 
-const RANK_VARS: &str =
-    "LOCAL_RANK (torchrun), SLURM_LOCALID (srun), OMPI_COMM_WORLD_LOCAL_RANK (mpirun)";
-
-/// The rank's single entry, from the parent's CVD and the flags.
+/// The rank's single entry, from the parent's CVD and the flags: the rule the guard also
+/// applies with `RANKGUARD_NARROW_BY` (one function, `rankguard_core::narrow::choose`).
 pub fn choose(
     raw: Option<&str>,
     narrow: Option<(&str, Option<&str>)>,
     device: Option<&str>,
 ) -> Result<CvdEntry> {
-    let var = cvd::VAR;
-    if narrow.is_some() && device.is_some() {
-        return Err(Error::usage(
-            "rankguard run: give --narrow-by or --device, not both",
-        ));
-    }
-    // The parent's list, with the same malformed-value checks as `launch`.
-    let list: Option<Vec<CvdEntry>> = match raw {
-        None => None,
-        Some(v) => Some(
-            plan::host_view(Some(v), Err("not asked"))
-                .map_err(|e| Error::usage(format!("rankguard run: {e}")))?
-                .devices
-                .into_iter()
-                .map(|d| d.entry)
-                .collect(),
-        ),
-    };
-    let shown = |l: &[CvdEntry]| format!("{var}='{}' ({} visible)", raw.unwrap_or(""), l.len());
-
-    if let Some(text) = device {
-        let want = match cvd::parse(Some(text)) {
-            Visibility::Entries(e) if e.len() == 1 && !text.contains(',') => e.into_iter().next().unwrap(),
-            _ => {
-                return Err(Error::usage(format!(
-                    "rankguard run: --device '{text}' is not one device entry; give a position (0, 1, ...) or one \
-                     GPU-/MIG- UUID")))
-            }
-        };
-        return match (list, want) {
-            (None, w) => Ok(w),
-            (Some(l), CvdEntry::Index(p)) => l.get(p as usize).cloned().ok_or_else(|| {
-                Error::usage(format!(
-                    "rankguard run: --device {p} names position {p}, but {} has only positions 0-{}; pick a \
-                     visible position", shown(&l), l.len() - 1))
-            }),
-            (Some(l), w) => {
-                if l.iter().any(|e| e.text().eq_ignore_ascii_case(&w.text())) {
-                    Ok(w)
-                } else if l.len() == 1 {
-                    Err(Error::usage(format!(
-                        "rankguard run: --device '{w}' conflicts with the external single-entry {var}='{}', which \
-                         is authoritative for this rank; drop --device or unset {var}", l[0])))
-                } else {
-                    Err(Error::usage(format!(
-                        "rankguard run: --device '{w}' is not one of the entries of {}; pick one of them",
-                        shown(&l))))
-                }
-            }
-        };
-    }
-
-    if let Some(l) = &list {
-        if l.len() == 1 {
-            return Ok(l[0].clone());
-        }
-    }
-    let Some((name, value)) = narrow else {
-        let what = match &list {
-            None => format!("{var} is unset, so every GPU of the node is visible"),
-            Some(l) => format!("{} makes {} GPUs visible", shown(l), l.len()),
-        };
-        return Err(Error::usage(format!(
-            "rankguard run: {what}, but a rank must see exactly one; add --narrow-by VAR to pick the entry at the \
-             position the engine gives this rank ({RANK_VARS}), or --device ENTRY")));
-    };
-    let Some(value) = value else {
-        return Err(Error::usage(format!(
-            "rankguard run: --narrow-by {name}: {name} is not set in this environment; run under an engine that \
-             sets it ({RANK_VARS}) or name the variable it does set")));
-    };
-    let pos: u32 = value.trim().parse().map_err(|_| {
-        Error::usage(format!(
-            "rankguard run: --narrow-by {name}: {name}='{value}' is not a position (0, 1, ...)"
-        ))
-    })?;
-    match list {
-        None => Ok(CvdEntry::Index(pos)),
-        Some(l) => l.get(pos as usize).cloned().ok_or_else(|| {
-            Error::usage(format!(
-                "rankguard run: --narrow-by {name}: {name}={pos} is past the end of {}; start at most {} ranks \
-                 on this node or widen {var}", shown(&l), l.len()))
-        }),
-    }
+    narrow::choose(Via::Run, raw, narrow, device).map_err(Error::usage)
 }
 
 pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
@@ -160,11 +75,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         ));
     }
     if let Some(n) = &narrow {
-        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(Error::usage(format!(
-                "rankguard run: --narrow-by '{n}' is not an environment variable name"
-            )));
-        }
+        narrow::check_var_name(Via::Run, n).map_err(Error::usage)?;
     }
     let raw = match std::env::var_os(cvd::VAR) {
         None => None,
@@ -239,76 +150,5 @@ fn resolve_uuid(entry: &CvdEntry) -> Option<String> {
     match gpus::query(Some(Some(&entry.text()))) {
         Ok(list) if list.len() == 1 => Some(list[0].uuid.clone()),
         _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ok(raw: Option<&str>, narrow: Option<(&str, Option<&str>)>, device: Option<&str>) -> String {
-        choose(raw, narrow, device).unwrap().text()
-    }
-    fn bad(
-        raw: Option<&str>,
-        narrow: Option<(&str, Option<&str>)>,
-        device: Option<&str>,
-    ) -> String {
-        choose(raw, narrow, device).unwrap_err().msg
-    }
-
-    #[test]
-    fn narrows_by_position() {
-        assert_eq!(
-            ok(Some("4,5,6,7"), Some(("LOCAL_RANK", Some("2"))), None),
-            "6"
-        );
-        assert_eq!(
-            ok(
-                Some("GPU-12,GPU-15"),
-                Some(("SLURM_LOCALID", Some("1"))),
-                None
-            ),
-            "GPU-15"
-        );
-        assert_eq!(ok(None, Some(("LOCAL_RANK", Some("3"))), None), "3");
-        // Single entry: authoritative, whatever the position.
-        assert_eq!(
-            ok(Some("GPU-15"), Some(("SLURM_LOCALID", Some("3"))), None),
-            "GPU-15"
-        );
-        assert_eq!(ok(Some("5"), None, None), "5");
-    }
-
-    #[test]
-    fn refuses_what_breaks_the_contract() {
-        let e = bad(Some("0,1"), None, None);
-        assert!(
-            e.contains("CUDA_VISIBLE_DEVICES='0,1'") && e.contains("--narrow-by"),
-            "{e}"
-        );
-        assert!(bad(None, None, None).contains("unset"));
-        let e = bad(Some("0,1"), Some(("LOCAL_RANK", None)), None);
-        assert!(e.contains("LOCAL_RANK is not set"), "{e}");
-        let e = bad(Some("0,1"), Some(("LOCAL_RANK", Some("2"))), None);
-        assert!(e.contains("LOCAL_RANK=2") && e.contains("'0,1'"), "{e}");
-        assert!(bad(Some("0,1"), Some(("LOCAL_RANK", Some("x"))), None).contains("not a position"));
-        assert!(bad(Some(""), Some(("LOCAL_RANK", Some("0"))), None).contains("no GPU"));
-        assert!(bad(Some("0,2,-1"), Some(("LOCAL_RANK", Some("0"))), None).contains("malformed"));
-        assert!(bad(Some("0,1"), Some(("A", Some("0"))), Some("1")).contains("not both"));
-    }
-
-    #[test]
-    fn device_flag() {
-        assert_eq!(ok(Some("4,5"), None, Some("1")), "5");
-        assert_eq!(ok(None, None, Some("GPU-12")), "GPU-12");
-        assert_eq!(ok(Some("GPU-12,GPU-13"), None, Some("GPU-13")), "GPU-13");
-        let e = bad(Some("GPU-12"), None, Some("GPU-13"));
-        assert!(
-            e.contains("--device 'GPU-13'") && e.contains("CUDA_VISIBLE_DEVICES='GPU-12'"),
-            "{e}"
-        );
-        assert!(bad(Some("4,5"), None, Some("2")).contains("position 2"));
-        assert!(bad(None, None, Some("0,1")).contains("not one device entry"));
     }
 }

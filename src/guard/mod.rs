@@ -7,7 +7,8 @@
 //! `cuGetProcAddress` and `cuGetProcAddress_v2`, and `cudaGetDriverEntryPoint(ByVersion)`
 //! (routing in [`hooks::route`]).
 //!
-//! Life cycle: nothing runs at load time. The first guarded call reads the configuration
+//! Life cycle: at load time only [`decide::narrow`] looks at `envp` (and acts only when
+//! `RANKGUARD_NARROW_BY` is set). The first guarded call reads the configuration
 //! ([`process::state`]); the first `cuInit` that reaches the guard checks R1. The hot path of an
 //! allowed call is one atomic load of the real function and the policy's integer compare.
 //!

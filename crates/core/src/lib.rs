@@ -4,6 +4,7 @@
 //! - [`cvd`]: `CUDA_VISIBLE_DEVICES`, parsed as the CUDA runtime reads it;
 //! - [`config`]: the `RANKGUARD_*` variables, the guard's mode and the rank identity;
 //! - [`jobid`]: the job id both sides derive from the launcher's variables;
+//! - [`narrow`]: one rank's CVD entry (`run --narrow-by` and `RANKGUARD_NARROW_BY`);
 //! - [`policy`]: the contract's rules (names, fixes) and the verdict of each guarded call;
 //! - [`rankgpu`]: whether a process sees its rank's GPU (R1), for the guard and `check`;
 //! - [`uuid`]: the text of a GPU or MIG UUID;
@@ -20,6 +21,7 @@ pub mod config;
 pub mod cvd;
 pub mod jobid;
 pub mod json;
+pub mod narrow;
 pub mod policy;
 pub mod rank_root;
 pub mod rankgpu;

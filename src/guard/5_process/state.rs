@@ -1,5 +1,6 @@
 //! Per-process state: the configuration (read at the first guarded call, never in a
-//! constructor), the audit and debug sinks, and the identity the R1 check established.
+//! constructor: the only load-time code is `decide::narrow`'s), the audit and debug sinks,
+//! and the identity the R1 check established.
 //!
 //! All of it lives in fork-safe one-time cells ([`crate::guard::sys::once`]): set once, read
 //! lock-free afterwards, and a child forked while another thread of its parent was setting

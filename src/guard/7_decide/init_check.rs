@@ -69,6 +69,7 @@ fn check_init(rc: CuResult) {
     if mode == Mode::Off {
         return;
     }
+    crate::guard::decide::narrow::report_at_init(mode, EXIT_R1);
     let cvd_text = signal_safe::getenv(c"CUDA_VISIBLE_DEVICES");
     let vis = cvd::parse(cvd_text);
     let entries = vis.entries().map_or(0, <[cvd::CvdEntry]>::len);
