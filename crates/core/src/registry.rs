@@ -22,8 +22,9 @@
 //!
 //! Writes are atomic: a record is written to a fresh `O_EXCL` temporary file and renamed
 //! over its final name, so a reader sees a whole record or none, and concurrent writers of
-//! different keys never interfere. The directory is bounded ([`MAX_RECORDS`]): a full
-//! registry is swept of dead exporters' records first, and refuses the write if still full.
+//! different keys never interfere. The directory is bounded ([`MAX_RECORDS`]): a write to a
+//! full registry first sweeps at most [`SWEEP_BUDGET`] entries of it (bounded in time), and
+//! is refused only when that sweep freed nothing, saying what the sweep saw.
 //!
 //! Keys (one file per exported handle, named `<tag>-<hex>`):
 //! - legacy memory and event handles, FABRIC handles and pool pointer export data: their 64
@@ -50,6 +51,12 @@ use crate::rank_root::RootId;
 pub const MAX_RECORD_BYTES: u64 = 1024;
 /// Most entries in the registry directory.
 pub const MAX_RECORDS: usize = 4096;
+/// Most directory entries one sweep examines. Each costs an open, a read and a `/proc`
+/// lookup (tens of microseconds), so a sweep at a process start or an export stays within
+/// a few milliseconds however many stale records there are; a registry holding more dead
+/// records than this is cleaned over several sweeps, each of which frees room for its own
+/// write.
+pub const SWEEP_BUDGET: usize = 128;
 /// A temporary file older than this is a writer's leftover (it died between create and
 /// rename) and is removed by a sweep.
 pub const STALE_TMP_SECS: u64 = 60;
@@ -573,8 +580,8 @@ impl fmt::Display for DirProblem {
 #[derive(Debug)]
 pub enum WriteProblem {
     Dir(DirProblem),
-    /// [`MAX_RECORDS`] live records already.
-    Full,
+    /// [`MAX_RECORDS`] entries already, and a bounded sweep of them freed none.
+    Full(Swept),
     /// The record would exceed [`MAX_RECORD_BYTES`].
     TooLarge,
     /// Creating, writing or renaming failed (full disk, read-only directory, ...).
@@ -585,7 +592,16 @@ impl fmt::Display for WriteProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WriteProblem::Dir(d) => d.fmt(f),
-            WriteProblem::Full => write!(f, "is full ({MAX_RECORDS} records of live exporters)"),
+            WriteProblem::Full(s) if s.complete => write!(
+                f,
+                "is full ({} entries, all records of live exporters or files that are not records)",
+                s.kept
+            ),
+            WriteProblem::Full(s) => write!(
+                f,
+                "is full (at least {MAX_RECORDS} entries; the {} a bounded sweep examined are all records of live exporters or files that are not records)",
+                s.kept
+            ),
             WriteProblem::TooLarge => write!(f, "record would exceed {MAX_RECORD_BYTES} bytes"),
             WriteProblem::Io(e) => write!(f, "cannot be written: {e}"),
         }
@@ -655,6 +671,8 @@ pub enum Lookup {
 pub struct Swept {
     pub kept: usize,
     pub removed: usize,
+    /// The sweep reached the end of the directory (not stopped by its budget).
+    pub complete: bool,
 }
 
 /// A verified registry directory.
@@ -754,10 +772,13 @@ impl Registry {
         let name = rec.key.file_name();
         let target = self.dir.join(&name);
         // Replacing an existing record does not grow the directory.
+        // A sweep that freed an entry made room for this one (a concurrent writer may take
+        // it too: the bound is approximate by the number of writers at once). Counting again
+        // instead would call a registry of more dead records than one sweep examines full.
         if fs::symlink_metadata(&target).is_err() && self.count()? >= MAX_RECORDS {
-            self.sweep(procs);
-            if self.count()? >= MAX_RECORDS {
-                return Err(WriteProblem::Full);
+            let swept = self.sweep(procs, SWEEP_BUDGET);
+            if swept.removed == 0 {
+                return Err(WriteProblem::Full(swept));
             }
         }
         let tmp = self.dir.join(format!(
@@ -892,15 +913,27 @@ impl Registry {
         }
     }
 
-    /// Remove the records of dead exporters, untrusted records, foreign files and stale
-    /// temporaries. Returns what it kept and removed.
-    pub fn sweep(&self, procs: &dyn Procs) -> Swept {
+    /// Remove the records of dead exporters, untrusted records and stale temporaries among
+    /// the first `budget` entries of the directory (files that are not records are kept).
+    /// Returns what it kept and removed, and whether it reached the directory's end.
+    pub fn sweep(&self, procs: &dyn Procs, budget: usize) -> Swept {
         let mut out = Swept::default();
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return out;
         };
         let now = now_secs();
-        for entry in rd.flatten().take(4 * MAX_RECORDS) {
+        let mut entries = rd.flatten();
+        let mut examined = 0;
+        loop {
+            if examined == budget {
+                out.complete = entries.next().is_none();
+                break;
+            }
+            let Some(entry) = entries.next() else {
+                out.complete = true;
+                break;
+            };
+            examined += 1;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             let path = entry.path();
@@ -1426,15 +1459,89 @@ mod tests {
         }
         fs::write(t.0.join(".tmp.5999.0.1"), "half").unwrap();
         fs::write(t.0.join("README"), "a user's file").unwrap();
-        let s = reg.sweep(&procs);
+        let s = reg.sweep(&procs, SWEEP_BUDGET);
         assert_eq!(
             s,
             Swept {
                 kept: 4,
-                removed: 3
+                removed: 3,
+                complete: true
             }
         );
         assert!(t.0.join("README").exists());
+        // A budget smaller than the directory: it stops there and says so.
+        let s = reg.sweep(&procs, 2);
+        assert_eq!((s.kept + s.removed, s.complete), (2, false));
+    }
+
+    #[test]
+    fn more_dead_records_than_a_sweep_examines_never_read_as_full() {
+        // Issue 29, item 11: with 16,384 entries examined per sweep and a recount after it,
+        // 30,000 dead records read as "full (4096 records of live exporters)" and the write
+        // was refused. Now each write's bounded sweep frees room for it, and the directory
+        // shrinks at every write until it is under the bound.
+        let t = TempDir::new("stale");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        let procs = FakeProcs::with(4242, 777, u);
+        let dead = MAX_RECORDS + 3 * SWEEP_BUDGET;
+        for i in 0..dead {
+            let mut r = rec(Key::rank(100_000 + i as u32), None, Some(G0));
+            r.pid = 100_000 + i as u32;
+            fs::write(t.0.join(r.key.file_name()), r.render()).unwrap();
+            fs::set_permissions(
+                t.0.join(r.key.file_name()),
+                fs::Permissions::from_mode(0o600),
+            )
+            .unwrap();
+        }
+        let entries = || fs::read_dir(&t.0).unwrap().count();
+        for n in 0..4u8 {
+            let before = entries();
+            reg.write(&rec(mem_key(n), Some(0), Some(G0)), &procs)
+                .unwrap();
+            assert!(
+                entries() < before || before < MAX_RECORDS,
+                "{before} -> {}",
+                entries()
+            );
+        }
+        assert!(
+            entries() <= MAX_RECORDS,
+            "converged in 4 writes: {}",
+            entries()
+        );
+        // A registry full of live exporters is refused, saying how much was examined.
+        let t = TempDir::new("live");
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        for i in 0..MAX_RECORDS {
+            let r = rec(Key::rank(i as u32 + 1), None, Some(G0));
+            fs::write(t.0.join(r.key.file_name()), r.render()).unwrap();
+            fs::set_permissions(
+                t.0.join(r.key.file_name()),
+                fs::Permissions::from_mode(0o600),
+            )
+            .unwrap();
+        }
+        let e = reg
+            .write(&rec(mem_key(9), Some(0), Some(G0)), &procs)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                WriteProblem::Full(Swept {
+                    kept: SWEEP_BUDGET,
+                    removed: 0,
+                    complete: false
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains(&format!("the {SWEEP_BUDGET} a bounded sweep examined")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1447,7 +1554,7 @@ mod tests {
             fs::write(t.0.join(format!("filler{i}")), "").unwrap();
         }
         let r = rec(mem_key(1), Some(0), Some(G0));
-        assert!(matches!(reg.write(&r, &procs), Err(WriteProblem::Full)));
+        assert!(matches!(reg.write(&r, &procs), Err(WriteProblem::Full(_))));
         for i in 0..10 {
             fs::remove_file(t.0.join(format!("filler{i}"))).unwrap();
         }
