@@ -13,7 +13,9 @@ import pathlib
 from _ipc import gpu_uuid
 from conftest import GUARD, PYTHON, clean_env, run
 
-DEAD = 30_000
+# More than the registry holds (65,536 records, MAX_RECORDS), so every start finds it full
+# (the issue's case was 30,000 dead records against the old bound of 4,096).
+DEAD = 66_000
 CUINIT = "import os; from cuda.bindings import driver as d; d.cuInit(0); print(os.getpid())"
 
 
@@ -31,10 +33,10 @@ def _dead_records(reg: pathlib.Path, n: int) -> None:
         made += 1
 
 
-def test_thirty_thousand_dead_records_are_not_a_full_registry(tmp_path):
-    """The issue's case: 30,000 records of exited exporters. Before, the sweep examined
-    16,384 entries, counted the directory again, said "is full (4096 records of live
-    exporters)" and the process's rank record was not written. Now each start's bounded
+def test_more_dead_records_than_the_bound_are_not_a_full_registry(tmp_path):
+    """The issue's case: a registry over its bound with records of exited exporters only.
+    Before, the sweep examined 16,384 entries, counted the directory again, said "is full
+    (4096 records of live exporters)" and the process's rank record was not written. Now each start's bounded
     sweep frees room for its own record: two starts in a row both write theirs, say
     nothing, and the directory shrinks."""
     reg = tmp_path / "registry"

@@ -41,7 +41,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::config::IpcPolicy;
 use crate::policy::{self, DenyCode, Detail, Rule, Verdict, Violation};
@@ -49,8 +49,16 @@ use crate::rank_root::RootId;
 
 /// Largest record file accepted (a real one is ~300 bytes).
 pub const MAX_RECORD_BYTES: u64 = 1024;
-/// Most entries in the registry directory.
-pub const MAX_RECORDS: usize = 4096;
+/// Most entries in the registry directory (about: see [`COUNT_EVERY`]). A caching allocator
+/// exports one handle per segment, so a node's live exports reach tens of thousands. A
+/// lookup is one open by name, whatever the size; on tmpfs each record takes one page of
+/// memory (4 KiB), so a full registry holds about 256 MiB of `/dev/shm`.
+pub const MAX_RECORDS: usize = 65_536;
+/// A process counts the directory at its first new record and at every `COUNT_EVERY`th
+/// after (each count reads up to [`MAX_RECORDS`] entries), and at every new record while
+/// its last count found the registry full: the bound is exceeded by at most this many
+/// records per concurrent writer.
+pub const COUNT_EVERY: u64 = 256;
 /// Most directory entries one sweep examines. Each costs an open, a read and a `/proc`
 /// lookup (tens of microseconds), so a sweep at a process start or an export stays within
 /// a few milliseconds however many stale records there are; a registry holding more dead
@@ -599,8 +607,8 @@ impl fmt::Display for WriteProblem {
             ),
             WriteProblem::Full(s) => write!(
                 f,
-                "is full (at least {MAX_RECORDS} entries; the {} a bounded sweep examined are all records of live exporters or files that are not records)",
-                s.kept
+                "is full (at least {} entries; the {} a bounded sweep examined are all records of live exporters or files that are not records)",
+                s.max, s.kept
             ),
             WriteProblem::TooLarge => write!(f, "record would exceed {MAX_RECORD_BYTES} bytes"),
             WriteProblem::Io(e) => write!(f, "cannot be written: {e}"),
@@ -673,12 +681,18 @@ pub struct Swept {
     pub removed: usize,
     /// The sweep reached the end of the directory (not stopped by its budget).
     pub complete: bool,
+    /// The registry's bound, where a full write reports it (else 0).
+    pub max: usize,
 }
 
 /// A verified registry directory.
 pub struct Registry {
     dir: PathBuf,
     uid: u32,
+    /// [`MAX_RECORDS`] (smaller in unit tests).
+    max: usize,
+    /// [`COUNT_EVERY`] (1 in unit tests: every new record counts).
+    every: u64,
 }
 
 /// Where the registry lives when `RANKGUARD_REGISTRY` is unset: `/dev/shm` is a tmpfs every
@@ -713,6 +727,10 @@ pub fn fallback_dir(home: &Path, host: &str) -> PathBuf {
 }
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+/// New records this process wrote (see [`COUNT_EVERY`]).
+static NEW_WRITES: AtomicU64 = AtomicU64::new(0);
+/// This process's last count found the registry full.
+static LAST_FULL: AtomicBool = AtomicBool::new(false);
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -756,6 +774,8 @@ impl Registry {
         Ok(Registry {
             dir: dir.to_path_buf(),
             uid,
+            max: MAX_RECORDS,
+            every: COUNT_EVERY,
         })
     }
 
@@ -775,10 +795,17 @@ impl Registry {
         // A sweep that freed an entry made room for this one (a concurrent writer may take
         // it too: the bound is approximate by the number of writers at once). Counting again
         // instead would call a registry of more dead records than one sweep examines full.
-        if fs::symlink_metadata(&target).is_err() && self.count()? >= MAX_RECORDS {
-            let swept = self.sweep(procs, SWEEP_BUDGET);
-            if swept.removed == 0 {
-                return Err(WriteProblem::Full(swept));
+        if fs::symlink_metadata(&target).is_err() && self.must_count() {
+            let full = self.count()? >= self.max;
+            LAST_FULL.store(full, Ordering::Relaxed);
+            if full {
+                let swept = self.sweep(procs, SWEEP_BUDGET);
+                if swept.removed == 0 {
+                    return Err(WriteProblem::Full(Swept {
+                        max: self.max,
+                        ..swept
+                    }));
+                }
             }
         }
         let tmp = self.dir.join(format!(
@@ -805,9 +832,18 @@ impl Registry {
         Ok(())
     }
 
+    /// Whether this new record's write counts the directory ([`COUNT_EVERY`]).
+    fn must_count(&self) -> bool {
+        self.every == 1
+            || NEW_WRITES
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(COUNT_EVERY)
+            || LAST_FULL.load(Ordering::Relaxed)
+    }
+
     fn count(&self) -> Result<usize, WriteProblem> {
         let rd = fs::read_dir(&self.dir).map_err(WriteProblem::Io)?;
-        Ok(rd.take(MAX_RECORDS + 1).count())
+        Ok(rd.take(self.max + 1).count())
     }
 
     /// Look up the record of `key`. An untrusted record is removed (its exporter is dead,
@@ -1108,6 +1144,17 @@ mod tests {
     use std::cell::RefCell;
     use std::collections::HashMap;
 
+    /// The bound unit tests use (the real one is tens of thousands of files).
+    const SMALL: usize = 600;
+
+    impl Registry {
+        fn bounded(mut self, max: usize) -> Registry {
+            self.max = max;
+            self.every = 1;
+            self
+        }
+    }
+
     const G0: &str = "GPU-10c0ffee-0000-4000-8000-000000000000";
     const G1: &str = "GPU-11c0ffee-0000-4000-8000-000000000001";
 
@@ -1351,7 +1398,7 @@ mod tests {
     fn write_lookup_and_liveness() {
         let t = TempDir::new("rw");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
         let k = mem_key(7);
         let r = rec(k.clone(), Some(0), Some(G0));
@@ -1395,7 +1442,7 @@ mod tests {
     fn hostile_records_are_skipped() {
         let t = TempDir::new("hostile");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
         let k = mem_key(9);
         let path = t.0.join(k.file_name());
@@ -1448,7 +1495,7 @@ mod tests {
     fn sweep_removes_dead_and_stale() {
         let t = TempDir::new("sweep");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
         for b in 0..5 {
             let mut r = rec(mem_key(b), Some(0), Some(G0));
@@ -1465,7 +1512,8 @@ mod tests {
             Swept {
                 kept: 4,
                 removed: 3,
-                complete: true
+                complete: true,
+                max: 0
             }
         );
         assert!(t.0.join("README").exists());
@@ -1482,9 +1530,9 @@ mod tests {
         // shrinks at every write until it is under the bound.
         let t = TempDir::new("stale");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
-        let dead = MAX_RECORDS + 3 * SWEEP_BUDGET;
+        let dead = SMALL + 3 * SWEEP_BUDGET;
         for i in 0..dead {
             let mut r = rec(Key::rank(100_000 + i as u32), None, Some(G0));
             r.pid = 100_000 + i as u32;
@@ -1501,20 +1549,16 @@ mod tests {
             reg.write(&rec(mem_key(n), Some(0), Some(G0)), &procs)
                 .unwrap();
             assert!(
-                entries() < before || before < MAX_RECORDS,
+                entries() < before || before < SMALL,
                 "{before} -> {}",
                 entries()
             );
         }
-        assert!(
-            entries() <= MAX_RECORDS,
-            "converged in 4 writes: {}",
-            entries()
-        );
+        assert!(entries() <= SMALL, "converged in 4 writes: {}", entries());
         // A registry full of live exporters is refused, saying how much was examined.
         let t = TempDir::new("live");
-        let reg = Registry::open(&t.0, u, false).unwrap();
-        for i in 0..MAX_RECORDS {
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
+        for i in 0..SMALL {
             let r = rec(Key::rank(i as u32 + 1), None, Some(G0));
             fs::write(t.0.join(r.key.file_name()), r.render()).unwrap();
             fs::set_permissions(
@@ -1532,14 +1576,16 @@ mod tests {
                 WriteProblem::Full(Swept {
                     kept: SWEEP_BUDGET,
                     removed: 0,
-                    complete: false
+                    complete: false,
+                    max: SMALL
                 })
             ),
             "{e:?}"
         );
         assert!(
-            e.to_string()
-                .contains(&format!("the {SWEEP_BUDGET} a bounded sweep examined")),
+            e.to_string().contains(&format!(
+                "at least {SMALL} entries; the {SWEEP_BUDGET} a bounded sweep examined"
+            )),
             "{e}"
         );
     }
@@ -1548,9 +1594,9 @@ mod tests {
     fn a_full_registry_sweeps_then_refuses() {
         let t = TempDir::new("full");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
-        for i in 0..MAX_RECORDS {
+        for i in 0..SMALL {
             fs::write(t.0.join(format!("filler{i}")), "").unwrap();
         }
         let r = rec(mem_key(1), Some(0), Some(G0));
