@@ -423,3 +423,19 @@ def test_a_squatted_default_registry_falls_back_to_a_private_working_one(tmp_pat
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_exporter_of_4200_live_handles_is_still_recorded(tmp_path):
+    """Issue 29, item 3: PyTorch's caching allocator exports one handle per segment, so one
+    process reaches thousands of live exports. With a 4,096-record registry, exports past
+    it were not recorded and a same-rank import of the last one on another GPU was allowed
+    in enforce mode with no line at the importer. The registry holds 65,536 records: the
+    4,200th export is recorded and its cross-GPU import denied."""
+    env = guard_env(tmp_path, "0", 0)
+    with exporter(tmp_path, "mem", env, cmd=[PEER, "many", "4200", tmp_path / "x"]) as ex:
+        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0), "deny")
+    assert "import-rc 800" in p.stdout
+    assert "full" not in ex.stderr + p.stderr, ex.stderr + p.stderr
+    assert sum(1 for f in (tmp_path / "registry").iterdir() if f.name.startswith("mem-")) == 4200
+    (rec,) = r3_records(tmp_path)
+    assert rec["detail"].startswith("IPC import of memory exported on another GPU")

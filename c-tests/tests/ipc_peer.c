@@ -10,6 +10,10 @@
  *   ipc_peer import <kind> <dir> <allow|deny> [times]
  *       import (<times> times, default once); allow: success and every byte the exporter wrote reads back; deny: the
  *       guard's CUDA_ERROR_NOT_PERMITTED / cudaErrorNotPermitted (800) and no mapping.
+ *   ipc_peer many <n> <dir>
+ *       export <n> small allocations by cuIpcGetMemHandle (a caching allocator exports one
+ *       handle per segment), write the last handle to <dir>/handle, print "ready", stay
+ *       alive until stdin closes.
  *   ipc_peer storm <index> <count> <gpus> <dir> <handles>
  *       one of <count> concurrent processes (CUDA_VISIBLE_DEVICES = index % gpus, all the
  *       same rank): export <handles> allocations, then import every other process's; a
@@ -535,6 +539,28 @@ static int do_storm(int me, int count, int gpus, const char *dir, int handles)
     return drvtest_done();
 }
 
+static int do_many(int count, const char *dir)
+{
+    char text[256] = {0};
+    ctx0();
+    for (int k = 0; k < count; k++) {
+        CUdeviceptr d;
+        CUipcMemHandle h;
+        MUST(cuMemAlloc(&d, 256));
+        MUST(cuIpcGetMemHandle(&h, d));
+        if (k == count - 1)
+            hex(&h, sizeof h, text);
+    }
+    strcat(text, "\n");
+    write_file(dir, "handle", text);
+    printf("ready\n");
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0)
+        ;
+    return drvtest_done();
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -548,10 +574,13 @@ int main(int argc, char **argv)
             rc = do_import(argv[2], argv[3], argv[4]);
         return rc;
     }
+    if (argc == 4 && !strcmp(argv[1], "many"))
+        return do_many(atoi(argv[2]), argv[3]);
     if (argc == 7 && !strcmp(argv[1], "storm"))
         return do_storm(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), argv[5], atoi(argv[6]));
     fprintf(stderr,
             "usage: ipc_peer export <kind> <dir> | import <kind> <dir> <allow|deny> [times] |\n"
+            "       many <n> <dir> |\n"
             "       storm <index> <count> <gpus> <dir> <handles>\n"
             "kinds: mem rtmem event rtevent vmm vmmhost pool dmabuf rtdmabuf extvmm\n");
     return 2;

@@ -22,8 +22,9 @@
 //!
 //! Writes are atomic: a record is written to a fresh `O_EXCL` temporary file and renamed
 //! over its final name, so a reader sees a whole record or none, and concurrent writers of
-//! different keys never interfere. The directory is bounded ([`MAX_RECORDS`]): a full
-//! registry is swept of dead exporters' records first, and refuses the write if still full.
+//! different keys never interfere. The directory is bounded ([`MAX_RECORDS`]): a write to a
+//! full registry first sweeps at most [`SWEEP_BUDGET`] entries of it (bounded in time), and
+//! is refused only when that sweep freed nothing, saying what the sweep saw.
 //!
 //! Keys (one file per exported handle, named `<tag>-<hex>`):
 //! - legacy memory and event handles, FABRIC handles and pool pointer export data: their 64
@@ -40,7 +41,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::config::IpcPolicy;
 use crate::policy::{self, DenyCode, Detail, Rule, Verdict, Violation};
@@ -48,8 +49,22 @@ use crate::rank_root::RootId;
 
 /// Largest record file accepted (a real one is ~300 bytes).
 pub const MAX_RECORD_BYTES: u64 = 1024;
-/// Most entries in the registry directory.
-pub const MAX_RECORDS: usize = 4096;
+/// Most entries in the registry directory (about: see [`COUNT_EVERY`]). A caching allocator
+/// exports one handle per segment, so a node's live exports reach tens of thousands. A
+/// lookup is one open by name, whatever the size; on tmpfs each record takes one page of
+/// memory (4 KiB), so a full registry holds about 256 MiB of `/dev/shm`.
+pub const MAX_RECORDS: usize = 65_536;
+/// A process counts the directory at its first new record and at every `COUNT_EVERY`th
+/// after (each count reads up to [`MAX_RECORDS`] entries), and at every new record while
+/// its last count found the registry full: the bound is exceeded by at most this many
+/// records per concurrent writer.
+pub const COUNT_EVERY: u64 = 256;
+/// Most directory entries one sweep examines. Each costs an open, a read and a `/proc`
+/// lookup (tens of microseconds), so a sweep at a process start or an export stays within
+/// a few milliseconds however many stale records there are; a registry holding more dead
+/// records than this is cleaned over several sweeps, each of which frees room for its own
+/// write.
+pub const SWEEP_BUDGET: usize = 128;
 /// A temporary file older than this is a writer's leftover (it died between create and
 /// rename) and is removed by a sweep.
 pub const STALE_TMP_SECS: u64 = 60;
@@ -573,8 +588,8 @@ impl fmt::Display for DirProblem {
 #[derive(Debug)]
 pub enum WriteProblem {
     Dir(DirProblem),
-    /// [`MAX_RECORDS`] live records already.
-    Full,
+    /// [`MAX_RECORDS`] entries already, and a bounded sweep of them freed none.
+    Full(Swept),
     /// The record would exceed [`MAX_RECORD_BYTES`].
     TooLarge,
     /// Creating, writing or renaming failed (full disk, read-only directory, ...).
@@ -585,7 +600,16 @@ impl fmt::Display for WriteProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WriteProblem::Dir(d) => d.fmt(f),
-            WriteProblem::Full => write!(f, "is full ({MAX_RECORDS} records of live exporters)"),
+            WriteProblem::Full(s) if s.complete => write!(
+                f,
+                "is full ({} entries, all records of live exporters or files that are not records)",
+                s.kept
+            ),
+            WriteProblem::Full(s) => write!(
+                f,
+                "is full (at least {} entries; the {} a bounded sweep examined are all records of live exporters or files that are not records)",
+                s.max, s.kept
+            ),
             WriteProblem::TooLarge => write!(f, "record would exceed {MAX_RECORD_BYTES} bytes"),
             WriteProblem::Io(e) => write!(f, "cannot be written: {e}"),
         }
@@ -655,12 +679,20 @@ pub enum Lookup {
 pub struct Swept {
     pub kept: usize,
     pub removed: usize,
+    /// The sweep reached the end of the directory (not stopped by its budget).
+    pub complete: bool,
+    /// The registry's bound, where a full write reports it (else 0).
+    pub max: usize,
 }
 
 /// A verified registry directory.
 pub struct Registry {
     dir: PathBuf,
     uid: u32,
+    /// [`MAX_RECORDS`] (smaller in unit tests).
+    max: usize,
+    /// [`COUNT_EVERY`] (1 in unit tests: every new record counts).
+    every: u64,
 }
 
 /// Where the registry lives when `RANKGUARD_REGISTRY` is unset: `/dev/shm` is a tmpfs every
@@ -695,6 +727,10 @@ pub fn fallback_dir(home: &Path, host: &str) -> PathBuf {
 }
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+/// New records this process wrote (see [`COUNT_EVERY`]).
+static NEW_WRITES: AtomicU64 = AtomicU64::new(0);
+/// This process's last count found the registry full.
+static LAST_FULL: AtomicBool = AtomicBool::new(false);
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -738,6 +774,8 @@ impl Registry {
         Ok(Registry {
             dir: dir.to_path_buf(),
             uid,
+            max: MAX_RECORDS,
+            every: COUNT_EVERY,
         })
     }
 
@@ -754,10 +792,20 @@ impl Registry {
         let name = rec.key.file_name();
         let target = self.dir.join(&name);
         // Replacing an existing record does not grow the directory.
-        if fs::symlink_metadata(&target).is_err() && self.count()? >= MAX_RECORDS {
-            self.sweep(procs);
-            if self.count()? >= MAX_RECORDS {
-                return Err(WriteProblem::Full);
+        // A sweep that freed an entry made room for this one (a concurrent writer may take
+        // it too: the bound is approximate by the number of writers at once). Counting again
+        // instead would call a registry of more dead records than one sweep examines full.
+        if fs::symlink_metadata(&target).is_err() && self.must_count() {
+            let full = self.count()? >= self.max;
+            LAST_FULL.store(full, Ordering::Relaxed);
+            if full {
+                let swept = self.sweep(procs, SWEEP_BUDGET);
+                if swept.removed == 0 {
+                    return Err(WriteProblem::Full(Swept {
+                        max: self.max,
+                        ..swept
+                    }));
+                }
             }
         }
         let tmp = self.dir.join(format!(
@@ -784,9 +832,18 @@ impl Registry {
         Ok(())
     }
 
+    /// Whether this new record's write counts the directory ([`COUNT_EVERY`]).
+    fn must_count(&self) -> bool {
+        self.every == 1
+            || NEW_WRITES
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(COUNT_EVERY)
+            || LAST_FULL.load(Ordering::Relaxed)
+    }
+
     fn count(&self) -> Result<usize, WriteProblem> {
         let rd = fs::read_dir(&self.dir).map_err(WriteProblem::Io)?;
-        Ok(rd.take(MAX_RECORDS + 1).count())
+        Ok(rd.take(self.max + 1).count())
     }
 
     /// Look up the record of `key`. An untrusted record is removed (its exporter is dead,
@@ -892,15 +949,27 @@ impl Registry {
         }
     }
 
-    /// Remove the records of dead exporters, untrusted records, foreign files and stale
-    /// temporaries. Returns what it kept and removed.
-    pub fn sweep(&self, procs: &dyn Procs) -> Swept {
+    /// Remove the records of dead exporters, untrusted records and stale temporaries among
+    /// the first `budget` entries of the directory (files that are not records are kept).
+    /// Returns what it kept and removed, and whether it reached the directory's end.
+    pub fn sweep(&self, procs: &dyn Procs, budget: usize) -> Swept {
         let mut out = Swept::default();
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return out;
         };
         let now = now_secs();
-        for entry in rd.flatten().take(4 * MAX_RECORDS) {
+        let mut entries = rd.flatten();
+        let mut examined = 0;
+        loop {
+            if examined == budget {
+                out.complete = entries.next().is_none();
+                break;
+            }
+            let Some(entry) = entries.next() else {
+                out.complete = true;
+                break;
+            };
+            examined += 1;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             let path = entry.path();
@@ -1074,6 +1143,17 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
     use std::collections::HashMap;
+
+    /// The bound unit tests use (the real one is tens of thousands of files).
+    const SMALL: usize = 600;
+
+    impl Registry {
+        fn bounded(mut self, max: usize) -> Registry {
+            self.max = max;
+            self.every = 1;
+            self
+        }
+    }
 
     const G0: &str = "GPU-10c0ffee-0000-4000-8000-000000000000";
     const G1: &str = "GPU-11c0ffee-0000-4000-8000-000000000001";
@@ -1318,7 +1398,7 @@ mod tests {
     fn write_lookup_and_liveness() {
         let t = TempDir::new("rw");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
         let k = mem_key(7);
         let r = rec(k.clone(), Some(0), Some(G0));
@@ -1362,7 +1442,7 @@ mod tests {
     fn hostile_records_are_skipped() {
         let t = TempDir::new("hostile");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
         let k = mem_key(9);
         let path = t.0.join(k.file_name());
@@ -1415,7 +1495,7 @@ mod tests {
     fn sweep_removes_dead_and_stale() {
         let t = TempDir::new("sweep");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
         for b in 0..5 {
             let mut r = rec(mem_key(b), Some(0), Some(G0));
@@ -1426,28 +1506,101 @@ mod tests {
         }
         fs::write(t.0.join(".tmp.5999.0.1"), "half").unwrap();
         fs::write(t.0.join("README"), "a user's file").unwrap();
-        let s = reg.sweep(&procs);
+        let s = reg.sweep(&procs, SWEEP_BUDGET);
         assert_eq!(
             s,
             Swept {
                 kept: 4,
-                removed: 3
+                removed: 3,
+                complete: true,
+                max: 0
             }
         );
         assert!(t.0.join("README").exists());
+        // A budget smaller than the directory: it stops there and says so.
+        let s = reg.sweep(&procs, 2);
+        assert_eq!((s.kept + s.removed, s.complete), (2, false));
+    }
+
+    #[test]
+    fn more_dead_records_than_a_sweep_examines_never_read_as_full() {
+        // Issue 29, item 11: with 16,384 entries examined per sweep and a recount after it,
+        // 30,000 dead records read as "full (4096 records of live exporters)" and the write
+        // was refused. Now each write's bounded sweep frees room for it, and the directory
+        // shrinks at every write until it is under the bound.
+        let t = TempDir::new("stale");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
+        let procs = FakeProcs::with(4242, 777, u);
+        let dead = SMALL + 3 * SWEEP_BUDGET;
+        for i in 0..dead {
+            let mut r = rec(Key::rank(100_000 + i as u32), None, Some(G0));
+            r.pid = 100_000 + i as u32;
+            fs::write(t.0.join(r.key.file_name()), r.render()).unwrap();
+            fs::set_permissions(
+                t.0.join(r.key.file_name()),
+                fs::Permissions::from_mode(0o600),
+            )
+            .unwrap();
+        }
+        let entries = || fs::read_dir(&t.0).unwrap().count();
+        for n in 0..4u8 {
+            let before = entries();
+            reg.write(&rec(mem_key(n), Some(0), Some(G0)), &procs)
+                .unwrap();
+            assert!(
+                entries() < before || before < SMALL,
+                "{before} -> {}",
+                entries()
+            );
+        }
+        assert!(entries() <= SMALL, "converged in 4 writes: {}", entries());
+        // A registry full of live exporters is refused, saying how much was examined.
+        let t = TempDir::new("live");
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
+        for i in 0..SMALL {
+            let r = rec(Key::rank(i as u32 + 1), None, Some(G0));
+            fs::write(t.0.join(r.key.file_name()), r.render()).unwrap();
+            fs::set_permissions(
+                t.0.join(r.key.file_name()),
+                fs::Permissions::from_mode(0o600),
+            )
+            .unwrap();
+        }
+        let e = reg
+            .write(&rec(mem_key(9), Some(0), Some(G0)), &procs)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                WriteProblem::Full(Swept {
+                    kept: SWEEP_BUDGET,
+                    removed: 0,
+                    complete: false,
+                    max: SMALL
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains(&format!(
+                "at least {SMALL} entries; the {SWEEP_BUDGET} a bounded sweep examined"
+            )),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_full_registry_sweeps_then_refuses() {
         let t = TempDir::new("full");
         let u = uid();
-        let reg = Registry::open(&t.0, u, false).unwrap();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
         let procs = FakeProcs::with(4242, 777, u);
-        for i in 0..MAX_RECORDS {
+        for i in 0..SMALL {
             fs::write(t.0.join(format!("filler{i}")), "").unwrap();
         }
         let r = rec(mem_key(1), Some(0), Some(G0));
-        assert!(matches!(reg.write(&r, &procs), Err(WriteProblem::Full)));
+        assert!(matches!(reg.write(&r, &procs), Err(WriteProblem::Full(_))));
         for i in 0..10 {
             fs::remove_file(t.0.join(format!("filler{i}"))).unwrap();
         }

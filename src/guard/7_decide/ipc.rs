@@ -246,7 +246,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
         let reg = open_registry()?;
         let pid = signal_safe::pid();
         if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
-            let swept = reg.sweep(&ProcFs);
+            let swept = reg.sweep(&ProcFs, registry::SWEEP_BUDGET);
             debug_log::log!(Debug, "swept the IPC provenance registry swept={swept:?}");
         }
         let cfg = &state::get().config;

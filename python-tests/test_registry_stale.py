@@ -1,0 +1,55 @@
+"""A registry holding more dead records than one sweep examines (issue 29, item 11).
+
+Every write to a full registry sweeps a bounded number of its entries
+(crates/core/src/registry.rs, SWEEP_BUDGET) and is refused only when that sweep freed
+nothing, so a directory of stale records never reads as full of live exporters, and a
+process start never pays for sweeping the whole directory.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+from _ipc import gpu_uuid
+from conftest import GUARD, PYTHON, clean_env, run
+
+# More than the registry holds (65,536 records, MAX_RECORDS), so every start finds it full
+# (the issue's case was 30,000 dead records against the old bound of 4,096).
+DEAD = 66_000
+CUINIT = "import os; from cuda.bindings import driver as d; d.cuInit(0); print(os.getpid())"
+
+
+def _dead_records(reg: pathlib.Path, n: int) -> None:
+    pid = 4_000_000
+    made = 0
+    while made < n:
+        pid += 1
+        if os.path.exists(f"/proc/{pid}"):
+            continue
+        rec = reg / f"rank-{pid}"
+        rec.write_text(f"rankguard-ipc-record 1\nkey rank-{pid}\njob -\nrank -\npid {pid}\nstart 1\n"
+                       f"gpu {gpu_uuid(0)}\nlocation device\ntime 1\nroot {pid}.1\nend\n")
+        rec.chmod(0o600)
+        made += 1
+
+
+def test_more_dead_records_than_the_bound_are_not_a_full_registry(tmp_path):
+    """The issue's case: a registry over its bound with records of exited exporters only.
+    Before, the sweep examined 16,384 entries, counted the directory again, said "is full
+    (4096 records of live exporters)" and the process's rank record was not written. Now each start's bounded
+    sweep frees room for its own record: two starts in a row both write theirs, say
+    nothing, and the directory shrinks."""
+    reg = tmp_path / "registry"
+    reg.mkdir(mode=0o700)
+    _dead_records(reg, DEAD)
+    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="0",
+                    RANKGUARD_MODE="enforce", RANKGUARD_REGISTRY=str(reg))
+    sizes = [DEAD]
+    for _ in range(2):
+        p = run([PYTHON, "-c", CUINIT], env=env, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert p.stderr == "", p.stderr
+        pid = int(p.stdout.split()[-1])
+        assert (reg / f"rank-{pid}").is_file(), "the rank record is written"
+        sizes.append(sum(1 for _ in reg.iterdir()))
+        assert sizes[-1] < sizes[-2], sizes
