@@ -13,6 +13,7 @@ external memory (extvmm).
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import subprocess
 
@@ -439,3 +440,74 @@ def test_an_exporter_of_4200_live_handles_is_still_recorded(tmp_path):
     assert sum(1 for f in (tmp_path / "registry").iterdir() if f.name.startswith("mem-")) == 4200
     (rec,) = r3_records(tmp_path)
     assert rec["detail"].startswith("IPC import of memory exported on another GPU")
+
+
+def test_a_squatted_default_registry_of_a_user_without_a_home_refuses_unknown_imports(tmp_path):
+    """Issue 29, item 4: a user whose home does not exist (a service account, a container's
+    HOME=/nonexistent) has no private fallback. Another user who creates the default
+    registry directory first must not switch R3 off: with no registry the user can trust,
+    an import of unknown provenance is refused in enforce mode and recorded in warn mode,
+    and the guard says so once with the fix (RANKGUARD_REGISTRY).
+
+    Two throw-away users (a squatter and the homeless user) are created and removed; the
+    pair runs in a private mount namespace on a fresh /dev/shm, so the machine's real
+    default registries are never touched."""
+    import pwd
+    import tempfile
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "nsenter", "setpriv", "useradd", "userdel")):
+        pytest.skip("needs root, unshare(1), nsenter(1), setpriv(1) and useradd(8)")
+    if run(["unshare", "-m", "true"]).returncode != 0:
+        pytest.skip("mount namespaces are not available here (unshare -m failed)")
+    tag = f"{os.getpid() % 100000}"
+    squatter, homeless = f"rgsquat{tag}", f"rghome{tag}"
+    made, holder, work = [], None, None
+    try:
+        for name, home in ((squatter, f"/nonexistent-{squatter}"), (homeless, "/nonexistent")):
+            p = run(["useradd", "-M", "-N", "-d", home, "-s", "/bin/false", name])
+            assert p.returncode == 0, p.stderr
+            made.append(name)
+        hu, su = pwd.getpwnam(homeless), pwd.getpwnam(squatter)
+        assert not os.path.exists(hu.pw_dir)
+        squat = f"/dev/shm/rankguard-{hu.pw_uid}"
+        as_squatter = f"setpriv --reuid {su.pw_uid} --regid {su.pw_gid} --clear-groups"
+        setup = (f'mount --make-rprivate / && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && '
+                 f'{as_squatter} mkdir -m 0777 {squat} && echo ready && exec sleep 300')
+        holder = subprocess.Popen(["unshare", "-m", "sh", "-c", setup], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "ready"
+        # The exchange's files (handles, audit) in a directory the homeless user owns.
+        work = pathlib.Path(tempfile.mkdtemp(prefix="rg-homeless-"))
+        (work / "x").mkdir()
+        for d in (work, work / "x"):
+            os.chown(d, hu.pw_uid, hu.pw_gid)
+        as_homeless = ["nsenter", "-t", str(holder.pid), "-m", "--",
+                       "setpriv", "--reuid", str(hu.pw_uid), "--regid", str(hu.pw_gid), "--clear-groups"]
+
+        def env(cvd, **extra):
+            return guard_env(work, cvd, 0, RANKGUARD_REGISTRY=None, HOME="/nonexistent", **extra)
+
+        with exporter(work, "mem", env("0"), cmd=[*as_homeless, PEER, "export", "mem", work / "x"]) as ex:
+            deny = run([*as_homeless, PEER, "import", "mem", ex.dir, "deny"], env=env("1"))
+            warn = run([*as_homeless, PEER, "import", "mem", ex.dir, "allow"], env=env("1", RANKGUARD_MODE="warn"))
+        # Today's behaviour before the fix: unknown provenance, allowed (import-rc 0).
+        assert deny.returncode == 0 and "import-rc 800" in deny.stdout, deny.stdout + deny.stderr
+        assert warn.returncode == 0 and "import-rc 0" in warn.stdout, warn.stdout + warn.stderr
+        for p in (ex, deny, warn):
+            line = _say_once(p.stderr, "no registry this user can trust")
+            assert squat in line and f"owned by uid {su.pw_uid}" in line, line
+            assert "/nonexistent/.cache/rankguard/registry-" in line, line
+            assert "refused" in line and "Fix: set RANKGUARD_REGISTRY" in line, line
+        denial = [l for l in deny.stderr.splitlines() if "denied" in l]
+        assert len(denial) == 1 and "R3" in denial[0] and "unknown provenance: refused" in denial[0], deny.stderr
+        recs = r3_records(work)
+        assert [r["verdict"] for r in recs] == ["deny", "warn"], recs
+        for r in recs:
+            assert r["detail"].startswith("IPC import of unknown provenance: refused"), r
+            assert r["exporter_pid"] is None and r["gpu"] == gpu_uuid(1)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+        for name in made:
+            run(["userdel", name])

@@ -93,6 +93,10 @@ pub enum Detail {
     CrossDeviceIpc,
     /// An IPC import whose exporter is unknown, under `RANKGUARD_IPC=strict` (R3).
     UnknownExporter,
+    /// An IPC import of unknown provenance while the user has no registry it can trust (the
+    /// default directory was taken by another user and there is no private fallback):
+    /// refused whatever `RANKGUARD_IPC` says, else squatting the directory would switch R3 off.
+    UnknownNoRegistry,
     /// An imported mapping that the driver reports on another device than the rank's (R3).
     ImportedOnOtherDevice { device: i32 },
     /// One cooperative launch across several devices (R4).
@@ -154,6 +158,9 @@ impl fmt::Display for Detail {
             Detail::UnknownExporter => {
                 f.write_str("IPC import of unknown provenance (RANKGUARD_IPC=strict)")
             }
+            Detail::UnknownNoRegistry => f.write_str(
+                "IPC import of unknown provenance: refused, there is no provenance registry this user can trust (set RANKGUARD_REGISTRY)",
+            ),
             Detail::ImportedOnOtherDevice { device } => {
                 write!(
                     f,

@@ -726,6 +726,27 @@ pub fn fallback_dir(home: &Path, host: &str) -> PathBuf {
         .join(format!("registry-{host}"))
 }
 
+/// The status of the directory `dir` itself, from `fstat` on an `O_DIRECTORY|O_NOFOLLOW`
+/// descriptor: the owner and mode checked are those of the directory opened, never of
+/// whatever a second look-up of the path would find (a symbolic link is refused, not
+/// followed; anything else is "not a directory").
+fn dir_status(dir: &Path) -> Result<fs::Metadata, DirProblem> {
+    let fd = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| match e.raw_os_error() {
+            // Linux says ENOTDIR for a final symbolic link under O_DIRECTORY, ELOOP without.
+            Some(libc::ELOOP | libc::ENOTDIR) => match fs::symlink_metadata(dir) {
+                Ok(md) if md.file_type().is_symlink() => DirProblem::Symlink,
+                Ok(md) if !md.is_dir() => DirProblem::NotDirectory,
+                _ => DirProblem::Io(e),
+            },
+            _ => DirProblem::Io(e),
+        })?;
+    fd.metadata().map_err(DirProblem::Io)
+}
+
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// New records this process wrote (see [`COUNT_EVERY`]).
 static NEW_WRITES: AtomicU64 = AtomicU64::new(0);
@@ -745,26 +766,18 @@ impl Registry {
         if !dir.is_absolute() {
             return Err(DirProblem::NotAbsolute);
         }
-        let md = match fs::symlink_metadata(dir) {
-            Ok(md) => md,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+        let md = match dir_status(dir) {
+            Err(DirProblem::Io(e)) if e.kind() == io::ErrorKind::NotFound && create => {
                 match fs::DirBuilder::new().mode(0o700).create(dir) {
                     Ok(()) => {}
                     // Another process created it first: verify theirs.
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(DirProblem::Io(e)),
                 }
-                fs::symlink_metadata(dir).map_err(DirProblem::Io)?
+                dir_status(dir)?
             }
-            Err(e) => return Err(DirProblem::Io(e)),
+            r => r?,
         };
-        let ft = md.file_type();
-        if ft.is_symlink() {
-            return Err(DirProblem::Symlink);
-        }
-        if !ft.is_dir() {
-            return Err(DirProblem::NotDirectory);
-        }
         if md.uid() != uid {
             return Err(DirProblem::Owner { uid: md.uid() });
         }
@@ -1038,6 +1051,10 @@ pub enum Decision {
     Unknown,
     /// The same: under `RANKGUARD_IPC=strict`, denied.
     UnknownStrict,
+    /// The same, while there is no registry the user can trust (its default directory was
+    /// taken by another user, no private fallback): refused in any policy, since squatting
+    /// the directory must not switch R3 off ([`Decision::without_registry`]).
+    UnknownNoRegistry,
     /// Same job and rank, another GPU: the violation R3 exists for.
     CrossDevice,
 }
@@ -1048,6 +1065,7 @@ impl Decision {
         let detail = match self {
             Decision::CrossDevice => Detail::CrossDeviceIpc,
             Decision::UnknownStrict => Detail::UnknownExporter,
+            Decision::UnknownNoRegistry => Detail::UnknownNoRegistry,
             _ => return Verdict::Allow,
         };
         Verdict::Violation(Violation {
@@ -1063,6 +1081,15 @@ impl Decision {
         matches!(self, Decision::SameGpu | Decision::Unknown)
     }
 
+    /// The decision when the importer has no registry it can trust (the default directory
+    /// was taken, no private fallback): unknown provenance is refused, the rest stands.
+    pub fn without_registry(self) -> Decision {
+        match self {
+            Decision::Unknown | Decision::UnknownStrict => Decision::UnknownNoRegistry,
+            d => d,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::SameGpu => "same rank, same GPU",
@@ -1071,6 +1098,7 @@ impl Decision {
             Decision::HostMemory => "host memory",
             Decision::Unknown => "unknown exporter (allowed; RANKGUARD_IPC=strict denies)",
             Decision::UnknownStrict => "unknown exporter (RANKGUARD_IPC=strict)",
+            Decision::UnknownNoRegistry => "unknown provenance: refused (no trusted registry)",
             Decision::CrossDevice => "same rank, another GPU",
         }
     }
@@ -1727,6 +1755,25 @@ mod tests {
             assert!(a.verdict().is_allow());
         }
         assert!(SameGpu.verify_after() && Unknown.verify_after() && !OtherRank.verify_after());
+    }
+
+    #[test]
+    fn without_a_trusted_registry_unknown_provenance_is_refused_in_any_policy() {
+        use Decision::*;
+        assert_eq!(Unknown.without_registry(), UnknownNoRegistry);
+        assert_eq!(UnknownStrict.without_registry(), UnknownNoRegistry);
+        for d in [SameGpu, OtherRank, OtherJob, HostMemory, CrossDevice] {
+            assert_eq!(d.without_registry(), d);
+        }
+        assert!(
+            matches!(UnknownNoRegistry.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::UnknownNoRegistry && v.code == DenyCode::NotPermitted)
+        );
+        assert!(!UnknownNoRegistry.verify_after());
+        let text = Detail::UnknownNoRegistry.to_string();
+        assert!(
+            text.contains("refused") && text.contains("RANKGUARD_REGISTRY"),
+            "{text}"
+        );
     }
 
     #[test]

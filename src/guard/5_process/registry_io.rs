@@ -35,15 +35,32 @@ pub(crate) fn euid() -> u32 {
 
 /// The verified registry, or None (said once).
 pub(crate) fn open_registry() -> Option<Registry> {
+    open_registry_or_why().ok()
+}
+
+/// Why there is no registry to trust.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Untrusted {
+    /// `RANKGUARD_REGISTRY` names a directory that is not trusted (the user's own setting).
+    Configured,
+    /// The default directory is not usable (another user created it first, or it has the
+    /// wrong mode) and neither is the private fallback (no home, or not writable): nothing
+    /// this user can trust, and the default may have been taken to switch R3 off, so
+    /// imports of unknown provenance are refused (`Decision::without_registry`).
+    DefaultTaken,
+}
+
+/// The verified registry, or why there is none (said once).
+pub(crate) fn open_registry_or_why() -> Result<Registry, Untrusted> {
     let uid = euid();
     let (dir, var) = match &state::get().config.registry {
         Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
         None => (registry::default_dir(uid), "the default registry"),
     };
     match Registry::open(&dir, uid, true) {
-        Ok(r) => Some(r),
+        Ok(r) => Ok(r),
         Err(problem) if state::get().config.registry.is_none() => {
-            open_fallback(uid, &dir, &problem.to_string())
+            open_fallback(uid, &dir, &problem.to_string()).ok_or(Untrusted::DefaultTaken)
         }
         Err(problem) => {
             say_once(
@@ -53,7 +70,7 @@ pub(crate) fn open_registry() -> Option<Registry> {
                     dir.display().to_string()
                 ),
             );
-            None
+            Err(Untrusted::Configured)
         }
     }
 }
@@ -112,7 +129,7 @@ fn open_fallback(uid: u32, default: &std::path::Path, problem: &str) -> Option<R
             say_once(
                 &SAID_DIR,
                 format_args!(
-                    "the default IPC provenance registry {:?} {problem}, {why}; not trusted: every IPC import has unknown provenance (allowed, or denied under RANKGUARD_IPC=strict). Fix: set RANKGUARD_REGISTRY to a directory you own with mode 0700",
+                    "the default IPC provenance registry {:?} {problem}, {why}: there is no registry this user can trust (another user may have created the default to disable rule R3), so every IPC import of unknown provenance is refused (R3; recorded in warn mode) and this process's exports are not recorded. Fix: set RANKGUARD_REGISTRY to a directory you own with mode 0700 (not a symlink), the same for every process of the job, e.g. one under a home or a scratch directory only you can write; or remove the default if it is stale",
                     default.display().to_string()
                 ),
             );

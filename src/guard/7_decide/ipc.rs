@@ -5,7 +5,8 @@
 //!
 //! Rules of this module:
 //! - nothing here may crash the host process: registry work runs under `catch_unwind`, and
-//!   any registry problem is said once on stderr and turns into "provenance unknown";
+//!   any registry problem is said once on stderr and turns into "provenance unknown"
+//!   (refused when the default directory is taken and there is no private fallback);
 //! - no locks (a forked child must never find one held): the registry directory is
 //!   re-verified on every use, and "said once" flags are atomics;
 //! - the runtime's IPC functions reach the driver's through our own driver wrappers (the
@@ -35,7 +36,9 @@ use crate::guard::audit::decision_record::Extra;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::output::debug_log;
 use crate::guard::process::rank_root;
-use crate::guard::process::registry_io::{open_registry, said_write_problem, say_once, SAID_WRITE};
+use crate::guard::process::registry_io::{
+    open_registry, open_registry_or_why, said_write_problem, say_once, Untrusted, SAID_WRITE,
+};
 use crate::guard::process::state;
 use crate::guard::resolve::internal;
 use crate::guard::sys::ffi::{
@@ -225,6 +228,18 @@ static SAID_SKIP: AtomicBool = AtomicBool::new(false);
 static SAID_PANIC: AtomicBool = AtomicBool::new(false);
 /// The pid that last swept the registry (a forked child sweeps again).
 static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this user has no registry it can trust because the default one is taken (see
+/// [`Untrusted::DefaultTaken`]). A panic counts as "no" (said once by `shielded`).
+fn default_registry_taken() -> bool {
+    shielded("opening", || {
+        Some(matches!(
+            open_registry_or_why(),
+            Err(Untrusted::DefaultTaken)
+        ))
+    })
+    .unwrap_or(false)
+}
 
 /// Run registry work without letting a panic reach the host process.
 fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
@@ -524,7 +539,10 @@ pub fn check_import<R: Code>(
         gpu: gpu.as_deref(),
         root: rank_root::id(),
     };
-    let d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
+    let mut d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
+    if matches!(d, Decision::Unknown | Decision::UnknownStrict) && default_registry_taken() {
+        d = d.without_registry();
+    }
     let verdict = d.verdict();
     if verdict.is_allow() {
         debug_log::log!(
