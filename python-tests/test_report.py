@@ -161,7 +161,7 @@ def expected_json(files, runs, extra_files=(), problems=()):
         "files": [str(f) for f in list(files) + list(extra_files)],
         "totals": {"violations": total, "summary_records": 0, "denied": denied, "warned": total - denied,
                    "calls": len(out_groups), "ranks": len(ranks), "processes": len(procs),
-                   "problems": len(problems)},
+                   "problems": len(problems), "problems_unlisted": 0},
         "groups": out_groups,
         "problems": problems,
         "status": 1 if total else (2 if problems else 0),
@@ -268,7 +268,7 @@ def test_report_json_matches_the_planted_violations_exactly(planted):
     first0 = got["groups"][2]["ranks"][0]["first"]
     assert first0["pid"] == runs[0][0] and first0["file"].endswith("rank0.jsonl")
     assert got["totals"] == {"violations": 11, "summary_records": 0, "denied": 9, "warned": 2, "calls": 6,
-                             "ranks": 5, "processes": 11, "problems": 0}
+                             "ranks": 5, "processes": 11, "problems": 0, "problems_unlisted": 0}
 
 
 def test_report_text_matches_the_planted_violations_exactly(planted):
@@ -393,3 +393,87 @@ def test_lines_longer_than_a_record_are_skipped_in_bounded_memory(planted, tmp_p
         p.kill()
         p.wait()
     assert rss2 < 64 * 1024 and rss2 - rss1 < 1024, (rss1, rss2)
+
+
+# Runs a command and prints its peak RSS (KiB). A separate small interpreter, because a
+# child's ru_maxrss starts at its parent's RSS at fork/exec (Linux keeps the exec'ing mm's
+# high-water mark): measured from the test process it would be the test's own size.
+_PEAK_RSS = """
+import os, signal, subprocess, sys
+p = subprocess.Popen(sys.argv[2:], stdout=open(sys.argv[1], "wb"))
+signal.signal(signal.SIGALRM, lambda *_: p.kill())   # a hang fails the test, never blocks it
+signal.alarm(120)
+_, status, ru = os.wait4(p.pid, 0)
+print(os.waitstatus_to_exitcode(status), ru.ru_maxrss)
+"""
+
+
+def _report_peak_rss(args, out_path):
+    """Run `rankguard report ARGS` with stdout to OUT_PATH; return (exit status, its peak
+    RSS in KiB: that process's own, plus at most the ~10 MB of the small interpreter that
+    starts it)."""
+    import sys
+    r = run([sys.executable, "-I", "-S", "-c", _PEAK_RSS, out_path, CLI, "report", *args],
+            env=clean_env(), timeout=150)
+    status, rss = r.stdout.split()
+    return int(status), int(rss)
+
+
+def test_garbage_is_counted_with_a_bounded_sample_in_bounded_memory(planted, tmp_path):
+    """Issue 29, item 12: ~60 MB of binary garbage (a core dump in a job directory) among
+    real audit files. Every unusable line is counted, only a bounded sample is listed, the
+    report stays small and its peak memory does not grow with the garbage; the real records
+    (in their own files and between the garbage lines) are all found."""
+    import random
+    d, files, runs = planted
+    top = tmp_path / "job"
+    top.mkdir()
+    for f in files:
+        (top / pathlib.Path(f).name).write_bytes(pathlib.Path(f).read_bytes())
+    real = pathlib.Path(files[1]).read_bytes()          # rank0's records, whole lines
+    n_real = real.count(b"\n")
+    assert n_real >= 1
+    rng = random.Random(29)
+    bad = 0
+    with open(top / "core.12345", "wb") as g:
+        size = 0
+        while size < 60 << 20:
+            # A line that is never UTF-8 (starts with 0xff), so each one is exactly one
+            # problem; short lines, as in a core dump full of small values.
+            n = rng.randrange(0, 64)
+            line = b"\xff" + rng.randbytes(n).replace(b"\n", b"\xfe") + b"\n"
+            g.write(line)
+            size += len(line)
+            bad += 1
+            if bad % 500_000 == 0:
+                g.write(real)                      # real records between the garbage
+        g.write(b"\xff" * 100_000 + b"\n")         # and one line too long to be a record
+        bad += 1
+    inserted = (bad - 1) // 500_000
+    assert inserted >= 1
+    want_violations = 11 + inserted * n_real
+
+    out = tmp_path / "report.json"
+    rc, rss_json = _report_peak_rss(["--json", top], out)
+    assert rc == 1, out.read_text()[-2000:]
+    assert out.stat().st_size < 64 << 10, out.stat().st_size
+    doc = json.loads(out.read_text())
+    assert doc["totals"]["violations"] == want_violations, doc["totals"]
+    assert doc["totals"]["problems"] == bad, doc["totals"]
+    assert len(doc["problems"]) <= 100
+    core = str(top / "core.12345")
+    assert [p for p in doc["problems"] if p["file"] == core][0] == {
+        "file": core, "line": 1, "why": "not UTF-8 text (a binary file, or a corrupted write?)"}
+    assert any(p["file"] == core and f"{bad - 10} more unusable lines" in p["why"]
+               for p in doc["problems"]), doc["problems"]
+
+    out = tmp_path / "report.txt"
+    rc, rss_text = _report_peak_rss([top], out)
+    assert rc == 1
+    assert out.stat().st_size < 64 << 10, out.stat().st_size
+    text = out.read_text()
+    assert f"total: {want_violations} violations" in text, text[-2000:]
+    assert f"; {bad} problems skipped\n" in text, text[-2000:]
+    assert f"  {core}:1: not UTF-8 text" in text
+    # Peak memory independent of the input's size: the binary itself and its buffers.
+    assert rss_json < 40 << 10 and rss_text < 40 << 10, (rss_json, rss_text)

@@ -27,7 +27,8 @@ by call site (where in the program: FILE:LINE in FUNCTION or OBJECT(SYMBOL+0xOFF
 rank (a rank with no number by its rank root, host:pid), with counts and the first occurrence (time,
 host:pid, call and arguments, why).
 Summary records (counts of a site's violations after its first 100) add into the counts.
-Unreadable files and torn or non-JSON lines are listed as problems and skipped. A
+Unreadable files and torn or non-JSON lines are problems, skipped and all counted; the
+first 10 of each file are listed, the rest counted per file (100 entries in all). A
 directory is walked recursively (regular files, not through symbolic links to directories);
 FIFOs, sockets and devices inside it are listed as not read. Lines longer than 64 KiB are
 skipped and counted.
@@ -188,30 +189,21 @@ fn feed_from(mut r: impl BufRead, name: &str, agg: &mut Aggregator) -> std::io::
     let mut line: Vec<u8> = Vec::new();
     let mut n = 0;
     let mut too_long = false;
-    let mut skipped = 0usize;
-    let mut first_skipped = 0usize;
     loop {
         let buf = match r.fill_buf() {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                note_skipped(agg, name, skipped, first_skipped);
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         };
         if buf.is_empty() {
             // End of input: a last line without a newline.
             if too_long {
                 n += 1;
-                skipped += 1;
-                if first_skipped == 0 {
-                    first_skipped = n;
-                }
+                skipped(agg, name, n);
             } else if !line.is_empty() {
                 n += 1;
                 agg.add_line(name, n, &line, false);
             }
-            note_skipped(agg, name, skipped, first_skipped);
             return Ok(());
         }
         let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
@@ -232,10 +224,7 @@ fn feed_from(mut r: impl BufRead, name: &str, agg: &mut Aggregator) -> std::io::
         if newline {
             n += 1;
             if too_long {
-                skipped += 1;
-                if first_skipped == 0 {
-                    first_skipped = n;
-                }
+                skipped(agg, name, n);
             } else {
                 agg.add_line(name, n, &line, true);
             }
@@ -245,18 +234,16 @@ fn feed_from(mut r: impl BufRead, name: &str, agg: &mut Aggregator) -> std::io::
     }
 }
 
-fn note_skipped(agg: &mut Aggregator, name: &str, skipped: usize, first: usize) {
-    if skipped > 0 {
-        agg.skipped_lines(
-            name,
-            first,
-            format!(
-                "{} longer than {} KiB skipped (no audit record is that long: not an audit file?)",
-                plural(skipped, "line", "lines"),
-                MAX_LINE / 1024
-            ),
-        );
-    }
+/// Line `n`, too long to be a record, was skipped unread: a problem like any other.
+fn skipped(agg: &mut Aggregator, name: &str, n: usize) {
+    agg.line_problem(
+        name,
+        n,
+        format!(
+            "line longer than {} KiB skipped (no audit record is that long: not an audit file?)",
+            MAX_LINE / 1024
+        ),
+    );
 }
 
 fn counts(count: usize, denied: usize, warned: usize) -> String {
@@ -310,6 +297,14 @@ fn text(s: &Summary, files: usize) -> String {
                     let _ = writeln!(o, "  {}: {}", p.file, p.why);
                 }
             }
+        }
+        if s.unlisted > 0 {
+            let _ = writeln!(
+                o,
+                "  ... and {} not listed (the list holds {} entries)",
+                plural(s.unlisted, "more problem", "more problems"),
+                audit::LISTED_MAX
+            );
         }
     }
     if !o.is_empty() {
@@ -517,6 +512,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
                 ("ranks", Value::Num(t.ranks as i64)),
                 ("processes", Value::Num(t.processes as i64)),
                 ("problems", Value::Num(t.problems as i64)),
+                ("problems_unlisted", Value::Num(s.unlisted as i64)),
             ]),
         ),
         ("groups", Value::Arr(groups)),

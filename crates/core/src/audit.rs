@@ -233,16 +233,22 @@ pub struct Totals {
     pub groups: usize,
     pub ranks: usize,
     pub processes: usize,
+    /// Every unusable line and unreadable file, listed or not.
     pub problems: usize,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
     pub groups: Vec<Group>,
+    /// The problems listed: per file its first [`LISTED_PER_FILE`], then one entry counting
+    /// the rest of its lines; [`LISTED_MAX`] entries at most.
     pub problems: Vec<Problem>,
     pub totals: Totals,
     /// Whole files that could not be read.
     pub unreadable: usize,
+    /// Problems (counted in `totals.problems`) that no entry of `problems` names, the list
+    /// being full ([`LISTED_MAX`]).
+    pub unlisted: usize,
 }
 
 /// A rank as the report groups it. Order: numbered ranks ascending, then rank roots (by
@@ -313,17 +319,56 @@ impl Acc {
 /// A rule as the report sorts it: (order, name).
 type RuleKey = (u32, String);
 
+/// Problems listed one by one per file; the rest of a file's unusable lines are counted in
+/// one entry for the file (docs/report.md). A core dump in a job directory has millions of
+/// "lines": the report names a sample and counts the rest, in memory that does not grow.
+pub const LISTED_PER_FILE: usize = 10;
+/// Entries in the problem list in all (samples, per-file counts, unreadable files); the
+/// problems past them are only counted (`Summary::unlisted`).
+pub const LISTED_MAX: usize = 100;
+/// A listed reason is cut to this many bytes (a reason can quote the input).
+pub const WHY_MAX: usize = 240;
+
+/// The unusable lines of the file being read, past its listed sample.
+#[derive(Default)]
+struct FileProblems {
+    file: String,
+    listed: usize,
+    more: usize,
+    first_more: usize,
+    last_more: usize,
+}
+
 /// Builds a [`Summary`] from files' lines, in the order they are given.
 #[derive(Default)]
 pub struct Aggregator {
     acc: BTreeMap<(RuleKey, String, RankKey), Acc>,
     sites: BTreeMap<(RuleKey, String, Option<String>), Acc>,
     summaries: usize,
+    /// The listed problems (at most [`LISTED_MAX`]).
     problems: Vec<Problem>,
+    /// Every problem, listed or not.
+    problem_count: usize,
+    /// Problems named by no entry of `problems`.
+    unlisted: usize,
+    cur: FileProblems,
     seq: usize,
     unreadable: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
     ranks: BTreeSet<RankKey>,
+}
+
+/// `why` cut to [`WHY_MAX`] bytes at a character boundary, marked as cut.
+fn cut_why(mut why: String) -> String {
+    if why.len() > WHY_MAX {
+        let mut end = WHY_MAX;
+        while !why.is_char_boundary(end) {
+            end -= 1;
+        }
+        why.truncate(end);
+        why.push_str("...");
+    }
+    why
 }
 
 impl Aggregator {
@@ -334,20 +379,72 @@ impl Aggregator {
     /// A file that could not be read at all.
     pub fn unreadable(&mut self, file: &str, why: String) {
         self.unreadable += 1;
-        self.problems.push(Problem {
-            file: file.to_string(),
-            line: None,
-            why,
-        });
+        self.problem(file, None, why);
     }
 
-    /// Lines of a file that were skipped unread (too long to be records), from line `first`.
-    pub fn skipped_lines(&mut self, file: &str, first: usize, why: String) {
-        self.problems.push(Problem {
-            file: file.to_string(),
-            line: Some(first),
-            why,
-        });
+    /// Line `n` of `file` could not be used (also for lines skipped unread, too long to be
+    /// records). Counted always; listed while the file's sample and the list have room.
+    pub fn line_problem(&mut self, file: &str, n: usize, why: String) {
+        self.problem(file, Some(n), why);
+    }
+
+    fn problem(&mut self, file: &str, line: Option<usize>, why: String) {
+        self.problem_count += 1;
+        if self.cur.file != file {
+            self.end_file();
+            self.cur.file = file.to_string();
+        }
+        match line {
+            Some(n) if self.cur.listed >= LISTED_PER_FILE => {
+                if self.cur.more == 0 {
+                    self.cur.first_more = n;
+                }
+                self.cur.more += 1;
+                self.cur.last_more = n;
+            }
+            _ => {
+                if line.is_some() {
+                    self.cur.listed += 1;
+                }
+                self.list(Problem {
+                    file: file.to_string(),
+                    line,
+                    why: cut_why(why),
+                });
+            }
+        }
+    }
+
+    /// Lists `p` if the list has room, else counts it as unlisted.
+    fn list(&mut self, p: Problem) {
+        if self.problems.len() < LISTED_MAX {
+            self.problems.push(p);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
+    /// The count entry of the file whose problems came last, if it had more than its sample.
+    fn end_file(&mut self) {
+        let c = std::mem::take(&mut self.cur);
+        if c.more == 0 {
+            return;
+        }
+        if self.problems.len() < LISTED_MAX {
+            self.problems.push(Problem {
+                why: format!(
+                    "{} more unusable {} not listed (lines {} to {}; the first {LISTED_PER_FILE} are listed)",
+                    c.more,
+                    if c.more == 1 { "line" } else { "lines" },
+                    c.first_more,
+                    c.last_more
+                ),
+                file: c.file,
+                line: Some(c.first_more),
+            });
+        } else {
+            self.unlisted += c.more;
+        }
     }
 
     /// The whole content of one file (the command streams lines with `add_line`).
@@ -375,15 +472,12 @@ impl Aggregator {
 
     /// One line (without its newline); `complete` is false for a last line that had none.
     pub fn add_line(&mut self, file: &str, n: usize, line: &[u8], complete: bool) {
-        let problem = |why: String| Problem {
-            file: file.to_string(),
-            line: Some(n),
-            why,
-        };
         let Ok(text) = std::str::from_utf8(line) else {
-            self.problems.push(problem(
+            self.line_problem(
+                file,
+                n,
                 "not UTF-8 text (a binary file, or a corrupted write?)".into(),
-            ));
+            );
             return;
         };
         if text.trim().is_empty() {
@@ -392,10 +486,10 @@ impl Aggregator {
         match parse_record(text) {
             Ok(r) => self.add_record(r, Origin { file: file.to_string(), line: n }),
             Err(e) if !complete && e.starts_with("partial record") => {
-                self.problems.push(problem("torn: the file ends inside a record (no final newline); was the writer killed mid-write?".into()))
+                self.line_problem(file, n, "torn: the file ends inside a record (no final newline); was the writer killed mid-write?".into())
             }
-            Err(e) if !complete => self.problems.push(problem(format!("torn (no final newline): {e}"))),
-            Err(e) => self.problems.push(problem(e)),
+            Err(e) if !complete => self.line_problem(file, n, format!("torn (no final newline): {e}")),
+            Err(e) => self.line_problem(file, n, e),
         }
     }
 
@@ -417,7 +511,8 @@ impl Aggregator {
             .add(&r, &at, seq);
     }
 
-    pub fn finish(self) -> Summary {
+    pub fn finish(mut self) -> Summary {
+        self.end_file();
         let mut groups: Vec<Group> = Vec::new();
         let mut sites: BTreeMap<((u32, String), String), Vec<SiteStats>> = BTreeMap::new();
         for ((rk, call, site), a) in self.sites {
@@ -494,13 +589,14 @@ impl Aggregator {
         totals.groups = groups.len();
         totals.ranks = self.ranks.len();
         totals.processes = self.procs.len();
-        totals.problems = self.problems.len();
+        totals.problems = self.problem_count;
         totals.summaries = self.summaries;
         Summary {
             groups,
             problems: self.problems,
             totals,
             unreadable: self.unreadable,
+            unlisted: self.unlisted,
         }
     }
 }
@@ -512,7 +608,7 @@ impl Summary {
     pub fn status(&self) -> u8 {
         if self.totals.records > 0 {
             1
-        } else if !self.problems.is_empty() {
+        } else if self.totals.problems > 0 {
             2
         } else {
             0
@@ -965,6 +1061,52 @@ mod tests {
         assert!(s.problems[5].why.contains("UTF-8"));
         assert_eq!(s.unreadable, 1);
         assert_eq!(s.status(), 1);
+    }
+
+    #[test]
+    fn problems_are_all_counted_and_a_bounded_sample_listed() {
+        let mut a = Aggregator::new();
+        for n in 1..=1000 {
+            a.add_line("core", n, b"\xff", true);
+        }
+        a.add_line("core", 1001, &[b'x'; 2 * WHY_MAX], true);
+        a.unreadable("gone", "cannot read".into());
+        let s = a.finish();
+        assert_eq!((s.totals.problems, s.unlisted, s.unreadable), (1002, 0, 1));
+        assert_eq!(s.problems.len(), LISTED_PER_FILE + 2);
+        assert_eq!(s.problems[0].line, Some(1));
+        assert_eq!(
+            s.problems[LISTED_PER_FILE],
+            Problem {
+                file: "core".into(),
+                line: Some(11),
+                why:
+                    "991 more unusable lines not listed (lines 11 to 1001; the first 10 are listed)"
+                        .into()
+            }
+        );
+        assert_eq!(s.problems[LISTED_PER_FILE + 1].file, "gone");
+
+        // Many files: the list stops at LISTED_MAX entries, the rest only counted.
+        let mut a = Aggregator::new();
+        for f in 0..50 {
+            for n in 1..=20 {
+                a.add_line(&format!("f{f}"), n, b"{", true);
+            }
+        }
+        let s = a.finish();
+        assert_eq!(s.problems.len(), LISTED_MAX);
+        assert_eq!(s.totals.problems, 1000);
+        // 9 files listed in full (10 samples + a count of 10 each: 99 entries), then the
+        // 10th file's first line; every other problem is counted as unlisted.
+        assert_eq!(s.unlisted, 1000 - 9 * 20 - 1);
+        assert_eq!(s.status(), 2);
+
+        // A long reason is cut, at a character boundary.
+        let mut a = Aggregator::new();
+        a.line_problem("f", 1, "é".repeat(WHY_MAX));
+        let why = &a.finish().problems[0].why;
+        assert!(why.len() <= WHY_MAX + 3 && why.ends_with("é..."), "{why}");
     }
 
     #[test]
