@@ -115,11 +115,11 @@ def expected_json(files, runs, extra_files=(), problems=()):
                 st = g["sites"][site] = {
                     "site": site, "count": 0, "denied": 0, "warned": 0, "ranks": set(),
                     "processes": set(),
-                    "first": {"time": _utc(rec["ts"]), "ts_us": round(rec["ts"] * 1e6),
+                    "first": {"ts": rec["ts"],
                               "host": host, "pid": pid, "rank": rank_v, "args": rec["args"],
                               "py_stack": [], "file": str(files[FILE_ORDER.index(name)]),
                               "line": lines[(pid, call)]}}
-            elif rec["ts"] < st["first"]["ts_us"] / 1e6:
+            elif rec["ts"] < st["first"]["ts"]:
                 raise AssertionError("the plan runs each site's first record first")
             st["count"] += 1
             st["denied" if verdict == "deny" else "warned"] += 1
@@ -136,7 +136,7 @@ def expected_json(files, runs, extra_files=(), problems=()):
                     "rank_root": rec["rank_root"] if rank_v is None else None,
                     "count": 0, "denied": 0, "warned": 0, "processes": set(),
                     "first": {
-                        "time": _utc(rec["ts"]), "ts_us": round(rec["ts"] * 1e6), "host": host,
+                        "ts": rec["ts"], "host": host,
                         "pid": pid, "verdict": verdict, "mode": mode, "abi": rec["abi"],
                         "args": rec["args"], "ordinal": rec.get("ordinal"), "detail": rec["detail"],
                         "cvd": cvd, "gpu": rec["gpu"], "job": None,
@@ -157,7 +157,8 @@ def expected_json(files, runs, extra_files=(), problems=()):
     denied = sum(g["denied"] for g in out_groups)
     problems = list(problems)
     return {
-        "version": 1,
+        "format": "rankguard-report",
+        "version": 2,
         "files": [str(f) for f in list(files) + list(extra_files)],
         "totals": {"violations": total, "summary_records": 0, "denied": denied, "warned": total - denied,
                    "calls": len(out_groups), "ranks": len(ranks), "processes": len(procs),
@@ -196,7 +197,7 @@ def render_text(doc, unreadable=0) -> str:
             out.append(f"    at {st['site']}: {counts(st['count'], st['denied'], st['warned'])} in "
                        f"{'rank' if len(sl) == 1 else 'ranks'} {', '.join(sl)}, from "
                        f"{n(st['processes'], 'process', 'processes')}")
-            out.append(f"      first {f['time']} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
+            out.append(f"      first {_utc(f['ts'])} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
                        f"({f['file']}:{f['line']})")
         for r in g["ranks"]:
             f = r["first"]
@@ -204,7 +205,7 @@ def render_text(doc, unreadable=0) -> str:
             out.append(f"    {label}: {counts(r['count'], r['denied'], r['warned'])} from "
                        f"{n(r['processes'], 'process', 'processes')}")
             verdict = "denied" if f["verdict"] == "deny" else "allowed (warn mode)"
-            out.append(f"      first {f['time']} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
+            out.append(f"      first {_utc(f['ts'])} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
                        f"{verdict}: {f['detail']}")
             out.append(f"      CUDA_VISIBLE_DEVICES={f['cvd']}, GPU {f['gpu'] or 'unknown'} "
                        f"({f['file']}:{f['line']})")

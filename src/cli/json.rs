@@ -8,6 +8,9 @@ pub enum Value {
     Null,
     Bool(bool),
     Num(i64),
+    /// A time: Unix seconds with six decimals (the audit record's `ts` form), from
+    /// microseconds.
+    Secs(i64),
     Str(String),
     Arr(Vec<Value>),
     Obj(Vec<(&'static str, Value)>),
@@ -19,6 +22,9 @@ impl Value {
     }
     pub fn opt_str(s: Option<impl Into<String>>) -> Value {
         s.map_or(Value::Null, |s| Value::Str(s.into()))
+    }
+    pub fn opt_secs(us: Option<i64>) -> Value {
+        us.map_or(Value::Null, Value::Secs)
     }
     pub fn opt_num(n: Option<impl Into<i64>>) -> Value {
         n.map_or(Value::Null, |n| Value::Num(n.into()))
@@ -39,6 +45,11 @@ impl Value {
             Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             Value::Num(n) => {
                 let _ = write!(out, "{n}");
+            }
+            Value::Secs(us) => {
+                let sign = if *us < 0 { "-" } else { "" };
+                let a = us.unsigned_abs();
+                let _ = write!(out, "{sign}{}.{:06}", a / 1_000_000, a % 1_000_000);
             }
             Value::Str(s) => escape(out, s),
             Value::Arr(items) if items.is_empty() => out.push_str("[]"),

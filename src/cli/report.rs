@@ -40,7 +40,9 @@ no violations found but some file or line could not be read.
 ";
 
 /// The `--json` format's version: bumped on any incompatible change (docs/report.md).
-const JSON_VERSION: i64 = 1;
+/// 2: `format` added; times are `ts`, Unix seconds as in the audit record (was `time`,
+/// an RFC 3339 string, and `ts_us`).
+const JSON_VERSION: i64 = 2;
 
 pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut lx = Lexer::new("report", args);
@@ -499,6 +501,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
         })
         .collect();
     Value::Obj(vec![
+        ("format", Value::str("rankguard-report")),
         ("version", Value::Num(JSON_VERSION)),
         ("files", Value::Arr(files.iter().map(Value::str).collect())),
         (
@@ -546,8 +549,7 @@ fn site_json(s: &SiteStats) -> Value {
         (
             "first",
             Value::Obj(vec![
-                ("time", Value::opt_str(f.ts.map(audit::utc))),
-                ("ts_us", Value::opt_num(f.ts.map(audit::micros))),
+                ("ts", Value::opt_secs(f.ts.map(audit::micros))),
                 ("host", Value::opt_str(f.host.clone())),
                 ("pid", Value::opt_num(f.pid)),
                 ("rank", Value::opt_num(f.rank)),
@@ -575,8 +577,7 @@ fn rank_json(r: &RankStats) -> Value {
         (
             "first",
             Value::Obj(vec![
-                ("time", Value::opt_str(f.ts.map(audit::utc))),
-                ("ts_us", Value::opt_num(f.ts.map(audit::micros))),
+                ("ts", Value::opt_secs(f.ts.map(audit::micros))),
                 ("host", Value::opt_str(f.host.clone())),
                 ("pid", Value::opt_num(f.pid)),
                 ("verdict", Value::str(&f.verdict)),

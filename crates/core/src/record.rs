@@ -30,6 +30,12 @@ pub const RECORD_MAX: usize = 48 * 1024;
 /// is at least this large never loses a record (`rendered_whole_in_fixed_max` checks it).
 pub const FIXED_MAX: usize = 16 * 1024;
 
+/// The audit record's format name and version, the first two members of every record
+/// (docs/schema/audit-record.v1.json). Records written before they existed carry neither
+/// and still parse: every member but `call`, `rule` and `verdict` is optional.
+pub const FORMAT: &str = "rankguard-audit";
+pub const VERSION: u32 = 1;
+
 /// Ends a text value that was cut to its cap.
 pub const CUT_MARK: &str = "...[cut]";
 
@@ -369,7 +375,7 @@ impl AuditRecord<'_> {
 
     fn json_within(&self, w: &mut FixedWriter<'_>, room: usize, stacks: bool) -> fmt::Result {
         let start = w.len();
-        w.write_str("{\"ts\":")?;
+        write!(w, "{{\"format\":\"{FORMAT}\",\"version\":{VERSION},\"ts\":")?;
         match self.ts_us {
             Some(us) => write_ts(w, us)?,
             None => w.write_str("null")?,
