@@ -76,8 +76,14 @@ pub fn applies(cfg: &Config) -> bool {
 }
 
 /// The real `/proc`, and the registry for rank records (opened once per walk).
-struct ProcFsView {
+pub(crate) struct ProcFsView {
     reg: Option<Option<Registry>>,
+}
+
+impl ProcFsView {
+    pub(crate) fn new() -> ProcFsView {
+        ProcFsView { reg: None }
+    }
 }
 
 impl ProcView for ProcFsView {
