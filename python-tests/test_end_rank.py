@@ -13,6 +13,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -59,11 +60,36 @@ def test_run_ends_the_ranks_process(tmp_path):
     assert f"the rank's process {pid} ('pipe_parent')" in p.stderr, p.stderr
 
 
-def test_launch_stops_the_job(tmp_path):
-    e = env_for(tmp_path, None, LD_PRELOAD=None)
-    p = run([CLI, "launch", "--nproc-per-node", "2", "--", PARENT, "5"], env=e, timeout=BOUND)
-    assert p.returncode != 0, p.stdout + p.stderr
+def test_launch_stops_the_job_with_78_and_the_summary(tmp_path):
+    """Rank 1's child is re-pointed to GPU 5 and refused; rank 0 would run for 30 s. The
+    whole job ends at once (the bound is a sanity check, not a timing claim), with 78 and
+    the torchrun-shaped box naming rank, pid, rule, call site and the why; no rank's
+    process group is left."""
+    e = env_for(tmp_path, None, LD_PRELOAD=None, TMPDIR=str(tmp_path))
+    script = 'if [ "$LOCAL_RANK" = 1 ]; then exec "$0" 5; else sleep 30; fi'
+    t0 = time.monotonic()
+    p = run([CLI, "launch", "--nproc-per-node", "2", "--", "bash", "-c", script, str(PARENT)],
+            env=e, timeout=BOUND)
+    took = time.monotonic() - t0
+    assert p.returncode == 78, p.stdout + p.stderr
+    assert took < 5, took
     assert "broke R1" in p.stderr, p.stderr
+    box = p.stderr[p.stderr.index("=" * 72):]
+    lines = box.splitlines()
+    assert lines[0] == lines[-1] == "=" * 72, box
+    assert lines[1].startswith("bash FAILED"), box
+    assert "Failures:\n  <NO_OTHER_FAILURES>\n" in box, box
+    root = box.split("Root Cause (first observed failure):\n[0]:\n", 1)[1]
+    fields = {k.strip(): v for k, v in (l.split(" : ", 1) for l in root.splitlines() if " : " in l)}
+    assert fields["rank"] == "1 (local_rank: 1)", fields
+    assert fields["exitcode"].startswith("143 (pid: "), fields
+    assert fields["rule"] == "R1 (one GPU per rank)", fields
+    assert fields["refused"].endswith("('pipe_parent')"), fields
+    assert fields["site"] != "?" and "rank's GPU" in fields["error"], fields
+    assert fields["time"].endswith(" UTC") and fields["host"], fields
+    assert box.count("[0]:") == 1 and "[1]:" not in box, box
+    # The notes directory is gone with the launcher.
+    assert not list(tmp_path.glob("rankguard-launch-*")), list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("cvd,mode,ends,status", [

@@ -55,13 +55,7 @@ fn end(mode: Mode, rule: Rule, why: &str) {
     let root = rank_root::ensure(cfg)
         .filter(|r| r.gpu.is_some())
         .map(|r| r.id);
-    let Some(top) = rank_top(me, uid, &marks, root, &mut ProcFsView::new()) else {
-        return; // this process is the rank's process: its own exit ends the rank
-    };
-    let (sig, sig_name) = match mode {
-        Mode::Abort => (libc::SIGABRT, "SIGABRT"),
-        _ => (libc::SIGTERM, "SIGTERM"),
-    };
+    let top = rank_top(me, uid, &marks, root, &mut ProcFsView::new());
     let cap = site::capture(site::python_thread());
     let site = cap.site.as_deref().unwrap_or("<unknown site>");
     let comm = |pid: u32| {
@@ -69,8 +63,25 @@ fn end(mode: Mode, rule: Rule, why: &str) {
             .map(|s| s.trim_end().to_string())
             .unwrap_or_else(|_| "?".into())
     };
+    // Under `rankguard launch`: the note its supervisor reads. The claim is the rank's,
+    // once: a second refused process of the same rank ends only itself.
+    let rank_id = top.or_else(|| self_id(me));
+    if let Some(id) = rank_id {
+        if !claim_note(id, me, &comm(me), rule, site, why) {
+            return;
+        }
+    }
+    let Some(top) = top else {
+        return; // this process is the rank's process: its own exit ends the rank
+    };
+    let (sig, sig_name) = match mode {
+        Mode::Abort => (libc::SIGABRT, "SIGABRT"),
+        _ => (libc::SIGTERM, "SIGTERM"),
+    };
+    // The line is said before the signal: under `launch` the job (this process's group
+    // too) is stopped as soon as the rank's process ends.
+    let outcome = open_verified(top, uid);
     let mut line = String::new();
-    let outcome = signal(top, uid, sig);
     let _ = write!(
         line,
         "the rank's process {} ('{}'): this process {me} ('{}') broke {rule:?} ({}) at {site}: {why}; ",
@@ -88,15 +99,80 @@ fn end(mode: Mode, rule: Rule, why: &str) {
         }
     }
     let _ = write!(line, "; fix: {}", rule.fix());
+    say(&line);
+    let Ok(fd) = outcome else { return };
+    if send(fd, sig) {
+        finish(fd);
+    } else {
+        say("the rank's process could not be signalled (pidfd_send_signal failed): stop the job yourself");
+        // SAFETY: fd opened by open_verified, closed once.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// One line on stderr, with the guard's prefix.
+fn say(line: &str) {
     let mut b = StackBuf::<64>::new();
     prefix(&mut b, "WARN");
     let mut out = b.as_bytes().to_vec();
     out.extend_from_slice(line.as_bytes());
     out.push(b'\n');
     signal_safe::write_all(2, &out);
-    if let Ok(fd) = outcome {
-        finish(fd);
-    }
+}
+
+/// The private notes directory `rankguard launch` gives its ranks (src/cli/failure.rs
+/// reads it); unset elsewhere.
+pub const LAUNCH_DIR_VAR: &str = "RANKGUARD_LAUNCH_DIR";
+
+/// This process as a [`RootId`].
+fn self_id(me: u32) -> Option<RootId> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    Some(RootId {
+        pid: me,
+        start: parse_stat(&stat)?.start,
+    })
+}
+
+/// Under `rankguard launch`, claim the rank whose process is `id` by creating
+/// `$RANKGUARD_LAUNCH_DIR/<pid>.<start>` (O_EXCL, 0600) holding the refusal. False when
+/// another refused process of the rank claimed it first (it says the line and ends the
+/// rank's process); true otherwise, also when there is no directory or the note cannot
+/// be written (then the line on stderr is all there is, as under `run`).
+fn claim_note(id: RootId, me: u32, comm: &str, rule: Rule, site: &str, why: &str) -> bool {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(dir) = signal_safe::getenv_bytes(LAUNCH_DIR_VAR) else {
+        return true;
+    };
+    let one = |s: &str| s.lines().next().unwrap_or("").to_string();
+    let mut path = std::path::PathBuf::from(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(dir),
+    );
+    path.push(format!("{id}"));
+    let mut f = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return false,
+        Err(_) => return true,
+    };
+    let rank = signal_safe::getenv_bytes("RANK").unwrap_or(b"-");
+    let local = signal_safe::getenv_bytes("LOCAL_RANK").unwrap_or(b"-");
+    let body = format!(
+        "rankguard-refusal 1\npid {me}\ncommand {}\nrank {}\nlocal_rank {}\nrule {} ({})\nsite {}\nwhy {}\nend\n",
+        one(comm),
+        String::from_utf8_lossy(rank),
+        String::from_utf8_lossy(local),
+        format_args!("{rule:?}"),
+        rule.name(),
+        one(site),
+        one(why),
+    );
+    let _ = f.write_all(body.as_bytes());
+    true
 }
 
 /// Whether `/proc/<pid>` is still the process `id` of user `uid`.
@@ -140,17 +216,6 @@ fn send(fd: i32, sig: i32) -> bool {
     }
 }
 
-/// Signal `top`; the pidfd, still open, for [`finish`].
-fn signal(top: RootId, uid: u32, sig: i32) -> Result<i32, &'static str> {
-    let fd = open_verified(top, uid)?;
-    if !send(fd, sig) {
-        // SAFETY: fd opened above, closed once.
-        unsafe { libc::close(fd) };
-        return Err("pidfd_send_signal failed");
-    }
-    Ok(fd)
-}
-
 /// After SIGTERM: SIGKILL when the rank's process has not exited within the grace (it
 /// handles or ignores SIGTERM). The pidfd still names the same process.
 fn finish(fd: i32) {
@@ -164,6 +229,6 @@ fn finish(fd: i32) {
     if ready == 0 {
         send(fd, libc::SIGKILL);
     }
-    // SAFETY: fd opened by `signal`, closed once.
+    // SAFETY: fd opened by open_verified, closed once.
     unsafe { libc::close(fd) };
 }
