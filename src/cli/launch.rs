@@ -46,9 +46,14 @@ Options:
   --sysroot DIR            read GPU topology under DIR (default $RANKGUARD_SYSROOT or /)
   --prefix-output          prefix every output line with [rank R]
   --grace-period SECS      time ranks get to exit after the first failure (default 10)
+                           (after a refusal by the guard: at most 1)
   --json                   (plan) print the stable JSON form (docs/cli.md)
   --env                    (plan --json) also resolve what launch would: the guard library,
                            the job id, MASTER_PORT; print each rank's environment
+
+Exit status: that of the first rank that failed; 78 when the guard refused a process in a
+rank's tree (R1): the job is stopped and a failure summary names the rank, pid, rule,
+refused process, call site and why (docs/cli.md).
 ";
 
 /// Validated options of `launch`/`plan`.
