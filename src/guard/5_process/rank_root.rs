@@ -105,10 +105,7 @@ impl ProcFsView {
 
 impl ProcFsView {
     pub(crate) fn new() -> ProcFsView {
-        ProcFsView {
-            reg: None,
-            failed: None,
-        }
+        ProcFsView { reg: None }
     }
 }
 
