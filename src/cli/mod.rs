@@ -10,7 +10,6 @@ pub mod args;
 mod check;
 mod embedded;
 mod env;
-mod failure;
 mod forked;
 mod gpus;
 mod inject;
