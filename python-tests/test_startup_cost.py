@@ -279,3 +279,72 @@ def test_the_loader_writes_four_pages(lib):
     assert len(pages) <= 4, f"relocations write {len(pages)} pages: {[hex(p << 12) for p in pages]}"
     secs = sections(lib)
     assert secs[".data.rel.ro"][0] % 4096 == 0 and secs[".data"][0] % 4096 == 0, secs
+
+
+# What the loader does for the library at every process start, CUDA or not, held at 1fbe238's
+# counts (docs/benchmarks.md, "What the loader's added instructions are made of"): ~13 loader
+# instructions per relative relocation, ~15 per lazy PLT slot, and for each version of the C
+# library the library needs, a walk of the C library's list of versions (~340 for
+# `GLIBC_2.32`, which `pthread_sigmask` brought in). Between 1fbe238 and e5ce4df they crept
+# up by 14, 7 and 1 with nobody noticing (+656 instructions of `/bin/true` in scripts/bench).
+# A change that needs more pays for it here: remove as many elsewhere (a `{CONST}` in a
+# format string is a promoted static holding a pointer: bind a local; an index or `join`
+# keeps a panic location: `get`; a C function called once can be looked up then,
+# `resolve::dl::lookup`, or be a system call, `sys::sigmask`).
+LOADER_WORK = {
+    "glibc-2.28-build": (GUARD, {"R_X86_64_RELATIVE": 502, "R_X86_64_JUMP_SLOT": 79},
+                         {("libc.so.6", v) for v in (
+                             "GLIBC_2.2.5", "GLIBC_2.3", "GLIBC_2.3.4", "GLIBC_2.9", "GLIBC_2.14",
+                             "GLIBC_2.16", "GLIBC_2.17", "GLIBC_2.18", "GLIBC_2.28")}
+                         | {("ld-linux-x86-64.so.2", "GLIBC_2.3"), ("libpthread.so.0", "GLIBC_2.2.5"),
+                            ("libpthread.so.0", "GLIBC_2.12"), ("libdl.so.2", "GLIBC_2.2.5")}),
+    "glibc-2.34-build": (NATIVE_GUARD, {"R_X86_64_RELATIVE": 502, "R_X86_64_JUMP_SLOT": 79},
+                         {("libc.so.6", v) for v in (
+                             "GLIBC_2.2.5", "GLIBC_2.3", "GLIBC_2.3.2", "GLIBC_2.3.4", "GLIBC_2.9",
+                             "GLIBC_2.14", "GLIBC_2.16", "GLIBC_2.17", "GLIBC_2.18", "GLIBC_2.28",
+                             "GLIBC_2.30", "GLIBC_2.33", "GLIBC_2.34")}
+                         | {("ld-linux-x86-64.so.2", "GLIBC_2.3")}),
+}
+
+
+def version_needs(lib: pathlib.Path) -> set[tuple[str, str]]:
+    """(file, version) of every version the library needs of another object (.gnu.version_r)."""
+    out = subprocess.run(["readelf", "-V", "-W", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    needs, file, inside = set(), None, False
+    for line in out.splitlines():
+        if "Version needs section" in line:
+            inside = True
+        elif inside and (m := re.search(r"File: (\S+)", line)):
+            file = m.group(1)
+        elif inside and file and (m := re.search(r"Name: (\S+)", line)):
+            needs.add((file, m.group(1)))
+    return needs
+
+
+@pytest.mark.parametrize("build", sorted(LOADER_WORK))
+def test_the_loaders_work_for_the_library_does_not_grow(build):
+    lib, ceilings, versions = LOADER_WORK[build]
+    kinds: dict[str, int] = {}
+    for _, kind in relocations(lib):
+        kinds[kind] = kinds.get(kind, 0) + 1
+    assert kinds.get("R_X86_64_RELATIVE", 0) > 100, f"readelf's relocations misparsed: {kinds}"
+    needs = version_needs(lib)
+    assert needs, "readelf -V listed no version needs: the parse is wrong"
+    over = {k: (kinds.get(k, 0), most) for k, most in ceilings.items() if kinds.get(k, 0) > most}
+    problems = [f"more relocations than 1fbe238's (count, most): {over}"] if over else []
+    if needs - versions:
+        problems.append(f"versions needed that 1fbe238 did not need: {sorted(needs - versions)}")
+    assert not problems, f"{build}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("lib", BUILDS)
+def test_the_only_load_time_code_is_stds_entry_and_the_narrowing_check(lib):
+    # The loader runs the library's DT_INIT, DT_INIT_ARRAY and (at exit) DT_FINI_ARRAY code in
+    # every process. Two entries: std's (it keeps argc/argv) and src/guard/7_decide/narrow.rs's
+    # scan of envp for RANKGUARD_NARROW_BY; each is one more relative relocation and a call.
+    dyn = dynamic_flags(lib)
+    for tag in ("(INIT)", "(FINI)", "(FINI_ARRAY)", "(PREINIT_ARRAY)"):
+        assert tag not in dyn, (tag, dyn)
+    m = re.search(r"\(INIT_ARRAYSZ\)\s+(\d+)", dyn)
+    assert m and int(m.group(1)) == 2 * 8, dyn

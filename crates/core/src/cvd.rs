@@ -133,8 +133,9 @@ pub struct Unread<'a> {
 impl Unread<'_> {
     /// One sentence naming the value, what CUDA reads and the fix.
     pub fn describe(&self, value: &str) -> String {
+        let var = VAR; // a local, not `{VAR}`: see narrow.rs's `let var`
         format!(
-            "{VAR}='{value}': CUDA reads only its first {} of {} entries (it stops at {:?}, \
+            "{var}='{value}': CUDA reads only its first {} of {} entries (it stops at {:?}, \
              which is not a valid entry of this list); the process sees what those name; fix the variable",
             self.read, self.written, self.from
         )
@@ -172,7 +173,7 @@ fn has_duplicate(entries: &[CvdEntry]) -> bool {
     entries
         .iter()
         .enumerate()
-        .any(|(i, e)| entries[..i].contains(e))
+        .any(|(i, e)| entries.iter().take(i).any(|x| x == e))
 }
 
 /// UUID entries are taken verbatim, as the driver matches them (no space stripping: a
@@ -193,15 +194,17 @@ fn parse_entry(token: &str) -> Option<CvdEntry> {
 /// number in `strtoul`, which no device has: invalid. Values beyond `u32` likewise.
 fn parse_strtoul(t: &str) -> Option<u32> {
     let (negative, rest) = match t.as_bytes().first() {
-        Some(b'+') => (false, &t[1..]),
-        Some(b'-') => (true, &t[1..]),
+        // `get`, not `[1..]` (byte 0 is ASCII: a boundary): an index keeps a panic
+        // location, a relocation in every process that loads the guard (narrow.rs).
+        Some(b'+') => (false, t.get(1..).unwrap_or("")),
+        Some(b'-') => (true, t.get(1..).unwrap_or("")),
         _ => (false, t),
     };
     let digits_len = rest.bytes().take_while(u8::is_ascii_digit).count();
     if digits_len == 0 {
         return None;
     }
-    let value: u64 = rest[..digits_len].bytes().try_fold(0u64, |acc, d| {
+    let value: u64 = rest.bytes().take(digits_len).try_fold(0u64, |acc, d| {
         acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
     })?;
     if negative && value != 0 {

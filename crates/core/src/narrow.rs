@@ -44,7 +44,10 @@ impl Via {
     fn knob(self, name: &str) -> String {
         match self {
             Via::Run => format!("--narrow-by {name}"),
-            Via::Env => format!("{VAR}={name}"),
+            Via::Env => {
+                let var = VAR;
+                format!("{var}={name}")
+            }
         }
     }
 }
@@ -64,24 +67,37 @@ pub fn visible_list(raw: &str) -> Result<Vec<CvdEntry>, String> {
              entry), so there is nothing to give the ranks; unset {var} to use every GPU, or list the GPUs to use"));
     }
     if entries.len() != items.len() {
-        let shown: Vec<String> = entries.iter().map(|e| e.text()).collect();
+        // Joined by hand and `get`, not indexing: `join` and an index keep panic locations,
+        // which the guard's copy of this code pays as relocations at every process start.
+        let mut shown = String::new();
+        for (i, e) in entries.iter().enumerate() {
+            if i > 0 {
+                shown.push(',');
+            }
+            shown.push_str(&e.text());
+        }
+        let first_unread = items.get(entries.len()).map_or("", |s| s.trim());
         return Err(format!(
             "{var}='{raw}' is malformed: CUDA reads only its first {} of {} entries ({}) and ignores the rest \
              (entry '{}' is invalid or of a different form than the first); fix the variable so it lists \
              exactly the GPUs meant",
-            entries.len(), items.len(), shown.join(","), items[entries.len()].trim()));
+            entries.len(), items.len(), shown, first_unread));
     }
     Ok(entries)
 }
 
 /// Whether `name` can name an environment variable (`[A-Za-z0-9_]+`).
 pub fn check_var_name(via: Via, name: &str) -> Result<(), String> {
+    // Locals, not `{VAR}` in the format strings: a named constant there is a promoted
+    // static holding a pointer, one more relocation in every process that loads the guard
+    // (docs/benchmarks.md, "What the loader's added instructions are made of").
+    let (var, rank_vars) = (VAR, RANK_VARS);
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
         return Err(match via {
             Via::Run => format!("rankguard run: --narrow-by '{name}' is not an environment variable name"),
             Via::Env => format!(
-                "rankguard: {VAR}='{name}' is not an environment variable name; set it to the variable the engine \
-                 gives each rank ({RANK_VARS})"),
+                "rankguard: {var}='{name}' is not an environment variable name; set it to the variable the engine \
+                 gives each rank ({rank_vars})"),
         });
     }
     Ok(())
@@ -95,7 +111,7 @@ pub fn choose(
     narrow: Option<(&str, Option<&str>)>,
     device: Option<&str>,
 ) -> Result<CvdEntry, String> {
-    let var = cvd::VAR;
+    let (var, rank_vars) = (cvd::VAR, RANK_VARS); // locals: see check_var_name
     let who = via.who();
     if narrow.is_some() && device.is_some() {
         return Err(format!("{who}: give --narrow-by or --device, not both"));
@@ -150,13 +166,13 @@ pub fn choose(
         };
         return Err(format!(
             "{who}: {what}, but a rank must see exactly one; add --narrow-by VAR to pick the entry at the \
-             position the engine gives this rank ({RANK_VARS}), or --device ENTRY"));
+             position the engine gives this rank ({rank_vars}), or --device ENTRY"));
     };
     let knob = via.knob(name);
     let Some(value) = value else {
         return Err(format!(
             "{who}: {knob}: {name} is not set in this environment; run under an engine that \
-             sets it ({RANK_VARS}) or name the variable it does set"
+             sets it ({rank_vars}) or name the variable it does set"
         ));
     };
     let pos: u32 = value

@@ -212,8 +212,12 @@ impl<'b> FixedWriter<'b> {
             overflow: false,
         }
     }
+    // `get`, not indexing, here and in `push_bytes` (`len` never passes the buffer's end):
+    // an index keeps a panic location, a relocation the guard's copy of this code pays at
+    // every process start (docs/benchmarks.md, "What the loader's added instructions are
+    // made of").
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        self.buf.get(..self.len).unwrap_or(&[])
     }
     pub fn len(&self) -> usize {
         self.len
@@ -235,7 +239,9 @@ impl<'b> FixedWriter<'b> {
     /// Append as much of `bytes` as fits.
     pub fn push_bytes(&mut self, bytes: &[u8]) {
         let n = bytes.len().min(self.remaining());
-        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        if let (Some(to), Some(from)) = (self.buf.get_mut(self.len..self.len + n), bytes.get(..n)) {
+            to.copy_from_slice(from);
+        }
         self.len += n;
         if n < bytes.len() {
             self.overflow = true;
@@ -375,7 +381,8 @@ impl AuditRecord<'_> {
 
     fn json_within(&self, w: &mut FixedWriter<'_>, room: usize, stacks: bool) -> fmt::Result {
         let start = w.len();
-        write!(w, "{{\"format\":\"{FORMAT}\",\"version\":{VERSION},\"ts\":")?;
+        let format = FORMAT; // a local: `{FORMAT}` would be a relocated constant (narrow.rs)
+        write!(w, "{{\"format\":\"{format}\",\"version\":{VERSION},\"ts\":")?;
         match self.ts_us {
             Some(us) => write_ts(w, us)?,
             None => w.write_str("null")?,
@@ -443,7 +450,7 @@ impl AuditRecord<'_> {
             if !self.py_stack.is_empty() || self.py_stack_cut {
                 w.write_str(",\"py_stack\":[")?;
                 let from = self.py_stack.len() - py_keep;
-                for (i, f) in self.py_stack[from..].iter().enumerate() {
+                for (i, f) in self.py_stack.iter().skip(from).enumerate() {
                     if i > 0 {
                         w.write_char(',')?;
                     }
@@ -455,7 +462,7 @@ impl AuditRecord<'_> {
                 }
             }
             w.write_str(",\"native_stack\":[")?;
-            for (i, f) in self.native_stack[..native_keep].iter().enumerate() {
+            for (i, f) in self.native_stack.iter().take(native_keep).enumerate() {
                 if i > 0 {
                     w.write_char(',')?;
                 }

@@ -1,6 +1,6 @@
-//! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, fork-safe
-//! one-time cells, symbol lookup in ELF files and the C library, and the two linker-level
-//! pieces (lazy libc binding, page-aligned data).
+//! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, the thread's
+//! signal mask by system call, fork-safe one-time cells, symbol lookup in ELF files and the
+//! C library, and the two linker-level pieces (lazy libc binding, page-aligned data).
 
 pub mod elfsym;
 pub mod ffi;
@@ -9,4 +9,5 @@ pub mod lazy_libc;
 pub mod libcsym;
 pub mod once;
 pub mod pyframes;
+pub mod sigmask;
 pub mod signal_safe;

@@ -23,8 +23,11 @@ impl<const N: usize> StackBuf<N> {
             len: 0,
         }
     }
+    // `get`, not indexing, here and in `push_bytes` (`len` never passes N): an index keeps a
+    // panic location, a relocation the loader applies at every process start
+    // (docs/benchmarks.md, "What the loader's added instructions are made of").
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        self.buf.get(..self.len).unwrap_or(&[])
     }
     pub fn remaining(&self) -> usize {
         N - self.len
@@ -36,7 +39,9 @@ impl<const N: usize> StackBuf<N> {
     /// Append as much of `bytes` as fits.
     pub fn push_bytes(&mut self, bytes: &[u8]) {
         let n = bytes.len().min(self.remaining());
-        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        if let (Some(to), Some(from)) = (self.buf.get_mut(self.len..self.len + n), bytes.get(..n)) {
+            to.copy_from_slice(from);
+        }
         self.len += n;
     }
 }
@@ -88,8 +93,10 @@ impl fmt::Display for Mid<'_> {
         write!(
             f,
             "{} [...] {}",
-            s[..head].escape_debug(),
-            s[tail..].escape_debug()
+            // `get`, not indexing: both are character boundaries (the loops above), and
+            // indexing would keep a panic's location, relocated at every process start.
+            s.get(..head).unwrap_or("").escape_debug(),
+            s.get(tail..).unwrap_or("").escape_debug()
         )
     }
 }
@@ -147,7 +154,9 @@ pub fn write_all(fd: i32, mut bytes: &[u8]) {
         if n == 0 {
             return;
         }
-        bytes = &bytes[n as usize..];
+        // `get`: write(2) never reports more than it was given; an index would keep a panic
+        // location, a relocation in every process (as in `StackBuf`).
+        bytes = bytes.get(n as usize..).unwrap_or(&[]);
     }
 }
 

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use crate::config;
 use crate::guard::output::line;
 use crate::guard::sys::once::PidLock;
+use crate::guard::sys::sigmask;
 use crate::guard::sys::signal_safe::{self, Mid, StackBuf};
 
 pub struct Sink {
@@ -244,39 +245,20 @@ impl Sink {
 /// own and stays). Checking the limit first instead would race with the other processes
 /// appending to the same file. Returns the write's result and its errno (0 on success).
 fn write_no_sigxfsz(fd: i32, bytes: &[u8]) -> (isize, i32) {
-    // SAFETY: the sigset_t values are plain out-parameters initialised by sigemptyset before
-    // use; pthread_sigmask, sigpending and sigtimedwait only read and write them, and change
-    // the calling thread's mask, which is restored before returning.
-    unsafe {
-        let mut xfsz: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut xfsz);
-        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old) == 0;
-        let mut before: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut before);
-        let pending_before = blocked
-            && libc::sigpending(&mut before) == 0
-            && libc::sigismember(&before, libc::SIGXFSZ) == 1;
-        // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes of it.
-        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-        let err = if n < 0 { errno() } else { 0 };
-        if blocked && !pending_before {
-            let mut now: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut now);
-            if libc::sigpending(&mut now) == 0 && libc::sigismember(&now, libc::SIGXFSZ) == 1 {
-                let zero = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                libc::sigtimedwait(&xfsz, std::ptr::null_mut(), &zero);
-            }
+    // By system call (`sys::sigmask`): the C library's signal functions would be imports
+    // the loader relocates in every process.
+    let old = sigmask::block(libc::SIGXFSZ);
+    let pending_before = old.is_some() && sigmask::pending(libc::SIGXFSZ) == Some(true);
+    // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes of it.
+    let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    let err = if n < 0 { errno() } else { 0 };
+    if let Some(old) = old {
+        if !pending_before && sigmask::pending(libc::SIGXFSZ) == Some(true) {
+            sigmask::take(libc::SIGXFSZ);
         }
-        if blocked {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        }
-        (n, err)
+        sigmask::restore(old);
     }
+    (n, err)
 }
 
 fn errno() -> i32 {

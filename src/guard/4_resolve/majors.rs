@@ -212,7 +212,7 @@ pub fn any_runtime(name: &CStr) -> *mut c_void {
 fn loaded_runtime() -> *mut c_void {
     let mut names = [ptr::null(); MAX_RUNTIMES];
     let n = loaded_runtimes(&mut names);
-    for &name in &names[..n] {
+    for &name in names.iter().take(n) {
         // SAFETY: `name` is a loaded object's NUL-terminated name from the loader's records.
         let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
         let base = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);

@@ -12,10 +12,14 @@
 //! What it touches, and why that is safe there:
 //! - unset (every process that was not asked): one pass over `envp`, the array the loader
 //!   hands to every constructor, comparing each entry's first bytes with the name (most
-//!   stop at the first byte); no call, no store, no allocation. Nothing else runs.
+//!   stop at the first byte); no call, no store, no allocation, no saved register (the rest
+//!   is out of line, [`when_asked`]). Nothing else runs: ~6 instructions per variable,
+//!   with the entry's call and its relocation ~35 more (docs/benchmarks.md, "What the
+//!   loader's added instructions are made of").
 //! - set: only the environment. It reads a few variables (`getenv`) and sets at most three
 //!   (`setenv`: `CUDA_VISIBLE_DEVICES`, `RANKGUARD_RANK_GPU`, `RANKGUARD_RANK_GPU_UUID`),
-//!   which allocates. At the initial load only the loader's thread exists and no code of
+//!   which allocates. `setenv` is looked up then (the C library's `dlsym`), not imported:
+//!   an import is a lazy slot the loader relocates in every process. At the initial load only the loader's thread exists and no code of
 //!   the program has run, so nobody can hold the environment or allocator locks or read
 //!   `environ` concurrently. The rule is `rankguard_core::narrow::at_load` (the same
 //!   function as `run`'s); no driver call, no file, no thread.
@@ -28,16 +32,18 @@
 //!   touches CUDA (the launcher, a shell) is not disturbed.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::fmt::Write;
 
 use crate::config::Mode;
 use crate::guard::output::line::prefix;
+use crate::guard::resolve::dl;
 use crate::guard::sys::once::ForkSafeCell;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use rankguard_core::narrow;
 
 type Init = extern "C" fn(c_int, *const *const c_char, *const *const c_char);
+type SetenvFn = unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> c_int;
 
 /// The library's only load-time code (glibc passes argc, argv and envp to each entry).
 #[used]
@@ -48,9 +54,16 @@ static AT_LOAD: Init = at_load;
 static ERROR: ForkSafeCell<String> = ForkSafeCell::new();
 
 extern "C" fn at_load(_argc: c_int, _argv: *const *const c_char, envp: *const *const c_char) {
-    if !asked(envp) {
-        return;
+    if asked(envp) {
+        when_asked();
     }
+}
+
+/// Out of line, so that the entry every process runs is the scan of `envp` alone (no frame,
+/// no saved registers: what the narrowing needs is set up here, when it is asked).
+#[cold]
+#[inline(never)]
+fn when_asked() {
     // Never unwind into the loader.
     let _ = std::panic::catch_unwind(narrow_now);
 }
@@ -121,13 +134,25 @@ fn narrow_now() {
         None => {}
         Some(Err(e)) => ERROR.set(e),
         Some(Ok(vars)) => {
+            // Looked up now, not imported: an import is a relocation in every process.
+            let p = dl::lookup(libc::RTLD_DEFAULT, c"setenv");
+            if p.is_null() {
+                let var = narrow::VAR; // a local: `{}` of the constant is a relocation
+                ERROR.set(format!(
+                    "rankguard: {var} is set but the C library's setenv was not found, so \
+                     CUDA_VISIBLE_DEVICES could not be narrowed; narrow it with `rankguard run --narrow-by` instead"
+                ));
+                return;
+            }
+            // SAFETY: `p` is the C library's `setenv`, whose C signature is SetenvFn.
+            let setenv = unsafe { std::mem::transmute::<*mut c_void, SetenvFn>(p) };
             for (k, v) in vars {
                 let (Ok(k), Ok(v)) = (CString::new(k), CString::new(v)) else {
                     continue;
                 };
                 // SAFETY: both strings are NUL-terminated; single-threaded at load (see the
                 // module doc), so no other thread reads the environment meanwhile.
-                unsafe { libc::setenv(k.as_ptr(), v.as_ptr(), 1) };
+                unsafe { setenv(k.as_ptr(), v.as_ptr(), 1) };
             }
         }
     }
