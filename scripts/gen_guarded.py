@@ -338,6 +338,42 @@ def body(w: Wrapper, rtypes: list[str]) -> str:
     return f"{pre}    {gate}\n    {call}"
 
 
+def hot(w: Wrapper) -> str | None:
+    """The allowed path's condition of one wrapper, when its check is a pure condition on
+    its arguments: the exported wrapper tests it and tail-calls the real function, the
+    cold half (the whole `body`) runs otherwise (`guarded_wrapper!`, src/guard/8_hooks/
+    wrappers.rs). None for `hook` and `access` bodies, which are the wrapper itself."""
+    pol = w.policy
+    a = pol.args
+    if pol.kind in ("ordinal", "ordinal_or_host"):
+        verdict = f"policy::{pol.kind}({a[0]})"
+    elif pol.kind == "location":
+        verdict = f"policy::location({a[0]}.type_, {a[0]}.id)"
+    elif pol.kind == "location_in":
+        # SAFETY of the read: the same as the body's (`location_at` reads the caller's
+        # descriptor only when it is not NULL).
+        return ("{\n"
+                "    // SAFETY: `" + a[0] + "` is NULL or the caller's descriptor, valid for reads as the\n"
+                "    // CUDA API requires; only its address is taken here and `location_at` reads it.\n"
+                "    unsafe {\n"
+                f"        let loc = if {a[0]}.is_null() {{ std::ptr::null() }} else {{ &raw const (*{a[0]}).location }};\n"
+                "        location_at(loc).is_allow()\n"
+                "    }\n"
+                "}")
+    elif pol.kind == "query":
+        dev = a[0] if len(a) == 1 else f"if {a[0]} != 0 {{ {a[0]} }} else {{ {a[1]} }}"
+        verdict = f"policy::query({dev})"
+    elif pol.kind == "peer":
+        first = "driver_query::runtime_current_device(ID)" if a[0] == "current" else a[0]
+        verdict = f"policy::peer({first}, {a[1]})"
+    elif pol.kind == "peer_ctx":
+        first = "std::ptr::null_mut()" if a[0] == "current" else a[0]
+        verdict = f"peer_contexts({first}, {a[1]})"
+    else:
+        return None
+    return f"{{ {verdict}.is_allow() }}"
+
+
 RUST_KEYWORDS = {"type", "fn", "mod", "ref", "match", "move", "impl", "use", "loop", "box"}
 
 
@@ -444,6 +480,10 @@ def render_rs(wrappers: list[Wrapper], sources: str) -> str:
             same = "true" if w.same_everywhere else "false"
             out.append(f"    Runtime {m} \"{w.api}\" \"{w.abi}\" same {same} symver \"{w.abi}{at}{node(m)}\"{fallback} "
                        f"fn {w.ident}({params}) -> {ret} |real| {{")
+        h = hot(w)
+        if h is not None:
+            out[-1] = out[-1][:-1] + "hot " + "\n".join(
+                ("        " + l if i else l) for i, l in enumerate(h.split("\n"))) + " {"
         # The body's unsafe operations (the call of `real`, reads through the caller's
         # pointers) in one explicit block, with the invariant that makes them sound.
         out.extend("        // " + l for l in safety(w))

@@ -64,6 +64,14 @@ pub fn get(id: usize) -> *mut c_void {
     resolve(id)
 }
 
+/// The published real function of entry `id`, or null when it is not published yet:
+/// one load, nothing else (a wrapper's hot path, `guarded_wrapper!`; null sends the call
+/// to the wrapper's cold half, which resolves it through [`get`]).
+#[inline(always)]
+pub fn published(id: usize) -> *mut c_void {
+    SLOTS[id].real.load(Ordering::Acquire)
+}
+
 #[cold]
 fn resolve(id: usize) -> *mut c_void {
     let e = &TABLE[id];

@@ -15,7 +15,7 @@ guarded! {
         }
     }
     // cuCtxCreate v2000: ordinal(dev)
-    Driver 0 "cuCtxCreate" "cuCtxCreate" same true fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate" same true fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuCtxCreate`, the ABI version of cuda.h's cuCtxCreate
         // v2000, resolved by that name and version (its symbol, or the driver's entry-point answer
         // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
@@ -27,7 +27,7 @@ guarded! {
         }
     }
     // cuCtxCreate v3020: ordinal(dev)
-    Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v2" same true fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuCtxCreate_v2`, the ABI version of cuda.h's cuCtxCreate
         // v3020, resolved by that name and version (its symbol, or the driver's entry-point answer
         // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
@@ -39,7 +39,7 @@ guarded! {
         }
     }
     // cuCtxCreate v11040: ordinal(dev)
-    Driver 0 "cuCtxCreate" "cuCtxCreate_v3" same true fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v3" same true fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: c_int, flags: c_uint, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuCtxCreate_v3`, the ABI version of cuda.h's cuCtxCreate
         // v11040, resolved by that name and version (its symbol, or the driver's entry-point
         // answer for it), so it has exactly this signature; the pointer arguments are the
@@ -51,7 +51,7 @@ guarded! {
         }
     }
     // cuCtxCreate v12050: ordinal(dev)
-    Driver 0 "cuCtxCreate" "cuCtxCreate_v4" same true fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuCtxCreate" "cuCtxCreate_v4" same true fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut c_void, flags: c_uint, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuCtxCreate_v4`, the ABI version of cuda.h's cuCtxCreate
         // v12050, resolved by that name and version (its symbol, or the driver's entry-point
         // answer for it), so it has exactly this signature; the pointer arguments are the
@@ -63,7 +63,7 @@ guarded! {
         }
     }
     // cuCtxEnablePeerAccess v4000: peer_ctx(current, peerContext)
-    Driver 0 "cuCtxEnablePeerAccess" "cuCtxEnablePeerAccess" same true fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuCtxEnablePeerAccess" "cuCtxEnablePeerAccess" same true fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CuResult |real| hot { peer_contexts(std::ptr::null_mut(), peerContext).is_allow() } {
         // SAFETY: `real` is libcuda's `cuCtxEnablePeerAccess`, the ABI version of cuda.h's
         // cuCtxEnablePeerAccess v4000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -75,7 +75,7 @@ guarded! {
         }
     }
     // cuDeviceCanAccessPeer v4000: query(dev, peerDev)
-    Driver 0 "cuDeviceCanAccessPeer" "cuDeviceCanAccessPeer" same true fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceCanAccessPeer" "cuDeviceCanAccessPeer" same true fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CuResult |real| hot { policy::query(if dev != 0 { dev } else { peerDev }).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceCanAccessPeer`, the ABI version of cuda.h's
         // cuDeviceCanAccessPeer v4000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -87,7 +87,7 @@ guarded! {
         }
     }
     // cuDeviceComputeCapability v2000: query(dev)
-    Driver 0 "cuDeviceComputeCapability" "cuDeviceComputeCapability" same true fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceComputeCapability" "cuDeviceComputeCapability" same true fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceComputeCapability`, the ABI version of cuda.h's
         // cuDeviceComputeCapability v2000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -99,7 +99,7 @@ guarded! {
         }
     }
     // cuDeviceGet v2000: ordinal(ordinal)
-    Driver 0 "cuDeviceGet" "cuDeviceGet" same true fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| {
+    Driver 0 "cuDeviceGet" "cuDeviceGet" same true fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult |real| hot { policy::ordinal(ordinal).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGet`, the ABI version of cuda.h's cuDeviceGet
         // v2000, resolved by that name and version (its symbol, or the driver's entry-point answer
         // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
@@ -111,7 +111,7 @@ guarded! {
         }
     }
     // cuDeviceGetAttribute v2000: query(dev)
-    Driver 0 "cuDeviceGetAttribute" "cuDeviceGetAttribute" same true fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetAttribute" "cuDeviceGetAttribute" same true fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetAttribute`, the ABI version of cuda.h's
         // cuDeviceGetAttribute v2000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -139,7 +139,7 @@ guarded! {
         }
     }
     // cuDeviceGetCliqueCount v13040: query(dev)
-    Driver 0 "cuDeviceGetCliqueCount" "cuDeviceGetCliqueCount" same true fn cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetCliqueCount" "cuDeviceGetCliqueCount" same true fn cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetCliqueCount`, the ABI version of cuda.h's
         // cuDeviceGetCliqueCount v13040, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -151,7 +151,7 @@ guarded! {
         }
     }
     // cuDeviceGetCliqueInfo v13040: query(dev)
-    Driver 0 "cuDeviceGetCliqueInfo" "cuDeviceGetCliqueInfo" same true fn cuDeviceGetCliqueInfo(cliqueInfo: *mut c_void, count: *mut usize, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetCliqueInfo" "cuDeviceGetCliqueInfo" same true fn cuDeviceGetCliqueInfo(cliqueInfo: *mut c_void, count: *mut usize, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetCliqueInfo`, the ABI version of cuda.h's
         // cuDeviceGetCliqueInfo v13040, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -179,7 +179,7 @@ guarded! {
         }
     }
     // cuDeviceGetDevResource v12040: ordinal(dev)
-    Driver 0 "cuDeviceGetDevResource" "cuDeviceGetDevResource" same true fn cuDeviceGetDevResource(dev: CUdevice, result: *mut c_void, type_: c_uint) -> CuResult |real| {
+    Driver 0 "cuDeviceGetDevResource" "cuDeviceGetDevResource" same true fn cuDeviceGetDevResource(dev: CUdevice, result: *mut c_void, type_: c_uint) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetDevResource`, the ABI version of cuda.h's
         // cuDeviceGetDevResource v12040, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -191,7 +191,7 @@ guarded! {
         }
     }
     // cuDeviceGetExecAffinitySupport v11040: query(dev)
-    Driver 0 "cuDeviceGetExecAffinitySupport" "cuDeviceGetExecAffinitySupport" same true fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetExecAffinitySupport" "cuDeviceGetExecAffinitySupport" same true fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: c_int, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetExecAffinitySupport`, the ABI version of
         // cuda.h's cuDeviceGetExecAffinitySupport v11040, resolved by that name and version (its
         // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
@@ -203,7 +203,7 @@ guarded! {
         }
     }
     // cuDeviceGetFabricClusterUuid v13040: query(dev)
-    Driver 0 "cuDeviceGetFabricClusterUuid" "cuDeviceGetFabricClusterUuid" same true fn cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetFabricClusterUuid" "cuDeviceGetFabricClusterUuid" same true fn cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetFabricClusterUuid`, the ABI version of cuda.h's
         // cuDeviceGetFabricClusterUuid v13040, resolved by that name and version (its symbol, or
         // the driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -215,7 +215,7 @@ guarded! {
         }
     }
     // cuDeviceGetGraphMemAttribute v11040: query(device)
-    Driver 0 "cuDeviceGetGraphMemAttribute" "cuDeviceGetGraphMemAttribute" same true fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
+    Driver 0 "cuDeviceGetGraphMemAttribute" "cuDeviceGetGraphMemAttribute" same true fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetGraphMemAttribute`, the ABI version of cuda.h's
         // cuDeviceGetGraphMemAttribute v11040, resolved by that name and version (its symbol, or
         // the driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -227,7 +227,7 @@ guarded! {
         }
     }
     // cuDeviceGetHostAtomicCapabilities v13000: query(dev)
-    Driver 0 "cuDeviceGetHostAtomicCapabilities" "cuDeviceGetHostAtomicCapabilities" same true fn cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetHostAtomicCapabilities" "cuDeviceGetHostAtomicCapabilities" same true fn cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetHostAtomicCapabilities`, the ABI version of
         // cuda.h's cuDeviceGetHostAtomicCapabilities v13000, resolved by that name and version
         // (its symbol, or the driver's entry-point answer for it), so it has exactly this
@@ -239,7 +239,7 @@ guarded! {
         }
     }
     // cuDeviceGetLuid v10000: query(dev)
-    Driver 0 "cuDeviceGetLuid" "cuDeviceGetLuid" same true fn cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetLuid" "cuDeviceGetLuid" same true fn cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetLuid`, the ABI version of cuda.h's
         // cuDeviceGetLuid v10000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -267,7 +267,7 @@ guarded! {
         }
     }
     // cuDeviceGetName v2000: query(dev)
-    Driver 0 "cuDeviceGetName" "cuDeviceGetName" same true fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetName" "cuDeviceGetName" same true fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetName`, the ABI version of cuda.h's
         // cuDeviceGetName v2000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -279,7 +279,7 @@ guarded! {
         }
     }
     // cuDeviceGetNvSciSyncAttributes v10020: query(dev)
-    Driver 0 "cuDeviceGetNvSciSyncAttributes" "cuDeviceGetNvSciSyncAttributes" same true fn cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CuResult |real| {
+    Driver 0 "cuDeviceGetNvSciSyncAttributes" "cuDeviceGetNvSciSyncAttributes" same true fn cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetNvSciSyncAttributes`, the ABI version of
         // cuda.h's cuDeviceGetNvSciSyncAttributes v10020, resolved by that name and version (its
         // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
@@ -291,7 +291,7 @@ guarded! {
         }
     }
     // cuDeviceGetP2PAtomicCapabilities v13000: query(srcDevice, dstDevice)
-    Driver 0 "cuDeviceGetP2PAtomicCapabilities" "cuDeviceGetP2PAtomicCapabilities" same true fn cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetP2PAtomicCapabilities" "cuDeviceGetP2PAtomicCapabilities" same true fn cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| hot { policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetP2PAtomicCapabilities`, the ABI version of
         // cuda.h's cuDeviceGetP2PAtomicCapabilities v13000, resolved by that name and version (its
         // symbol, or the driver's entry-point answer for it), so it has exactly this signature;
@@ -303,7 +303,7 @@ guarded! {
         }
     }
     // cuDeviceGetP2PAttribute v8000: query(srcDevice, dstDevice)
-    Driver 0 "cuDeviceGetP2PAttribute" "cuDeviceGetP2PAttribute" same true fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetP2PAttribute" "cuDeviceGetP2PAttribute" same true fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) -> CuResult |real| hot { policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetP2PAttribute`, the ABI version of cuda.h's
         // cuDeviceGetP2PAttribute v8000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -315,7 +315,7 @@ guarded! {
         }
     }
     // cuDeviceGetPCIBusId v4010: query(dev)
-    Driver 0 "cuDeviceGetPCIBusId" "cuDeviceGetPCIBusId" same true fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetPCIBusId" "cuDeviceGetPCIBusId" same true fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetPCIBusId`, the ABI version of cuda.h's
         // cuDeviceGetPCIBusId v4010, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -327,7 +327,7 @@ guarded! {
         }
     }
     // cuDeviceGetProperties v2000: query(dev)
-    Driver 0 "cuDeviceGetProperties" "cuDeviceGetProperties" same true fn cuDeviceGetProperties(prop: *mut c_void, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetProperties" "cuDeviceGetProperties" same true fn cuDeviceGetProperties(prop: *mut c_void, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetProperties`, the ABI version of cuda.h's
         // cuDeviceGetProperties v2000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -339,7 +339,7 @@ guarded! {
         }
     }
     // cuDeviceGetTexture1DLinearMaxWidth v11010: query(dev)
-    Driver 0 "cuDeviceGetTexture1DLinearMaxWidth" "cuDeviceGetTexture1DLinearMaxWidth" same true fn cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: c_int, numChannels: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetTexture1DLinearMaxWidth" "cuDeviceGetTexture1DLinearMaxWidth" same true fn cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: c_int, numChannels: c_uint, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetTexture1DLinearMaxWidth`, the ABI version of
         // cuda.h's cuDeviceGetTexture1DLinearMaxWidth v11010, resolved by that name and version
         // (its symbol, or the driver's entry-point answer for it), so it has exactly this
@@ -351,7 +351,7 @@ guarded! {
         }
     }
     // cuDeviceGetUuid v9020: query(dev)
-    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid" same true fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid" same true fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetUuid`, the ABI version of cuda.h's
         // cuDeviceGetUuid v9020, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -363,7 +363,7 @@ guarded! {
         }
     }
     // cuDeviceGetUuid v11040: query(dev)
-    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid_v2" same true fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGetUuid" "cuDeviceGetUuid_v2" same true fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGetUuid_v2`, the ABI version of cuda.h's
         // cuDeviceGetUuid v11040, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -375,7 +375,7 @@ guarded! {
         }
     }
     // cuDeviceGraphMemTrim v11040: ordinal(device)
-    Driver 0 "cuDeviceGraphMemTrim" "cuDeviceGraphMemTrim" same true fn cuDeviceGraphMemTrim(device: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceGraphMemTrim" "cuDeviceGraphMemTrim" same true fn cuDeviceGraphMemTrim(device: CUdevice) -> CuResult |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceGraphMemTrim`, the ABI version of cuda.h's
         // cuDeviceGraphMemTrim v11040, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -387,7 +387,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxGetState v7000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxGetState" "cuDevicePrimaryCtxGetState" same true fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxGetState" "cuDevicePrimaryCtxGetState" same true fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxGetState`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxGetState v7000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -399,7 +399,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxRelease v7000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease" same true fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease" same true fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxRelease`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxRelease v7000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -411,7 +411,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxRelease v11000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease_v2" same true fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRelease" "cuDevicePrimaryCtxRelease_v2" same true fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxRelease_v2`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxRelease v11000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -423,7 +423,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxReset v7000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset" same true fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset" same true fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxReset`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxReset v7000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -435,7 +435,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxReset v11000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset_v2" same true fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxReset" "cuDevicePrimaryCtxReset_v2" same true fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxReset_v2`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxReset v11000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -447,7 +447,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxRetain v7000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxRetain" "cuDevicePrimaryCtxRetain" same true fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxRetain" "cuDevicePrimaryCtxRetain" same true fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxRetain`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxRetain v7000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -459,7 +459,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxSetFlags v7000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags" same true fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags" same true fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxSetFlags`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxSetFlags v7000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -471,7 +471,7 @@ guarded! {
         }
     }
     // cuDevicePrimaryCtxSetFlags v11000: ordinal(dev)
-    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags_v2" same true fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuDevicePrimaryCtxSetFlags" "cuDevicePrimaryCtxSetFlags_v2" same true fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDevicePrimaryCtxSetFlags_v2`, the ABI version of cuda.h's
         // cuDevicePrimaryCtxSetFlags v11000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -483,7 +483,7 @@ guarded! {
         }
     }
     // cuDeviceSetGraphMemAttribute v11040: ordinal(device)
-    Driver 0 "cuDeviceSetGraphMemAttribute" "cuDeviceSetGraphMemAttribute" same true fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| {
+    Driver 0 "cuDeviceSetGraphMemAttribute" "cuDeviceSetGraphMemAttribute" same true fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void) -> CuResult |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceSetGraphMemAttribute`, the ABI version of cuda.h's
         // cuDeviceSetGraphMemAttribute v11040, resolved by that name and version (its symbol, or
         // the driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -495,7 +495,7 @@ guarded! {
         }
     }
     // cuDeviceSetMemPool v11020: ordinal(dev)
-    Driver 0 "cuDeviceSetMemPool" "cuDeviceSetMemPool" same true fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CuResult |real| {
+    Driver 0 "cuDeviceSetMemPool" "cuDeviceSetMemPool" same true fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceSetMemPool`, the ABI version of cuda.h's
         // cuDeviceSetMemPool v11020, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -507,7 +507,7 @@ guarded! {
         }
     }
     // cuDeviceTotalMem v2000: query(dev)
-    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem" same true fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem" same true fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceTotalMem`, the ABI version of cuda.h's
         // cuDeviceTotalMem v2000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -519,7 +519,7 @@ guarded! {
         }
     }
     // cuDeviceTotalMem v3020: query(dev)
-    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem_v2" same true fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem_v2" same true fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult |real| hot { policy::query(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuDeviceTotalMem_v2`, the ABI version of cuda.h's
         // cuDeviceTotalMem v3020, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -669,7 +669,7 @@ guarded! {
         }
     }
     // cuGreenCtxCreate v12040: ordinal(dev)
-    Driver 0 "cuGreenCtxCreate" "cuGreenCtxCreate" same true fn cuGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CuResult |real| {
+    Driver 0 "cuGreenCtxCreate" "cuGreenCtxCreate" same true fn cuGreenCtxCreate(phCtx: *mut c_void, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuGreenCtxCreate`, the ABI version of cuda.h's
         // cuGreenCtxCreate v12040, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -807,7 +807,7 @@ guarded! {
         }
     }
     // cuKernelSetAttribute v12000: ordinal(dev)
-    Driver 0 "cuKernelSetAttribute" "cuKernelSetAttribute" same true fn cuKernelSetAttribute(attrib: c_int, val: c_int, kernel: *mut c_void, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuKernelSetAttribute" "cuKernelSetAttribute" same true fn cuKernelSetAttribute(attrib: c_int, val: c_int, kernel: *mut c_void, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuKernelSetAttribute`, the ABI version of cuda.h's
         // cuKernelSetAttribute v12000, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -831,7 +831,7 @@ guarded! {
         }
     }
     // cuLogicalEndpointAddDevice v13030: ordinal(dev)
-    Driver 0 "cuLogicalEndpointAddDevice" "cuLogicalEndpointAddDevice" same true fn cuLogicalEndpointAddDevice(leId: c_uint, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointAddDevice" "cuLogicalEndpointAddDevice" same true fn cuLogicalEndpointAddDevice(leId: c_uint, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuLogicalEndpointAddDevice`, the ABI version of cuda.h's
         // cuLogicalEndpointAddDevice v13030, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -843,7 +843,7 @@ guarded! {
         }
     }
     // cuLogicalEndpointBindAddr v13030: ordinal(dev)
-    Driver 0 "cuLogicalEndpointBindAddr" "cuLogicalEndpointBindAddr" same true fn cuLogicalEndpointBindAddr(leId: c_uint, dev: CUdevice, offset: u64, ptr: *mut c_void, size: u64, flags: u64) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointBindAddr" "cuLogicalEndpointBindAddr" same true fn cuLogicalEndpointBindAddr(leId: c_uint, dev: CUdevice, offset: u64, ptr: *mut c_void, size: u64, flags: u64) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuLogicalEndpointBindAddr`, the ABI version of cuda.h's
         // cuLogicalEndpointBindAddr v13030, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -855,7 +855,7 @@ guarded! {
         }
     }
     // cuLogicalEndpointBindMem v13030: ordinal(dev)
-    Driver 0 "cuLogicalEndpointBindMem" "cuLogicalEndpointBindMem" same true fn cuLogicalEndpointBindMem(leId: c_uint, dev: CUdevice, offset: u64, memHandle: CUmemGenericAllocationHandle, memOffset: u64, size: u64, flags: u64) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointBindMem" "cuLogicalEndpointBindMem" same true fn cuLogicalEndpointBindMem(leId: c_uint, dev: CUdevice, offset: u64, memHandle: CUmemGenericAllocationHandle, memOffset: u64, size: u64, flags: u64) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuLogicalEndpointBindMem`, the ABI version of cuda.h's
         // cuLogicalEndpointBindMem v13030, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -867,7 +867,7 @@ guarded! {
         }
     }
     // cuLogicalEndpointUnbind v13030: ordinal(dev)
-    Driver 0 "cuLogicalEndpointUnbind" "cuLogicalEndpointUnbind" same true fn cuLogicalEndpointUnbind(leId: c_uint, dev: CUdevice, offset: u64, size: u64) -> CuResult |real| {
+    Driver 0 "cuLogicalEndpointUnbind" "cuLogicalEndpointUnbind" same true fn cuLogicalEndpointUnbind(leId: c_uint, dev: CUdevice, offset: u64, size: u64) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuLogicalEndpointUnbind`, the ABI version of cuda.h's
         // cuLogicalEndpointUnbind v13030, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -879,7 +879,7 @@ guarded! {
         }
     }
     // cuMemAdvise v8000: ordinal_or_host(device)
-    Driver 0 "cuMemAdvise" "cuMemAdvise" same true fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| {
+    Driver 0 "cuMemAdvise" "cuMemAdvise" same true fn cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CuResult |real| hot { policy::ordinal_or_host(device).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemAdvise`, the ABI version of cuda.h's cuMemAdvise
         // v8000, resolved by that name and version (its symbol, or the driver's entry-point answer
         // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
@@ -891,7 +891,7 @@ guarded! {
         }
     }
     // cuMemAdvise v12020: location(location)
-    Driver 0 "cuMemAdvise" "cuMemAdvise_v2" same true fn cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| {
+    Driver 0 "cuMemAdvise" "cuMemAdvise_v2" same true fn cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CuResult |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemAdvise_v2`, the ABI version of cuda.h's cuMemAdvise
         // v12020, resolved by that name and version (its symbol, or the driver's entry-point
         // answer for it), so it has exactly this signature; the pointer arguments are the
@@ -903,7 +903,14 @@ guarded! {
         }
     }
     // cuMemCreate v10020: location_in(prop)
-    Driver 0 "cuMemCreate" "cuMemCreate" same true fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMemCreate" "cuMemCreate" same true fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationPropHead, flags: u64) -> CuResult |real| hot {
+            // SAFETY: `prop` is NULL or the caller's descriptor, valid for reads as the
+            // CUDA API requires; only its address is taken here and `location_at` reads it.
+            unsafe {
+                let loc = if prop.is_null() { std::ptr::null() } else { &raw const (*prop).location };
+                location_at(loc).is_allow()
+            }
+        } {
         // SAFETY: `real` is libcuda's `cuMemCreate`, the ABI version of cuda.h's cuMemCreate
         // v10020, resolved by that name and version (its symbol, or the driver's entry-point
         // answer for it), so it has exactly this signature; the pointer arguments are the
@@ -1129,7 +1136,7 @@ guarded! {
         }
     }
     // cuMemPrefetchAsync v8000: ordinal_or_host(dstDevice)
-    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync" same true fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync" same true fn cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| hot { policy::ordinal_or_host(dstDevice).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemPrefetchAsync`, the ABI version of cuda.h's
         // cuMemPrefetchAsync v8000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -1141,7 +1148,7 @@ guarded! {
         }
     }
     // cuMemPrefetchAsync v8000_ptsz: ordinal_or_host(dstDevice)
-    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_ptsz" same true fn cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_ptsz" same true fn cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream) -> CuResult |real| hot { policy::ordinal_or_host(dstDevice).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemPrefetchAsync_ptsz`, the ABI version of cuda.h's
         // cuMemPrefetchAsync v8000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -1153,7 +1160,7 @@ guarded! {
         }
     }
     // cuMemPrefetchAsync v12020: location(location)
-    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2" same true fn cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2" same true fn cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemPrefetchAsync_v2`, the ABI version of cuda.h's
         // cuMemPrefetchAsync v12020, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -1165,7 +1172,7 @@ guarded! {
         }
     }
     // cuMemPrefetchAsync v12020_ptsz: location(location)
-    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2_ptsz" same true fn cuMemPrefetchAsync_v2_ptsz(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemPrefetchAsync" "cuMemPrefetchAsync_v2_ptsz" same true fn cuMemPrefetchAsync_v2_ptsz(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CuResult |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemPrefetchAsync_v2_ptsz`, the ABI version of cuda.h's
         // cuMemPrefetchAsync v12020, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -1398,7 +1405,7 @@ guarded! {
         }
     }
     // cuMemcpyPeer v4000: peer_ctx(dstContext, srcContext)
-    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer" same true fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer" same true fn cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| hot { peer_contexts(dstContext, srcContext).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemcpyPeer`, the ABI version of cuda.h's cuMemcpyPeer
         // v4000, resolved by that name and version (its symbol, or the driver's entry-point answer
         // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
@@ -1410,7 +1417,7 @@ guarded! {
         }
     }
     // cuMemcpyPeerAsync v4000: peer_ctx(dstContext, srcContext)
-    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync" same true fn cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync" same true fn cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| hot { peer_contexts(dstContext, srcContext).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemcpyPeerAsync`, the ABI version of cuda.h's
         // cuMemcpyPeerAsync v4000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -1422,7 +1429,7 @@ guarded! {
         }
     }
     // cuMemcpyPeerAsync v7000_ptsz: peer_ctx(dstContext, srcContext)
-    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync_ptsz" same true fn cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeerAsync" "cuMemcpyPeerAsync_ptsz" same true fn cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CuResult |real| hot { peer_contexts(dstContext, srcContext).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemcpyPeerAsync_ptsz`, the ABI version of cuda.h's
         // cuMemcpyPeerAsync v7000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -1434,7 +1441,7 @@ guarded! {
         }
     }
     // cuMemcpyPeer v7000_ptds: peer_ctx(dstContext, srcContext)
-    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer_ptds" same true fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| {
+    Driver 0 "cuMemcpyPeer" "cuMemcpyPeer_ptds" same true fn cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CuResult |real| hot { peer_contexts(dstContext, srcContext).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMemcpyPeer_ptds`, the ABI version of cuda.h's
         // cuMemcpyPeer v7000, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -1470,7 +1477,7 @@ guarded! {
         }
     }
     // cuMulticastAddDevice v12010: ordinal(dev)
-    Driver 0 "cuMulticastAddDevice" "cuMulticastAddDevice" same true fn cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CuResult |real| {
+    Driver 0 "cuMulticastAddDevice" "cuMulticastAddDevice" same true fn cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMulticastAddDevice`, the ABI version of cuda.h's
         // cuMulticastAddDevice v12010, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -1493,7 +1500,7 @@ guarded! {
         }
     }
     // cuMulticastBindAddr v13010: ordinal(dev)
-    Driver 0 "cuMulticastBindAddr" "cuMulticastBindAddr_v2" same true fn cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMulticastBindAddr" "cuMulticastBindAddr_v2" same true fn cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMulticastBindAddr_v2`, the ABI version of cuda.h's
         // cuMulticastBindAddr v13010, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -1516,7 +1523,7 @@ guarded! {
         }
     }
     // cuMulticastBindMem v13010: ordinal(dev)
-    Driver 0 "cuMulticastBindMem" "cuMulticastBindMem_v2" same true fn cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| {
+    Driver 0 "cuMulticastBindMem" "cuMulticastBindMem_v2" same true fn cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMulticastBindMem_v2`, the ABI version of cuda.h's
         // cuMulticastBindMem v13010, resolved by that name and version (its symbol, or the
         // driver's entry-point answer for it), so it has exactly this signature; the pointer
@@ -1528,7 +1535,7 @@ guarded! {
         }
     }
     // cuMulticastUnbind v12010: ordinal(dev)
-    Driver 0 "cuMulticastUnbind" "cuMulticastUnbind" same true fn cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) -> CuResult |real| {
+    Driver 0 "cuMulticastUnbind" "cuMulticastUnbind" same true fn cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) -> CuResult |real| hot { policy::ordinal(dev).is_allow() } {
         // SAFETY: `real` is libcuda's `cuMulticastUnbind`, the ABI version of cuda.h's
         // cuMulticastUnbind v12010, resolved by that name and version (its symbol, or the driver's
         // entry-point answer for it), so it has exactly this signature; the pointer arguments are
@@ -1556,7 +1563,7 @@ guarded! {
         }
     }
     // cudaDeviceCanAccessPeer, cuda_runtime_api.h 12: query(device, peerDevice)
-    Runtime 12 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@libcudart.so.12" fallback "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer_cu12(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@libcudart.so.12" fallback "cudaDeviceCanAccessPeer" fn cudaDeviceCanAccessPeer_cu12(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| hot { policy::query(if device != 0 { device } else { peerDevice }).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceCanAccessPeer` (cuda_runtime_api.h
         // 12), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1568,7 +1575,7 @@ guarded! {
         }
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 12: peer(current, peerDevice)
-    Runtime 12 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@libcudart.so.12" fallback "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess_cu12(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@libcudart.so.12" fallback "cudaDeviceEnablePeerAccess" fn cudaDeviceEnablePeerAccess_cu12(peerDevice: c_int, flags: c_uint) -> CudaError |real| hot { policy::peer(driver_query::runtime_current_device(ID), peerDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceEnablePeerAccess` (cuda_runtime_api.h
         // 12), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1580,7 +1587,7 @@ guarded! {
         }
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 12: query(device)
-    Runtime 12 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@libcudart.so.12" fallback "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute_cu12(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@libcudart.so.12" fallback "cudaDeviceGetAttribute" fn cudaDeviceGetAttribute_cu12(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetAttribute` (cuda_runtime_api.h
         // 12), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1608,7 +1615,7 @@ guarded! {
         }
     }
     // cudaDeviceGetGraphMemAttribute, cuda_runtime_api.h 12: query(device)
-    Runtime 12 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceGetGraphMemAttribute" fn cudaDeviceGetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceGetGraphMemAttribute" fn cudaDeviceGetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetGraphMemAttribute`
         // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -1636,7 +1643,7 @@ guarded! {
         }
     }
     // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 12: query(device)
-    Runtime 12 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@libcudart.so.12" fallback "cudaDeviceGetNvSciSyncAttributes" fn cudaDeviceGetNvSciSyncAttributes_cu12(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@libcudart.so.12" fallback "cudaDeviceGetNvSciSyncAttributes" fn cudaDeviceGetNvSciSyncAttributes_cu12(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetNvSciSyncAttributes`
         // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -1648,7 +1655,7 @@ guarded! {
         }
     }
     // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 12: query(srcDevice, dstDevice)
-    Runtime 12 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@libcudart.so.12" fallback "cudaDeviceGetP2PAttribute" fn cudaDeviceGetP2PAttribute_cu12(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@libcudart.so.12" fallback "cudaDeviceGetP2PAttribute" fn cudaDeviceGetP2PAttribute_cu12(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| hot { policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetP2PAttribute` (cuda_runtime_api.h
         // 12), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1660,7 +1667,7 @@ guarded! {
         }
     }
     // cudaDeviceGetPCIBusId, cuda_runtime_api.h 12: query(device)
-    Runtime 12 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@libcudart.so.12" fallback "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId_cu12(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@libcudart.so.12" fallback "cudaDeviceGetPCIBusId" fn cudaDeviceGetPCIBusId_cu12(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetPCIBusId` (cuda_runtime_api.h 12),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1672,7 +1679,7 @@ guarded! {
         }
     }
     // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 12: query(device)
-    Runtime 12 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@libcudart.so.12" fallback "cudaDeviceGetTexture1DLinearMaxWidth" fn cudaDeviceGetTexture1DLinearMaxWidth_cu12(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@libcudart.so.12" fallback "cudaDeviceGetTexture1DLinearMaxWidth" fn cudaDeviceGetTexture1DLinearMaxWidth_cu12(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGetTexture1DLinearMaxWidth`
         // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -1684,7 +1691,7 @@ guarded! {
         }
     }
     // cudaDeviceGraphMemTrim, cuda_runtime_api.h 12: ordinal(device)
-    Runtime 12 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@libcudart.so.12" fallback "cudaDeviceGraphMemTrim" fn cudaDeviceGraphMemTrim_cu12(device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@libcudart.so.12" fallback "cudaDeviceGraphMemTrim" fn cudaDeviceGraphMemTrim_cu12(device: c_int) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceGraphMemTrim` (cuda_runtime_api.h
         // 12), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1696,7 +1703,7 @@ guarded! {
         }
     }
     // cudaDeviceSetGraphMemAttribute, cuda_runtime_api.h 12: ordinal(device)
-    Runtime 12 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceSetGraphMemAttribute" fn cudaDeviceSetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+    Runtime 12 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@libcudart.so.12" fallback "cudaDeviceSetGraphMemAttribute" fn cudaDeviceSetGraphMemAttribute_cu12(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceSetGraphMemAttribute`
         // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -1708,7 +1715,7 @@ guarded! {
         }
     }
     // cudaDeviceSetMemPool, cuda_runtime_api.h 12: ordinal(device)
-    Runtime 12 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@libcudart.so.12" fallback "cudaDeviceSetMemPool" fn cudaDeviceSetMemPool_cu12(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
+    Runtime 12 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@libcudart.so.12" fallback "cudaDeviceSetMemPool" fn cudaDeviceSetMemPool_cu12(device: c_int, memPool: CUmemoryPool) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaDeviceSetMemPool` (cuda_runtime_api.h 12),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1720,7 +1727,7 @@ guarded! {
         }
     }
     // cudaGetDeviceProperties, cuda_runtime_api.h 12: query(device)
-    Runtime 12 "cudaGetDeviceProperties" "cudaGetDeviceProperties_v2" same false symver "cudaGetDeviceProperties_v2@libcudart.so.12" fallback "cudaGetDeviceProperties_v2" fn cudaGetDeviceProperties_v2_cu12(prop: *mut c_void, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaGetDeviceProperties" "cudaGetDeviceProperties_v2" same false symver "cudaGetDeviceProperties_v2@libcudart.so.12" fallback "cudaGetDeviceProperties_v2" fn cudaGetDeviceProperties_v2_cu12(prop: *mut c_void, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaGetDeviceProperties_v2` (cuda_runtime_api.h
         // 12), resolved by that name and major, so it has exactly this signature; the pointer
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
@@ -1866,7 +1873,7 @@ guarded! {
         }
     }
     // cudaInitDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime 12 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@libcudart.so.12" fallback "cudaInitDevice" fn cudaInitDevice_cu12(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
+    Runtime 12 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@libcudart.so.12" fallback "cudaInitDevice" fn cudaInitDevice_cu12(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaInitDevice` (cuda_runtime_api.h 12),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -1959,7 +1966,7 @@ guarded! {
         }
     }
     // cudaKernelSetAttributeForDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime 12 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@libcudart.so.12" fallback "cudaKernelSetAttributeForDevice" fn cudaKernelSetAttributeForDevice_cu12(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@libcudart.so.12" fallback "cudaKernelSetAttributeForDevice" fn cudaKernelSetAttributeForDevice_cu12(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaKernelSetAttributeForDevice`
         // (cuda_runtime_api.h 12), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -1982,7 +1989,7 @@ guarded! {
         }
     }
     // cudaMemAdvise, cuda_runtime_api.h 12: ordinal_or_host(device)
-    Runtime 12 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@libcudart.so.12" fallback "cudaMemAdvise" fn cudaMemAdvise_cu12(devPtr: *const c_void, count: usize, advice: c_int, device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@libcudart.so.12" fallback "cudaMemAdvise" fn cudaMemAdvise_cu12(devPtr: *const c_void, count: usize, advice: c_int, device: c_int) -> CudaError |real| hot { policy::ordinal_or_host(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemAdvise` (cuda_runtime_api.h 12),
         // resolved by that name and major, so it has exactly this signature; the pointer arguments
         // are the caller's, valid as the CUDA API requires for this call, read only as it defines
@@ -1993,7 +2000,7 @@ guarded! {
         }
     }
     // cudaMemAdvise_v2, cuda_runtime_api.h 12: location(location)
-    Runtime 12 "cudaMemAdvise_v2" "cudaMemAdvise_v2" same false symver "cudaMemAdvise_v2@libcudart.so.12" fallback "cudaMemAdvise_v2" fn cudaMemAdvise_v2_cu12(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| {
+    Runtime 12 "cudaMemAdvise_v2" "cudaMemAdvise_v2" same false symver "cudaMemAdvise_v2@libcudart.so.12" fallback "cudaMemAdvise_v2" fn cudaMemAdvise_v2_cu12(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemAdvise_v2` (cuda_runtime_api.h 12),
         // resolved by that name and major, so it has exactly this signature; the pointer arguments
         // are the caller's, valid as the CUDA API requires for this call, read only as it defines
@@ -2017,7 +2024,7 @@ guarded! {
         }
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
-    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@libcudart.so.12" fallback "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@libcudart.so.12" fallback "cudaMemPrefetchAsync" fn cudaMemPrefetchAsync_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| hot { policy::ordinal_or_host(dstDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync` (cuda_runtime_api.h 12),
         // resolved by that name and major, so it has exactly this signature; the pointer arguments
         // are the caller's, valid as the CUDA API requires for this call, read only as it defines
@@ -2028,7 +2035,7 @@ guarded! {
         }
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 12: ordinal_or_host(dstDevice)
-    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_ptsz" fn cudaMemPrefetchAsync_ptsz_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_ptsz" fn cudaMemPrefetchAsync_ptsz_cu12(devPtr: *const c_void, count: usize, dstDevice: c_int, stream: CUstream) -> CudaError |real| hot { policy::ordinal_or_host(dstDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync_ptsz` (cuda_runtime_api.h
         // 12), resolved by that name and major, so it has exactly this signature; the pointer
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
@@ -2039,7 +2046,7 @@ guarded! {
         }
     }
     // cudaMemPrefetchAsync_v2, cuda_runtime_api.h 12: location(location)
-    Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2" same false symver "cudaMemPrefetchAsync_v2@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2" fn cudaMemPrefetchAsync_v2_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2" same false symver "cudaMemPrefetchAsync_v2@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2" fn cudaMemPrefetchAsync_v2_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync_v2` (cuda_runtime_api.h
         // 12), resolved by that name and major, so it has exactly this signature; the pointer
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
@@ -2050,7 +2057,7 @@ guarded! {
         }
     }
     // cudaMemPrefetchAsync_v2 _ptsz, cuda_runtime_api.h 12: location(location)
-    Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2_ptsz" same false symver "cudaMemPrefetchAsync_v2_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2_ptsz" fn cudaMemPrefetchAsync_v2_ptsz_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemPrefetchAsync_v2" "cudaMemPrefetchAsync_v2_ptsz" same false symver "cudaMemPrefetchAsync_v2_ptsz@libcudart.so.12" fallback "cudaMemPrefetchAsync_v2_ptsz" fn cudaMemPrefetchAsync_v2_ptsz_cu12(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemPrefetchAsync_v2_ptsz`
         // (cuda_runtime_api.h 12), resolved by that name and major, so it has exactly this
         // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
@@ -2161,7 +2168,7 @@ guarded! {
         }
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
-    Runtime 12 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@libcudart.so.12" fallback "cudaMemcpyPeer" fn cudaMemcpyPeer_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
+    Runtime 12 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@libcudart.so.12" fallback "cudaMemcpyPeer" fn cudaMemcpyPeer_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| hot { policy::peer(dstDevice, srcDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemcpyPeer` (cuda_runtime_api.h 12),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2173,7 +2180,7 @@ guarded! {
         }
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 12: peer(dstDevice, srcDevice)
-    Runtime 12 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@libcudart.so.12" fallback "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
+    Runtime 12 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@libcudart.so.12" fallback "cudaMemcpyPeerAsync" fn cudaMemcpyPeerAsync_cu12(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| hot { policy::peer(dstDevice, srcDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaMemcpyPeerAsync` (cuda_runtime_api.h 12),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2185,7 +2192,7 @@ guarded! {
         }
     }
     // cudaSetDevice, cuda_runtime_api.h 12: ordinal(device)
-    Runtime 12 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@libcudart.so.12" fallback "cudaSetDevice" fn cudaSetDevice_cu12(device: c_int) -> CudaError |real| {
+    Runtime 12 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@libcudart.so.12" fallback "cudaSetDevice" fn cudaSetDevice_cu12(device: c_int) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaSetDevice` (cuda_runtime_api.h 12),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2225,7 +2232,7 @@ guarded! {
         }
     }
     // cudaDeviceCanAccessPeer, cuda_runtime_api.h 13: query(device, peerDevice)
-    Runtime 13 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@@libcudart.so.13" fn cudaDeviceCanAccessPeer_cu13(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceCanAccessPeer" "cudaDeviceCanAccessPeer" same true symver "cudaDeviceCanAccessPeer@@libcudart.so.13" fn cudaDeviceCanAccessPeer_cu13(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) -> CudaError |real| hot { policy::query(if device != 0 { device } else { peerDevice }).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceCanAccessPeer` (cuda_runtime_api.h
         // 13), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2237,7 +2244,7 @@ guarded! {
         }
     }
     // cudaDeviceEnablePeerAccess, cuda_runtime_api.h 13: peer(current, peerDevice)
-    Runtime 13 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@@libcudart.so.13" fn cudaDeviceEnablePeerAccess_cu13(peerDevice: c_int, flags: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaDeviceEnablePeerAccess" "cudaDeviceEnablePeerAccess" same true symver "cudaDeviceEnablePeerAccess@@libcudart.so.13" fn cudaDeviceEnablePeerAccess_cu13(peerDevice: c_int, flags: c_uint) -> CudaError |real| hot { policy::peer(driver_query::runtime_current_device(ID), peerDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceEnablePeerAccess` (cuda_runtime_api.h
         // 13), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2249,7 +2256,7 @@ guarded! {
         }
     }
     // cudaDeviceGetAttribute, cuda_runtime_api.h 13: query(device)
-    Runtime 13 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@@libcudart.so.13" fn cudaDeviceGetAttribute_cu13(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetAttribute" "cudaDeviceGetAttribute" same true symver "cudaDeviceGetAttribute@@libcudart.so.13" fn cudaDeviceGetAttribute_cu13(value: *mut c_int, attr: c_int, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetAttribute` (cuda_runtime_api.h
         // 13), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2277,7 +2284,7 @@ guarded! {
         }
     }
     // cudaDeviceGetDevResource, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaDeviceGetDevResource" "cudaDeviceGetDevResource" same false symver "cudaDeviceGetDevResource@@libcudart.so.13" fn cudaDeviceGetDevResource_cu13(device: c_int, resource: *mut c_void, type_: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetDevResource" "cudaDeviceGetDevResource" same false symver "cudaDeviceGetDevResource@@libcudart.so.13" fn cudaDeviceGetDevResource_cu13(device: c_int, resource: *mut c_void, type_: c_uint) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetDevResource` (cuda_runtime_api.h
         // 13), resolved by that name and major, so it has exactly this signature; the pointer
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
@@ -2288,7 +2295,7 @@ guarded! {
         }
     }
     // cudaDeviceGetExecutionCtx, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaDeviceGetExecutionCtx" "cudaDeviceGetExecutionCtx" same false symver "cudaDeviceGetExecutionCtx@@libcudart.so.13" fn cudaDeviceGetExecutionCtx_cu13(ctx: *mut c_void, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetExecutionCtx" "cudaDeviceGetExecutionCtx" same false symver "cudaDeviceGetExecutionCtx@@libcudart.so.13" fn cudaDeviceGetExecutionCtx_cu13(ctx: *mut c_void, device: c_int) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetExecutionCtx` (cuda_runtime_api.h
         // 13), resolved by that name and major, so it has exactly this signature; the pointer
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
@@ -2299,7 +2306,7 @@ guarded! {
         }
     }
     // cudaDeviceGetGraphMemAttribute, cuda_runtime_api.h 13: query(device)
-    Runtime 13 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceGetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetGraphMemAttribute" "cudaDeviceGetGraphMemAttribute" same true symver "cudaDeviceGetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceGetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetGraphMemAttribute`
         // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -2311,7 +2318,7 @@ guarded! {
         }
     }
     // cudaDeviceGetHostAtomicCapabilities, cuda_runtime_api.h 13: query(device)
-    Runtime 13 "cudaDeviceGetHostAtomicCapabilities" "cudaDeviceGetHostAtomicCapabilities" same false symver "cudaDeviceGetHostAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetHostAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetHostAtomicCapabilities" "cudaDeviceGetHostAtomicCapabilities" same false symver "cudaDeviceGetHostAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetHostAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetHostAtomicCapabilities`
         // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
         // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
@@ -2338,7 +2345,7 @@ guarded! {
         }
     }
     // cudaDeviceGetNvSciSyncAttributes, cuda_runtime_api.h 13: query(device)
-    Runtime 13 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@@libcudart.so.13" fn cudaDeviceGetNvSciSyncAttributes_cu13(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetNvSciSyncAttributes" "cudaDeviceGetNvSciSyncAttributes" same true symver "cudaDeviceGetNvSciSyncAttributes@@libcudart.so.13" fn cudaDeviceGetNvSciSyncAttributes_cu13(nvSciSyncAttrList: *mut c_void, device: c_int, flags: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetNvSciSyncAttributes`
         // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -2350,7 +2357,7 @@ guarded! {
         }
     }
     // cudaDeviceGetP2PAtomicCapabilities, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
-    Runtime 13 "cudaDeviceGetP2PAtomicCapabilities" "cudaDeviceGetP2PAtomicCapabilities" same false symver "cudaDeviceGetP2PAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetP2PAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetP2PAtomicCapabilities" "cudaDeviceGetP2PAtomicCapabilities" same false symver "cudaDeviceGetP2PAtomicCapabilities@@libcudart.so.13" fn cudaDeviceGetP2PAtomicCapabilities_cu13(capabilities: *mut c_uint, operations: *const c_void, count: c_uint, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| hot { policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetP2PAtomicCapabilities`
         // (cuda_runtime_api.h 13), resolved by that name and major, so it has exactly this
         // signature; the pointer arguments are the caller's, valid as the CUDA API requires for
@@ -2361,7 +2368,7 @@ guarded! {
         }
     }
     // cudaDeviceGetP2PAttribute, cuda_runtime_api.h 13: query(srcDevice, dstDevice)
-    Runtime 13 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@@libcudart.so.13" fn cudaDeviceGetP2PAttribute_cu13(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetP2PAttribute" "cudaDeviceGetP2PAttribute" same true symver "cudaDeviceGetP2PAttribute@@libcudart.so.13" fn cudaDeviceGetP2PAttribute_cu13(value: *mut c_int, attr: c_int, srcDevice: c_int, dstDevice: c_int) -> CudaError |real| hot { policy::query(if srcDevice != 0 { srcDevice } else { dstDevice }).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetP2PAttribute` (cuda_runtime_api.h
         // 13), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2373,7 +2380,7 @@ guarded! {
         }
     }
     // cudaDeviceGetPCIBusId, cuda_runtime_api.h 13: query(device)
-    Runtime 13 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@@libcudart.so.13" fn cudaDeviceGetPCIBusId_cu13(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetPCIBusId" "cudaDeviceGetPCIBusId" same true symver "cudaDeviceGetPCIBusId@@libcudart.so.13" fn cudaDeviceGetPCIBusId_cu13(pciBusId: *mut c_char, len: c_int, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetPCIBusId` (cuda_runtime_api.h 13),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2385,7 +2392,7 @@ guarded! {
         }
     }
     // cudaDeviceGetTexture1DLinearMaxWidth, cuda_runtime_api.h 13: query(device)
-    Runtime 13 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@@libcudart.so.13" fn cudaDeviceGetTexture1DLinearMaxWidth_cu13(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGetTexture1DLinearMaxWidth" "cudaDeviceGetTexture1DLinearMaxWidth" same true symver "cudaDeviceGetTexture1DLinearMaxWidth@@libcudart.so.13" fn cudaDeviceGetTexture1DLinearMaxWidth_cu13(maxWidthInElements: *mut usize, fmtDesc: *const c_void, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGetTexture1DLinearMaxWidth`
         // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -2397,7 +2404,7 @@ guarded! {
         }
     }
     // cudaDeviceGraphMemTrim, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@@libcudart.so.13" fn cudaDeviceGraphMemTrim_cu13(device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true symver "cudaDeviceGraphMemTrim@@libcudart.so.13" fn cudaDeviceGraphMemTrim_cu13(device: c_int) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceGraphMemTrim` (cuda_runtime_api.h
         // 13), resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2409,7 +2416,7 @@ guarded! {
         }
     }
     // cudaDeviceSetGraphMemAttribute, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceSetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| {
+    Runtime 13 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true symver "cudaDeviceSetGraphMemAttribute@@libcudart.so.13" fn cudaDeviceSetGraphMemAttribute_cu13(device: c_int, attr: c_int, value: *mut c_void) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceSetGraphMemAttribute`
         // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -2421,7 +2428,7 @@ guarded! {
         }
     }
     // cudaDeviceSetMemPool, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@@libcudart.so.13" fn cudaDeviceSetMemPool_cu13(device: c_int, memPool: CUmemoryPool) -> CudaError |real| {
+    Runtime 13 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true symver "cudaDeviceSetMemPool@@libcudart.so.13" fn cudaDeviceSetMemPool_cu13(device: c_int, memPool: CUmemoryPool) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaDeviceSetMemPool` (cuda_runtime_api.h 13),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2433,7 +2440,7 @@ guarded! {
         }
     }
     // cudaGetDeviceProperties, cuda_runtime_api.h 13: query(device)
-    Runtime 13 "cudaGetDeviceProperties" "cudaGetDeviceProperties" same false symver "cudaGetDeviceProperties@@libcudart.so.13" fn cudaGetDeviceProperties_cu13(prop: *mut c_void, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaGetDeviceProperties" "cudaGetDeviceProperties" same false symver "cudaGetDeviceProperties@@libcudart.so.13" fn cudaGetDeviceProperties_cu13(prop: *mut c_void, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaGetDeviceProperties` (cuda_runtime_api.h
         // 13), resolved by that name and major, so it has exactly this signature; the pointer
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
@@ -2551,7 +2558,7 @@ guarded! {
         }
     }
     // cudaGreenCtxCreate, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaGreenCtxCreate" "cudaGreenCtxCreate" same false symver "cudaGreenCtxCreate@@libcudart.so.13" fn cudaGreenCtxCreate_cu13(phCtx: *mut c_void, desc: *mut c_void, device: c_int, flags: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaGreenCtxCreate" "cudaGreenCtxCreate" same false symver "cudaGreenCtxCreate@@libcudart.so.13" fn cudaGreenCtxCreate_cu13(phCtx: *mut c_void, desc: *mut c_void, device: c_int, flags: c_uint) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaGreenCtxCreate` (cuda_runtime_api.h 13),
         // resolved by that name and major, so it has exactly this signature; the pointer arguments
         // are the caller's, valid as the CUDA API requires for this call, read only as it defines
@@ -2579,7 +2586,7 @@ guarded! {
         }
     }
     // cudaInitDevice, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@@libcudart.so.13" fn cudaInitDevice_cu13(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| {
+    Runtime 13 "cudaInitDevice" "cudaInitDevice" same true symver "cudaInitDevice@@libcudart.so.13" fn cudaInitDevice_cu13(device: c_int, deviceFlags: c_uint, flags: c_uint) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaInitDevice` (cuda_runtime_api.h 13),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2672,7 +2679,7 @@ guarded! {
         }
     }
     // cudaKernelSetAttributeForDevice, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@@libcudart.so.13" fn cudaKernelSetAttributeForDevice_cu13(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaKernelSetAttributeForDevice" "cudaKernelSetAttributeForDevice" same true symver "cudaKernelSetAttributeForDevice@@libcudart.so.13" fn cudaKernelSetAttributeForDevice_cu13(kernel: *mut c_void, attr: c_int, value: c_int, device: c_int) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaKernelSetAttributeForDevice`
         // (cuda_runtime_api.h 13), resolved by that name and major or, `same true`, another
         // major's, which cuda_runtime_api.h declares the same, so it has exactly this signature;
@@ -2684,7 +2691,7 @@ guarded! {
         }
     }
     // cudaMemAdvise, cuda_runtime_api.h 13: location(location)
-    Runtime 13 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@@libcudart.so.13" fn cudaMemAdvise_cu13(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| {
+    Runtime 13 "cudaMemAdvise" "cudaMemAdvise" same false symver "cudaMemAdvise@@libcudart.so.13" fn cudaMemAdvise_cu13(devPtr: *const c_void, count: usize, advice: c_int, location: CUmemLocation) -> CudaError |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaMemAdvise` (cuda_runtime_api.h 13),
         // resolved by that name and major, so it has exactly this signature; the pointer arguments
         // are the caller's, valid as the CUDA API requires for this call, read only as it defines
@@ -2760,7 +2767,7 @@ guarded! {
         }
     }
     // cudaMemPrefetchAsync, cuda_runtime_api.h 13: location(location)
-    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@@libcudart.so.13" fn cudaMemPrefetchAsync_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync" same false symver "cudaMemPrefetchAsync@@libcudart.so.13" fn cudaMemPrefetchAsync_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaMemPrefetchAsync` (cuda_runtime_api.h 13),
         // resolved by that name and major, so it has exactly this signature; the pointer arguments
         // are the caller's, valid as the CUDA API requires for this call, read only as it defines
@@ -2771,7 +2778,7 @@ guarded! {
         }
     }
     // cudaMemPrefetchAsync _ptsz, cuda_runtime_api.h 13: location(location)
-    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchAsync_ptsz_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| {
+    Runtime 13 "cudaMemPrefetchAsync" "cudaMemPrefetchAsync_ptsz" same false symver "cudaMemPrefetchAsync_ptsz@@libcudart.so.13" fn cudaMemPrefetchAsync_ptsz_cu13(devPtr: *const c_void, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) -> CudaError |real| hot { policy::location(location.type_, location.id).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaMemPrefetchAsync_ptsz` (cuda_runtime_api.h
         // 13), resolved by that name and major, so it has exactly this signature; the pointer
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
@@ -2937,7 +2944,7 @@ guarded! {
         }
     }
     // cudaMemcpyPeer, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
-    Runtime 13 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@@libcudart.so.13" fn cudaMemcpyPeer_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| {
+    Runtime 13 "cudaMemcpyPeer" "cudaMemcpyPeer" same true symver "cudaMemcpyPeer@@libcudart.so.13" fn cudaMemcpyPeer_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) -> CudaError |real| hot { policy::peer(dstDevice, srcDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyPeer` (cuda_runtime_api.h 13),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2949,7 +2956,7 @@ guarded! {
         }
     }
     // cudaMemcpyPeerAsync, cuda_runtime_api.h 13: peer(dstDevice, srcDevice)
-    Runtime 13 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@@libcudart.so.13" fn cudaMemcpyPeerAsync_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| {
+    Runtime 13 "cudaMemcpyPeerAsync" "cudaMemcpyPeerAsync" same true symver "cudaMemcpyPeerAsync@@libcudart.so.13" fn cudaMemcpyPeerAsync_cu13(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: CUstream) -> CudaError |real| hot { policy::peer(dstDevice, srcDevice).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaMemcpyPeerAsync` (cuda_runtime_api.h 13),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
@@ -2983,7 +2990,7 @@ guarded! {
         }
     }
     // cudaSetDevice, cuda_runtime_api.h 13: ordinal(device)
-    Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(device: c_int) -> CudaError |real| {
+    Runtime 13 "cudaSetDevice" "cudaSetDevice" same true symver "cudaSetDevice@@libcudart.so.13" fn cudaSetDevice_cu13(device: c_int) -> CudaError |real| hot { policy::ordinal(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaSetDevice` (cuda_runtime_api.h 13),
         // resolved by that name and major or, `same true`, another major's, which
         // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer

@@ -94,7 +94,7 @@ macro_rules! guarded {
     ($( $lib:ident $major:literal $call:literal $abi:literal same $same:literal
         $( symver $sv:literal )? $( fallback $fb:literal )?
         fn $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? )
-        -> $ret:ty | $real:ident | $body:block )*) => {
+        -> $ret:ty | $real:ident | $( hot $hot:block )? $body:block )*) => {
         /// Each entry's wrapper, as the compiler sees it (the test of `Entry::wrapper`).
         #[cfg(test)]
         pub fn wrapper_fns() -> [*const (); $crate::guard::table::COUNT] {
@@ -120,42 +120,86 @@ macro_rules! guarded {
         $(
             $( #[cfg(all(not(test), rankguard_symver))]
                ::core::arch::global_asm!(concat!(".symver ", stringify!($sym), ", ", $sv)); )?
-            guarded_wrapper! { [ $( $fb )? ] $sym ( $( $arg : $ty ),* ) -> $ret | $real | $body }
+            guarded_wrapper! { [ $( $fb )? ] $sym ( $( $arg : $ty ),* ) -> $ret | $real | [ $( $hot )? ] $body }
         )*
     };
 }
 
 /// One exported wrapper (see [`guarded!`]).
+///
+/// A wrapper whose check is a pure condition on its arguments (`hot { .. }`, every kind but
+/// `hook` and `access`: scripts/gen_guarded.py) is two functions. The exported one is the
+/// allowed path and nothing else: one load of the published real function, the condition,
+/// and a tail call of the real function (docs/benchmarks.md, "Allowed calls: the hot
+/// half"). Anything else (an unpublished slot: first use, R1 not decided yet; a condition
+/// that does not hold) tail-calls the cold half with the same arguments, which is the
+/// whole wrapper as before: resolution, the verdict, the repeated-violation count, the
+/// record. Because the cold half is reached by a jump, not a call, the return address in
+/// its frame is the program's call site, as it was in the wrapper's own frame
+/// (`caller_address!`); `test_wrapper_code.py` holds every hot half to "no call".
 macro_rules! guarded_wrapper {
-    ([ $fb:literal ] $sym:ident $args:tt -> $ret:ty | $real:ident | $body:block) => {
-        guarded_wrapper! { @fn
+    ([ $fb:literal ] $sym:ident $args:tt -> $ret:ty | $real:ident | $hot:tt $body:block) => {
+        guarded_wrapper! { @hot $hot
             #[cfg_attr(all(not(test), rankguard_symver), no_mangle)]
             #[cfg_attr(all(not(test), not(rankguard_symver)), export_name = $fb)]
             $sym $args -> $ret | $real | $body }
     };
-    ([] $sym:ident $args:tt -> $ret:ty | $real:ident | $body:block) => {
-        guarded_wrapper! { @fn #[cfg_attr(not(test), no_mangle)] $sym $args -> $ret | $real | $body }
+    ([] $sym:ident $args:tt -> $ret:ty | $real:ident | $hot:tt $body:block) => {
+        guarded_wrapper! { @hot $hot #[cfg_attr(not(test), no_mangle)] $sym $args -> $ret | $real | $body }
     };
-    (@fn $( #[$attr:meta] )* $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty | $real:ident | $body:block) => {
+    (@hot [] $( #[$attr:meta] )* $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty | $real:ident | $body:block) => {
         $( #[$attr] )*
         #[allow(non_snake_case, unused_variables, clippy::missing_safety_doc)]
         pub unsafe extern "C" fn $sym( $( $arg : $ty ),* ) -> $ret {
             #[allow(dead_code)]
             const ID: usize = $crate::guard::table::Id::$sym as usize;
-            let p = $crate::guard::resolve::real::get(ID);
-            if p.is_null() {
-                return $crate::guard::decide::missing::missing::<$ret>(ID);
-            }
-            // SAFETY: `p` is the real function exported under this wrapper's own ABI
-            // name (or the pointer the driver returned for it), so it has exactly this
-            // C signature.
-            let $real = unsafe {
-                ::std::mem::transmute::<*mut ::std::ffi::c_void,
-                    unsafe extern "C" fn($( $ty ),*) -> $ret>(p)
-            };
-            $body
+            guarded_wrapper! { @whole ( $( $arg : $ty ),* ) -> $ret | $real | $body }
         }
     };
+    (@hot [ $hot:block ] $( #[$attr:meta] )* $sym:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty | $real:ident | $body:block) => {
+        $( #[$attr] )*
+        #[allow(non_snake_case, unused_variables, clippy::missing_safety_doc)]
+        pub unsafe extern "C" fn $sym( $( $arg : $ty ),* ) -> $ret {
+            #[allow(dead_code)]
+            const ID: usize = $crate::guard::table::Id::$sym as usize;
+
+            /// The whole wrapper: everything but the allowed path of a published slot.
+            #[cold]
+            #[inline(never)]
+            #[allow(non_snake_case, unused_variables)]
+            unsafe extern "C" fn cold( $( $arg : $ty ),* ) -> $ret {
+                guarded_wrapper! { @whole ( $( $arg : $ty ),* ) -> $ret | $real | $body }
+            }
+
+            let p = $crate::guard::resolve::real::published(ID);
+            if !p.is_null() && $hot {
+                // SAFETY: `p` is the real function published for this wrapper's own ABI
+                // name (or the pointer the driver returned for it), so it has exactly this
+                // C signature; the arguments are the caller's, passed on unchanged.
+                return unsafe {
+                    ::std::mem::transmute::<*mut ::std::ffi::c_void,
+                        unsafe extern "C" fn($( $ty ),*) -> $ret>(p)( $( $arg ),* )
+                };
+            }
+            // SAFETY: the cold half has this wrapper's own signature and contract; the
+            // arguments are the caller's, passed on unchanged.
+            unsafe { cold( $( $arg ),* ) }
+        }
+    };
+    (@whole ( $( $arg:ident : $ty:ty ),* ) -> $ret:ty | $real:ident | $body:block) => {{
+        let p = $crate::guard::resolve::real::get(ID);
+        if p.is_null() {
+            return $crate::guard::decide::missing::missing::<$ret>(ID);
+        }
+        // SAFETY: `p` is the real function exported under this wrapper's own ABI
+        // name (or the pointer the driver returned for it), so it has exactly this
+        // C signature.
+        let $real = unsafe {
+            ::std::mem::transmute::<*mut ::std::ffi::c_void,
+                unsafe extern "C" fn($( $ty ),*) -> $ret>(p)
+        };
+        $body
+    }};
 }
 
 /// `gate!(verdict, "fmt", args...)`: if the verdict is not Allow, let the engine decide;
