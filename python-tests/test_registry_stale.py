@@ -16,7 +16,10 @@ from conftest import GUARD, PYTHON, clean_env, run
 # More than the registry holds (65,536 records, MAX_RECORDS), so every start finds it full
 # (the issue's case was 30,000 dead records against the old bound of 4,096).
 DEAD = 66_000
-CUINIT = "import os; from cuda.bindings import driver as d; d.cuInit(0); print(os.getpid())"
+# Prints whether its own rank record exists while it runs (it is removed at exit), and its pid.
+CUINIT = ("import os; from cuda.bindings import driver as d; d.cuInit(0); "
+          "print(os.path.isfile(os.path.join(os.environ['RANKGUARD_REGISTRY'], f'rank-{os.getpid()}')), "
+          "os.getpid())")
 
 
 def _dead_records(reg: pathlib.Path, n: int) -> None:
@@ -49,7 +52,8 @@ def test_more_dead_records_than_the_bound_are_not_a_full_registry(tmp_path):
         p = run([PYTHON, "-c", CUINIT], env=env, timeout=60)
         assert p.returncode == 0, p.stderr
         assert p.stderr == "", p.stderr
-        pid = int(p.stdout.split()[-1])
-        assert (reg / f"rank-{pid}").is_file(), "the rank record is written"
+        written, pid = p.stdout.split()
+        assert written == "True", "the rank record is written"
+        assert not (reg / f"rank-{pid}").exists(), "and removed when its process exits"
         sizes.append(sum(1 for _ in reg.iterdir()))
         assert sizes[-1] < sizes[-2], sizes

@@ -16,8 +16,7 @@
 //!
 //! A shell or supervisor with no single-entry CVD is not a rank, so
 //! `bash -c 'CVD=0 prog & CVD=1 prog'` is two ranks, and two programs started separately are
-//! two ranks. An unguarded process is not a rank (it is outside the contract), but the walk
-//! passes through it.
+//! two ranks.
 //!
 //! The walk (pure here, over a [`ProcView`]; `guard/5_process/rank_root.rs` reads the real `/proc`)
 //! stops at a process of another user (nothing another user can write is trusted), at a
@@ -25,6 +24,19 @@
 //! reused: a recycled pid is never taken for an ancestor), at pid 0 and after
 //! [`MAX_DEPTH`] steps. A root is named by `(pid, start time)`, which no other process on
 //! the node shares, even after the pid is reused.
+//!
+//! Its cost is bounded by the guarded part of the tree (docs/design.md §1, "The walk's
+//! cost"), not by the depth to pid 1:
+//! - **a rank record ends the walk**: its writer walked the same tree above itself at its
+//!   first `cuInit`, by the same rule, and the record holds that answer (its root), so the
+//!   ancestors above it are not read again;
+//! - **an unguarded process ends the walk**: one whose initial environment does not preload
+//!   the guard and that wrote no record is not a rank, and no rank above it reaches below
+//!   it: whoever can start a process without the guard can run any program outside the
+//!   contract already, so passing through it (as the walk did before) protected nothing;
+//! - of each ancestor it reads only what the decision needs: one `stat`, one registry
+//!   look-up by name, and the environment only up to the first definitions of
+//!   `CUDA_VISIBLE_DEVICES` and `LD_PRELOAD` ([`EnvScan`]).
 
 use std::fmt;
 
@@ -95,25 +107,68 @@ pub struct EnvFacts {
 }
 
 /// Scan `/proc/<pid>/environ` (NUL-separated `NAME=value`). For a name defined twice the
-/// first definition counts, as glibc's `getenv` returns it.
+/// first definition counts, as glibc's `getenv` returns it. The scan ends at an
+/// `LD_PRELOAD` without the guard: the CVD of an unguarded process is not read (it is no
+/// rank whatever its CVD).
 pub fn scan_environ(bytes: &[u8]) -> EnvFacts {
-    let mut out = EnvFacts::default();
-    let (mut cvd_seen, mut preload_seen) = (false, false);
-    for entry in bytes.split(|&b| b == 0) {
-        if !cvd_seen {
+    let mut scan = EnvScan::default();
+    scan.feed(bytes, true);
+    scan.facts
+}
+
+/// [`scan_environ`] over an environment read in pieces, which says when the rest cannot
+/// change the facts (both variables seen), so the reader stops reading there.
+#[derive(Clone, Debug, Default)]
+pub struct EnvScan {
+    pub facts: EnvFacts,
+    cvd_seen: bool,
+    preload_seen: bool,
+}
+
+impl EnvScan {
+    /// Whether the rest cannot change the decision: both variables were seen, or an
+    /// `LD_PRELOAD` that does not name the guard (an unguarded process is no rank, whatever
+    /// its CVD).
+    pub fn done(&self) -> bool {
+        self.preload_seen && (self.cvd_seen || !self.facts.guarded)
+    }
+
+    /// Scan the complete entries at the start of `bytes` (or all of it when `last`: the end
+    /// of the environment ends its last entry); returns how many bytes were consumed, so
+    /// the caller keeps the rest (an entry cut by the read) for the next piece.
+    pub fn feed(&mut self, bytes: &[u8], last: bool) -> usize {
+        let mut used = 0;
+        while used < bytes.len() && !self.done() {
+            let rest = &bytes[used..];
+            let (entry, next) = match rest.iter().position(|&b| b == 0) {
+                Some(n) => (&rest[..n], used + n + 1),
+                None if last => (rest, bytes.len()),
+                None => break,
+            };
+            self.entry(entry);
+            used = next;
+        }
+        if self.done() {
+            bytes.len()
+        } else {
+            used
+        }
+    }
+
+    fn entry(&mut self, entry: &[u8]) {
+        if !self.cvd_seen {
             if let Some(v) = entry.strip_prefix(b"CUDA_VISIBLE_DEVICES=") {
-                cvd_seen = true;
-                out.cvd = std::str::from_utf8(v).ok().map(str::to_string);
+                self.cvd_seen = true;
+                self.facts.cvd = std::str::from_utf8(v).ok().map(str::to_string);
             }
         }
-        if !preload_seen {
+        if !self.preload_seen {
             if let Some(v) = entry.strip_prefix(b"LD_PRELOAD=") {
-                preload_seen = true;
-                out.guarded = std::str::from_utf8(v).is_ok_and(preloads_guard);
+                self.preload_seen = true;
+                self.facts.guarded = std::str::from_utf8(v).is_ok_and(preloads_guard);
             }
         }
     }
-    out
 }
 
 /// Whether an `LD_PRELOAD` value names the guard: an entry (separated by `:` or spaces, as
@@ -182,7 +237,9 @@ pub struct Ancestor {
 }
 
 /// Walk the ancestors of `me` (whose own stat is read through `view` too) for the outermost
-/// one that is a rank; None when there is none (then `me` is its own root).
+/// one that is a rank; None when there is none (then `me` is its own root). The walk ends at
+/// the first ancestor with a rank record (its root is the answer) and after the first
+/// unguarded one (module doc).
 pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
     // One stat read per process: a parent's stat is the next step's child's.
     let mut child = me;
@@ -207,29 +264,28 @@ pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
             start: pst.start,
         };
         if let Some(rec) = view.record(id) {
-            best = Some(Ancestor {
+            // Its writer's walk covered everything above it: the outermost rank is its root.
+            return Some(Ancestor {
                 root: rec.root,
                 gpu: RankGpu::Uuid(rec.gpu),
                 by_record: true,
             });
-        } else if let Some(env) = view.environ(ppid) {
-            if env.guarded {
+        }
+        match view.environ(ppid) {
+            Some(env) if env.guarded => {
                 if let Some(entry) = single_entry(env.cvd.as_deref()) {
-                    // A process below already recorded this root with the GPU's UUID (the
-                    // root itself never initialised CUDA, e.g. a `timeout` wrapper): keep
-                    // the resolved identity.
-                    if !best
-                        .as_ref()
-                        .is_some_and(|b: &Ancestor| b.by_record && b.root == id)
-                    {
-                        best = Some(Ancestor {
-                            root: id,
-                            gpu: RankGpu::Entry(entry),
-                            by_record: false,
-                        });
-                    }
+                    best = Some(Ancestor {
+                        root: id,
+                        gpu: RankGpu::Entry(entry),
+                        by_record: false,
+                    });
                 }
             }
+            // Not guarded and no record: not a rank, and nothing above it is this tree's.
+            Some(_) => break,
+            // Unreadable (not ours to read, e.g. not dumpable): it cannot be told apart, so
+            // the walk passes through it, as it always did.
+            None => {}
         }
         child = ppid;
         st = pst;
@@ -274,6 +330,127 @@ mod tests {
         }
     }
 
+    /// The processes a walk asked about, in order.
+    struct Counting<'a> {
+        inner: &'a mut Fake,
+        environs: Vec<u32>,
+        records: Vec<u32>,
+    }
+
+    impl ProcView for Counting<'_> {
+        fn stat(&mut self, pid: u32) -> Option<Stat> {
+            self.inner.stat(pid)
+        }
+        fn uid(&mut self, pid: u32) -> Option<u32> {
+            self.inner.uid(pid)
+        }
+        fn environ(&mut self, pid: u32) -> Option<EnvFacts> {
+            self.environs.push(pid);
+            self.inner.environ(pid)
+        }
+        fn record(&mut self, id: RootId) -> Option<RankRecord> {
+            self.records.push(id.pid);
+            self.inner.record(id)
+        }
+    }
+
+    fn counted(f: &mut Fake, me: u32) -> (Option<Ancestor>, Vec<u32>, Vec<u32>) {
+        let mut c = Counting {
+            inner: f,
+            environs: vec![],
+            records: vec![],
+        };
+        let a = find(me, 0, &mut c);
+        (a, c.environs, c.records)
+    }
+
+    #[test]
+    fn the_walk_reads_only_the_guarded_part_of_the_tree() {
+        // init <- shell (unguarded) <- 8 guarded processes with no CVD <- the process
+        let mut f = node();
+        let mut parent = 10;
+        for i in 0..8 {
+            let pid = 100 + i;
+            f.add(pid, parent, 1000 + u64::from(i), Some(("", true)));
+            parent = pid;
+        }
+        f.add(200, parent, 2000, Some(("0", true)));
+        // every guarded ancestor's environment once, then the shell's, then nothing above
+        let (a, environs, records) = counted(&mut f, 200);
+        assert_eq!(a, None);
+        let mut want: Vec<u32> = (100..108).rev().collect();
+        want.push(10);
+        assert_eq!(environs, want);
+        assert_eq!(records, want);
+        // a record ends the walk: its writer's root, nothing above it read
+        let w = RootId {
+            pid: 107,
+            start: 1007,
+        };
+        let far = RootId { pid: 5, start: 50 };
+        f.records.insert(
+            w,
+            RankRecord {
+                root: far,
+                gpu: "GPU-12".into(),
+            },
+        );
+        let (a, environs, records) = counted(&mut f, 200);
+        assert_eq!(
+            a,
+            Some(Ancestor {
+                root: far,
+                gpu: RankGpu::Uuid("GPU-12".into()),
+                by_record: true
+            })
+        );
+        assert_eq!((environs, records), (vec![], vec![107]));
+    }
+
+    #[test]
+    fn an_environment_read_in_pieces_scans_as_a_whole() {
+        let env = b"A=1\0LD_PRELOAD=/x/librankguard.so\0PAD=xxxxxxxx\0CUDA_VISIBLE_DEVICES=3\0CUDA_VISIBLE_DEVICES=4\0Z=9";
+        let whole = scan_environ(env);
+        assert_eq!(
+            whole,
+            EnvFacts {
+                cvd: Some("3".into()),
+                guarded: true
+            }
+        );
+        for piece in 1..env.len() {
+            let mut scan = EnvScan::default();
+            let mut carry: Vec<u8> = vec![];
+            for chunk in env.chunks(piece) {
+                carry.extend_from_slice(chunk);
+                let used = scan.feed(&carry, false);
+                carry.drain(..used);
+            }
+            scan.feed(&carry, true);
+            assert_eq!(scan.facts, whole, "pieces of {piece}");
+        }
+        // both seen: done, the rest is not looked at
+        let mut scan = EnvScan::default();
+        let used = scan.feed(
+            b"LD_PRELOAD=librankguard.so\0CUDA_VISIBLE_DEVICES=1\0CUDA_VISIB",
+            false,
+        );
+        assert!(scan.done() && used == 60);
+        // an LD_PRELOAD without the guard decides it alone: not a rank
+        let mut scan = EnvScan::default();
+        scan.feed(b"LD_PRELOAD=libx.so\0CUDA_VIS", false);
+        assert!(scan.done() && !scan.facts.guarded && scan.facts.cvd.is_none());
+        // the guard without a CVD yet: read on
+        let mut scan = EnvScan::default();
+        scan.feed(b"LD_PRELOAD=librankguard.so\0A=1\0", false);
+        assert!(!scan.done());
+        // the last entry needs no NUL at the end of the environment
+        assert_eq!(
+            scan_environ(b"CUDA_VISIBLE_DEVICES=2").cvd.as_deref(),
+            Some("2")
+        );
+    }
+
     fn node() -> Fake {
         let mut f = Fake::default();
         f.add(1, 0, 1, Some(("", false))) // init
@@ -314,10 +491,12 @@ mod tests {
         f.add(60, 10, 600, Some(("3,4", true)))
             .add(61, 60, 610, Some(("3", true)));
         assert_eq!(find(61, 0, &mut f), None);
-        // an unguarded process with one GPU is outside the contract, but the walk passes it
+        // an unguarded process with one GPU is outside the contract, and the walk ends
+        // there: the guarded learner above it is not this tree's rank (whoever starts a
+        // process without the guard is outside the contract already)
         f.add(70, 20, 700, Some(("5", false)))
             .add(71, 70, 710, Some(("5", true)));
-        assert_eq!(find(71, 0, &mut f).unwrap().root.pid, 20);
+        assert_eq!(find(71, 0, &mut f), None);
         // unreadable environment: not a rank
         f.add(80, 10, 800, None).add(81, 80, 810, Some(("1", true)));
         assert_eq!(find(81, 0, &mut f), None);

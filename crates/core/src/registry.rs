@@ -65,6 +65,11 @@ pub const COUNT_EVERY: u64 = 256;
 /// records than this is cleaned over several sweeps, each of which frees room for its own
 /// write.
 pub const SWEEP_BUDGET: usize = 128;
+/// The most time a process's start-up sweep spends (the first registry a guarded process
+/// opens is swept once, within this and [`SWEEP_BUDGET`] entries): records of processes that
+/// died without removing theirs (a signal, `_exit`) go, and no start-up pays more than this
+/// for them however many there are.
+pub const START_SWEEP_TIME: std::time::Duration = std::time::Duration::from_millis(1);
 /// A temporary file older than this is a writer's leftover (it died between create and
 /// rename) and is removed by a sweep.
 pub const STALE_TMP_SECS: u64 = 60;
@@ -966,6 +971,30 @@ impl Registry {
     /// the first `budget` entries of the directory (files that are not records are kept).
     /// Returns what it kept and removed, and whether it reached the directory's end.
     pub fn sweep(&self, procs: &dyn Procs, budget: usize) -> Swept {
+        self.sweep_until(procs, budget, None)
+    }
+
+    /// A process's start-up sweep ([`START_SWEEP_TIME`]): as [`sweep`](Self::sweep), but
+    /// stopping also once `within` has passed (checked before each entry), and removing
+    /// only the records whose writer's pid no longer exists (and stale temporaries). A
+    /// record that cannot be trusted for another reason (damaged, forged, a link, loose
+    /// permissions) is left to the look-up that meets it, which says so.
+    pub fn sweep_dead_within(
+        &self,
+        procs: &dyn Procs,
+        budget: usize,
+        within: std::time::Duration,
+    ) -> Swept {
+        self.sweep_until(procs, budget, Some(std::time::Instant::now() + within))
+    }
+
+    /// The sweep; with a deadline, the start-up sweep (dead writers only).
+    fn sweep_until(
+        &self,
+        procs: &dyn Procs,
+        budget: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> Swept {
         let mut out = Swept::default();
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return out;
@@ -974,7 +1003,7 @@ impl Registry {
         let mut entries = rd.flatten();
         let mut examined = 0;
         loop {
-            if examined == budget {
+            if examined == budget || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                 out.complete = entries.next().is_none();
                 break;
             }
@@ -1011,6 +1040,17 @@ impl Registry {
                 out.kept += 1;
                 continue;
             };
+            if deadline.is_some() {
+                match self.read(&path, &key) {
+                    Ok(Some((rec, ident))) if procs.info(rec.pid).is_none() => {
+                        self.remove_if(&path, ident);
+                        out.removed += 1;
+                    }
+                    Ok(None) => {}
+                    Ok(Some(_)) | Err(_) => out.kept += 1,
+                }
+                continue;
+            }
             match self.lookup(&key, procs) {
                 Lookup::Found(_) => out.kept += 1,
                 Lookup::Missing => {}
@@ -1548,6 +1588,19 @@ mod tests {
         // A budget smaller than the directory: it stops there and says so.
         let s = reg.sweep(&procs, 2);
         assert_eq!((s.kept + s.removed, s.complete), (2, false));
+        // A start-up sweep whose time is up examines nothing more; with time, all of it,
+        // removing dead writers' records only: a damaged record is left for the look-up
+        // that meets it to say.
+        let dead = rec(mem_key(7), Some(0), Some(G0));
+        let dead = ProvenanceRecord { pid: 5007, ..dead };
+        reg.write(&dead, &procs).unwrap();
+        fs::write(t.0.join(mem_key(8).file_name()), "damaged").unwrap();
+        let s = reg.sweep_dead_within(&procs, SWEEP_BUDGET, std::time::Duration::ZERO);
+        assert_eq!((s.kept + s.removed, s.complete), (0, false));
+        let s = reg.sweep_dead_within(&procs, SWEEP_BUDGET, std::time::Duration::from_secs(60));
+        assert_eq!((s.removed, s.complete), (1, true));
+        assert!(!t.0.join(mem_key(7).file_name()).exists());
+        assert!(t.0.join(mem_key(8).file_name()).exists());
     }
 
     #[test]

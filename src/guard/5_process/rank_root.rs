@@ -5,8 +5,13 @@
 //! Cold path only: the walk runs once, inside the R1 check at the first `cuInit` or at the
 //! first violation reported before it (`decision_record::record_decision`); afterwards a
 //! set value is read.
-//! A process that never initialises CUDA (and breaks no rule) never walks. Measured: about
-//! 160 syscalls and 0.6 ms of CPU for six ancestors with a tmpfs registry.
+//! A process that never initialises CUDA (and breaks no rule) never walks. The walk opens
+//! two files per guarded ancestor and two of the first unguarded one, where it ends, or
+//! ends at the first rank record (docs/design.md §1, "The walk's cost").
+//!
+//! The record it leaves goes with the process: at `exit` and before `exec`
+//! ([`drop_record`]), from a path kept in a static buffer (no allocation where a signal,
+//! fork or `vfork` child can be).
 //! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
 //! `PMI_RANK` or `RANKGUARD_RANK_GPU` set, nothing here runs and the root stays unset.
 //!
@@ -20,8 +25,9 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 
+use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 use crate::config::Config;
 use crate::cvd::Visibility;
@@ -29,7 +35,9 @@ use crate::guard::output::{debug_log, line};
 use crate::guard::process::registry_io;
 use crate::guard::sys::signal_safe;
 use crate::policy::Unreadable;
-use crate::rank_root::{self, Ancestor, EnvFacts, ProcView, RankGpu, RankRecord, RootId, Stat};
+use crate::rank_root::{
+    self, Ancestor, EnvFacts, EnvScan, ProcView, RankGpu, RankRecord, RootId, Stat,
+};
 use crate::rankgpu;
 use crate::registry::{self, Key, Location, Lookup, ProcFs, ProvenanceRecord, Registry};
 use rankguard_core::record::RootRef;
@@ -47,8 +55,9 @@ pub struct Root {
     /// The rank GPU as the root's evidence names it; None when this process is the root
     /// (its own GPU is the rank's).
     pub gpu: Option<RankGpu>,
-    /// The process that found it.
+    /// The process that found it, and its start time.
     by: u32,
+    by_start: u64,
 }
 
 /// A `Box<Root>` leaked on purpose (once per process that walks), or null.
@@ -77,13 +86,26 @@ pub fn applies(cfg: &Config) -> bool {
     cfg.rank.is_none() && signal_safe::getenv_bytes("RANKGUARD_RANK_GPU").is_none()
 }
 
-/// The real `/proc`, and the registry for rank records (opened once per walk).
+/// The real `/proc`, and the registry for rank records (opened once per walk). Per
+/// ancestor it opens two files, `/proc/<pid>/stat` (whose owner is the process's, so no
+/// second look-up for [`ProcView::uid`]) and `/proc/<pid>/environ` (read in pieces, up to
+/// the variables the decision needs), and looks one name up in the registry.
 struct ProcFsView {
     reg: Option<Option<Registry>>,
     /// The first read that failed for a reason other than the process being gone or not
     /// ours to read (EMFILE with the fd table full, ENOMEM, EIO): the walk is incomplete.
     failed: Option<Unreadable>,
+    /// The owner of the last `/proc/<pid>/stat` read: (pid, uid).
+    owner: Option<(u32, u32)>,
+    /// One buffer for every environment read of the walk.
+    buf: Vec<u8>,
+    /// This process's own stat, read once before the walk.
+    own: Option<(u32, Stat)>,
 }
+
+/// Bytes asked of `/proc/<pid>/environ` per read: a typical environment in one read, a large
+/// one in a few (the scan stops reading once its variables are seen).
+const ENVIRON_PIECE: usize = 32 << 10;
 
 impl ProcFsView {
     /// `r`'s value; on an error, None, remembering one that leaves the walk incomplete.
@@ -101,22 +123,65 @@ impl ProcFsView {
             }
         }
     }
+
+    /// `/proc/<pid>/stat` in one read (a stat line is far shorter than the buffer), and
+    /// the file's owner.
+    fn stat_line(path: &str, out: &mut [u8; 1024]) -> std::io::Result<(usize, u32)> {
+        let mut f = File::open(path)?;
+        let uid = f.metadata()?.uid();
+        let n = f.read(out)?;
+        Ok((n, uid))
+    }
+
+    /// Scan `/proc/<pid>/environ` piece by piece until its variables are seen or it ends.
+    fn scan_environ(&mut self, pid: u32) -> std::io::Result<EnvFacts> {
+        let mut f = File::open(format!("/proc/{pid}/environ"))?;
+        let mut scan = EnvScan::default();
+        let buf = &mut self.buf;
+        buf.clear();
+        let mut total = 0u64;
+        loop {
+            let kept = buf.len();
+            buf.resize(kept + ENVIRON_PIECE, 0);
+            let n = loop {
+                match f.read(&mut buf[kept..]) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r?,
+                }
+            };
+            buf.truncate(kept + n);
+            total += n as u64;
+            // The kernel fills a read of environ up to its end: a short read is the end.
+            let last = n < ENVIRON_PIECE || total >= MAX_ENVIRON;
+            let used = scan.feed(buf, last);
+            if last || scan.done() {
+                return Ok(scan.facts);
+            }
+            buf.drain(..used);
+        }
+    }
 }
 
 impl ProcView for ProcFsView {
     fn stat(&mut self, pid: u32) -> Option<Stat> {
-        let text = fs::read_to_string(format!("/proc/{pid}/stat"));
-        rank_root::parse_stat(&self.read(pid, "stat", text)?)
+        if let Some((_, st)) = self.own.filter(|(me, _)| *me == pid) {
+            return Some(st);
+        }
+        let mut line = [0u8; 1024];
+        let r = Self::stat_line(&format!("/proc/{pid}/stat"), &mut line);
+        let (n, uid) = self.read(pid, "stat", r)?;
+        self.owner = Some((pid, uid));
+        rank_root::parse_stat(std::str::from_utf8(&line[..n]).ok()?)
     }
     fn uid(&mut self, pid: u32) -> Option<u32> {
-        fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+        match self.owner {
+            Some((p, uid)) if p == pid => Some(uid),
+            _ => fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid()),
+        }
     }
     fn environ(&mut self, pid: u32) -> Option<EnvFacts> {
-        let mut buf = Vec::new();
-        let read = File::open(format!("/proc/{pid}/environ"))
-            .and_then(|f| f.take(MAX_ENVIRON).read_to_end(&mut buf));
-        self.read(pid, "environ", read)?;
-        Some(rank_root::scan_environ(&buf))
+        let r = self.scan_environ(pid);
+        self.read(pid, "environ", r)
     }
     fn record(&mut self, id: RootId) -> Option<RankRecord> {
         let reg = self
@@ -165,14 +230,18 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
         let mut view = ProcFsView {
             reg: None,
             failed: None,
+            owner: None,
+            buf: Vec::new(),
+            own: None,
         };
-        let own = fs::read_to_string("/proc/self/stat");
-        let Some(start) = view
-            .read(me, "stat", own)
-            .and_then(|t| registry::stat_start_time(&t))
-        else {
+        let mut line = [0u8; 1024];
+        let own = ProcFsView::stat_line("/proc/self/stat", &mut line);
+        let own = view.read(me, "stat", own);
+        let own = own.and_then(|(n, _)| std::str::from_utf8(&line[..n]).ok());
+        let Some(start) = own.and_then(registry::stat_start_time) else {
             return view.failed.map_or(Ok(None), Err);
         };
+        view.own = own.and_then(rank_root::parse_stat).map(|st| (me, st));
         let ancestor = rank_root::find(me, registry_io::euid(), &mut view);
         debug_log::log!(Debug, "rank root walk ancestor={ancestor:?}");
         if let Some(u) = view.failed {
@@ -186,12 +255,14 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
                 host,
                 gpu: Some(gpu),
                 by: me,
+                by_start: start,
             },
             None => Root {
                 id: RootId { pid: me, start },
                 host,
                 gpu: None,
                 by: me,
+                by_start: start,
             },
         }))
     });
@@ -251,7 +322,7 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
             job: cfg.job.as_deref().map(registry::job_token),
             rank: None,
             pid: signal_safe::pid(),
-            start: registry::own_start_time()?,
+            start: root.by_start,
             gpu: Some(gpu),
             location: Location::Device,
             time: std::time::SystemTime::now()
@@ -260,7 +331,10 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
             root: Some(root.id),
         };
         match reg.write(&rec, &ProcFs) {
-            Ok(()) => debug_log::log!(Debug, "recorded this process's rank root={}", root.id),
+            Ok(()) => {
+                debug_log::log!(Debug, "recorded this process's rank root={}", root.id);
+                drop_at_end(&reg.dir().join(rec.key.file_name()));
+            }
             Err(problem) => registry_io::said_write_problem(
                 reg.dir(),
                 &problem,
@@ -277,5 +351,68 @@ pub fn as_ref(r: &Root) -> RootRef<'_> {
         pid: r.id.pid,
         start: r.id.start,
         host: Some(Cow::Borrowed(&r.host)),
+    }
+}
+
+// This process's rank record, removed when the process ends
+
+/// The path of this process's rank record, NUL-terminated, for a removal that must not
+/// allocate (an exit handler, an `exec` shim in a `vfork` child or a signal handler).
+struct RecordPath(UnsafeCell<[u8; RECORD_PATH_MAX]>);
+
+// SAFETY: written only by `drop_at_end` while RECORD_PID is 0 (no reader looks at it then),
+// read only after an Acquire load of a RECORD_PID that the writer's Release store published.
+unsafe impl Sync for RecordPath {}
+
+const RECORD_PATH_MAX: usize = 4096;
+static RECORD_PATH: RecordPath = RecordPath(UnsafeCell::new([0; RECORD_PATH_MAX]));
+/// The pid that wrote the record at RECORD_PATH (0: none). A forked child inherits the
+/// parent's value and so never removes the parent's record; its own `cuInit` records its own.
+static RECORD_PID: AtomicU32 = AtomicU32::new(0);
+static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
+
+/// Remember the record just written so that it goes when this process ends: at `exit`
+/// (an `atexit` handler, registered once per image) or before an `exec` (`hooks::exec`
+/// calls [`drop_record`]). A process that dies by a signal or `_exit` leaves
+/// it to the bounded sweeps (`registry_io`, the record's liveness check at every look-up).
+fn drop_at_end(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= RECORD_PATH_MAX || bytes.contains(&0) {
+        return;
+    }
+    RECORD_PID.store(0, Ordering::Release);
+    // SAFETY: RECORD_PID is 0, so no remover reads the buffer now (see RecordPath); this is
+    // the R1 check's thread, the only writer (once per process, under INIT_CHECK).
+    unsafe {
+        let buf = &mut *RECORD_PATH.0.get();
+        buf[..bytes.len()].copy_from_slice(bytes);
+        buf[bytes.len()] = 0;
+    }
+    RECORD_PID.store(signal_safe::pid(), Ordering::Release);
+    if !EXIT_HOOK.swap(true, Ordering::AcqRel) {
+        // SAFETY: `at_exit` is a plain extern "C" function of this library, which stays
+        // loaded (it interposes the process's CUDA calls); it only calls unlink(2).
+        unsafe { libc::atexit(at_exit) };
+    }
+}
+
+extern "C" fn at_exit() {
+    drop_record();
+}
+
+/// Remove this process's rank record now, if this process wrote one. Async-signal-safe:
+/// two atomic operations, `getpid` and `unlink`, nothing allocated or locked.
+pub fn drop_record() {
+    let pid = RECORD_PID.load(Ordering::Acquire);
+    if pid == 0 || pid != signal_safe::pid() {
+        return;
+    }
+    if RECORD_PID
+        .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        // SAFETY: the buffer holds a NUL-terminated path, published with RECORD_PID.
+        unsafe { libc::unlink(RECORD_PATH.0.get().cast()) };
     }
 }

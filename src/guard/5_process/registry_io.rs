@@ -5,13 +5,13 @@
 
 use std::fmt::{self, Write as _};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::guard::output::debug_log;
 use crate::guard::output::line::prefix;
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
-use crate::registry::{self, Registry};
+use crate::registry::{self, ProcFs, Registry};
 
 static SAID_DIR: AtomicBool = AtomicBool::new(false);
 pub(crate) static SAID_WRITE: AtomicBool = AtomicBool::new(false);
@@ -58,9 +58,11 @@ pub(crate) fn open_registry_or_why() -> Result<Registry, Untrusted> {
         None => (registry::default_dir(uid), "the default registry"),
     };
     match Registry::open(&dir, uid, true) {
-        Ok(r) => Ok(r),
+        Ok(r) => Ok(swept_at_start(r)),
         Err(problem) if state::get().config.registry.is_none() => {
-            open_fallback(uid, &dir, &problem.to_string()).ok_or(Untrusted::DefaultTaken)
+            open_fallback(uid, &dir, &problem.to_string())
+                .map(swept_at_start)
+                .ok_or(Untrusted::DefaultTaken)
         }
         Err(problem) => {
             say_once(
@@ -73,6 +75,22 @@ pub(crate) fn open_registry_or_why() -> Result<Registry, Untrusted> {
             Err(Untrusted::Configured)
         }
     }
+}
+
+/// The pid that swept the registry at its start (a forked child sweeps again).
+static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
+
+/// The first registry a process opens is swept once, at most [`registry::SWEEP_BUDGET`]
+/// entries within [`registry::START_SWEEP_TIME`]: the records of processes that died
+/// without removing theirs go (an untrusted record is left for the look-up that says so), so the registry stays bounded by what is alive (each
+/// process removes its own rank record when it ends: `rank_root::drop_record`).
+fn swept_at_start(reg: Registry) -> Registry {
+    let me = signal_safe::pid();
+    if SWEPT_BY.swap(me, Ordering::Relaxed) != me {
+        let s = reg.sweep_dead_within(&ProcFs, registry::SWEEP_BUDGET, registry::START_SWEEP_TIME);
+        debug_log::log!(Debug, "registry swept at start: {s:?}");
+    }
+    reg
 }
 
 /// A record could not be written (said once per process). `consequence`: what is lost.

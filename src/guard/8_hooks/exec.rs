@@ -1,8 +1,11 @@
 //! `exec*` replaces the process image and with it the counts of violations not yet written
-//! (`tally.rs`). These exports write them first, then jump to the real function with the
-//! caller's registers and stack untouched (the `execl` family is variadic, so the shims are
-//! naked trampolines, like our `dlsym`). When the process never violated, a shim costs one
-//! atomic load and, once per function, a `dlsym(RTLD_NEXT)`.
+//! (`tally.rs`) and the image that wrote the process's rank record (`rank_root.rs`: the new
+//! program, guarded or not, cannot know it has one to remove at its end, so it goes now;
+//! a guarded program records again at its own first `cuInit`). These exports do both
+//! first, then jump to the real function with the caller's registers and stack untouched
+//! (the `execl` family is variadic, so the shims are naked trampolines, like our `dlsym`).
+//! When the process never violated and wrote no rank record, a shim costs two atomic loads
+//! and, once per function, a `dlsym(RTLD_NEXT)`.
 //!
 //! x86-64 only; on other architectures nothing is interposed and an `exec` after
 //! violations loses at most the last interval's counts, like `_exit` (README).
@@ -15,6 +18,7 @@ mod x86 {
     use std::ffi::c_int;
 
     use crate::guard::audit::tally;
+    use crate::guard::process::rank_root;
     use crate::guard::resolve::exec_real;
 
     /// A real function that cannot be found: fail the call the way exec fails.
@@ -25,9 +29,10 @@ mod x86 {
     }
 
     /// Called by every shim with its index (into `exec_real::NAMES`): flush the counts,
-    /// return the real function. Never unwinds into the caller.
+    /// remove the rank record, return the real function. Never unwinds into the caller.
     extern "C" fn rg_exec_hook(which: usize) -> usize {
         let _ = std::panic::catch_unwind(tally::before_exec);
+        rank_root::drop_record();
         match exec_real::get(which) {
             0 => missing as *const () as usize,
             p => p,

@@ -1,0 +1,180 @@
+"""The rank root at bounded cost, and rank records that go with their process (issue 33).
+
+- The first cuInit without rank variables reads two files of each guarded ancestor
+  (`/proc/<pid>/stat` and `/proc/<pid>/environ`) and two of the first unguarded one, where
+  the walk ends (docs/design.md §1, "The walk's cost"): counted with strace at ancestor
+  depths 1 and 8, whatever the tree above the test.
+- A guarded process's rank record (`rank-<pid>`) is removed when it exits or execs, and
+  the registry of a run of 1,000 short processes holds only the live ones.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from _guard import prog
+from conftest import GUARD, PYTHON, clean_env, run
+
+# A chain of processes: `python CHAIN_FILE N ENV_JSON -- cmd...` starts itself N times, each
+# level a child of the one before with the environment ENV_JSON (the top level keeps its
+# own), and the innermost level runs cmd; every level exits with its child's status.
+CHAIN = """
+import json, subprocess, sys
+n, env = int(sys.argv[1]), json.loads(sys.argv[2])
+cmd = sys.argv[sys.argv.index("--") + 1:]
+argv = [sys.executable, __file__, str(n - 1), sys.argv[2], "--", *cmd] if n else cmd
+sys.exit(subprocess.run(argv, env=env).returncode)
+"""
+
+
+def registry(tmp: pathlib.Path) -> pathlib.Path:
+    reg = tmp / "registry"
+    reg.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return reg
+
+
+def guarded_env(tmp: pathlib.Path, **extra) -> dict[str, str]:
+    """Plain LD_PRELOAD, no rank variables, a 64 KiB environment without CVD."""
+    pad = {f"PAD_{i:02d}": "x" * 1000 for i in range(64)}
+    return clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="2", RANKGUARD_MODE="enforce",
+                     RANKGUARD_REGISTRY=str(registry(tmp)), CUDA_VISIBLE_DEVICES=None, **pad, **extra)
+
+
+def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], int]:
+    """Run guard_init (CUDA_VISIBLE_DEVICES=0: its own rank root) under `depth` guarded
+    ancestors with 64 KiB environments (depth - 1 chain levels, then strace, which traces
+    it), below one unguarded process (the chain's top). Returns the other processes'
+    /proc files it opened, and the number of files it opened in all."""
+    strace = shutil.which("strace")
+    assert strace, "this test counts open(2) calls with strace: install it (apt-get install strace)"
+    tmp = tmp / f"depth-{depth}"
+    env = guarded_env(tmp)
+    trace = tmp / "strace.txt"
+    leaf = [strace, "-qq", "-e", "trace=open,openat", "-o", trace, "-E", "CUDA_VISIBLE_DEVICES=0",
+            prog("guard_init")]
+    top = clean_env(LD_PRELOAD=None)        # the unguarded top of the tree
+    chain = tmp / "chain.py"
+    chain.write_text(CHAIN)
+    p = run([PYTHON, chain, str(depth - 1), json.dumps(env), "--", *leaf], env=top, timeout=120)
+    assert p.returncode == 0 and "cuInit=0" in p.stdout, p.stdout + p.stderr
+    lines = [l for l in trace.read_text().splitlines() if re.match(r"open(at)?\(", l)]
+    procs = [m.group(0) for l in lines for m in [re.search(r'"/proc/\d+/[a-z]+"', l)] if m]
+    return procs, len(lines)
+
+
+def test_the_first_cuinit_opens_two_files_per_guarded_ancestor(tmp_path):
+    """At depth 1 and 8: exactly /proc/<pid>/stat and /proc/<pid>/environ of each guarded
+    ancestor and of the unguarded process above them, where the walk ends; nothing above it
+    (before the fix the walk went on to pid 1, through every process above the test)."""
+    counts = {}
+    for depth in (1, 8):
+        procs, total = opens_at_first_cuinit(tmp_path, depth)
+        pids = sorted({int(re.search(r"/proc/(\d+)/", f).group(1)) for f in procs})
+        assert len(pids) == depth + 1, (depth, procs)
+        assert sorted(procs) == sorted(f'"/proc/{p}/{f}"' for p in pids for f in ("stat", "environ")), procs
+        counts[depth] = total
+    # everything else the first cuInit opens is the same at both depths
+    assert counts[8] - counts[1] == 2 * 7, counts
+
+
+# ------------------------------------------------------------------ records end with their process
+
+LIVES = """
+import os, sys
+from cuda.bindings import driver as d
+assert int(d.cuInit(0)[0]) == 0
+reg = sys.argv[1]
+print("during", os.path.exists(os.path.join(reg, f"rank-{os.getpid()}")), flush=True)
+how = sys.argv[2]
+if how == "exec-unguarded":
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    os.execve("/bin/sh", ["sh", "-c", f'test -e "{reg}/rank-$$" && echo after-exec kept || echo after-exec gone'], env)
+if how == "exec-guarded":
+    os.execv("/bin/sh", ["sh", "-c", f'test -e "{reg}/rank-$$" && echo after-exec kept || echo after-exec gone'])
+if how == "wait":
+    sys.stdin.read()
+print("pid", os.getpid())
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "exec-unguarded", "exec-guarded"])
+def test_a_rank_record_is_gone_when_its_process_ends(tmp_path, how):
+    """A guarded process on one GPU, no rank variables: its rank record exists while it runs
+    and is gone after it exits or execs (the new program, guarded or not, records again at
+    its own first cuInit). Before the fix the record stayed until a sweep."""
+    reg = registry(tmp_path)
+    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="0",
+                    RANKGUARD_REGISTRY=str(reg))
+    p = run([PYTHON, "-c", LIVES, reg, how], env=env, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "during True" in p.stdout, p.stdout + p.stderr
+    if how.startswith("exec"):
+        assert "after-exec gone" in p.stdout, p.stdout
+    assert list(reg.glob("rank-*")) == [], list(reg.iterdir())
+
+
+def test_a_forked_child_leaves_its_parents_record(tmp_path):
+    """The exit handler is inherited across fork: a child that exits must not remove the
+    record of the parent that wrote it."""
+    code = LIVES.replace('print("pid", os.getpid())',
+                         'c = os.fork()\nif c == 0:\n    sys.exit(0)\nos.waitpid(c, 0)\n'
+                         'print("after-child", os.path.exists(os.path.join(reg, f"rank-{os.getpid()}")))')
+    reg = registry(tmp_path)
+    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="0",
+                    RANKGUARD_REGISTRY=str(reg))
+    p = run([PYTHON, "-c", code, reg, "exit"], env=env, timeout=60)
+    assert p.returncode == 0 and "after-child True" in p.stdout, p.stdout + p.stderr
+    assert list(reg.glob("rank-*")) == []
+
+
+def test_the_registry_of_1000_short_processes_holds_only_the_live_ones(tmp_path):
+    """Three long-lived guarded processes and 1,000 short ones (guard_init, each on one GPU,
+    its own rank root: each records its rank at cuInit), 16 at a time: afterwards the
+    registry holds exactly the three live processes' records."""
+    reg = registry(tmp_path)
+    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="0",
+                    RANKGUARD_REGISTRY=str(reg))
+    live = [subprocess.Popen([PYTHON, "-c", LIVES, str(reg), "wait"], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        for l in live:
+            assert l.stdout.readline().strip() == "during True"
+        short = [str(prog("guard_init"))]
+
+        def one(_):
+            return subprocess.run(short, env=env, capture_output=True, text=True, timeout=60).returncode
+
+        with ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(one, range(1000)))
+        assert codes == [0] * 1000
+        names = sorted(p.name for p in reg.iterdir())
+        assert names == sorted(f"rank-{l.pid}" for l in live), names[:20]
+    finally:
+        for l in live:
+            l.kill()
+            l.wait(timeout=30)
+
+
+def test_a_start_up_sweeps_records_of_dead_processes(tmp_path):
+    """Records a process could not remove (it died by a signal or _exit): the first
+    registry a guarded process opens is swept, within SWEEP_BUDGET entries and 1 ms, so
+    a few dead records are gone after one guarded start-up."""
+    reg = registry(tmp_path)
+    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="0",
+                    RANKGUARD_REGISTRY=str(reg))
+    # a process killed by SIGKILL after its cuInit leaves its record
+    k = subprocess.Popen([PYTHON, "-c", LIVES, str(reg), "wait"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert k.stdout.readline().strip() == "during True"
+    k.kill()
+    k.wait(timeout=30)
+    assert [p.name for p in reg.glob("rank-*")] == [f"rank-{k.pid}"]
+    p = run([prog("guard_init")], env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert list(reg.iterdir()) == [], list(reg.iterdir())
