@@ -97,6 +97,7 @@ static cudaError_t load(void)
 
 RT_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device)
 {
+    RT_LOG("cudaDeviceGetDefaultMemPool", "memPool=%p device=%d", (void *)memPool, device);
     if (!memPool)
         return rt_ret(cudaErrorInvalidValue);
     TRY(load());
@@ -134,6 +135,12 @@ _Static_assert(sizeof(struct cudaMemAccessDesc) == sizeof(CUmemAccessDesc), "acc
 RT_EXPORT cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool,
                                            const struct cudaMemAccessDesc *descList, size_t count)
 {
+    if (descList && count > 0)
+        RT_LOG("cudaMemPoolSetAccess", "memPool=%p descList[0]={location=" RT_LOC_FMT ",flags=%d} count=%zu",
+               RT_LOG_HANDLE(memPool), RT_LOC_ARGS(descList[0].location), (int)descList[0].flags, count);
+    else
+        RT_LOG("cudaMemPoolSetAccess", "memPool=%p descList=%p count=%zu", RT_LOG_HANDLE(memPool),
+               (const void *)descList, count);
     if (!descList || count == 0)
         return rt_ret(cudaErrorInvalidValue);
     TRY(load());
@@ -185,6 +192,8 @@ RT_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cuda
 
 static cudaError_t malloc_async(int pt, void **ptr, size_t size, cudaStream_t s)
 {
+    RT_LOG(pt ? "cudaMallocAsync_ptsz" : "cudaMallocAsync", "devPtr=%p size=%zu hStream=%p",
+           (void *)ptr, size, RT_LOG_HANDLE(s));
     if (!ptr)
         return rt_ret(cudaErrorInvalidValue);
     TRY(load());

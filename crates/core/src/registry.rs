@@ -303,7 +303,8 @@ pub struct ProvenanceRecord {
     /// The GPU the memory is on (`GPU-...`/`MIG-...`), None for host memory or unknown.
     pub gpu: Option<String>,
     pub location: Location,
-    /// Seconds since the epoch when it was written (for people reading the directory).
+    /// Seconds since the epoch when it was first written (for people reading the
+    /// directory; writing the same record again keeps the file, [`Registry::write`]).
     pub time: u64,
     /// The writer's rank root ([`crate::rank_root`]) when no rank variables named its rank;
     /// an optional `root <pid>.<start>` line (records without it stay readable).
@@ -360,6 +361,32 @@ fn valid_gpu(s: &str) -> bool {
 }
 
 impl ProvenanceRecord {
+    /// Whether `other` says the same as this record, whenever it was written.
+    pub fn same_but_time(&self, other: &ProvenanceRecord) -> bool {
+        let ProvenanceRecord {
+            key,
+            job,
+            rank,
+            pid,
+            start,
+            gpu,
+            location,
+            time: _,
+            root,
+        } = self;
+        (key, job, rank, pid, start, gpu, location, root)
+            == (
+                &other.key,
+                &other.job,
+                &other.rank,
+                &other.pid,
+                &other.start,
+                &other.gpu,
+                &other.location,
+                &other.root,
+            )
+    }
+
     /// The record's file content.
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(320);
@@ -525,12 +552,24 @@ impl Procs for ProcFs {
     fn info(&self, pid: u32) -> Option<ProcInfo> {
         let dir = format!("/proc/{pid}");
         let uid = fs::metadata(&dir).ok()?.uid();
-        let stat = fs::read_to_string(format!("{dir}/stat")).ok()?;
+        let stat = read_proc_file(Path::new(&format!("{dir}/stat")))?;
         Some(ProcInfo {
             start: stat_start_time(&stat)?,
             uid,
         })
     }
+}
+
+/// A small `/proc` file's text. `fs::read_to_string` asks for the size first and, since
+/// procfs says 0, grows its buffer from 32 bytes: six reads and an fstat for one stat line
+/// (an IPC import checks its exporter's this way, an export reads its own). Reading into
+/// room for the whole line takes one read and the read that sees the end.
+fn read_proc_file(path: &Path) -> Option<String> {
+    let f = File::open(path).ok()?;
+    let mut buf = Vec::with_capacity(1024);
+    // `take` on a `&File` keeps std from asking the (meaningless) size first.
+    (&f).take(1 << 16).read_to_end(&mut buf).ok()?;
+    String::from_utf8(buf).ok()
 }
 
 /// Field 22 (starttime) of a `/proc/<pid>/stat` line. The command name (field 2) is in
@@ -544,7 +583,7 @@ pub fn stat_start_time(stat: &str) -> Option<u64> {
 
 /// This process's start time, to write into its records.
 pub fn own_start_time() -> Option<u64> {
-    stat_start_time(&fs::read_to_string("/proc/self/stat").ok()?)
+    stat_start_time(&read_proc_file(Path::new("/proc/self/stat"))?)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -809,11 +848,20 @@ impl Registry {
         }
         let name = rec.key.file_name();
         let target = self.dir.join(&name);
+        // The same record again (PyTorch exports a segment's handle, the same bytes, at every
+        // share of a tensor in it) stays as it is: only its time would change, and that says
+        // when it was first written. Reading it costs no create and no rename (a rename over
+        // a file starts its writeback on ext4).
+        let existing = match self.read(&target, &rec.key) {
+            Ok(Some((old, _))) if old.same_but_time(rec) => return Ok(()),
+            Ok(None) => false,
+            _ => true,
+        };
         // Replacing an existing record does not grow the directory.
         // A sweep that freed an entry made room for this one (a concurrent writer may take
         // it too: the bound is approximate by the number of writers at once). Counting again
         // instead would call a registry of more dead records than one sweep examines full.
-        if fs::symlink_metadata(&target).is_err() && self.must_count() {
+        if !existing && self.must_count() {
             let full = self.count()? >= self.max;
             LAST_FULL.store(full, Ordering::Relaxed);
             if full {
@@ -1417,6 +1465,59 @@ mod tests {
             fallback_dir(Path::new("/h"), "a"),
             fallback_dir(Path::new("/h"), "b")
         );
+    }
+
+    #[test]
+    fn an_unchanged_record_is_not_written_again() {
+        // PyTorch exports a segment's handle at every share of a tensor in it (the same bytes
+        // each time): the second write of the same record leaves the file alone (no create,
+        // no rename: on a disk filesystem a rename over a file starts its writeback).
+        let t = TempDir::new("unchanged");
+        let reg = Registry::open(&t.0, uid(), false).unwrap();
+        let procs = FakeProcs::with(4242, 777, uid());
+        let first = rec(mem_key(7), Some(0), Some(G0));
+        reg.write(&first, &procs).unwrap();
+        let path = t.0.join(first.key.file_name());
+        let ino = fs::metadata(&path).unwrap().ino();
+        let again = ProvenanceRecord {
+            time: 99,
+            ..first.clone()
+        };
+        reg.write(&again, &procs).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().ino(), ino);
+        assert_eq!(fs::read_to_string(&path).unwrap(), first.render());
+        assert_eq!(fs::read_dir(&t.0).unwrap().count(), 1);
+        // Anything else that differs is written.
+        let moved = ProvenanceRecord {
+            gpu: Some(G1.to_string()),
+            ..again.clone()
+        };
+        reg.write(&moved, &procs).unwrap();
+        assert_ne!(fs::metadata(&path).unwrap().ino(), ino);
+        assert!(matches!(reg.lookup(&first.key, &procs), Lookup::Found(r) if r == moved));
+        let other = ProvenanceRecord {
+            pid: 4243,
+            ..moved.clone()
+        };
+        let ino = fs::metadata(&path).unwrap().ino();
+        reg.write(&other, &procs).unwrap();
+        assert_ne!(fs::metadata(&path).unwrap().ino(), ino);
+    }
+
+    #[test]
+    fn proc_stat_start_times_are_read_whole() {
+        let me = std::process::id();
+        let info = ProcFs.info(me).unwrap();
+        assert_eq!(Some(info.start), own_start_time());
+        assert_eq!(info.uid, uid());
+        // A stat line longer than any first read (a long command name is cut at 15 bytes by
+        // the kernel, but the numbers after it grow): the reader keeps reading to the end.
+        let long = format!("1 (x) S {}", "123456789 ".repeat(200));
+        let f = std::env::temp_dir().join(format!("rankguard-stat-test-{me}"));
+        fs::write(&f, &long).unwrap();
+        assert_eq!(read_proc_file(&f).as_deref(), Some(long.as_str()));
+        let _ = fs::remove_file(&f);
+        assert_eq!(read_proc_file(Path::new("/proc/self/no-such-file")), None);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::Mode;
 use crate::guard::audit::decision_record::Extra;
@@ -255,6 +255,21 @@ fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
     }
 }
 
+/// This process's start time, read once per process (PyTorch exports at every share of a
+/// tensor): `OWN_START_PID` names the process it was read in, so a forked child reads its own.
+static OWN_START: AtomicU64 = AtomicU64::new(0);
+static OWN_START_PID: AtomicU32 = AtomicU32::new(0);
+
+fn own_start(pid: u32) -> Option<u64> {
+    if OWN_START_PID.load(Ordering::Acquire) == pid {
+        return Some(OWN_START.load(Ordering::Relaxed));
+    }
+    let start = registry::own_start_time()?;
+    OWN_START.store(start, Ordering::Relaxed);
+    OWN_START_PID.store(pid, Ordering::Release);
+    Some(start)
+}
+
 /// Record an export. Never fails the export: a problem is said once.
 fn record(key: Key, gpu: Option<String>, location: Location) {
     let _ = shielded("writing", || {
@@ -265,7 +280,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
             debug_log::log!(Debug, "swept the IPC provenance registry swept={swept:?}");
         }
         let cfg = &state::get().config;
-        let Some(start) = registry::own_start_time() else {
+        let Some(start) = own_start(pid) else {
             say_once(&SAID_WRITE, format_args!("cannot read /proc/self/stat: IPC exports of this process are not recorded; importers will see unknown provenance"));
             return None;
         };
