@@ -12,10 +12,10 @@
  *   guard_volume idle N               the same, then print "idle" and sleep (the test kills it)
  *   guard_volume t:MODE ...           MODE, with one more thread (idle) started before cuInit:
  *                                     a multi-threaded program
- *   guard_volume single N MS          N violations at site_a, then print the process's
+ *   guard_volume single N MS [M]      N violations at site_a, then print the process's
  *                                     threads (/proc/self/task) and unshare(CLONE_NEWUSER)'s
  *                                     result ("unshare=0" or "unshare=<errno name>"), sleep MS
- *                                     milliseconds, one more violation, print "idle" and sleep
+ *                                     milliseconds, M more (default 1), print "idle" and sleep
  *   guard_volume unlink N PATH M      N violations at site_a, unlink(PATH), M at site_b
  *   guard_volume threads N T          T threads, each N iterations of site_a then site_b
  *   guard_volume deep DEPTH           recurse DEPTH frames, then one violation
@@ -159,8 +159,9 @@ int main(int argc, char **argv) {
                rc == 0 ? "0" : err == EINVAL ? "EINVAL" : err == EPERM ? "EPERM" : "other");
         fflush(stdout);
         usleep(argc > 3 ? atol(argv[3]) * 1000 : 0);
-        site_a();
-        made += 1;
+        long more = argc > 4 ? atol(argv[4]) : 1;
+        for (long i = 0; i < more; i++) site_a();
+        made += more;
         printf("idle n=%ld\n", made);
         fflush(stdout);
         for (;;) pause();

@@ -24,10 +24,10 @@
 //!   - in any other process (one thread, or the count unreadable), no thread is ever added
 //!     (issue 29, item 9: a thread changes the host, e.g. `unshare(CLONE_NEWUSER)` fails
 //!     with EINVAL in a multi-threaded process): a counted violation writes the summaries
-//!     itself once an interval has passed ([`late`]; it reads the clock at most every
-//!     [`POLL_GATE`] time-stamp counter cycles, so the first violation after a pause always
-//!     does), and a SIGKILL or `_exit` loses what was counted since the last summary, exit
-//!     or exec.
+//!     itself once an interval has passed ([`late`]; the clock is read at every
+//!     [`POLL_EVERY`]-th counted violation, so the summaries are written at most that many
+//!     violations after the interval), and a SIGKILL or `_exit` loses what was counted
+//!     since the last summary, exit or exec.
 //!
 //!   The repeated path pays for neither: one load of [`LATE`], as it paid for the exit flag.
 //! - **fork.** The child starts with an empty table and no flusher (`pthread_atfork`); the
@@ -159,12 +159,10 @@ const LATE_POLL: u8 = 2;
 /// When the summaries were last written in a process without a flusher thread
 /// ([`signal_safe::coarse_us`]).
 static POLLED_US: AtomicU64 = AtomicU64::new(0);
-/// The time-stamp counter at [`late`]'s last clock read, and the cycles between two reads
-/// (2^22: about 1-2 ms at the usual 2-4 GHz, far below the interval).
-#[cfg(target_arch = "x86_64")]
-static POLL_CYCLES: AtomicU64 = AtomicU64::new(0);
-#[cfg(target_arch = "x86_64")]
-const POLL_GATE: u64 = 1 << 22;
+/// Counted violations [`late`] has seen in a process without a flusher thread; the clock
+/// is read at every [`POLL_EVERY`]-th.
+static POLL_TICK: AtomicU32 = AtomicU32::new(0);
+const POLL_EVERY: u32 = 64;
 static FLUSH_LOCK: AtomicBool = AtomicBool::new(false);
 
 const TAG_RA: u64 = 1;
@@ -334,23 +332,6 @@ fn bump(slot: &Slot) {
         }
     }
     slot.pending.fetch_add(1, Ordering::Relaxed);
-}
-
-/// The time-stamp counter (`rdtsc`): one instruction, for [`late`]'s filter only.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn cycles() -> u64 {
-    let (lo, hi): (u32, u32);
-    // SAFETY: rdtsc reads the time-stamp counter into edx:eax; no memory, no flags.
-    unsafe {
-        core::arch::asm!(
-            "rdtsc",
-            out("eax") lo,
-            out("edx") hi,
-            options(nomem, nostack, preserves_flags)
-        );
-    }
-    u64::from(hi) << 32 | u64::from(lo)
 }
 
 /// The calling thread's thread pointer: glibc's thread control block starts with its own
@@ -532,18 +513,14 @@ fn late(slot: &'static Slot) {
     if late & LATE_EXIT != 0 {
         flush_slot(slot);
     } else if late & LATE_POLL != 0 {
-        // The clock (a few dozen instructions through the vDSO) is read only once
-        // POLL_GATE cycles of the time-stamp counter (one instruction) have passed since
-        // the last read: at the first counted violation after a pause, and a few hundred
-        // times a second in a loop of violations. The counter only filters; the interval
-        // is the clock's (a counter that jumps just reads the clock more often).
-        #[cfg(target_arch = "x86_64")]
-        {
-            let c = cycles();
-            if c.wrapping_sub(POLL_CYCLES.load(Ordering::Relaxed)) < POLL_GATE {
-                return;
-            }
-            POLL_CYCLES.store(c, Ordering::Relaxed);
+        // The clock (a few dozen instructions through the vDSO) is read at every
+        // POLL_EVERY-th counted violation only: a loop of violations pays an increment
+        // and a test. A plain load and store: in a process without other threads nothing
+        // races, and where threads came later a lost tick only delays a summary.
+        let tick = POLL_TICK.load(Ordering::Relaxed).wrapping_add(1);
+        POLL_TICK.store(tick, Ordering::Relaxed);
+        if !tick.is_multiple_of(POLL_EVERY) {
+            return;
         }
         let now = signal_safe::coarse_us();
         let last = POLLED_US.load(Ordering::Relaxed);
@@ -604,6 +581,7 @@ extern "C" fn after_fork_child() {
     OVERFLOW.reset();
     FLUSHER.store(0, Ordering::Relaxed);
     // The child has one thread and no flusher: it decides again at its first count.
+    POLL_TICK.store(0, Ordering::Relaxed);
     LATE.fetch_and(!LATE_POLL, Ordering::SeqCst);
     FLUSH_LOCK.store(false, Ordering::Relaxed);
     OWNER_PID.store(signal_safe::pid(), Ordering::Relaxed);
