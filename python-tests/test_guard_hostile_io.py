@@ -121,3 +121,84 @@ def test_item8_long_values_never_cut_a_line_nor_glue_the_next():
         assert len(said) == 1 and len(said[0]) < 1024 and " [...] " in said[0], lines
         denial = [x for x in lines if "cuDeviceGet(ordinal=1) denied [R2" in x]
         assert len(denial) == 1 and end not in denial[0], lines
+
+
+# The start of every audit record (docs/schema/audit-record.v1.json: "format" comes first).
+RECORD_START = b'{"format":"rankguard-audit"'
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def test_item7_a_record_cut_by_a_full_file_system_never_merges_with_a_later_one(tmp_path):
+    """A record crossing the space left on a full tmpfs left a fragment without a newline;
+    the next record, written after space was freed, was glued to it and `report` lost it.
+    A record is whole or absent: the fragment stays alone on its line (the writer starts its
+    next record with a newline, in the same write) and `report` counts it as one torn
+    record, keeping every whole one.
+
+    A 4-page tmpfs in a private mount namespace, 3 pages taken by a filler file: the audit
+    file gets one page. guard_volume makes 40 violations at site_a (full records, ~400
+    bytes each: one crosses the page's end, the later ones find no space), removes the
+    filler, then makes 5 at site_b. A record that ends exactly at the page's end leaves no
+    fragment: then the run is repeated with the file shifted by empty lines (which the
+    report ignores), so that one record crosses."""
+    flags = "-m" if os.geteuid() == 0 else "-rm"
+    fs, out = tmp_path / "fs", tmp_path / "audit.jsonl"
+    fs.mkdir()
+    script = ('set -e; mount -t tmpfs -o size=16k,mode=0700 tmpfs "$1"; '
+              'dd if=/dev/zero of="$1/fill" bs=4096 count=3 2>/dev/null; '
+              'printf "%s" "$2" > "$1/a.jsonl"; '
+              'LD_PRELOAD="$3" RANKGUARD_AUDIT="$1/a.jsonl" "$4" unlink 40 "$1/fill" 5; '
+              'cp "$1/a.jsonl" "$5"')
+    env = clean_env(CUDA_VISIBLE_DEVICES="0,1", RANKGUARD_MODE="warn")
+    for pad in range(3):
+        p = subprocess.run(["unshare", flags, "sh", "-c", script, "sh", str(fs), "\n" * pad, str(GUARD),
+                            str(prog("guard_volume")), str(out)],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 0 and "done n=45" in p.stdout, (p.returncode, p.stdout, p.stderr)
+        lines = out.read_bytes().split(b"\n")
+        bad = [ln for ln in lines if ln.strip() and not _parses(ln)]
+        if bad:
+            break
+    else:
+        raise AssertionError("no record crossed the end of the space in three runs")
+    lost = [x for x in p.stderr.splitlines() if "being lost" in x]
+    assert len(lost) == 1 and "No space left on device" in lost[0], p.stderr
+    # The writer: the fragment is alone on its line, a later record never glued to it.
+    assert len(bad) == 1 and bad[0].startswith(RECORD_START) and bad[0].count(RECORD_START) == 1, bad
+    whole = [json.loads(ln) for ln in lines if ln.strip() and _parses(ln)]
+    at = {s: sum(1 for r in whole if r.get("site", "").startswith(f"guard_volume(site_{s}+")) for s in "ab"}
+    assert at["b"] == 5 and 0 < at["a"] < 40, at
+    # The report: every whole record, and the fragment as one torn record.
+    doc = json.loads(subprocess.run([str(CLI), "report", "--json", str(out)], capture_output=True,
+                                    text=True, timeout=60).stdout)
+    got = {s.split("+")[0]: n for g in doc["groups"] if g["call"] == "cuDeviceGet"
+           for s, n in [(x["site"], x["count"]) for x in g["sites"]]}
+    assert got == {"guard_volume(site_a": at["a"], "guard_volume(site_b": 5}, got
+    assert doc["totals"]["problems"] == 1, doc["problems"]
+    assert doc["problems"][0]["why"].startswith("torn"), doc["problems"]
+
+
+def test_item7_report_resynchronises_at_a_record_glued_to_a_fragment(tmp_path):
+    """The reader alone: another process's record can land right after a fragment (the
+    writer's newline only covers its own next record). `report` splits the line at each
+    record's start: the fragment is one torn record, the record after it is kept."""
+    p = subprocess.run([str(prog("guard_volume")), "loop", "3"], capture_output=True, text=True,
+                       env=clean_env(LD_PRELOAD=str(GUARD), CUDA_VISIBLE_DEVICES="0,1", RANKGUARD_MODE="warn",
+                                     RANKGUARD_AUDIT=str(tmp_path / "a.jsonl")), timeout=60)
+    assert p.returncode == 0, p.stderr
+    recs = [r for r in (tmp_path / "a.jsonl").read_bytes().splitlines() if b'"call":"cuDeviceGet"' in r]
+    assert len(recs) == 3
+    glued = tmp_path / "glued.jsonl"
+    glued.write_bytes(recs[0] + b"\n" + recs[1][:155] + recs[2] + b"\n")
+    doc = json.loads(subprocess.run([str(CLI), "report", "--json", str(glued)], capture_output=True,
+                                    text=True, timeout=60).stdout)
+    [g] = [g for g in doc["groups"] if g["call"] == "cuDeviceGet"]
+    assert g["count"] == 2 and doc["totals"]["problems"] == 1, doc
+    assert doc["problems"][0]["line"] == 2 and doc["problems"][0]["why"].startswith("torn"), doc["problems"]

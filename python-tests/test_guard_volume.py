@@ -122,11 +122,14 @@ def test_exec_through_python_os_execv_keeps_exact_totals(tmp_path):
 def test_counts_are_written_within_an_interval_even_when_violations_stop(tmp_path):
     """SIGKILL and _exit run no handler: what the flusher wrote is what survives. After
     violations stop, one interval (1 s) later everything is written, so a process killed
-    then loses nothing; killed earlier, it loses at most the last interval (README)."""
+    then loses nothing; killed earlier, it loses at most the last interval (README).
+    The flusher is a thread, started only in a program that has more than one thread
+    already (`t:`: guard_volume starts an idle thread first); a single-threaded program
+    is the next test's."""
     audit = tmp_path / "k.jsonl"
     env = clean_env(LD_PRELOAD=str(GUARD), RANKGUARD_AUDIT=str(audit), RANKGUARD_MODE="warn",
                     CUDA_VISIBLE_DEVICES="0,1")
-    p = subprocess.Popen([str(prog("guard_volume")), "idle", "5000"], env=env,
+    p = subprocess.Popen([str(prog("guard_volume")), "t:idle", "5000"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().startswith("idle n=5000")
@@ -136,8 +139,41 @@ def test_counts_are_written_within_an_interval_even_when_violations_stop(tmp_pat
         p.communicate(timeout=30)
     assert one_site(report_json(audit), "guard_volume(site_a+") == 5000
     # _exit after more than an interval: exact too.
-    r = guarded([prog("guard_volume"), "_exit", "3000", "2500"], tmp_path, cvd="0,1", mode="warn")
+    r = guarded([prog("guard_volume"), "t:_exit", "3000", "2500"], tmp_path, cvd="0,1", mode="warn")
     assert r.rc == 0, r.out + r.err
+    assert one_site(report_json(next(tmp_path.glob("audit-*.jsonl"))), "guard_volume(site_a+") == 3000
+
+
+def test_a_single_threaded_program_stays_single_threaded_and_gets_its_summaries(tmp_path):
+    """Issue 29, item 9: after 101 violations at one site with an audit file, the guard
+    started its summary thread, so a single-threaded program's unshare(CLONE_NEWUSER)
+    failed with EINVAL. The guard adds no thread to a process that has one: the violating
+    call writes the summaries once an interval (1 s) has passed, and exit writes the rest.
+
+    guard_volume single: 5000 violations, then it reports its threads and unshare's
+    result, sleeps 1.2 s, makes 64 more violations (the guard reads the clock at every
+    64th counted one: that call writes every count so far, its own included) and waits to
+    be killed: SIGKILL runs no handler, so the audit file holds what that call wrote: the
+    5000 from before the pause and 1 to 64 of those after it."""
+    audit = tmp_path / "s.jsonl"
+    env = clean_env(LD_PRELOAD=str(GUARD), RANKGUARD_AUDIT=str(audit), RANKGUARD_MODE="warn",
+                    CUDA_VISIBLE_DEVICES="0,1")
+    p = subprocess.Popen([str(prog("guard_volume")), "single", "5000", "1200", "64"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        idle = p.stdout.readline()
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=30)
+    assert first.strip() == "threads=1 unshare=0", first
+    assert idle.startswith("idle n=5064"), idle
+    written = one_site(report_json(audit), "guard_volume(site_a+")
+    assert 5000 < written <= 5064, written
+    # Ending normally: exit writes what was counted since (here: everything after the 100).
+    r = guarded([prog("guard_volume"), "exit", "3000"], tmp_path, cvd="0,1", mode="warn")
+    assert r.rc == 0, r.out + r.err
+    assert sum(x["count"] for x in r.audit if x.get("summary")) == 2900
     assert one_site(report_json(next(tmp_path.glob("audit-*.jsonl"))), "guard_volume(site_a+") == 3000
 
 

@@ -442,6 +442,43 @@ def test_an_exporter_of_4200_live_handles_is_still_recorded(tmp_path):
     assert rec["detail"].startswith("IPC import of memory exported on another GPU")
 
 
+MAX_RECORDS = 65536  # crates/core/src/registry.rs
+
+
+def test_an_export_lost_to_a_full_registry_makes_unknown_provenance_inside_a_rank_a_violation(tmp_path):
+    """Issue 29, item 3: an export the registry could not record (full: 65,536 entries, here
+    files that are not records, which no sweep removes) left its import with unknown
+    provenance, allowed in enforce mode: the rank's own memory on another GPU went through.
+    The exporter now writes the registry's overflow mark; while it names a live exporter, an
+    import of unknown provenance by a process that knows its rank and GPU is refused in
+    enforce mode and recorded in warn mode, with a line naming the capacity and the fix.
+    Once every exporter the mark names has exited, unknown provenance is allowed again."""
+    reg = tmp_path / "registry"
+    reg.mkdir(mode=0o700)
+    for i in range(MAX_RECORDS):
+        os.close(os.open(reg / f"filler-{i}", os.O_CREAT | os.O_WRONLY, 0o600))
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0)) as ex:
+        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0), "deny")
+        w = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0, RANKGUARD_MODE="warn"), "allow")
+        mark = (reg / "overflow").read_text()
+    assert f"exporter {ex.pid} " in mark, mark
+    assert "import-rc 800" in p.stdout
+    _say_once(ex.stderr, "overflow mark")
+    said = _say_once(p.stderr, "could not record its exports")
+    assert f"pid {ex.pid}" in said and str(MAX_RECORDS) in said and "RANKGUARD_REGISTRY" in said, said
+    deny, warn = r3_records(tmp_path)
+    assert deny["verdict"] == "deny" and deny["exporter_pid"] is None
+    assert deny["detail"].startswith("IPC import of unknown provenance inside a rank"), deny["detail"]
+    assert str(MAX_RECORDS) in deny["detail"] and "fix:" in deny["detail"]
+    assert warn["verdict"] == "warn" and warn["mode"] == "warn"
+    # The exporter has exited: its handles died with it, and the mark with them.
+    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex2:
+        q = importer(tmp_path, "mem", ex2, guard_env(tmp_path, "1", 0), "allow")
+    assert "RANKGUARD WARN" not in q.stderr and len(r3_records(tmp_path)) == 2
+    assert not (reg / "overflow").exists()
+    shutil.rmtree(reg)
+
+
 def test_a_squatted_default_registry_of_a_user_without_a_home_refuses_unknown_imports(tmp_path):
     """Issue 29, item 4: a user whose home does not exist (a service account, a container's
     HOME=/nonexistent) has no private fallback. Another user who creates the default

@@ -10,6 +10,13 @@
  *   guard_volume execl N SHELL-CMD    the same, then execl("/bin/sh", "sh", "-c", CMD, NULL)
  *                                     (a variadic exec: its arguments must arrive intact)
  *   guard_volume idle N               the same, then print "idle" and sleep (the test kills it)
+ *   guard_volume t:MODE ...           MODE, with one more thread (idle) started before cuInit:
+ *                                     a multi-threaded program
+ *   guard_volume single N MS [M]      N violations at site_a, then print the process's
+ *                                     threads (/proc/self/task) and unshare(CLONE_NEWUSER)'s
+ *                                     result ("unshare=0" or "unshare=<errno name>"), sleep MS
+ *                                     milliseconds, M more (default 1), print "idle" and sleep
+ *   guard_volume unlink N PATH M      N violations at site_a, unlink(PATH), M at site_b
  *   guard_volume threads N T          T threads, each N iterations of site_a then site_b
  *   guard_volume deep DEPTH           recurse DEPTH frames, then one violation
  *   guard_volume fork                 one violation, fork; the child violates at site_b once
@@ -25,6 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <errno.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -77,13 +87,34 @@ __attribute__((noinline)) static void leave_with_exit(void) {
     exit(0);
 }
 
+static void *idle_thread(void *p) {
+    (void)p;
+    for (;;) pause();
+    return NULL;
+}
+
+static int task_count(void) {
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 3;
+    const char *m = argv[1];
+    if (!strncmp(m, "t:", 2)) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, idle_thread, NULL) != 0) return 5;
+        m += 2;
+    }
     if (cuInit(0) != CUDA_SUCCESS) {
         printf("cuInit failed\n");
         return 2;
     }
-    const char *m = argv[1];
     long n = argc > 2 ? atol(argv[2]) : 0;
     if (!strcmp(m, "main")) {
         CUdevice d;
@@ -120,6 +151,30 @@ int main(int argc, char **argv) {
         printf("idle n=%ld\n", made);
         fflush(stdout);
         for (;;) pause();
+    } else if (!strcmp(m, "single")) {
+        loop(n);
+        int rc = unshare(CLONE_NEWUSER);
+        int err = errno;
+        printf("threads=%d unshare=%s\n", task_count(),
+               rc == 0 ? "0" : err == EINVAL ? "EINVAL" : err == EPERM ? "EPERM" : "other");
+        fflush(stdout);
+        usleep(argc > 3 ? atol(argv[3]) * 1000 : 0);
+        long more = argc > 4 ? atol(argv[4]) : 1;
+        for (long i = 0; i < more; i++) site_a();
+        made += more;
+        printf("idle n=%ld\n", made);
+        fflush(stdout);
+        for (;;) pause();
+    } else if (!strcmp(m, "unlink")) {
+        if (argc < 5) return 3;
+        loop(n);
+        if (unlink(argv[3]) != 0) {
+            perror("unlink");
+            return 4;
+        }
+        long later = atol(argv[4]);
+        for (long i = 0; i < later; i++) site_b();
+        made += later;
     } else if (!strcmp(m, "threads")) {
         long t = argc > 3 ? atol(argv[3]) : 1;
         pthread_t th[64];

@@ -21,7 +21,12 @@
 //!   per (host, pid, start time), listed after the numbered ranks; records with neither
 //!   are grouped under "rank -", listed last;
 //! - an empty line is not a problem (nothing was written there), a line without its final
-//!   newline that fails to parse is reported as torn.
+//!   newline that fails to parse is reported as torn;
+//! - every record starts with [`RECORD_START`], and a record is whole or absent (issue 29,
+//!   item 7): a line that holds a record's start after other text is a fragment (a write
+//!   that the file system cut short) with a later record glued to it. The line is split at
+//!   each record start: the fragment is one torn record (a problem), the record after it is
+//!   kept.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -371,6 +376,28 @@ fn cut_why(mut why: String) -> String {
     why
 }
 
+/// How every record the guard writes begins (`crate::record`'s `write_json`; the schema's
+/// first field, docs/schema/audit-record.v1.json). Inside a JSON string a quote is
+/// escaped, so this text never occurs inside a record, only at its start.
+pub const RECORD_START: &str = "{\"format\":\"rankguard-audit\"";
+
+/// Where [`RECORD_START`] first occurs in `b`.
+fn find_record_start(b: &[u8]) -> Option<usize> {
+    let pat = RECORD_START.as_bytes();
+    b.windows(pat.len()).position(|w| w == pat)
+}
+
+/// What part of a line a piece is (see [`Aggregator::add_line`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    /// A whole line (it ended with a newline).
+    Line,
+    /// The file's last line, with no final newline.
+    LastLine,
+    /// Text followed on the same line by a record's start.
+    BeforeRecord,
+}
+
 impl Aggregator {
     pub fn new() -> Self {
         Self::default()
@@ -471,8 +498,46 @@ impl Aggregator {
     }
 
     /// One line (without its newline); `complete` is false for a last line that had none.
-    pub fn add_line(&mut self, file: &str, n: usize, line: &[u8], complete: bool) {
-        let Ok(text) = std::str::from_utf8(line) else {
+    /// Resynchronises at each [`RECORD_START`] inside the line (see the module's notes).
+    pub fn add_line(&mut self, file: &str, n: usize, mut line: &[u8], complete: bool) {
+        while let Some(i) = line.get(1..).and_then(find_record_start) {
+            let (head, tail) = line.split_at(i + 1);
+            self.add_piece(file, n, head, Piece::BeforeRecord);
+            line = tail;
+        }
+        let how = if complete {
+            Piece::Line
+        } else {
+            Piece::LastLine
+        };
+        self.add_piece(file, n, line, how);
+    }
+
+    fn add_piece(&mut self, file: &str, n: usize, piece: &[u8], how: Piece) {
+        let text = std::str::from_utf8(piece);
+        if how == Piece::BeforeRecord {
+            // A whole record followed by another on one line is not something the guard
+            // writes, but it is whole: keep it.
+            if let Some(r) = text.ok().and_then(|t| parse_record(t).ok()) {
+                return self.add_record(
+                    r,
+                    Origin {
+                        file: file.to_string(),
+                        line: n,
+                    },
+                );
+            }
+            if piece.iter().all(u8::is_ascii_whitespace) {
+                return;
+            }
+            return self.line_problem(
+                file,
+                n,
+                "torn: a record cut short (its write ran out of space?), with a later record glued to it on the same line; the later record is kept".into(),
+            );
+        }
+        let complete = how == Piece::Line;
+        let Ok(text) = text else {
             self.line_problem(
                 file,
                 n,
@@ -489,6 +554,11 @@ impl Aggregator {
                 self.line_problem(file, n, "torn: the file ends inside a record (no final newline); was the writer killed mid-write?".into())
             }
             Err(e) if !complete => self.line_problem(file, n, format!("torn (no final newline): {e}")),
+            // A record's start cut short, then the newline its writer put before its next
+            // record (`guard::output::sink`): torn.
+            Err(e) if e.starts_with("partial record") && text.starts_with(RECORD_START) => {
+                self.line_problem(file, n, "torn: a record cut short (its write ran out of space?); the records after it are kept".into())
+            }
             Err(e) => self.line_problem(file, n, e),
         }
     }
@@ -1138,5 +1208,70 @@ mod tests {
         assert_eq!(utc(951_782_400.25), "2000-02-29T00:00:00.250000Z");
         assert_eq!(utc(1_796_046_555.123456), "2026-11-30T13:49:15.123456Z");
         assert_eq!(micros(1.5), 1_500_000);
+    }
+
+    #[test]
+    fn a_fragment_glued_to_a_later_record_is_one_torn_record_and_the_later_one_is_kept() {
+        // Issue 29, item 7: a write cut short by a full file system leaves a fragment with
+        // no newline; the next record (written after space was freed) is glued to it.
+        let full = |ts: f64, pid: i64| {
+            rec(ts, "cuDeviceGet", "R2", "warn", Some(0), pid).replacen(
+                '{',
+                &format!("{RECORD_START},\"version\":1,"),
+                1,
+            )
+        };
+        let whole: Vec<String> = (1..=7).map(|i| full(f64::from(i), i.into())).collect();
+        let torn = full(8.0, 8);
+        let fragment = &torn[..torn.len() / 2];
+        let later = [full(9.0, 9), full(10.0, 10)];
+        // The fragment alone on its line (the writer's resynchronising newline), glued to a
+        // later record (another process's), and glued twice.
+        for text in [
+            format!(
+                "{}\n{fragment}\n{}\n{}\n",
+                whole.join("\n"),
+                later[0],
+                later[1]
+            ),
+            format!(
+                "{}\n{fragment}{}\n{}\n",
+                whole.join("\n"),
+                later[0],
+                later[1]
+            ),
+            format!(
+                "{}\n{fragment}{fragment}{}\n{}\n",
+                whole.join("\n"),
+                later[0],
+                later[1]
+            ),
+        ] {
+            let mut a = Aggregator::new();
+            a.add_file("f", text.as_bytes());
+            let s = a.finish();
+            assert_eq!(s.totals.records, 9, "{text}");
+            let torn_ones = if text.contains(&format!("{fragment}{fragment}")) {
+                2
+            } else {
+                1
+            };
+            assert_eq!(s.totals.problems, torn_ones, "{:?}", s.problems);
+            assert!(s
+                .problems
+                .iter()
+                .all(|p| p.why.starts_with("torn") && p.line == Some(8)));
+        }
+        // A cut that lands inside a multi-byte character is torn too, not "not UTF-8".
+        let mut a = Aggregator::new();
+        let mut bytes = "{\"format\":\"rankguard-audit\",\"site\":\"é"
+            .as_bytes()
+            .to_vec();
+        bytes.pop();
+        bytes.extend_from_slice(later[0].as_bytes());
+        a.add_file("f", &bytes);
+        let s = a.finish();
+        assert_eq!((s.totals.records, s.totals.problems), (1, 1));
+        assert!(s.problems[0].why.starts_with("torn"), "{:?}", s.problems);
     }
 }

@@ -97,6 +97,11 @@ pub enum Detail {
     /// default directory was taken by another user and there is no private fallback):
     /// refused whatever `RANKGUARD_IPC` says, else squatting the directory would switch R3 off.
     UnknownNoRegistry,
+    /// An IPC import of unknown provenance inside a known rank while the registry has lost
+    /// records of a live exporter (it was full, or its file system): refused whatever
+    /// `RANKGUARD_IPC` says, else an overflowing registry would let this rank's own
+    /// cross-device import through (`crate::registry::Decision::after_overflow`).
+    UnknownOverflow,
     /// An imported mapping that the driver reports on another device than the rank's (R3).
     ImportedOnOtherDevice { device: i32 },
     /// One cooperative launch across several devices (R4).
@@ -160,6 +165,11 @@ impl fmt::Display for Detail {
             }
             Detail::UnknownNoRegistry => f.write_str(
                 "IPC import of unknown provenance: refused, there is no provenance registry this user can trust (set RANKGUARD_REGISTRY)",
+            ),
+            Detail::UnknownOverflow => write!(
+                f,
+                "IPC import of unknown provenance inside a rank while the provenance registry has lost records of a live exporter (it holds at most {} records; full, or its file system full), so this may be the rank's own memory on another GPU; fix: fewer live IPC exports per node, free space in the registry's file system, or set RANKGUARD_REGISTRY to a directory with room",
+                crate::registry::MAX_RECORDS
             ),
             Detail::ImportedOnOtherDevice { device } => {
                 write!(

@@ -24,7 +24,10 @@
 //! over its final name, so a reader sees a whole record or none, and concurrent writers of
 //! different keys never interfere. The directory is bounded ([`MAX_RECORDS`]): a write to a
 //! full registry first sweeps at most [`SWEEP_BUDGET`] entries of it (bounded in time), and
-//! is refused only when that sweep freed nothing, saying what the sweep saw.
+//! is refused only when that sweep freed nothing, saying what the sweep saw. A record that
+//! cannot be stored (full, or its file system) puts its exporter on the overflow mark
+//! ([`OVERFLOW_MARK`]), under which unknown provenance inside a known rank is refused
+//! ([`Decision::after_overflow`]).
 //!
 //! Keys (one file per exported handle, named `<tag>-<hex>`):
 //! - legacy memory and event handles, FABRIC handles and pool pointer export data: their 64
@@ -70,6 +73,15 @@ pub const SWEEP_BUDGET: usize = 128;
 /// died without removing theirs (a signal, `_exit`) go, and no start-up pays more than this
 /// for them however many there are.
 pub const START_SWEEP_TIME: std::time::Duration = std::time::Duration::from_millis(1);
+/// The overflow mark (issue 29, item 3): a file in the registry directory listing the live
+/// processes whose exports could not be recorded (the registry full, its file system full or
+/// read-only). While it names a live process, a missing record no longer means "an
+/// unguarded exporter": it may be this rank's own export on another GPU
+/// ([`Decision::after_overflow`]). Not a key's file name, so a sweep keeps it.
+pub const OVERFLOW_MARK: &str = "overflow";
+/// Most exporters one overflow mark lists; one more makes it [`Overflow::sticky`].
+pub const OVERFLOW_MAX: usize = 64;
+const OVERFLOW_MAGIC: &str = "rankguard-ipc-overflow 1";
 /// A temporary file older than this is a writer's leftover (it died between create and
 /// rename) and is removed by a sweep.
 pub const STALE_TMP_SECS: u64 = 60;
@@ -729,6 +741,18 @@ pub struct Swept {
     pub max: usize,
 }
 
+/// The registry has lost records ([`Registry::overflow`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overflow {
+    /// A live exporter whose records were lost (None: only a sticky mark).
+    pub pid: Option<u32>,
+    /// More exporters than the mark lists ([`OVERFLOW_MAX`]), or a mark that cannot be
+    /// read: it stays until it is removed by hand.
+    pub sticky: bool,
+    /// The mark's path, for the line that says how to clear it.
+    pub path: PathBuf,
+}
+
 /// A verified registry directory.
 pub struct Registry {
     dir: PathBuf,
@@ -874,28 +898,7 @@ impl Registry {
                 }
             }
         }
-        let tmp = self.dir.join(format!(
-            ".tmp.{}.{}.{}",
-            std::process::id(),
-            TMP_SEQ.fetch_add(1, Ordering::Relaxed),
-            now_secs()
-        ));
-        let result = (|| -> io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            drop(f);
-            fs::rename(&tmp, &target)
-        })();
-        if let Err(e) = result {
-            let _ = fs::remove_file(&tmp);
-            return Err(WriteProblem::Io(e));
-        }
-        Ok(())
+        self.replace(&target, &text).map_err(WriteProblem::Io)
     }
 
     /// Whether this new record's write counts the directory ([`COUNT_EVERY`]).
@@ -1013,6 +1016,152 @@ impl Registry {
                 let _ = fs::remove_file(path);
             }
         }
+    }
+
+    /// Mark the registry as having lost a record of the live process `pid` (started at
+    /// `start`): its entry is added to the [`OVERFLOW_MARK`] (exited ones are dropped), by
+    /// an atomic rename like a record. A concurrent marker may replace the file with its own
+    /// list; the entry is checked after the rename and added again (a few tries), and every
+    /// later lost record of the process checks it again.
+    pub fn mark_overflow(&self, pid: u32, start: u64, procs: &dyn Procs) -> io::Result<()> {
+        let path = self.dir.join(OVERFLOW_MARK);
+        for _ in 0..4 {
+            let (mut listed, mut sticky) = match self.read_mark(&path) {
+                Ok(Some(m)) => m,
+                Ok(None) => (Vec::new(), false),
+                // Unreadable or corrupt: start it again, sticky (it named someone).
+                Err(_) => (Vec::new(), true),
+            };
+            if listed.contains(&(pid, start)) {
+                return Ok(());
+            }
+            listed.retain(|&(p, s)| procs.info(p).is_some_and(|i| i.start == s));
+            if listed.len() >= OVERFLOW_MAX {
+                listed.truncate(OVERFLOW_MAX - 1);
+                sticky = true;
+            }
+            listed.push((pid, start));
+            let mut text = format!("{OVERFLOW_MAGIC}\n");
+            for (p, s) in &listed {
+                let _ = writeln!(text, "exporter {p} {s}");
+            }
+            if sticky {
+                text.push_str("more\n");
+            }
+            text.push_str("end\n");
+            self.replace(&path, &text)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the registry has lost records of a live exporter ([`OVERFLOW_MARK`]). A
+    /// mark whose exporters have all exited is removed (their handles died with them). A
+    /// mark that cannot be read or parsed counts as set, and as sticky: removed by hand.
+    pub fn overflow(&self, procs: &dyn Procs) -> Option<Overflow> {
+        let path = self.dir.join(OVERFLOW_MARK);
+        let ident = fs::symlink_metadata(&path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()))?;
+        let Ok(m) = self.read_mark(&path) else {
+            return Some(Overflow {
+                pid: None,
+                sticky: true,
+                path,
+            });
+        };
+        let (listed, sticky) = m?;
+        let live = listed
+            .iter()
+            .find(|&&(p, s)| {
+                procs
+                    .info(p)
+                    .is_some_and(|i| i.start == s && i.uid == self.uid)
+            })
+            .map(|&(p, _)| p);
+        if live.is_none() && !sticky {
+            self.remove_if(&path, ident);
+            return None;
+        }
+        Some(Overflow {
+            pid: live,
+            sticky,
+            path,
+        })
+    }
+
+    /// The mark's `(pid, start)` entries and its `more` flag; `Ok(None)`: no mark.
+    #[allow(clippy::type_complexity)]
+    fn read_mark(&self, path: &Path) -> Result<Option<(Vec<(u32, u64)>, bool)>, Skip> {
+        let mut f = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Skip::Io(e)),
+        };
+        let md = f.metadata().map_err(Skip::Io)?;
+        if !md.file_type().is_file() {
+            return Err(Skip::NotRegular);
+        }
+        if md.uid() != self.uid || md.permissions().mode() & 0o022 != 0 {
+            return Err(Skip::Permissions);
+        }
+        let max = 64 * (OVERFLOW_MAX as u64 + 2);
+        let mut buf = String::new();
+        (&mut f as &mut File)
+            .take(max + 1)
+            .read_to_string(&mut buf)
+            .map_err(Skip::Io)?;
+        if buf.len() as u64 > max {
+            return Err(Skip::TooLarge);
+        }
+        let bad = || Skip::Corrupt(Corrupt("not a rankguard IPC overflow mark"));
+        let mut lines = buf.split('\n');
+        if lines.next() != Some(OVERFLOW_MAGIC) {
+            return Err(bad());
+        }
+        let (mut listed, mut sticky) = (Vec::new(), false);
+        for line in lines {
+            match line.split(' ').collect::<Vec<_>>()[..] {
+                ["end"] => return Ok(Some((listed, sticky))),
+                ["more"] => sticky = true,
+                ["exporter", p, s] => listed.push((
+                    parse_dec(p)
+                        .and_then(|p| u32::try_from(p).ok())
+                        .ok_or_else(bad)?,
+                    parse_dec(s).ok_or_else(bad)?,
+                )),
+                _ => return Err(bad()),
+            }
+        }
+        Err(bad())
+    }
+
+    /// Write `text` to `path` by a fresh temporary file renamed over it.
+    fn replace(&self, path: &Path, text: &str) -> io::Result<()> {
+        let tmp = self.dir.join(format!(
+            ".tmp.{}.{}.{}",
+            std::process::id(),
+            TMP_SEQ.fetch_add(1, Ordering::Relaxed),
+            now_secs()
+        ));
+        let result = (|| -> io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            drop(f);
+            fs::rename(&tmp, path)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
     }
 
     /// Remove the records of dead exporters, untrusted records and stale temporaries among
@@ -1143,6 +1292,9 @@ pub enum Decision {
     /// taken by another user, no private fallback): refused in any policy, since squatting
     /// the directory must not switch R3 off ([`Decision::without_registry`]).
     UnknownNoRegistry,
+    /// The same, inside a known rank (the importer knows its rank and GPU), while the
+    /// registry has lost records of a live exporter ([`Decision::after_overflow`]).
+    UnknownOverflow,
     /// Same job and rank, another GPU: the violation R3 exists for.
     CrossDevice,
 }
@@ -1154,6 +1306,7 @@ impl Decision {
             Decision::CrossDevice => Detail::CrossDeviceIpc,
             Decision::UnknownStrict => Detail::UnknownExporter,
             Decision::UnknownNoRegistry => Detail::UnknownNoRegistry,
+            Decision::UnknownOverflow => Detail::UnknownOverflow,
             _ => return Verdict::Allow,
         };
         Verdict::Violation(Violation {
@@ -1178,6 +1331,20 @@ impl Decision {
         }
     }
 
+    /// The decision while the registry has lost records of a live exporter
+    /// ([`Registry::overflow`]): a missing record is then no evidence of an unguarded
+    /// exporter, since the import may be of this rank's own export on another GPU. So
+    /// unknown provenance inside a known rank (the importer has a rank, by variables or a
+    /// rank root, and a GPU: what the importer can know) is refused in any policy; outside
+    /// one it keeps its meaning (nothing to compare), as does every decided case.
+    pub fn after_overflow(self, me: &Importer<'_>) -> Decision {
+        let in_rank = me.gpu.is_some() && (me.rank.is_some() || me.root.is_some());
+        match self {
+            Decision::Unknown | Decision::UnknownStrict if in_rank => Decision::UnknownOverflow,
+            d => d,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::SameGpu => "same rank, same GPU",
@@ -1187,6 +1354,9 @@ impl Decision {
             Decision::Unknown => "unknown exporter (allowed; RANKGUARD_IPC=strict denies)",
             Decision::UnknownStrict => "unknown exporter (RANKGUARD_IPC=strict)",
             Decision::UnknownNoRegistry => "unknown provenance: refused (no trusted registry)",
+            Decision::UnknownOverflow => {
+                "unknown provenance: refused (the registry lost records of a live exporter)"
+            }
             Decision::CrossDevice => "same rank, another GPU",
         }
     }
@@ -2027,5 +2197,121 @@ mod tests {
             let t = text.replace("root 7.70\n", bad);
             assert!(ProvenanceRecord::parse(&t, &key).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn unknown_provenance_inside_a_known_rank_is_refused_while_records_are_lost() {
+        use Decision::*;
+        let root = RootId { pid: 20, start: 5 };
+        let in_rank = [
+            me(Some(0), Some(G1), None),
+            Importer {
+                root: Some(root),
+                ..me(None, Some(G1), None)
+            },
+        ];
+        for m in &in_rank {
+            assert_eq!(Unknown.after_overflow(m), UnknownOverflow);
+            assert_eq!(UnknownStrict.after_overflow(m), UnknownOverflow);
+            for d in [
+                SameGpu,
+                OtherRank,
+                OtherJob,
+                HostMemory,
+                CrossDevice,
+                UnknownNoRegistry,
+            ] {
+                assert_eq!(d.after_overflow(m), d, "a decided case stands: {d:?}");
+            }
+        }
+        // Not a known rank (no GPU, or neither rank nor root): nothing to compare, as before.
+        for m in [me(Some(0), None, None), me(None, Some(G1), None)] {
+            assert_eq!(Unknown.after_overflow(&m), Unknown);
+            assert_eq!(UnknownStrict.after_overflow(&m), UnknownStrict);
+        }
+        assert!(
+            matches!(UnknownOverflow.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::UnknownOverflow && v.code == DenyCode::NotPermitted)
+        );
+        assert!(!UnknownOverflow.verify_after());
+        let text = Detail::UnknownOverflow.to_string();
+        assert!(
+            text.contains(&MAX_RECORDS.to_string()) && text.contains("fix:"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_overflow_mark_lists_live_exporters_and_goes_with_the_last() {
+        let t = TempDir::new("overflow");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        let procs = FakeProcs::with(100, 1, u);
+        procs
+            .0
+            .borrow_mut()
+            .insert(200, ProcInfo { start: 2, uid: u });
+        assert_eq!(reg.overflow(&procs), None, "no mark: nothing lost");
+        reg.mark_overflow(100, 1, &procs).unwrap();
+        reg.mark_overflow(200, 2, &procs).unwrap();
+        reg.mark_overflow(100, 1, &procs).unwrap(); // listed once
+        let text = fs::read_to_string(t.0.join(OVERFLOW_MARK)).unwrap();
+        assert_eq!(text.matches("exporter 100 1\n").count(), 1, "{text}");
+        assert!(text.contains("exporter 200 2\n"), "{text}");
+        assert!(
+            Key::parse_file_name(OVERFLOW_MARK).is_none(),
+            "a sweep keeps it"
+        );
+        assert_eq!(
+            reg.overflow(&procs).map(|o| (o.pid, o.sticky)),
+            Some((Some(100), false))
+        );
+        // One exited, or its pid reused (another start time): the other still holds it.
+        procs
+            .0
+            .borrow_mut()
+            .insert(100, ProcInfo { start: 9, uid: u });
+        assert_eq!(reg.overflow(&procs).and_then(|o| o.pid), Some(200));
+        // The last one exited: its handles died with it, and the mark goes.
+        procs.0.borrow_mut().remove(&200);
+        assert_eq!(reg.overflow(&procs), None);
+        assert!(!t.0.join(OVERFLOW_MARK).exists());
+        // A new mark drops the exited entries it finds.
+        fs::write(
+            t.0.join(OVERFLOW_MARK),
+            format!("{OVERFLOW_MAGIC}\nexporter 7 7\nend\n"),
+        )
+        .unwrap();
+        reg.mark_overflow(100, 9, &procs).unwrap();
+        let text = fs::read_to_string(t.0.join(OVERFLOW_MARK)).unwrap();
+        assert!(
+            !text.contains("exporter 7 7") && text.contains("exporter 100 9"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_overflow_mark_past_its_bound_or_unreadable_stays_until_removed() {
+        let t = TempDir::new("overflow-sticky");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap();
+        let procs = FakeProcs::default();
+        for pid in 1..=(OVERFLOW_MAX as u32 + 1) {
+            procs
+                .0
+                .borrow_mut()
+                .insert(pid, ProcInfo { start: 3, uid: u });
+            reg.mark_overflow(pid, 3, &procs).unwrap();
+        }
+        let o = reg.overflow(&procs).unwrap();
+        assert!(o.sticky && o.path == t.0.join(OVERFLOW_MARK));
+        procs.0.borrow_mut().clear();
+        assert_eq!(
+            reg.overflow(&procs).map(|o| (o.pid, o.sticky)),
+            Some((None, true))
+        );
+        // Garbage where the mark is: set (fail closed), and sticky.
+        fs::write(t.0.join(OVERFLOW_MARK), "garbage\n").unwrap();
+        assert_eq!(reg.overflow(&procs).map(|o| o.sticky), Some(true));
+        assert!(t.0.join(OVERFLOW_MARK).exists());
     }
 }

@@ -290,9 +290,72 @@ pub fn now_us() -> u64 {
     ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 
+/// Microseconds of `CLOCK_MONOTONIC_COARSE` (the vDSO's tick, a few loads: no system
+/// call, no rdtsc), for intervals that need no finer clock.
+pub fn coarse_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+}
+
+/// How many threads this process has now (`num_threads` of `/proc/self/stat`), read
+/// without allocating (open, one read into a stack buffer, close); None when it cannot be
+/// read (no `/proc`, no free descriptor).
+pub fn thread_count() -> Option<u32> {
+    let mut buf = [0u8; 1024];
+    // SAFETY: the path is NUL-terminated; read(2) writes at most `buf.len()` bytes into the
+    // live buffer; the descriptor is closed before returning.
+    let n = unsafe {
+        let fd = libc::open(
+            c"/proc/self/stat".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    stat_threads(buf.get(..usize::try_from(n).ok()?)?)
+}
+
+/// `num_threads` (field 20, proc(5)) of a `/proc/<pid>/stat` text. The command name (field
+/// 2) may hold spaces and parentheses: fields are counted after its last `)`.
+fn stat_threads(stat: &[u8]) -> Option<u32> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let field = stat[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(20 - 3)?;
+    let mut v: u32 = 0;
+    for &d in field {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u32::from(d - b'0'))?;
+    }
+    (!field.is_empty()).then_some(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_count_is_field_20_of_stat() {
+        let stat =
+            b"1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 7 0 98765 1000 10";
+        assert_eq!(stat_threads(stat), Some(7));
+        assert_eq!(stat_threads(b"1 (x) S 1 2 3"), None);
+        assert_eq!(stat_threads(b"no parenthesis"), None);
+        // this test binary runs its tests on threads of its own: at least one
+        assert!(thread_count().is_some_and(|n| n >= 1));
+    }
 
     #[test]
     fn long_values_keep_their_ends_and_lines_their_newline() {

@@ -14,6 +14,13 @@
 //!   existing regular file or FIFO that another user owns, is refused with one line.
 //! - **Said once**: a file that cannot be opened, or records being lost (ENOSPC, EIO, a
 //!   full pipe), is said once per process on stderr, never once per event.
+//! - **Whole or absent** (issue 29, item 7): a record is one `write(2)`, never completed
+//!   by a second one (another process may have appended meanwhile). A write that the file
+//!   system cut short (full part-way) leaves a fragment without a newline; the process
+//!   remembers it, and its next record goes out in one `writev(2)` that starts with a
+//!   newline, so no later record of it is glued to the fragment. A record of another
+//!   process sharing the file can still land right after the fragment: `rankguard report`
+//!   resynchronises at each record's start inside a line (`crate::audit`).
 //!
 //! All state is atomics plus a fork-safe [`PidLock`] around the short check-or-reopen.
 #![allow(unsafe_code)]
@@ -43,6 +50,9 @@ pub struct Sink {
     lost_said: AtomicU32,
     /// Records that could not be written (all processes sharing this memory).
     lost: AtomicU64,
+    /// The pid whose last write was cut short (the file ends in its fragment, with no
+    /// newline), or 0: its next record starts with a newline.
+    torn: AtomicU32,
 }
 
 pub static AUDIT: Sink = Sink::new(Kind::Audit);
@@ -95,6 +105,7 @@ impl Sink {
             refused: AtomicU32::new(0),
             lost_said: AtomicU32::new(0),
             lost: AtomicU64::new(0),
+            torn: AtomicU32::new(0),
         }
     }
 
@@ -106,21 +117,40 @@ impl Sink {
 
     /// Append one record (one `write(2)`: records of processes sharing the file never
     /// interleave). Never blocks on a pipe or FIFO; a record that cannot be written is
-    /// counted and said once. False when the file could not be opened at all.
+    /// counted and said once. False when the file could not be opened at all. After a
+    /// write of this process was cut short, the next record starts with a newline, in the
+    /// same system call (see "Whole or absent" above).
     pub fn write(&self, template: &str, bytes: &[u8]) -> bool {
         let Some(fd) = self.descriptor(template) else {
             return false;
         };
+        // Only after a cut-short write is the pid asked for (a system call).
+        let torn = self.torn.load(Ordering::Relaxed);
+        let resync = torn != 0 && torn == signal_safe::pid();
+        let want = bytes.len() + usize::from(resync);
         loop {
-            let (n, err) = write_no_sigxfsz(fd, bytes);
-            if n >= 0 && n as usize == bytes.len() {
+            let (n, err) = if resync {
+                write_no_sigxfsz(fd, b"\n", bytes)
+            } else {
+                write_no_sigxfsz(fd, &[], bytes)
+            };
+            if n >= 0 && n as usize == want {
+                if resync {
+                    self.torn.store(0, Ordering::Relaxed);
+                }
                 return true;
             }
             if err == libc::EINTR {
                 continue;
             }
             // A short write (a full disk part-way) or an error: the record is lost either
-            // way; never retry a partial record (it would tear the line).
+            // way; never retry a partial record (it would tear the line). A short write
+            // that got past the leading newline left a fragment of this record.
+            if n > isize::from(resync) {
+                self.torn.store(signal_safe::pid(), Ordering::Relaxed);
+            } else if n == 1 {
+                self.torn.store(0, Ordering::Relaxed);
+            }
             self.lose(template, if n >= 0 { libc::ENOSPC } else { err });
             return true;
         }
@@ -243,14 +273,38 @@ impl Sink {
 /// returns EFBIG instead; a SIGXFSZ that the write left pending is taken with a zero-timeout
 /// `sigtimedwait`, only when none was pending before (one the program had pending is its
 /// own and stays). Checking the limit first instead would race with the other processes
-/// appending to the same file. Returns the write's result and its errno (0 on success).
-fn write_no_sigxfsz(fd: i32, bytes: &[u8]) -> (isize, i32) {
-    // By system call (`sys::sigmask`): the C library's signal functions would be imports
-    // the loader relocates in every process.
+/// appending to the same file. `head` and `bytes` go out in one system call (`writev` when
+/// `head` is not empty). Returns the write's result and its errno (0 on success).
+fn write_no_sigxfsz(fd: i32, head: &[u8], bytes: &[u8]) -> (isize, i32) {
+    // By system call (`sys::sigmask`, and `writev` through `syscall`): the C library's
+    // signal functions and `writev` would be imports the loader relocates in every process.
     let old = sigmask::block(libc::SIGXFSZ);
     let pending_before = old.is_some() && sigmask::pending(libc::SIGXFSZ) == Some(true);
-    // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes of it.
-    let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    let n = if head.is_empty() {
+        // SAFETY: `bytes` is a live slice; write(2) reads at most `len` bytes of it.
+        unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) }
+    } else {
+        let iov = [
+            libc::iovec {
+                iov_base: head.as_ptr() as *mut libc::c_void,
+                iov_len: head.len(),
+            },
+            libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len(),
+            },
+        ];
+        // SAFETY: `iov` is a live array of two iovecs over live slices; writev(2) only
+        // reads them and at most each one's `iov_len` bytes.
+        unsafe {
+            libc::syscall(
+                libc::SYS_writev,
+                fd as libc::c_long,
+                iov.as_ptr(),
+                2 as libc::c_long,
+            ) as isize
+        }
+    };
     let err = if n < 0 { errno() } else { 0 };
     if let Some(old) = old {
         if !pending_before && sigmask::pending(libc::SIGXFSZ) == Some(true) {

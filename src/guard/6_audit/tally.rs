@@ -16,10 +16,20 @@
 //! - **Summaries.** `pending` holds the occurrences not yet written, and `owned` those of
 //!   the slot's owner thread ([`bump`]); a writer takes `pending` with `swap(0)` and
 //!   `owned`'s growth by compare-and-swap ([`take`]), so a count is written exactly once
-//!   whoever writes it. Writers: a
-//!   flusher thread started at the first counted-only violation (every [`INTERVAL_MS`]), the
-//!   process's exit (`atexit`), an `exec*` call (`exec.rs`), and, after exit began, the
-//!   violating thread itself. A SIGKILL or `_exit` loses at most the last interval.
+//!   whoever writes it. Writers: the process's exit (`atexit`), an `exec*` call
+//!   (`exec.rs`), after exit began the violating thread itself, and, every [`INTERVAL_MS`]:
+//!   - in a process that has more than one thread at its first counted-only violation
+//!     (`num_threads` of `/proc/self/stat`, read without allocating), a flusher thread
+//!     started then; a SIGKILL or `_exit` loses at most the last interval;
+//!   - in any other process (one thread, or the count unreadable), no thread is ever added
+//!     (issue 29, item 9: a thread changes the host, e.g. `unshare(CLONE_NEWUSER)` fails
+//!     with EINVAL in a multi-threaded process): a counted violation writes the summaries
+//!     itself once an interval has passed ([`late`]; the clock is read at every
+//!     [`POLL_EVERY`]-th counted violation, so the summaries are written at most that many
+//!     violations after the interval), and a SIGKILL or `_exit` loses what was counted
+//!     since the last summary, exit or exec.
+//!
+//!   The repeated path pays for neither: one load of [`LATE`], as it paid for the exit flag.
 //! - **fork.** The child starts with an empty table and no flusher (`pthread_atfork`); the
 //!   parent writes what it counted.
 #![allow(unsafe_code)]
@@ -140,6 +150,19 @@ static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 /// 0: no flusher in this process; 1: started (or not needed).
 static FLUSHER: AtomicU8 = AtomicU8::new(0);
 static EXITING: AtomicBool = AtomicBool::new(false);
+/// What a counted violation must do after counting, one load on the repeated path:
+/// [`LATE_EXIT`] (exit began: write this slot now) and [`LATE_POLL`] (no flusher thread:
+/// write the summaries when an interval has passed).
+static LATE: AtomicU8 = AtomicU8::new(0);
+const LATE_EXIT: u8 = 1;
+const LATE_POLL: u8 = 2;
+/// When the summaries were last written in a process without a flusher thread
+/// ([`signal_safe::coarse_us`]).
+static POLLED_US: AtomicU64 = AtomicU64::new(0);
+/// Counted violations [`late`] has seen in a process without a flusher thread; the clock
+/// is read at every [`POLL_EVERY`]-th.
+static POLL_TICK: AtomicU32 = AtomicU32::new(0);
+const POLL_EVERY: u32 = 64;
 static FLUSH_LOCK: AtomicBool = AtomicBool::new(false);
 
 const TAG_RA: u64 = 1;
@@ -266,8 +289,8 @@ pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
         return None;
     }
     bump(slot);
-    if EXITING.load(Ordering::SeqCst) {
-        flush_slot(slot);
+    if LATE.load(Ordering::SeqCst) != 0 {
+        late(slot);
     }
     Some(deny)
 }
@@ -465,10 +488,8 @@ fn after_count(slot: &'static Slot) {
     if FLUSHER.load(Ordering::Relaxed) == 0 {
         start_flusher();
     }
-    if EXITING.load(Ordering::SeqCst) {
-        // The exit flush already ran (another atexit handler or destructor is violating):
-        // write this one now.
-        flush_slot(slot);
+    if LATE.load(Ordering::SeqCst) != 0 {
+        late(slot);
     }
     debug_log::log!(
         Trace,
@@ -479,6 +500,38 @@ fn after_count(slot: &'static Slot) {
 
 fn now_us() -> u64 {
     signal_safe::now_us()
+}
+
+/// After a counted violation, when [`LATE`] says so: once the exit flush ran (another
+/// atexit handler or destructor is violating), write this slot now; in a process without
+/// a flusher thread, write every pending summary once an interval has passed since the
+/// last time.
+#[cold]
+#[inline(never)]
+fn late(slot: &'static Slot) {
+    let late = LATE.load(Ordering::SeqCst);
+    if late & LATE_EXIT != 0 {
+        flush_slot(slot);
+    } else if late & LATE_POLL != 0 {
+        // The clock (a few dozen instructions through the vDSO) is read at every
+        // POLL_EVERY-th counted violation only: a loop of violations pays an increment
+        // and a test. A plain load and store: in a process without other threads nothing
+        // races, and where threads came later a lost tick only delays a summary.
+        let tick = POLL_TICK.load(Ordering::Relaxed).wrapping_add(1);
+        POLL_TICK.store(tick, Ordering::Relaxed);
+        if !tick.is_multiple_of(POLL_EVERY) {
+            return;
+        }
+        let now = signal_safe::coarse_us();
+        let last = POLLED_US.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= INTERVAL_MS * 1000
+            && POLLED_US
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let _ = std::panic::catch_unwind(flush_all);
+        }
+    }
 }
 
 /// First violation in this process image: register the exit and fork handlers.
@@ -515,6 +568,7 @@ fn activate_slow() {
 
 extern "C" fn at_exit() {
     EXITING.store(true, Ordering::SeqCst);
+    LATE.fetch_or(LATE_EXIT, Ordering::SeqCst);
     let _ = std::panic::catch_unwind(flush_all);
 }
 
@@ -526,6 +580,9 @@ extern "C" fn after_fork_child() {
     }
     OVERFLOW.reset();
     FLUSHER.store(0, Ordering::Relaxed);
+    // The child has one thread and no flusher: it decides again at its first count.
+    POLL_TICK.store(0, Ordering::Relaxed);
+    LATE.fetch_and(!LATE_POLL, Ordering::SeqCst);
     FLUSH_LOCK.store(false, Ordering::Relaxed);
     OWNER_PID.store(signal_safe::pid(), Ordering::Relaxed);
 }
@@ -540,6 +597,10 @@ pub fn before_exec() {
     let _ = std::panic::catch_unwind(flush_all);
 }
 
+/// At the first counted-only violation of this process image: how summaries get written
+/// every [`INTERVAL_MS`] (the module's notes). A thread only in a process that has more
+/// than one already; otherwise, or when the thread cannot be started, the violating calls
+/// write them ([`late`]).
 #[cold]
 fn start_flusher() {
     if FLUSHER.swap(1, Ordering::AcqRel) != 0 {
@@ -548,21 +609,32 @@ fn start_flusher() {
     if state::try_get().is_none() || !state::audit_on() {
         return; // nothing to write summaries to
     }
-    let spawned = std::thread::Builder::new()
-        .name("rankguard-flush".into())
-        .spawn(|| loop {
-            std::thread::sleep(std::time::Duration::from_millis(INTERVAL_MS));
-            if EXITING.load(Ordering::SeqCst) {
-                return;
-            }
-            let _ = std::panic::catch_unwind(flush_all);
-        });
-    if spawned.is_err() {
+    let threads = signal_safe::thread_count();
+    if threads.is_some_and(|n| n > 1) {
+        let spawned = std::thread::Builder::new()
+            .name("rankguard-flush".into())
+            .spawn(|| loop {
+                std::thread::sleep(std::time::Duration::from_millis(INTERVAL_MS));
+                if EXITING.load(Ordering::SeqCst) {
+                    return;
+                }
+                let _ = std::panic::catch_unwind(flush_all);
+            });
+        match spawned {
+            Ok(_) => return,
+            Err(_) => debug_log::log!(
+                Warn,
+                "cannot start the summary thread: counted violations are written by the violating calls, once an interval has passed, and at exit"
+            ),
+        }
+    } else {
         debug_log::log!(
-            Warn,
-            "cannot start the summary thread: counted violations are written at exit only"
+            Debug,
+            "no summary thread in a process with threads={threads:?}: counted violations are written by the violating calls, once an interval has passed, and at exit"
         );
     }
+    POLLED_US.store(signal_safe::coarse_us(), Ordering::Relaxed);
+    LATE.fetch_or(LATE_POLL, Ordering::SeqCst);
 }
 
 fn lock() -> bool {

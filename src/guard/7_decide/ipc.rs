@@ -49,6 +49,7 @@ use crate::guard::sys::signal_safe;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
     self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, ProvenanceRecord,
+    WriteProblem,
 };
 use rankguard_core::record::{Exporter, RootRef, RuleFields};
 use std::borrow::Cow;
@@ -241,6 +242,37 @@ fn default_registry_taken() -> bool {
     .unwrap_or(false)
 }
 
+static SAID_OVERFLOW: AtomicBool = AtomicBool::new(false);
+
+/// Whether the registry has lost records of a live exporter (its overflow mark,
+/// [`registry::Registry::overflow`]); said once per process with the mark's path. Asked
+/// only for an import of unknown provenance inside a rank. A panic counts as "no".
+fn registry_overflowed() -> bool {
+    shielded("reading", || {
+        let reg = open_registry()?;
+        let o = reg.overflow(&ProcFs)?;
+        say_once(
+            &SAID_OVERFLOW,
+            format_args!(
+                "IPC provenance registry {:?} has lost records ({}; it holds at most {} records): imports of unknown provenance inside a rank break R3 (refused in enforce mode, recorded in warn mode){}. Fix: fewer live IPC exports per node, free space in its file system, or set RANKGUARD_REGISTRY to a directory with room",
+                reg.dir().display().to_string(),
+                match o.pid {
+                    Some(pid) => format!("exporter pid {pid} could not record its exports"),
+                    None => "more exporters than its overflow mark lists".to_string(),
+                },
+                registry::MAX_RECORDS,
+                if o.sticky {
+                    format!(" until {:?} is removed", o.path.display().to_string())
+                } else {
+                    " while that exporter lives".to_string()
+                }
+            ),
+        );
+        Some(())
+    })
+    .is_some()
+}
+
 /// Run registry work without letting a panic reach the host process.
 fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -305,11 +337,25 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
                 rec.gpu,
                 rec.location.as_str()
             ),
-            Err(problem) => said_write_problem(
-                reg.dir(),
-                &problem,
-                "exports of this process are not recorded, so importers will see unknown provenance",
-            ),
+            Err(problem) => {
+                // The record is lost: mark the registry, so that importers inside a rank
+                // refuse unknown provenance while this process lives (`check_import`).
+                let marked = match problem {
+                    WriteProblem::Full(_) | WriteProblem::Io(_) => {
+                        Some(reg.mark_overflow(pid, start, &ProcFs).is_ok())
+                    }
+                    WriteProblem::Dir(_) | WriteProblem::TooLarge => None,
+                };
+                said_write_problem(
+                    reg.dir(),
+                    &problem,
+                    match marked {
+                        Some(true) => "exports of this process are not recorded; while it lives, importers inside a rank refuse imports of unknown provenance (overflow mark), others see unknown provenance",
+                        Some(false) => "exports of this process are not recorded, and the registry's overflow mark could not be written either, so importers will see unknown provenance",
+                        None => "exports of this process are not recorded, so importers will see unknown provenance",
+                    },
+                );
+            }
         }
         Some(())
     });
@@ -555,8 +601,12 @@ pub fn check_import<R: Code>(
         root: rank_root::id(),
     };
     let mut d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
-    if matches!(d, Decision::Unknown | Decision::UnknownStrict) && default_registry_taken() {
-        d = d.without_registry();
+    if matches!(d, Decision::Unknown | Decision::UnknownStrict) {
+        if default_registry_taken() {
+            d = d.without_registry();
+        } else if d.after_overflow(&me) != d && registry_overflowed() {
+            d = d.after_overflow(&me);
+        }
     }
     let verdict = d.verdict();
     if verdict.is_allow() {
