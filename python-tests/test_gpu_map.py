@@ -210,3 +210,15 @@ def test_torchrun_run_id_none_is_no_job_id_said_once(tmp_path, extra, job):
     r = guarded([prog("guard_call"), "link", "cuDeviceGet", "1"], tmp_path, cvd="3", mode="warn",
                 RANK="0", TORCHELASTIC_RUN_ID="job-7")
     assert r.maps[0]["job"] == "torchelastic:job-7" and "TORCHELASTIC_RUN_ID" not in r.err
+
+
+def test_launch_prefix_output_names_the_rank_of_a_guard_line_once(tmp_path):
+    from conftest import CLI, clean_env, run
+    p = run([CLI, "launch", "--nproc-per-node", "2", "--prefix-output", "--",
+             prog("guard_call"), "link", "cuDeviceGet", "1"],
+            env=clean_env(FAKECUDA_GPUS="8"), timeout=120)
+    said = [l for l in p.stderr.splitlines() if "RANKGUARD DENY cuDeviceGet(" in l]
+    assert len(said) == 2, p.stderr
+    for line in said:
+        assert re.match(r"^\[rank (\d)\] \S+:\d+:\d+ RANKGUARD DENY cuDeviceGet\(", line), line
+        assert line.count("[rank ") == 1, line
