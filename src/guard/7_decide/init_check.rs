@@ -124,14 +124,20 @@ fn check_init(rc: CuResult) {
         entries,
         devices,
         is_rank_gpu,
-        // A start environment that could not be read fails closed as the walk does, when
-        // it could have bound the one entry the process sees.
-        walk_unreadable: walk
+        // A start environment that could not be read fails closed as the walk does (when it
+        // could have bound the one entry the process sees); with a rank variable there is
+        // no walk, and the process runs, told what was not checked (start_unread).
+        walk_unreadable: walk.err().or(start
+            .as_ref()
             .err()
-            .or(start.as_ref().err().copied().filter(|_| entries == 1)),
+            .copied()
+            .filter(|_| entries == 1 && rank_root::applies(cfg))),
         kept_start_gpu,
         node_gpus,
     };
+    if let (Err(u), 1, None) = (&start, entries, facts.walk_unreadable) {
+        start_unread(u);
+    }
     say_facts(&facts, cvd_text, own_uuid);
     let verdict = policy::init(facts);
     map_record::write(&MapFacts {
@@ -202,6 +208,19 @@ fn start_gpu_kept(
         }
     }
     Some(kept)
+}
+
+/// The start environment could not be read and nothing failed closed on it (a rank variable
+/// names the rank): say what was not checked, once (the R1 check runs once per process).
+fn start_unread(u: &Unreadable) {
+    let mut b = StackBuf::<512>::new();
+    prefix(&mut b, "WARN");
+    let _ = writeln!(
+        b,
+        "/proc/{}/{} could not be read (OS error {}): whether this process re-pointed the CUDA_VISIBLE_DEVICES it was started with is not checked; fix: leave fds free at the first cuInit (ulimit -n)",
+        u.pid, u.file, u.errno
+    );
+    signal_safe::write_all(2, b.as_bytes());
 }
 
 /// The R1 check's facts as a sentence in the debug log (DEBUG).
