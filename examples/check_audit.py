@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
 def read_records(paths) -> list[dict]:
-    """Every record of the audit files; a line that is not a JSON object is an error (the
+    """Every decision record of the audit files (map records left out); a line that is not a JSON object is an error (the
     guard writes each record with one write(2), so a torn line means something broke)."""
     out = []
     for p in paths:
@@ -40,6 +40,8 @@ def read_records(paths) -> list[dict]:
                 raise ValueError(f"{p}:{n}: not a JSON audit record ({e})") from None
             if not isinstance(rec, dict):
                 raise ValueError(f"{p}:{n}: not a JSON object")
+            if rec.get("kind") == "map":
+                continue        # a process's GPU map record (docs/report.md), not a decision
             out.append(rec)
     return out
 

@@ -13,7 +13,10 @@ from conftest import GUARD, TESTS, clean_env, run
 @dataclass
 class Guarded:
     proc: subprocess.CompletedProcess
+    # The decision records; the map records (`"kind":"map"`, one per process at its first
+    # cuInit, docs/report.md) apart in `maps`.
     audit: list[dict] = field(default_factory=list)
+    maps: list[dict] = field(default_factory=list)
 
     @property
     def out(self) -> str:
@@ -45,11 +48,17 @@ def guarded(cmd, tmp_path: pathlib.Path, *, cvd: str | None, mode: str | None = 
     if preload:
         env["LD_PRELOAD"] = str(GUARD)
     p = run(cmd, env=env, timeout=timeout)
-    records = []
-    if audit.exists():
-        for line in audit.read_text().splitlines():
-            records.append(json.loads(line))
-    return Guarded(p, records)
+    records, maps = read_audit(audit) if audit.exists() else ([], [])
+    return Guarded(p, records, maps)
+
+
+def read_audit(path: pathlib.Path) -> tuple[list[dict], list[dict]]:
+    """An audit file's decision records and its map records (`"kind":"map"`), apart."""
+    records, maps = [], []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        (maps if r.get("kind") == "map" else records).append(r)
+    return records, maps
 
 
 def prog(name: str) -> pathlib.Path:
@@ -65,4 +74,4 @@ def assert_is_the_guard(lib: pathlib.Path):
     p = run([prog("guard_call"), "link", "cuDeviceGet", "1"],
             env=clean_env(LD_PRELOAD=str(lib), CUDA_VISIBLE_DEVICES="3", RANKGUARD_MODE="enforce"))
     assert "rc=101" in p.stdout, p.stdout + p.stderr
-    assert "RANKGUARD WARN cuDeviceGet(" in p.stderr
+    assert "RANKGUARD DENY cuDeviceGet(" in p.stderr

@@ -48,7 +48,8 @@ def audit(tmp: pathlib.Path) -> list[dict]:
     path = tmp / "audit.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+            if r.get("kind") != "map"]  # map records: one per process (docs/report.md)
 
 
 class Exporter:

@@ -160,5 +160,5 @@ def test_a_legacy_rank_in_the_cdi_job_is_refused(apply, tmp_path):
     codes = sorted(ln.split("rc=", 1)[1] for ln in p.stdout.splitlines() if "rc=" in ln)
     assert codes == ["0", "101", "101", "101"], p.stdout + p.stderr
     for r in (1, 2, 3):
-        assert any("RANKGUARD WARN cuDeviceGet(" in ln and f"ordinal={r}" in ln and "R2" in ln
+        assert any("RANKGUARD DENY cuDeviceGet(" in ln and f"ordinal={r}" in ln and "R2" in ln
                    for ln in p.stderr.splitlines()), p.stderr

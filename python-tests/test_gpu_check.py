@@ -201,7 +201,7 @@ def test_warn_check_names_the_users_set_device_line(tmp_path):
     # The framework's own frame is still in the record's stack, innermost.
     assert "site-packages/torch/__init__.py" in res["records"][0]["py_stack"][-1], res["records"][0]
     line = next(l for l in p.stderr.splitlines() if "RANKGUARD WARN cudaSetDevice(" in l)
-    assert line.endswith(f" at {script}:{n} in <module>"), line
+    assert f"; at {script}:{n} in <module>; fix: " in line, line
 
 
 def test_warn_check_fails_without_records(tmp_path):

@@ -78,3 +78,5 @@ def test_item2_a_full_fd_table_on_the_rank_gpu_is_refused_too(tmp_path):
     p = descendant(tmp_path, f'RANK=0 "{prog("guard_fd_full")}"')
     assert p.stdout.splitlines()[-1] == "status 0", p.stdout + p.stderr
     assert "cuInit=0" in p.stdout
+    # ... and it is told what could not be checked (R1's "started with", issue 32)
+    assert "/environ could not be read" in p.stderr and "is not checked" in p.stderr, p.stderr

@@ -113,7 +113,7 @@ def check(tmp_path, args_of, api, abi=None, **env):
     if abi:
         assert mine[0]["abi"] == abi, mine
         assert expected_and_logged(bad, logs[2])[1] == [], "a denied call reached the runtime"
-    assert f"RANKGUARD WARN {api}(" in bad.err, bad.err
+    assert f"RANKGUARD DENY {api}(" in bad.err, bad.err
 
     alone = run(1, "0,1", 3, preload=False)
     warn = run(1, "0,1", 4, mode="warn")

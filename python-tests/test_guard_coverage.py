@@ -143,7 +143,7 @@ def check(tmp_path, args_of, call, rule, code, abi=None, **env):
         assert len(mine) == 1, bad.audit
         assert mine[0]["verdict"] == "deny" and mine[0]["rule"] == rule, mine
         assert abi is None or mine[0]["abi"] == abi, mine
-        assert f"RANKGUARD WARN {call}(" in bad.err, bad.err
+        assert f"RANKGUARD DENY {call}(" in bad.err, bad.err
 
     warn = guarded(args_of(1), tmp_path, cvd="0,1", mode="warn", **env)
     assert warn.rc == 0 and "setup ok" in warn.out, warn.out + warn.err

@@ -43,7 +43,7 @@ def run(cmd, tmp_path, lib=GUARD, preload=None, mode="enforce", cvd="0", driver=
     r = logged_run(cmd, tmp_path, driver=driver, CUDA_VISIBLE_DEVICES=cvd, RANKGUARD_MODE=mode,
                    RANKGUARD_AUDIT=str(audit),
                    LD_PRELOAD=str(lib) if preload is None else preload or None)
-    r.records = [json.loads(l) for l in audit.read_text().splitlines()] if audit.exists() else []
+    r.records = [x for x in map(json.loads, audit.read_text().splitlines()) if x.get("kind") != "map"] if audit.exists() else []
     r.found = [l.split()[1] for l in r.out.splitlines() if l.startswith("found ")]
     return r
 

@@ -79,7 +79,7 @@ def test_item3_audit_never_written_into_the_program_own_file(tmp_path):
         p = run([prog("guard_fd_reuse"), how, str(mine)], env=env, timeout=20)
         assert p.returncode == 0 and "cuDeviceGet(1)=101" in p.stdout, p.stdout + p.stderr
         assert mine.read_text() == "mine\n", (how, mine.read_text())
-        recs = [json.loads(x) for x in audit.read_text().splitlines()]
+        recs = [r for r in map(json.loads, audit.read_text().splitlines()) if r.get("kind") != "map"]
         assert len(recs) == 2 and all(r["call"] == "cuDeviceGet" for r in recs), recs
 
 

@@ -230,7 +230,7 @@ def test_driver_call_on_every_path(tmp_path, path, call, version):
     assert len(denied) == 1, bad.audit
     assert denied[0]["verdict"] == "deny" and denied[0]["rule"] == "R2"
     assert denied[0]["ordinal"] == 1 and denied[0]["cvd"] == "3"
-    assert f"RANKGUARD WARN {call}(" in bad.err
+    assert f"RANKGUARD DENY {call}(" in bad.err
 
     warn = guarded(_args(path, call, 1, version), tmp_path, cvd="0,1", mode="warn")
     assert warn.rc == 0, warn.out + warn.err

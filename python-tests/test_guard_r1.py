@@ -34,7 +34,7 @@ def test_r1_outcomes(tmp_path, api, mode, cvd, env, devices, violated):
     r1 = [x for x in r.audit if x["rule"] == "R1"]
     if violated and mode == "enforce":
         assert r.rc == 78, r.out + r.err
-        assert "RANKGUARD WARN cuInit(" in r.err and "[R1 one GPU per rank]" in r.err
+        assert "RANKGUARD DENY cuInit(" in r.err and "[R1 one GPU per rank]" in r.err
         assert "exit status 78" in r.err
         assert r.out == ""
         assert len(r1) == 1 and r1[0]["verdict"] == "deny"

@@ -42,7 +42,7 @@ def test_same_rank_other_gpu_is_denied(tmp_path, kind):
     with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0)) as ex:
         p = importer(tmp_path, kind, ex, guard_env(tmp_path, "1", 0), "deny")
     assert "import-rc 800" in p.stdout
-    line = next(l for l in p.stderr.splitlines() if "RANKGUARD WARN" in l)
+    line = next(l for l in p.stderr.splitlines() if "RANKGUARD DENY" in l)
     # the line names the call, the rule, both GPUs, the exporter's pid and the fix
     assert "denied" in line and "R3" in line
     assert gpu_uuid(0) in line and gpu_uuid(1) in line

@@ -37,7 +37,8 @@ def env_for(tmp: pathlib.Path, cvd: str | None, mode: str = "enforce", **extra) 
 
 def audit(tmp: pathlib.Path) -> list[dict]:
     path = tmp / "audit.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+    return ([r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") != "map"]
+            if path.exists() else [])
 
 
 def learner(tmp, collector_cvd, how, when, mode="enforce", **extra):

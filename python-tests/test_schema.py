@@ -62,11 +62,31 @@ def audit(tmp_path_factory) -> pathlib.Path:
 
 def test_audit_records_of_real_processes_match_their_schema(audit):
     recs = [json.loads(line) for line in audit.read_text().splitlines()]
-    assert {r["rule"] for r in recs} == {"R1", "R2", "R4"}, recs
+    maps = [r for r in recs if r.get("kind") == "map"]
+    decisions = [r for r in recs if "kind" not in r]
+    assert {r["rule"] for r in decisions} == {"R1", "R2", "R4"}, recs
+    # one map record per process (docs/report.md, "The map record")
+    assert len(maps) == 3 and len({m["pid"] for m in maps}) == 3, maps
+    assert len(maps) + len(decisions) == len(recs)
     for r in recs:
         valid("audit-record.v1.json", r)
+        assert list(r)[:2] == ["format", "version"] and isinstance(r["ts"], float), r
+    for r in decisions:
         assert list(r)[:3] == ["format", "version", "ts"], r
-        assert isinstance(r["ts"], float)
+    for m in maps:
+        assert list(m)[:4] == ["format", "version", "kind", "ts"], m
+
+
+def test_the_schema_tells_a_map_record_from_a_decision_record(audit):
+    """`kind` selects the members: a map record is checked as one, a decision record too."""
+    recs = [json.loads(line) for line in audit.read_text().splitlines()]
+    m = next(r for r in recs if r.get("kind") == "map")
+    d = next(r for r in recs if "kind" not in r)
+    v = validator("audit-record.v1.json")
+    assert not v.is_valid({**m, "r1": "maybe"})
+    assert not v.is_valid({k: x for k, x in m.items() if k != "gpu"})
+    assert not v.is_valid({k: x for k, x in d.items() if k != "rule"})
+    assert not v.is_valid({**d, "kind": "map"})
 
 
 def test_report_json_matches_its_schema_and_times_are_the_records(audit):
@@ -84,7 +104,8 @@ def test_records_without_the_pair_are_still_read(tmp_path, audit):
     lines = []
     for line in audit.read_text().splitlines():
         r = json.loads(line)
-        del r["format"], r["version"]
+        if r.get("kind") != "map":      # map records are younger than the pair
+            del r["format"], r["version"]
         lines.append(json.dumps(r))
     old.write_text("\n".join(lines) + "\n")
     new = cli_json("report", "--json", str(audit))

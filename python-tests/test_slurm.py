@@ -304,7 +304,8 @@ def _legacy(c: Cluster, mode: str) -> tuple[subprocess.CompletedProcess, pathlib
 
 
 def records(audit: pathlib.Path) -> list[dict]:
-    return [json.loads(l) for f in sorted(audit.iterdir()) for l in f.read_text().splitlines() if l.strip()]
+    return [r for f in sorted(audit.iterdir()) for l in f.read_text().splitlines() if l.strip()
+            for r in [json.loads(l)] if r.get("kind") != "map"]
 
 
 def _codes(p) -> dict[int, str]:
@@ -315,7 +316,7 @@ def test_legacy_task_is_refused_in_enforce_and_recorded_in_warn(slurm):
     p, audit = _legacy(slurm, "enforce")
     assert _codes(p) == {0: "0", 1: "101", 2: "101", 3: "101"}, p.stdout
     for r in (1, 2, 3):
-        line = next((l for l in p.stderr.splitlines() if f"[rank {r}] RANKGUARD WARN cuDeviceGet(" in l), "")
+        line = next((l for l in p.stderr.splitlines() if f"[rank {r}] RANKGUARD DENY cuDeviceGet(" in l), "")
         assert f"ordinal={r}" in line and "denied" in line and "R2" in line, p.stderr
     p, audit = _legacy(slurm, "warn")
     # Passed through: the driver itself answers for the one GPU the task sees.
@@ -430,7 +431,7 @@ def test_task_prolog_guards_and_narrows_a_job_that_never_names_rankguard(slurm):
     assert legacy.returncode == 0, legacy.stdout + legacy.stderr
     assert _codes(legacy) == {0: "0", 1: "101", 2: "101", 3: "101"}, legacy.stdout
     for r in (1, 2, 3):
-        line = next((ln for ln in legacy.stderr.splitlines() if "RANKGUARD WARN cuDeviceGet(" in ln
+        line = next((ln for ln in legacy.stderr.splitlines() if "RANKGUARD DENY cuDeviceGet(" in ln
                      and f"ordinal={r}" in ln), "")
         assert "denied" in line and "R2" in line, legacy.stderr
 

@@ -70,7 +70,7 @@ def test_the_table_still_hands_out_the_guards_wrappers(lib):
     for how in ("link", "dlsym", "gpa2"):
         p = run([prog("guard_call"), how, "cuDeviceGet", "1"], env=env)
         assert "rc=101" in p.stdout, (how, p.stdout + p.stderr)
-        assert "RANKGUARD WARN cuDeviceGet(" in p.stderr, (how, p.stderr)
+        assert "RANKGUARD DENY cuDeviceGet(" in p.stderr, (how, p.stderr)
 
 
 def dynamic_flags(lib: pathlib.Path) -> str:
@@ -182,7 +182,7 @@ def test_the_guard_works_with_every_slot_bound_at_load(lib):
     env = clean_env(LD_PRELOAD=str(lib), LD_BIND_NOW="1", CUDA_VISIBLE_DEVICES="3", RANKGUARD_MODE="enforce")
     assert run(["/bin/true"], env=env).returncode == 0
     p = run([prog("guard_call"), "dlsym", "cuDeviceGet", "1"], env=env)
-    assert "rc=101" in p.stdout and "RANKGUARD WARN cuDeviceGet(" in p.stderr, p.stdout + p.stderr
+    assert "rc=101" in p.stdout and "RANKGUARD DENY cuDeviceGet(" in p.stderr, p.stdout + p.stderr
 
 
 def table_entries() -> int:

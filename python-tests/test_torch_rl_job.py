@@ -33,8 +33,8 @@ def launch(tmp_path: pathlib.Path, mode: str, *args: str, nproc: int = 4, method
                     RANKGUARD_REGISTRY=str(reg))
     p = fake_node(["rankguard", "launch", "--nproc-per-node", str(nproc), "--", "python",
                    EXAMPLE, "--start-method", method, *args], env=env, timeout=240)
-    records = [json.loads(line) for f in sorted(audit.glob("*.jsonl"))
-               for line in f.read_text().splitlines()]
+    records = [r for f in sorted(audit.glob("*.jsonl"))
+               for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "map"]
     return p, records
 
 
@@ -90,7 +90,7 @@ def test_legacy_enforce_refuses_the_collector_naming_r1(tmp_path):
     # Collector 1 of some rank is terminated at cuInit (78); its learner sees the death
     # and passes 78 on; the launcher stops the job with it.
     assert p.returncode == 78, out
-    assert "RANKGUARD WARN terminating: this process breaks rule R1" in out
+    assert "RANKGUARD DENY terminating: this process breaks rule R1" in out
     assert "stopping: collector 1 exited with status 78 (terminated by the guard)" in out
     assert "stopping the other ranks" in out
     assert records and {r["verdict"] for r in records} == {"deny"}

@@ -773,7 +773,7 @@ fn relay<R: Read + Send + 'static>(stream: R, tag: String, to_stderr: bool) -> J
                         line.push(b'\n');
                     }
                     let mut buf = tag.as_bytes().to_vec();
-                    buf.extend_from_slice(&line);
+                    buf.extend_from_slice(&without_guard_tag(&line, tag.as_bytes()));
                     let _ = if to_stderr {
                         std::io::stderr().lock().write_all(&buf)
                     } else {
@@ -783,6 +783,29 @@ fn relay<R: Read + Send + 'static>(stream: R, tag: String, to_stderr: bool) -> J
             }
         }
     })
+}
+
+/// A guard line (`host:pid:tid [rank R] RANKGUARD ...`) without its own `[rank R] ` when it
+/// is the tag the relay puts in front (`tag`), so that `--prefix-output` never doubles it:
+/// `[rank 1] host:pid:tid RANKGUARD DENY ...`. Any other line is left as it is.
+fn without_guard_tag<'l>(line: &'l [u8], tag: &[u8]) -> std::borrow::Cow<'l, [u8]> {
+    let Some(sp) = line.iter().position(|&b| b == b' ') else {
+        return line.into();
+    };
+    let (head, rest) = (&line[..sp], &line[sp + 1..]);
+    let is_head = head.iter().filter(|&&b| b == b':').count() >= 2
+        && head
+            .rsplit(|&b| b == b':')
+            .take(2)
+            .all(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit));
+    match rest.strip_prefix(tag) {
+        Some(after) if is_head && after.starts_with(b"RANKGUARD ") => {
+            let mut out = line[..=sp].to_vec();
+            out.extend_from_slice(after);
+            out.into()
+        }
+        _ => line.into(),
+    }
 }
 
 fn stop_all(ranks: &mut [Rank], sig: i32) {
@@ -882,5 +905,31 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
         (Some((_, st)), _) => status_code(&st),
         (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
         (None, None) => 0,
+    }
+}
+
+#[cfg(test)]
+mod relay_tests {
+    use super::without_guard_tag;
+
+    #[test]
+    fn a_relayed_guard_line_names_its_rank_once() {
+        let tag = b"[rank 1] ";
+        let line = b"node7:4242:4243 [rank 1] RANKGUARD DENY cuDeviceGet(ordinal=1) denied\n";
+        assert_eq!(
+            &*without_guard_tag(line, tag),
+            b"node7:4242:4243 RANKGUARD DENY cuDeviceGet(ordinal=1) denied\n"
+        );
+        // another rank's tag, a rank root, the program's own lines: untouched
+        for other in [
+            &b"node7:4242:4243 [rank 2] RANKGUARD DENY x\n"[..],
+            b"node7:4242:4243 [rank root 9] RANKGUARD WARN x\n",
+            b"[rank 1] RANKGUARD said\n",
+            b"a:b:c [rank 1] RANKGUARD x\n",
+            b"plain output\n",
+            b"",
+        ] {
+            assert_eq!(&*without_guard_tag(other, tag), other);
+        }
     }
 }

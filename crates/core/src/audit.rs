@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use std::borrow::Cow;
 
-use crate::record::{self, Action, AuditRecord, RuleFields, Text};
+use crate::record::{self, Action, AuditRecord, Line, MapRecord, RuleFields, Text};
 
 use crate::policy::Rule;
 
@@ -254,6 +254,11 @@ pub struct Summary {
     /// Problems (counted in `totals.problems`) that no entry of `problems` names, the list
     /// being full ([`LISTED_MAX`]).
     pub unlisted: usize,
+    /// The map records read (`"kind":"map"`, one per guarded process at its first `cuInit`),
+    /// in input order: neither violations nor problems. At most [`MAPS_MAX`].
+    pub maps: Vec<(MapRecord<'static>, Origin)>,
+    /// Map records read past [`MAPS_MAX`].
+    pub maps_unkept: usize,
 }
 
 /// A rank as the report groups it. Order: numbered ranks ascending, then rank roots (by
@@ -361,7 +366,13 @@ pub struct Aggregator {
     unreadable: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
     ranks: BTreeSet<RankKey>,
+    maps: Vec<(MapRecord<'static>, Origin)>,
+    maps_unkept: usize,
 }
+
+/// Map records kept for `report --map` (one per process: a job of thousands of processes
+/// fits); past it they are only counted (`Summary::maps_unkept`), so memory stays bounded.
+pub const MAPS_MAX: usize = 65_536;
 
 /// `why` cut to [`WHY_MAX`] bytes at a character boundary, marked as cut.
 fn cut_why(mut why: String) -> String {
@@ -548,8 +559,9 @@ impl Aggregator {
         if text.trim().is_empty() {
             return;
         }
-        match parse_record(text) {
-            Ok(r) => self.add_record(r, Origin { file: file.to_string(), line: n }),
+        match record::parse_line(text) {
+            Ok(Line::Decision(r)) => self.add_record(Row::from(*r), Origin { file: file.to_string(), line: n }),
+            Ok(Line::Map(m)) => self.add_map(*m, Origin { file: file.to_string(), line: n }),
             Err(e) if !complete && e.starts_with("partial record") => {
                 self.line_problem(file, n, "torn: the file ends inside a record (no final newline); was the writer killed mid-write?".into())
             }
@@ -560,6 +572,15 @@ impl Aggregator {
                 self.line_problem(file, n, "torn: a record cut short (its write ran out of space?); the records after it are kept".into())
             }
             Err(e) => self.line_problem(file, n, e),
+        }
+    }
+
+    /// A map record: kept for `report --map`, never a violation.
+    pub fn add_map(&mut self, m: MapRecord<'static>, at: Origin) {
+        if self.maps.len() < MAPS_MAX {
+            self.maps.push((m, at));
+        } else {
+            self.maps_unkept += 1;
         }
     }
 
@@ -667,6 +688,8 @@ impl Aggregator {
             totals,
             unreadable: self.unreadable,
             unlisted: self.unlisted,
+            maps: self.maps,
+            maps_unkept: self.maps_unkept,
         }
     }
 }
@@ -1071,6 +1094,32 @@ mod tests {
         );
         let s = a.finish();
         assert_eq!(s.groups[0].ranks[0].first.pid, Some(1));
+    }
+
+    /// A map record is kept for `report --map`: neither a violation nor a problem, so a
+    /// clean job's audit (map records only) reports status 0.
+    #[test]
+    fn map_records_are_kept_apart_from_violations() {
+        let map = r#"{"format":"rankguard-audit","version":1,"kind":"map","ts":1.5,"host":"h","pid":7,"start":70,"rank":0,"local_rank":0,"job":null,"rank_root":null,"mode":"enforce","cvd":"3","cvd_start":"3","devices":1,"gpu":"GPU-3","rank_gpu":null,"rank_gpu_uuid":null,"r1":"ok"}"#;
+        let mut a = Aggregator::new();
+        a.add_file("m.jsonl", format!("{map}\n").as_bytes());
+        let s = a.finish();
+        assert_eq!((s.status(), s.totals.records, s.totals.problems), (0, 0, 0));
+        assert_eq!(s.maps.len(), 1);
+        let (m, at) = &s.maps[0];
+        assert_eq!((m.pid, m.gpu.as_deref(), at.line), (7, Some("GPU-3"), 1));
+        // with a violation beside it, only the violation counts
+        let mut a = Aggregator::new();
+        let v = rec(2.0, "cuDeviceGet", "R2", "deny", Some(0), 7);
+        a.add_file("m.jsonl", format!("{map}\n{v}\n").as_bytes());
+        let s = a.finish();
+        assert_eq!((s.totals.records, s.maps.len(), s.status()), (1, 1, 1));
+        // a map record missing what it must say is a problem, named
+        let mut a = Aggregator::new();
+        a.add_file("m.jsonl", br#"{"kind":"map","pid":7}"#);
+        let s = a.finish();
+        assert_eq!(s.totals.problems, 1);
+        assert!(s.problems[0].why.contains("'r1'"), "{:?}", s.problems);
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub struct Config {
     /// Values that were invalid; the guard reports each once and uses the safe default
     /// (an invalid mode means enforce: the guard fails closed).
     pub errors: Vec<ConfigError>,
+    /// A sentence the guard says once about the job id it could not use (torchrun's
+    /// shared run id `none`, [`crate::jobid::shared_run_id`]); None when there is nothing to say.
+    pub job_notice: Option<&'static str>,
 }
 
 const RANK_VARS: [&str; 4] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"];
@@ -203,6 +206,8 @@ impl Config {
             debug_file,
             ipc,
             job: crate::jobid::from_lookup(get),
+            job_notice: crate::jobid::shared_run_id(get)
+                .filter(|_| get(crate::jobid::VAR).is_none()),
             rank,
             local_rank,
             rank_gpu: get("RANKGUARD_RANK_GPU").map(|s| s.trim().to_string()),

@@ -12,9 +12,27 @@
 //! per step; `-` when no step is set, as in a batch script), a PMIx namespace (`mpirun`,
 //! `srun --mpi=pmix`), Open MPI's `OMPI_MCA_ess_base_jobid`. Values are trimmed; an empty
 //! value counts as unset (shells export `VAR=` to clear).
+//!
+//! torchrun's run id `none` is no job id: torchrun without `--standalone` or `--rdzv-id`
+//! sets `TORCHELASTIC_RUN_ID=none`, so every such job on a host would share the job
+//! `torchelastic:none`. It counts as unset (the next engine's id, e.g. Slurm's, names the
+//! job), and [`shared_run_id`] lets the guard say so once.
 
 /// The variable `rankguard launch`/`run` set, read first.
 pub const VAR: &str = "RANKGUARD_JOB";
+
+/// torchrun's run id when neither `--standalone` nor `--rdzv-id` was given.
+pub const TORCHRUN_NONE: &str = "none";
+
+/// What to say when `TORCHELASTIC_RUN_ID` holds torchrun's shared run id `none` (None
+/// otherwise): it is not taken for a job id, and how to give the job one.
+pub fn shared_run_id(get: impl Fn(&str) -> Option<String>) -> Option<&'static str> {
+    get("TORCHELASTIC_RUN_ID")
+        .filter(|v| v.trim() == TORCHRUN_NONE)
+        .map(|_| {
+            "TORCHELASTIC_RUN_ID=none (torchrun without --standalone or --rdzv-id) is shared by every such job on this host, so it is not used as the job id (R3's \"same job\"); fix: give each job its own id, torchrun --rdzv-id=<job id> (or --standalone), or set RANKGUARD_JOB"
+        })
+}
 
 /// The job id from an environment lookup (`std::env::var`-like; None = unset), or None when
 /// no launcher or engine names one.
@@ -27,7 +45,7 @@ pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Option<String> {
     if let Some(j) = get(VAR) {
         return Some(j);
     }
-    if let Some(j) = get("TORCHELASTIC_RUN_ID") {
+    if let Some(j) = get("TORCHELASTIC_RUN_ID").filter(|j| j != TORCHRUN_NONE) {
         return Some(format!("torchelastic:{j}"));
     }
     if let Some(j) = get("SLURM_JOB_ID") {
@@ -82,6 +100,34 @@ mod tests {
             Some("ompi:9")
         );
         assert_eq!(job(&[]), None);
+    }
+
+    #[test]
+    fn torchrun_run_id_none_is_no_job_id() {
+        let vars = [("TORCHELASTIC_RUN_ID", " none ")];
+        assert_eq!(job(&vars), None);
+        assert_eq!(
+            job(&[("TORCHELASTIC_RUN_ID", "none"), ("SLURM_JOB_ID", "8")]).as_deref(),
+            Some("slurm:8.-")
+        );
+        let get = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let said = shared_run_id(get).unwrap();
+        assert!(said.contains("--rdzv-id") && said.contains("not used as the job id"));
+        // a real run id (and a run id that merely contains the word) is a job id
+        for id in ["r1", "none-7", "None"] {
+            assert_eq!(
+                job(&[("TORCHELASTIC_RUN_ID", id)]),
+                Some(format!("torchelastic:{id}"))
+            );
+            assert_eq!(
+                shared_run_id(|k| (k == "TORCHELASTIC_RUN_ID").then(|| id.to_string())),
+                None
+            );
+        }
     }
 
     #[test]

@@ -87,8 +87,16 @@ pub enum Detail {
     PeerUnknown,
     /// The process sees a number of devices other than one (R1).
     Visible { entries: usize, devices: i32 },
+    /// `CUDA_VISIBLE_DEVICES` is unset: the process sees every GPU the driver has (R1).
+    Unset { devices: i32 },
+    /// The one CVD entry names no GPU of this node: the driver enumerates none (R1).
+    /// `node_gpus`: how many GPUs the node has (NVML, which ignores CVD), when known.
+    NoSuchGpu { node_gpus: Option<u32> },
     /// The process sees one GPU but not the rank's (R1, descendants).
     NotRankGpu,
+    /// The process was started with a single-entry CVD and sees another GPU at its first
+    /// `cuInit`: it re-pointed its own CVD (R1, [`crate::rankgpu::started_with`]).
+    RepointedItself,
     /// An IPC import of memory or an event exported on another GPU by the same rank (R3).
     CrossDeviceIpc,
     /// An IPC import whose exporter is unknown, under `RANKGUARD_IPC=strict` (R3).
@@ -138,6 +146,8 @@ fn errno_name(errno: i32) -> &'static str {
 impl Detail {
     /// The text of [`Detail::NotRankGpu`] (the stderr line adds what the process sees).
     pub const NOT_RANK_GPU: &'static str = "the process sees one GPU, but not the rank's GPU";
+    /// The text of [`Detail::RepointedItself`] (the stderr line adds both values).
+    pub const REPOINTED_ITSELF: &'static str = "the process was started with one GPU and re-pointed CUDA_VISIBLE_DEVICES to another before its first cuInit";
 }
 
 impl fmt::Display for Detail {
@@ -153,10 +163,33 @@ impl fmt::Display for Detail {
             }
             Detail::Visible { entries, devices } => write!(
                 f,
-                "the process sees {devices} device(s) from {entries} CUDA_VISIBLE_DEVICES entr{}",
+                "the process sees {devices} device{} from {entries} CUDA_VISIBLE_DEVICES entr{}",
+                if devices == 1 { "" } else { "s" },
                 if entries == 1 { "y" } else { "ies" }
             ),
+            Detail::Unset { devices } => write!(
+                f,
+                "CUDA_VISIBLE_DEVICES is unset, so the process sees every GPU of the node ({devices} device{})",
+                if devices == 1 { "" } else { "s" }
+            ),
+            Detail::NoSuchGpu { node_gpus } => match node_gpus {
+                Some(0) => f.write_str(
+                    "CUDA_VISIBLE_DEVICES names a GPU that does not exist: this node has no GPU",
+                ),
+                Some(1) => f.write_str(
+                    "CUDA_VISIBLE_DEVICES names a GPU that does not exist: this node has GPU 0 only",
+                ),
+                Some(n) => write!(
+                    f,
+                    "CUDA_VISIBLE_DEVICES names a GPU that does not exist: this node has GPUs 0-{}",
+                    n - 1
+                ),
+                None => f.write_str(
+                    "CUDA_VISIBLE_DEVICES names a GPU the driver does not have (it enumerates no device)",
+                ),
+            },
             Detail::NotRankGpu => f.write_str(Detail::NOT_RANK_GPU),
+            Detail::RepointedItself => f.write_str(Detail::REPOINTED_ITSELF),
             Detail::CrossDeviceIpc => {
                 f.write_str("IPC import of memory exported on another GPU by the same rank")
             }
@@ -395,6 +428,12 @@ pub struct InitFacts {
     pub is_rank_gpu: Option<bool>,
     /// The walk that names the rank (no rank variables) could not read `/proc`.
     pub walk_unreadable: Option<Unreadable>,
+    /// Whether the one device this process sees is the GPU its single-entry start CVD named
+    /// ([`crate::rankgpu::started_with`]): `None` when it was started with no such CVD.
+    pub kept_start_gpu: Option<bool>,
+    /// The node's GPU count as NVML tells it (NVML ignores CVD), when known: says which
+    /// GPUs exist when the one entry names none.
+    pub node_gpus: Option<u32>,
 }
 
 /// R1 at CUDA initialisation.
@@ -404,19 +443,33 @@ pub struct InitFacts {
 /// - Otherwise CVD must hold exactly one entry and the driver must enumerate exactly one
 ///   device; an entry naming a GPU the driver does not have (one entry, zero devices)
 ///   breaks R1 too, since a silent CPU fallback is what the contract exists to prevent.
-/// - With a rank GPU named by the launcher, the one device must be that GPU.
+/// - With a rank GPU named by the launcher (or the rank root), the one device must be that
+///   GPU.
+/// - A process started with a single-entry CVD must see that entry's GPU: re-pointing its
+///   own CVD before `cuInit` is R1 as re-pointing a child's is (docs/design.md §1).
 pub fn init(f: InitFacts) -> Verdict {
     if f.cvd_set && f.entries == 0 {
         return Verdict::Allow;
     }
-    if !f.cvd_set || f.entries != 1 || f.devices != 1 {
-        return Verdict::Violation(Violation {
+    let r1 = |detail| {
+        Verdict::Violation(Violation {
             rule: Rule::R1,
             code: DenyCode::NotPermitted,
-            detail: Detail::Visible {
-                entries: if f.cvd_set { f.entries } else { 0 },
-                devices: f.devices,
-            },
+            detail,
+        })
+    };
+    if !f.cvd_set {
+        return r1(Detail::Unset { devices: f.devices });
+    }
+    if f.entries == 1 && f.devices == 0 {
+        return r1(Detail::NoSuchGpu {
+            node_gpus: f.node_gpus,
+        });
+    }
+    if f.entries != 1 || f.devices != 1 {
+        return r1(Detail::Visible {
+            entries: f.entries,
+            devices: f.devices,
         });
     }
     if let Some(u) = f.walk_unreadable {
@@ -427,11 +480,10 @@ pub fn init(f: InitFacts) -> Verdict {
         });
     }
     if f.is_rank_gpu == Some(false) {
-        return Verdict::Violation(Violation {
-            rule: Rule::R1,
-            code: DenyCode::NotPermitted,
-            detail: Detail::NotRankGpu,
-        });
+        return r1(Detail::NotRankGpu);
+    }
+    if f.kept_start_gpu == Some(false) {
+        return r1(Detail::RepointedItself);
     }
     Verdict::Allow
 }
@@ -555,6 +607,8 @@ mod tests {
             devices,
             is_rank_gpu: None,
             walk_unreadable: None,
+            kept_start_gpu: None,
+            node_gpus: None,
         }
     }
 
@@ -572,6 +626,63 @@ mod tests {
         assert!(matches!(init(f), Verdict::Violation(v) if v.detail == Detail::NotRankGpu));
         f.is_rank_gpu = Some(true);
         assert!(init(f).is_allow());
+    }
+
+    /// A process started with one GPU that sees another at its first cuInit is R1; one
+    /// started with several entries or none that narrowed itself to one is not.
+    #[test]
+    fn r1_a_process_that_repointed_itself() {
+        let mut f = facts(true, 1, 1);
+        f.kept_start_gpu = Some(false);
+        let Verdict::Violation(v) = init(f) else {
+            panic!("allowed")
+        };
+        assert_eq!((v.rule, v.detail), (Rule::R1, Detail::RepointedItself));
+        assert_eq!(v.detail.to_string(), Detail::REPOINTED_ITSELF);
+        f.kept_start_gpu = Some(true);
+        assert!(init(f).is_allow());
+        // not started with a single entry (several, none): the single-rank case runs
+        f.kept_start_gpu = None;
+        assert!(init(f).is_allow());
+        // the launcher's or the root's rank GPU is said first when both disagree
+        f.kept_start_gpu = Some(false);
+        f.is_rank_gpu = Some(false);
+        assert!(matches!(init(f), Verdict::Violation(v) if v.detail == Detail::NotRankGpu));
+        // deliberately given no GPU after starting with one: the driver's own answer
+        let mut none = facts(true, 0, 0);
+        none.kept_start_gpu = Some(false);
+        assert!(init(none).is_allow());
+    }
+
+    /// Unset CVD is said as unset; an entry naming no GPU says which GPUs the node has.
+    #[test]
+    fn r1_details_say_what_the_process_was_given() {
+        let d = |f: InitFacts| match init(f) {
+            Verdict::Violation(v) => v.detail.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            d(facts(false, 0, 8)),
+            "CUDA_VISIBLE_DEVICES is unset, so the process sees every GPU of the node (8 devices)"
+        );
+        assert_eq!(
+            d(facts(true, 2, 2)),
+            "the process sees 2 devices from 2 CUDA_VISIBLE_DEVICES entries"
+        );
+        let mut f = facts(true, 1, 0);
+        assert_eq!(
+            d(f),
+            "CUDA_VISIBLE_DEVICES names a GPU the driver does not have (it enumerates no device)"
+        );
+        f.node_gpus = Some(8);
+        assert_eq!(
+            d(f),
+            "CUDA_VISIBLE_DEVICES names a GPU that does not exist: this node has GPUs 0-7"
+        );
+        f.node_gpus = Some(1);
+        assert!(d(f).ends_with("this node has GPU 0 only"));
+        f.node_gpus = Some(0);
+        assert!(d(f).ends_with("this node has no GPU"));
     }
 
     /// A walk that could not read /proc fails closed, and says what, why and the fix; a

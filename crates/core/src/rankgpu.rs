@@ -99,6 +99,28 @@ pub fn decide(
     }
 }
 
+/// R1's rule for a process's own start (docs/design.md §1, "started with"): a process
+/// *started* with a single-entry `CUDA_VISIBLE_DEVICES` (`start_cvd`: the value in its initial
+/// environment, `/proc/self/environ`, None when unset) was given that GPU, and must see it at
+/// its first `cuInit`, judged by [`decide`] as a launcher's rank GPU is (a full UUID by
+/// identity, any other entry only as the process's own current entry). So a script that
+/// sets `os.environ["CUDA_VISIBLE_DEVICES"] = "5"` in a process started with `2` is
+/// [`RankGpu::Other`]. None when the process was started with no single entry (unset,
+/// empty, several entries, nothing CUDA reads): a process that narrows itself from several
+/// entries to one (the single-rank case, Ray's worker setting an actor's GPU in-process) is
+/// not bound by its start.
+pub fn started_with(
+    start_cvd: Option<&str>,
+    own_uuid: &str,
+    own_entries: Option<&[CvdEntry]>,
+) -> Option<RankGpu> {
+    let start = cvd::parse(start_cvd);
+    let [entry] = start.entries()? else {
+        return None;
+    };
+    Some(decide(entry.text().as_bytes(), None, own_uuid, own_entries))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +172,37 @@ mod tests {
             decide(b"GPU-12", None, U2, Some(&own("GPU-12"))),
             RankGpu::Same
         );
+    }
+
+    #[test]
+    fn a_process_is_bound_by_the_single_entry_it_was_started_with() {
+        // started with 2, re-pointed itself to 5: another GPU
+        assert_eq!(
+            started_with(Some("2"), U3, Some(&own("5"))),
+            Some(RankGpu::Other)
+        );
+        // kept it (spelled with spaces or a sign, CUDA's parse decides)
+        assert_eq!(
+            started_with(Some(" 2"), U2, Some(&own("+2"))),
+            Some(RankGpu::Same)
+        );
+        // a full UUID: by identity, whatever the process's CVD now spells
+        assert_eq!(
+            started_with(Some(U2), U2, Some(&own("5"))),
+            Some(RankGpu::Same)
+        );
+        assert_eq!(
+            started_with(Some(U2), U3, Some(&own(U3))),
+            Some(RankGpu::Other)
+        );
+        // several entries, none, empty, nothing CUDA reads: not bound (narrowing itself runs)
+        for start in [Some("0,1,2,3"), None, Some(""), Some("-1"), Some("x")] {
+            assert_eq!(started_with(start, U2, Some(&own("2"))), None, "{start:?}");
+        }
+        // started with one entry, now with several: not the one GPU (R1 says it anyway)
+        assert!(!started_with(Some("2"), U2, Some(&own("2,3")))
+            .unwrap()
+            .is_same());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::fmt::{self, Write};
 
 use crate::config::Mode;
 use crate::json::{parse_json, Json};
-use crate::policy::Rule;
+use crate::policy::{Detail, Rule};
 
 /// A text field: borrowed when the guard builds a record, owned when the report parses one.
 pub type Text<'a> = Cow<'a, str>;
@@ -523,9 +523,10 @@ impl AuditRecord<'_> {
         }
     }
 
-    /// The stderr line after its prefix (`host:pid:tid [rank N] RANKGUARD WARN `, which the
-    /// guard writes): `call(args) denied [R2 cuda:0 only]: detail; CUDA_VISIBLE_DEVICES=..,
-    /// rank GPU ..; fix: .. at SITE` and a newline. Fields are capped as in the JSON.
+    /// The stderr line after its prefix (`host:pid:tid [rank N] RANKGUARD DENY ` or `WARN `,
+    /// which the guard writes): `call(args) denied [R2 cuda:0 only]: detail;
+    /// CUDA_VISIBLE_DEVICES=.., rank GPU ..; at SITE; fix: ..` and a newline. Fields are
+    /// capped as in the JSON; an unset CVD is said `<unset>`.
     pub fn write_line<W: Write>(&self, w: &mut W) -> fmt::Result {
         let verdict = match (self.action, self.mode) {
             (Some(Action::Deny), Some(Mode::Abort)) => "aborting",
@@ -559,11 +560,12 @@ impl AuditRecord<'_> {
             Capped(rank_gpu, caps::RANK_GPU),
         )?;
         self.rule_fields_line(w)?;
+        // The site, then the fix: the fix never reads as if the site had done it.
         writeln!(
             w,
-            "; fix: {} at {}",
+            "; at {}; fix: {}",
+            Capped(self.site.as_deref().unwrap_or("<unknown site>"), caps::SITE),
             rule.map_or("?", Rule::fix),
-            Capped(self.site.as_deref().unwrap_or("<unknown site>"), caps::SITE)
         )
     }
 
@@ -571,7 +573,10 @@ impl AuditRecord<'_> {
         match &self.rule_fields {
             RuleFields::None => Ok(()),
             RuleFields::Init { sees, .. } => {
-                if self.detail.as_deref() == Some(crate::policy::Detail::NOT_RANK_GPU) {
+                if [Detail::NOT_RANK_GPU, Detail::REPOINTED_ITSELF]
+                    .iter()
+                    .any(|d| self.detail.as_deref() == Some(d))
+                {
                     write!(
                         w,
                         "; this process sees {}",
@@ -633,6 +638,235 @@ fn fit_frames<'s>(frames: impl Iterator<Item = &'s String>, left: &mut usize) ->
         n += 1;
     }
     (n, false)
+}
+
+// ---------------------------------------------------------------------------------------
+// The map record
+
+/// R1's outcome at a process's first `cuInit`, as the map record names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapR1 {
+    /// Kept.
+    Ok,
+    /// Broken; the process was stopped (enforce, abort).
+    Deny,
+    /// Broken; the process was let run (warn).
+    Warn,
+}
+
+impl MapR1 {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MapR1::Ok => "ok",
+            MapR1::Deny => "deny",
+            MapR1::Warn => "warn",
+        }
+    }
+    pub fn parse(s: &str) -> Option<MapR1> {
+        match s {
+            "ok" => Some(MapR1::Ok),
+            "deny" => Some(MapR1::Deny),
+            "warn" => Some(MapR1::Warn),
+            _ => None,
+        }
+    }
+}
+
+/// The `kind` member of a map record (decision records carry none).
+pub const MAP_KIND: &str = "map";
+
+/// Longest map record: every field at its cap, escaped (`map_record_fits` checks it).
+pub const MAP_MAX: usize = 8 * 1024;
+
+/// One map record (`"kind":"map"`, docs/report.md "The map record"): which GPU one guarded
+/// process saw at its first `cuInit`, written once per process so that a clean job still
+/// shows rank -> processes -> GPU (`rankguard report --map`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct MapRecord<'a> {
+    pub ts_us: Option<u64>,
+    pub host: Option<Text<'a>>,
+    pub pid: u32,
+    /// Start time, clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start: Option<u64>,
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub job: Option<Text<'a>>,
+    pub rank_root: Option<RootRef<'a>>,
+    pub mode: Option<Mode>,
+    /// `CUDA_VISIBLE_DEVICES` at the first `cuInit` (None: unset).
+    pub cvd: Option<Text<'a>>,
+    /// `CUDA_VISIBLE_DEVICES` the process was started with (None: unset).
+    pub cvd_start: Option<Text<'a>>,
+    pub devices: i32,
+    /// The UUID of the one device it sees.
+    pub gpu: Option<Text<'a>>,
+    pub rank_gpu: Option<Text<'a>>,
+    pub rank_gpu_uuid: Option<Text<'a>>,
+    pub r1: Option<MapR1>,
+}
+
+impl MapRecord<'_> {
+    /// The JSON line (one object and a newline). Err only when `w` has no room for it.
+    pub fn write_json(&self, w: &mut FixedWriter<'_>) -> fmt::Result {
+        let start = w.len();
+        let r = self.json(w);
+        if r.is_err() || w.overflowed() {
+            w.truncate(start);
+            return Err(fmt::Error);
+        }
+        Ok(())
+    }
+
+    fn json<W: Write>(&self, w: &mut W) -> fmt::Result {
+        write!(
+            w,
+            "{{\"format\":\"{FORMAT}\",\"version\":{VERSION},\"kind\":\"{MAP_KIND}\",\"ts\":"
+        )?;
+        match self.ts_us {
+            Some(us) => write_ts(w, us)?,
+            None => w.write_str("null")?,
+        }
+        w.write_str(",\"host\":")?;
+        json_opt_str(w, self.host.as_deref(), caps::HOST)?;
+        write!(w, ",\"pid\":{}", self.pid)?;
+        match self.start {
+            Some(t) => write!(w, ",\"start\":{t}")?,
+            None => w.write_str(",\"start\":null")?,
+        }
+        opt_u32(w, "rank", self.rank)?;
+        opt_u32(w, "local_rank", self.local_rank)?;
+        w.write_str(",\"job\":")?;
+        json_opt_str(w, self.job.as_deref(), caps::JOB)?;
+        write_root(w, "rank_root", self.rank_root.as_ref())?;
+        w.write_str(",\"mode\":")?;
+        json_opt_str(w, self.mode.map(Mode::as_str), caps::CALL)?;
+        for (name, v, cap) in [
+            ("cvd", &self.cvd, caps::CVD),
+            ("cvd_start", &self.cvd_start, caps::CVD),
+        ] {
+            write!(w, ",\"{name}\":")?;
+            json_opt_str(w, v.as_deref(), cap)?;
+        }
+        write!(w, ",\"devices\":{}", self.devices)?;
+        for (name, v, cap) in [
+            ("gpu", &self.gpu, caps::GPU),
+            ("rank_gpu", &self.rank_gpu, caps::RANK_GPU),
+            ("rank_gpu_uuid", &self.rank_gpu_uuid, caps::RANK_GPU),
+        ] {
+            write!(w, ",\"{name}\":")?;
+            json_opt_str(w, v.as_deref(), cap)?;
+        }
+        w.write_str(",\"r1\":")?;
+        json_opt_str(w, self.r1.map(MapR1::as_str), caps::CALL)?;
+        w.write_str("}\n")
+    }
+
+    /// The debug log's sentence (`RANKGUARD_DEBUG=INFO`): `pid P (rank R) sees GPU-.. (1
+    /// device; CUDA_VISIBLE_DEVICES=3, started with 3); rank GPU 3; R1 kept`.
+    pub fn write_line<W: Write>(&self, w: &mut W) -> fmt::Result {
+        fn cvd(v: Option<&str>) -> Capped<'_> {
+            match v {
+                None => Capped("<unset>", caps::CVD),
+                Some("") => Capped("<empty>", caps::CVD),
+                Some(s) => Capped(s, caps::CVD),
+            }
+        }
+        write!(w, "GPU map: pid {} ", self.pid)?;
+        match (self.rank, &self.rank_root) {
+            (Some(r), _) => write!(w, "(rank {r})")?,
+            (None, Some(root)) if root.pid == self.pid => w.write_str("(its own rank root)")?,
+            (None, Some(root)) => write!(w, "(rank root {})", root.pid)?,
+            (None, None) => w.write_str("(rank -)")?,
+        }
+        match self.gpu.as_deref() {
+            Some(g) => write!(w, " sees {}", Capped(g, caps::GPU))?,
+            None => write!(w, " sees no single identifiable GPU")?,
+        }
+        write!(
+            w,
+            " ({} device{}; CUDA_VISIBLE_DEVICES={}, started with {})",
+            self.devices,
+            if self.devices == 1 { "" } else { "s" },
+            cvd(self.cvd.as_deref()),
+            cvd(self.cvd_start.as_deref()),
+        )?;
+        if let Some(g) = self.rank_gpu_uuid.as_deref().or(self.rank_gpu.as_deref()) {
+            write!(w, "; rank GPU {}", Capped(g, caps::RANK_GPU))?;
+        }
+        let r1 = match self.r1 {
+            Some(MapR1::Ok) => "R1 kept",
+            Some(MapR1::Deny) => "R1 broken: stopped",
+            Some(MapR1::Warn) => "R1 broken: let run (warn mode)",
+            None => "R1 not recorded",
+        };
+        writeln!(w, "; {r1}")
+    }
+}
+
+impl MapRecord<'static> {
+    /// A map record from its JSON line. `pid`, `devices` and `r1` are required; the other
+    /// members are optional (null or absent), so a newer guard's extra members are ignored.
+    pub fn parse(line: &str) -> Result<MapRecord<'static>, String> {
+        Self::from_json(&json_line(line)?)
+    }
+
+    fn from_json(v: &Json) -> Result<MapRecord<'static>, String> {
+        if !is_map(v) {
+            return Err("not a map record: 'kind' is not \"map\"".into());
+        }
+        let need = |k: &str| format!("not a map record: field '{k}' is missing");
+        let r1 = opt_str(v, "r1")?.ok_or_else(|| need("r1"))?;
+        Ok(MapRecord {
+            ts_us: opt_time(v, "ts")?,
+            host: opt_str(v, "host")?,
+            pid: opt_u32_field(v, "pid")?.ok_or_else(|| need("pid"))?,
+            start: opt_int(v, "start", 0, i64::MAX)?.map(|n| n as u64),
+            rank: opt_u32_field(v, "rank")?,
+            local_rank: opt_u32_field(v, "local_rank")?,
+            job: opt_str(v, "job")?,
+            rank_root: opt_root(v, "rank_root")?,
+            mode: opt_str(v, "mode")?.and_then(|m| Mode::parse(&m)),
+            cvd: opt_str(v, "cvd")?,
+            cvd_start: opt_str(v, "cvd_start")?,
+            devices: opt_i32_field(v, "devices")?.ok_or_else(|| need("devices"))?,
+            gpu: opt_str(v, "gpu")?,
+            rank_gpu: opt_str(v, "rank_gpu")?,
+            rank_gpu_uuid: opt_str(v, "rank_gpu_uuid")?,
+            r1: Some(MapR1::parse(&r1).ok_or_else(|| bad("r1", "\"ok\", \"deny\" or \"warn\""))?),
+        })
+    }
+}
+
+/// One line of an audit file: a decision record or a map record.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Line {
+    Decision(Box<AuditRecord<'static>>),
+    Map(Box<MapRecord<'static>>),
+}
+
+/// One audit line, parsed once and read as the record kind its `kind` names.
+pub fn parse_line(line: &str) -> Result<Line, String> {
+    let v = json_line(line)?;
+    if is_map(&v) {
+        MapRecord::from_json(&v).map(|m| Line::Map(Box::new(m)))
+    } else {
+        AuditRecord::from_json(&v).map(|r| Line::Decision(Box::new(r)))
+    }
+}
+
+fn json_line(line: &str) -> Result<Json, String> {
+    parse_json(line).map_err(|e| {
+        if e.starts_with("the line ends") {
+            format!("partial record: {e} (a cut or interleaved write?)")
+        } else {
+            format!("not JSON: {e}")
+        }
+    })
+}
+
+/// Whether a parsed audit line is a map record (`"kind":"map"`).
+pub fn is_map(v: &Json) -> bool {
+    matches!(v.get("kind"), Some(Json::Str(k)) if k == MAP_KIND)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -730,60 +964,57 @@ impl AuditRecord<'static> {
     /// other field is optional, so records of older or newer guards still parse (unknown
     /// fields are ignored, an unknown rule is kept under its own id).
     pub fn parse(line: &str) -> Result<AuditRecord<'static>, String> {
-        let v = parse_json(line).map_err(|e| {
-            if e.starts_with("the line ends") {
-                format!("partial record: {e} (a cut or interleaved write?)")
-            } else {
-                format!("not JSON: {e}")
-            }
-        })?;
+        Self::from_json(&json_line(line)?)
+    }
+
+    fn from_json(v: &Json) -> Result<AuditRecord<'static>, String> {
         if !matches!(v, Json::Obj(_)) {
             return Err("not an audit record: a JSON value that is not an object".into());
         }
-        let summary = if flag(&v, "summary")? {
-            match opt_int(&v, "count", 1, i64::MAX) {
+        let summary = if flag(v, "summary")? {
+            match opt_int(v, "count", 1, i64::MAX) {
                 Ok(Some(n)) => Some(Summary {
                     count: n as u64,
-                    since_us: opt_time(&v, "since")?,
+                    since_us: opt_time(v, "since")?,
                 }),
                 _ => return Err("not an audit record: a summary without a positive 'count'".into()),
             }
         } else {
             None
         };
-        let call = req_str(&v, "call")?;
-        let verdict = req_str(&v, "verdict")?;
+        let call = req_str(v, "call")?;
+        let verdict = req_str(v, "verdict")?;
         let action =
             Action::parse(&verdict).ok_or_else(|| bad("verdict", "\"warn\" or \"deny\""))?;
-        let rule = req_str(&v, "rule")?;
+        let rule = req_str(v, "rule")?;
         let rule = match Rule::parse(&rule) {
             Some(r) => RuleId::Known(r),
             None => RuleId::Other(rule),
         };
         // A mode this build does not know (a newer guard's) is left out, not refused.
-        let mode = opt_str(&v, "mode")?.and_then(|m| Mode::parse(&m));
+        let mode = opt_str(v, "mode")?.and_then(|m| Mode::parse(&m));
         let rule_fields = if v.get("devices").is_some() || v.get("sees").is_some() {
             RuleFields::Init {
-                devices: opt_i32_field(&v, "devices")?.unwrap_or(0),
-                entries: opt_u32_field(&v, "entries")?.unwrap_or(0),
-                sees: opt_str(&v, "sees")?,
+                devices: opt_i32_field(v, "devices")?.unwrap_or(0),
+                entries: opt_u32_field(v, "entries")?.unwrap_or(0),
+                sees: opt_str(v, "sees")?,
             }
-        } else if let (Some(device), Some(_)) = (opt_i32_field(&v, "device")?, v.get("decision")) {
+        } else if let (Some(device), Some(_)) = (opt_i32_field(v, "device")?, v.get("decision")) {
             RuleFields::Mapping { device }
         } else if v.get("decision").is_some() || v.get("exporter_pid").is_some() {
             RuleFields::Import {
-                handle: opt_str(&v, "handle")?,
-                key: opt_str(&v, "key")?,
-                decision: opt_str(&v, "decision")?.unwrap_or_default(),
-                exporter: match opt_u32_field(&v, "exporter_pid")? {
+                handle: opt_str(v, "handle")?,
+                key: opt_str(v, "key")?,
+                decision: opt_str(v, "decision")?.unwrap_or_default(),
+                exporter: match opt_u32_field(v, "exporter_pid")? {
                     None => None,
                     Some(pid) => Some(Exporter {
                         pid,
-                        rank: opt_u32_field(&v, "exporter_rank")?,
-                        job: opt_str(&v, "exporter_job")?,
-                        gpu: opt_str(&v, "exporter_gpu")?,
-                        location: opt_str(&v, "exporter_location")?.unwrap_or_default(),
-                        rank_root: opt_root(&v, "exporter_rank_root")?,
+                        rank: opt_u32_field(v, "exporter_rank")?,
+                        job: opt_str(v, "exporter_job")?,
+                        gpu: opt_str(v, "exporter_gpu")?,
+                        location: opt_str(v, "exporter_location")?.unwrap_or_default(),
+                        rank_root: opt_root(v, "exporter_rank_root")?,
                     }),
                 },
             }
@@ -791,33 +1022,33 @@ impl AuditRecord<'static> {
             RuleFields::None
         };
         Ok(AuditRecord {
-            ts_us: opt_time(&v, "ts")?,
+            ts_us: opt_time(v, "ts")?,
             summary,
             call,
-            abi: opt_str(&v, "abi")?,
+            abi: opt_str(v, "abi")?,
             action: Some(action),
             rule: Some(rule),
             mode,
-            pid: opt_u32_field(&v, "pid")?,
-            tid: opt_u32_field(&v, "tid")?,
-            host: opt_str(&v, "host")?,
-            rank: opt_u32_field(&v, "rank")?,
-            local_rank: opt_u32_field(&v, "local_rank")?,
-            job: opt_str(&v, "job")?,
-            rank_root: opt_root(&v, "rank_root")?,
-            ordinal: opt_i32_field(&v, "ordinal")?,
-            cvd: opt_str(&v, "cvd")?,
-            gpu: opt_str(&v, "gpu")?,
-            rank_gpu: opt_str(&v, "rank_gpu")?,
-            rank_gpu_uuid: opt_str(&v, "rank_gpu_uuid")?,
-            args: opt_str(&v, "args")?,
-            detail: opt_str(&v, "detail")?,
+            pid: opt_u32_field(v, "pid")?,
+            tid: opt_u32_field(v, "tid")?,
+            host: opt_str(v, "host")?,
+            rank: opt_u32_field(v, "rank")?,
+            local_rank: opt_u32_field(v, "local_rank")?,
+            job: opt_str(v, "job")?,
+            rank_root: opt_root(v, "rank_root")?,
+            ordinal: opt_i32_field(v, "ordinal")?,
+            cvd: opt_str(v, "cvd")?,
+            gpu: opt_str(v, "gpu")?,
+            rank_gpu: opt_str(v, "rank_gpu")?,
+            rank_gpu_uuid: opt_str(v, "rank_gpu_uuid")?,
+            args: opt_str(v, "args")?,
+            detail: opt_str(v, "detail")?,
             rule_fields,
-            site: opt_str(&v, "site")?,
-            py_stack: Cow::Owned(str_list(&v, "py_stack")?),
-            py_stack_cut: flag(&v, "py_stack_cut")?,
-            native_stack: Cow::Owned(str_list(&v, "native_stack")?),
-            native_stack_cut: flag(&v, "native_stack_cut")?,
+            site: opt_str(v, "site")?,
+            py_stack: Cow::Owned(str_list(v, "py_stack")?),
+            py_stack_cut: flag(v, "py_stack_cut")?,
+            native_stack: Cow::Owned(str_list(v, "native_stack")?),
+            native_stack_cut: flag(v, "native_stack_cut")?,
         })
     }
 }
@@ -1021,10 +1252,10 @@ mod tests {
             "cuDeviceGet(device=0x7ffd, ordinal=1) denied [R2 cuda:0 only]: device ordinal 1 is not 0; \
              CUDA_VISIBLE_DEVICES=GPU-\\xff,1, rank GPU GPU-12c0ffee-0000-4000-8000-000000000002; the mem \
              handle was exported by pid 9 (rank root 8) on GPU-x, imported here on \
-             GPU-12c0ffee-0000-4000-8000-000000000002; fix: "
+             GPU-12c0ffee-0000-4000-8000-000000000002; at train.py:7 in place\n; fix: "
                 .to_string()
                 + Rule::R2.fix()
-                + " at train.py:7 in place\n\n"
+                + "\n"
         );
     }
 
@@ -1101,6 +1332,117 @@ mod tests {
             let mut w = FixedWriter::new(&mut buf);
             s.write_json(&mut w).unwrap();
         }
+    }
+
+    fn map() -> MapRecord<'static> {
+        MapRecord {
+            ts_us: Some(1_764_527_000_123_456),
+            host: Some(t("node7")),
+            pid: 4242,
+            start: Some(987_654),
+            rank: None,
+            local_rank: None,
+            job: Some(t("torchelastic:r1")),
+            rank_root: Some(RootRef {
+                pid: 4242,
+                start: 987_654,
+                host: Some(t("node7")),
+            }),
+            mode: Some(Mode::Warn),
+            cvd: Some(t("5")),
+            cvd_start: Some(t("2")),
+            devices: 1,
+            gpu: Some(t("GPU-15c0ffee-0000-4000-8000-000000000005")),
+            rank_gpu: Some(t("2")),
+            rank_gpu_uuid: None,
+            r1: Some(MapR1::Warn),
+        }
+    }
+
+    /// The map record's members in docs/report.md's order, round-tripped byte for byte, and
+    /// its debug sentence.
+    #[test]
+    fn map_records_round_trip_and_read_as_a_sentence() {
+        let mut buf = vec![0u8; MAP_MAX];
+        let mut w = FixedWriter::new(&mut buf);
+        map().write_json(&mut w).unwrap();
+        let line = std::str::from_utf8(w.as_bytes()).unwrap().to_string();
+        assert_eq!(
+            line,
+            "{\"format\":\"rankguard-audit\",\"version\":1,\"kind\":\"map\",\"ts\":1764527000.123456,\
+             \"host\":\"node7\",\"pid\":4242,\"start\":987654,\"rank\":null,\"local_rank\":null,\
+             \"job\":\"torchelastic:r1\",\"rank_root\":{\"pid\":4242,\"start\":987654,\"host\":\"node7\"},\
+             \"mode\":\"warn\",\"cvd\":\"5\",\"cvd_start\":\"2\",\"devices\":1,\
+             \"gpu\":\"GPU-15c0ffee-0000-4000-8000-000000000005\",\"rank_gpu\":\"2\",\"rank_gpu_uuid\":null,\
+             \"r1\":\"warn\"}\n"
+        );
+        assert_eq!(parse_line(&line), Ok(Line::Map(Box::new(map()))));
+        assert_eq!(MapRecord::parse(&line), Ok(map()));
+        // a decision record is not a map record, and the other way round
+        assert!(MapRecord::parse(&render(&full())).is_err());
+        assert!(matches!(
+            parse_line(&render(&full())),
+            Ok(Line::Decision(_))
+        ));
+        assert!(AuditRecord::parse(&line).is_err());
+        let mut s = String::new();
+        map().write_line(&mut s).unwrap();
+        assert_eq!(
+            s,
+            "GPU map: pid 4242 (its own rank root) sees GPU-15c0ffee-0000-4000-8000-000000000005 \
+             (1 device; CUDA_VISIBLE_DEVICES=5, started with 2); rank GPU 2; R1 broken: let run (warn mode)\n"
+        );
+        let unset = MapRecord {
+            rank: Some(3),
+            cvd: None,
+            cvd_start: None,
+            devices: 8,
+            gpu: None,
+            rank_gpu: None,
+            r1: Some(MapR1::Deny),
+            ..map()
+        };
+        let mut s = String::new();
+        unset.write_line(&mut s).unwrap();
+        assert_eq!(
+            s,
+            "GPU map: pid 4242 (rank 3) sees no single identifiable GPU (8 devices; \
+             CUDA_VISIBLE_DEVICES=<unset>, started with <unset>); R1 broken: stopped\n"
+        );
+    }
+
+    /// The worst map record (every text at its cap, escaped six-fold) fits MAP_MAX.
+    #[test]
+    fn map_record_fits() {
+        let worst = |cap: usize| -> Text<'static> { Cow::Owned("\u{1}".repeat(cap + 1)) };
+        let m = MapRecord {
+            ts_us: Some(u64::MAX),
+            host: Some(worst(caps::HOST)),
+            pid: u32::MAX,
+            // clock ticks since boot: far below what a JSON number holds exactly
+            start: Some(1 << 50),
+            rank: Some(u32::MAX),
+            local_rank: Some(u32::MAX),
+            job: Some(worst(caps::JOB)),
+            rank_root: Some(RootRef {
+                pid: u32::MAX,
+                start: 1 << 50,
+                host: Some(worst(caps::HOST)),
+            }),
+            mode: Some(Mode::Enforce),
+            cvd: Some(worst(caps::CVD)),
+            cvd_start: Some(worst(caps::CVD)),
+            devices: i32::MIN,
+            gpu: Some(worst(caps::GPU)),
+            rank_gpu: Some(worst(caps::RANK_GPU)),
+            rank_gpu_uuid: Some(worst(caps::RANK_GPU)),
+            r1: Some(MapR1::Deny),
+        };
+        let mut buf = vec![0u8; MAP_MAX];
+        let mut w = FixedWriter::new(&mut buf);
+        m.write_json(&mut w).unwrap();
+        let back = MapRecord::parse(std::str::from_utf8(w.as_bytes()).unwrap()).unwrap();
+        assert!(back.cvd.unwrap().ends_with(CUT_MARK));
     }
 
     #[test]

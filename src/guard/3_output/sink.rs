@@ -246,6 +246,15 @@ impl Sink {
             OpenProblem::Errno(libc::ENXIO) => {
                 "is a FIFO with no reader: not waiting for one (the program would hang)".to_string()
             }
+            OpenProblem::Errno(libc::ENOENT) => {
+                let dir = path.rsplit_once('/').map_or(".", |(d, _)| if d.is_empty() { "/" } else { d });
+                format!(
+                    "cannot be opened: its directory {} does not exist; fix: create it before the job starts (mkdir -p {}) or point {} at an existing directory",
+                    Mid(dir, signal_safe::VALUE_MAX),
+                    Mid(dir, signal_safe::VALUE_MAX),
+                    self.kind.var()
+                )
+            }
             OpenProblem::Errno(e) => format!("cannot be opened ({})", std::io::Error::from_raw_os_error(e)),
             OpenProblem::Owner(uid) => format!(
                 "exists and belongs to uid {uid}, not to you (uid {}): refused (it could be another user's trap for your records); remove it or choose another path",

@@ -108,3 +108,50 @@ pub fn runtime_current_device(id: usize) -> i32 {
         0
     }
 }
+
+/// How many GPUs this node has, asked from NVML (`libnvidia-ml.so.1`), which ignores
+/// `CUDA_VISIBLE_DEVICES`: the driver cannot tell once the process's CVD named none. None
+/// when there is no NVML or it fails. Cold: only when R1 found an entry naming no GPU.
+pub fn node_gpu_count() -> Option<u32> {
+    // SAFETY: the name is NUL-terminated; dlopen has no other precondition.
+    let h = unsafe {
+        libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        )
+    };
+    if h.is_null() {
+        return None;
+    }
+    let (init, count, shutdown) = (
+        crate::guard::resolve::dl::lookup(h, c"nvmlInit_v2"),
+        crate::guard::resolve::dl::lookup(h, c"nvmlDeviceGetCount_v2"),
+        crate::guard::resolve::dl::lookup(h, c"nvmlShutdown"),
+    );
+    let mut n: u32 = 0;
+    let ok = if init.is_null() || count.is_null() || shutdown.is_null() {
+        false
+    } else {
+        type Init = unsafe extern "C" fn() -> i32;
+        type Count = unsafe extern "C" fn(*mut u32) -> i32;
+        // SAFETY: nvml.h: nvmlReturn_t nvmlInit_v2(void), nvmlDeviceGetCount_v2(unsigned
+        // int *), nvmlShutdown(void); the pointers are those functions of the handle `h`.
+        unsafe {
+            let (init, count, shutdown) = (
+                std::mem::transmute::<*mut c_void, Init>(init),
+                std::mem::transmute::<*mut c_void, Count>(count),
+                std::mem::transmute::<*mut c_void, Init>(shutdown),
+            );
+            if init() == 0 {
+                let ok = count(&mut n) == 0;
+                shutdown();
+                ok
+            } else {
+                false
+            }
+        }
+    };
+    // SAFETY: `h` came from dlopen above; this drops the reference it added.
+    unsafe { libc::dlclose(h) };
+    ok.then_some(n)
+}

@@ -3,4 +3,5 @@
 pub mod driver_query;
 pub mod rank_root;
 pub mod registry_io;
+pub mod start_env;
 pub mod state;

@@ -63,6 +63,24 @@ pub struct Root {
 /// A `Box<Root>` leaked on purpose (once per process that walks), or null.
 static ROOT: AtomicPtr<Root> = AtomicPtr::new(ptr::null_mut());
 
+/// The walk's outcome as a sentence in the debug log (DEBUG).
+fn say_walk(ancestor: Option<&Ancestor>) {
+    match ancestor {
+        Some(a) => debug_log::log!(
+            Debug,
+            "rank root: ancestor pid {} (started at {}) is this process's rank root, on rank GPU {}, found by its {}",
+            a.root.pid,
+            a.root.start,
+            a.gpu.text(),
+            if a.by_record { "rank record in the registry" } else { "initial environment" }
+        ),
+        None => debug_log::log!(
+            Debug,
+            "rank root: no guarded ancestor was given a single-entry CUDA_VISIBLE_DEVICES, so this process is its own rank root"
+        ),
+    }
+}
+
 /// The rank root, once found here or in the parent this process was forked from.
 pub fn current() -> Option<&'static Root> {
     let p = ROOT.load(Ordering::Acquire);
@@ -243,7 +261,7 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
         };
         view.own = own.and_then(rank_root::parse_stat).map(|st| (me, st));
         let ancestor = rank_root::find(me, registry_io::euid(), &mut view);
-        debug_log::log!(Debug, "rank root walk ancestor={ancestor:?}");
+        say_walk(ancestor.as_ref());
         if let Some(u) = view.failed {
             return Err(u);
         }

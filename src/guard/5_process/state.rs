@@ -33,6 +33,9 @@ static STATE: ForkSafeCell<State> = ForkSafeCell::new();
 /// The identity of this process's one GPU, once R1 was checked.
 static OWNED_GPU: ForkSafeCell<String> = ForkSafeCell::new();
 
+/// The single CVD entry the process was started with, once R1 found it re-pointed.
+static START_GPU: ForkSafeCell<String> = ForkSafeCell::new();
+
 /// The state, initialising it on first use.
 #[inline]
 pub fn get() -> &'static State {
@@ -176,13 +179,31 @@ pub fn report_config_errors() {
     if CONFIG_WARNED.load(Ordering::Relaxed) != 0 || CONFIG_WARNED.swap(1, Ordering::Relaxed) != 0 {
         return;
     }
-    for e in &get().config.errors {
+    let cfg = &get().config;
+    for e in &cfg.errors {
         warn_once_config(
             e.var,
             &e.value,
             &format!("is not valid: expected {}", e.expected),
         );
     }
+    if let Some(notice) = cfg.job_notice {
+        let mut b = StackBuf::<768>::new();
+        line::prefix(&mut b, "WARN");
+        let _ = std::fmt::Write::write_str(&mut b, notice);
+        b.end_line();
+        signal_safe::write_all(2, b.as_bytes());
+    }
+}
+
+/// Remember the GPU the process was started with, when it re-pointed itself to another
+/// (set once by the R1 check): the rank's GPU its records name.
+pub fn set_start_gpu(entry: String) {
+    START_GPU.set(entry);
+}
+
+pub fn start_gpu() -> Option<&'static str> {
+    START_GPU.get().map(String::as_str)
 }
 
 fn init_debug(cfg: &'static Config) {

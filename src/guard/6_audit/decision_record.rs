@@ -110,7 +110,12 @@ pub fn record_decision_at(
         ordinal: v.ordinal(),
         cvd: cvd_now.map(b),
         gpu: extra.gpu.or(state::owned_gpu()).map(b),
-        rank_gpu: cfg.rank_gpu.as_deref().or(rank_root::rank_gpu()).map(b),
+        rank_gpu: cfg
+            .rank_gpu
+            .as_deref()
+            .or(rank_root::rank_gpu())
+            .or(state::start_gpu())
+            .map(b),
         rank_gpu_uuid: cfg.rank_gpu_uuid.as_deref().map(b),
         args: Some(text(args_buf.as_bytes())),
         detail: Some(text(detail_buf.as_bytes())),
@@ -140,12 +145,22 @@ fn say_and_write_on_stack(rec: &AuditRecord<'_>, loud: bool) {
     say_and_write(rec, &mut buf, loud);
 }
 
+/// The level word of a decision's line: `DENY` for a denied (or stopped) call, `WARN` for
+/// one warn mode let through.
+pub fn tag(action: Action) -> &'static str {
+    match action {
+        Action::Deny => "DENY",
+        Action::Warn => "WARN",
+    }
+}
+
 /// Render the line into the first [`LINE_MAX`] bytes of `buf` and say it (stderr when
 /// `loud`, else the debug log); render the JSON into the rest and append it to the audit.
 fn say_and_write(rec: &AuditRecord<'_>, buf: &mut [u8], loud: bool) {
     let (line_buf, json_buf) = buf.split_at_mut(LINE_MAX);
     let mut line = FixedWriter::new(line_buf);
-    prefix(&mut line, "WARN");
+    // A denial says it is one: users grep `RANKGUARD DENY` apart from warn mode's lines.
+    prefix(&mut line, rec.action.map_or("WARN", tag));
     if rec.write_line(&mut line).is_err() || line.overflowed() {
         // Not reached with the caps; a cut line still ends as one.
         line.truncate(line.len().saturating_sub(CUT_MARK.len() + 1));

@@ -8,17 +8,19 @@ use std::sync::atomic::Ordering;
 use crate::config::Mode;
 use crate::cvd;
 use crate::guard::audit::decision_record::{prefix, record_decision, Extra};
+use crate::guard::audit::map_record::{self, MapFacts};
 use crate::guard::decide::verdict::abort_now;
 use crate::guard::output::debug_log;
-use crate::guard::process::driver_query::{device_uuid, driver_count};
+use crate::guard::process::driver_query::{self, device_uuid, driver_count};
 use crate::guard::process::rank_root;
+use crate::guard::process::start_env;
 use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::Id;
-use crate::policy::{self, InitFacts, Verdict};
+use crate::policy::{self, InitFacts, Unreadable, Verdict};
 use crate::rankgpu;
-use rankguard_core::record::{Action, RuleFields};
+use rankguard_core::record::{Action, MapR1, RuleFields};
 use std::borrow::Cow;
 
 /// Exit status of a process terminated by R1 in enforce mode (sysexits' EX_CONFIG: the
@@ -51,7 +53,7 @@ pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
         // any R1 violation, since its visibility was not verified.
         if std::panic::catch_unwind(|| check_init(rc)).is_err() && state::mode() == Mode::Enforce {
             let mut b = StackBuf::<256>::new();
-            prefix(&mut b, "WARN");
+            prefix(&mut b, "DENY");
             let _ = writeln!(b, "terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})");
             signal_safe::write_all(2, b.as_bytes());
             // SAFETY: _exit has no preconditions (see check_init for why not exit()).
@@ -108,18 +110,49 @@ fn check_init(rc: CuResult) {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
         None => rank_root::is_rank_gpu(own_uuid, &vis),
     };
+    let start = start_env::cvd();
+    let kept_start_gpu = start_gpu_kept(&start, own_uuid, &vis);
+    // One entry, no device: the driver answers cuInit NO_DEVICE and cannot say which GPUs
+    // exist; NVML (which ignores CVD) can.
+    let node_gpus = if entries == 1 && devices == 0 {
+        driver_query::node_gpu_count()
+    } else {
+        None
+    };
     let facts = InitFacts {
         cvd_set: cvd_text.is_some(),
         entries,
         devices,
         is_rank_gpu,
-        walk_unreadable: walk.err(),
+        // A start environment that could not be read fails closed as the walk does (when it
+        // could have bound the one entry the process sees); with a rank variable there is
+        // no walk, and the process runs, told what was not checked (start_unread).
+        walk_unreadable: walk.err().or(start
+            .as_ref()
+            .err()
+            .copied()
+            .filter(|_| entries == 1 && rank_root::applies(cfg))),
+        kept_start_gpu,
+        node_gpus,
     };
-    debug_log::log!(
-        Debug,
-        "R1 check at cuInit facts={facts:?} uuid={own_uuid:?}"
-    );
+    if let (Err(u), 1, None) = (&start, entries, facts.walk_unreadable) {
+        start_unread(u);
+    }
+    say_facts(&facts, cvd_text, own_uuid);
     let verdict = policy::init(facts);
+    map_record::write(&MapFacts {
+        mode,
+        cvd: signal_safe::getenv_bytes("CUDA_VISIBLE_DEVICES"),
+        cvd_start: start.as_ref().ok().and_then(|s| s.as_deref()),
+        devices,
+        own_uuid,
+        start_gpu: state::start_gpu(),
+        r1: match (&verdict, mode) {
+            (Verdict::Violation(_), Mode::Warn) => MapR1::Warn,
+            (Verdict::Violation(_), _) => MapR1::Deny,
+            _ => MapR1::Ok,
+        },
+    });
     if by_root && (verdict.is_allow() || mode == Mode::Warn) {
         // A process that sees exactly one GPU records its rank for its descendants.
         let sees_rank_gpu = entries == 1 && devices == 1 && is_rank_gpu != Some(false);
@@ -148,7 +181,7 @@ fn check_init(rc: CuResult) {
         Mode::Enforce | Mode::Off => {
             record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
             let mut b = StackBuf::<256>::new();
-            prefix(&mut b, "WARN");
+            prefix(&mut b, "DENY");
             let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
             signal_safe::write_all(2, b.as_bytes());
             // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
@@ -157,4 +190,65 @@ fn check_init(rc: CuResult) {
             unsafe { libc::_exit(EXIT_R1) }
         }
     }
+}
+
+/// R1's rule for the process's own start (`rankgpu::started_with`): whether the one device
+/// it sees is the GPU its single-entry start CVD named (None: not started with one). When it
+/// is not, that entry is remembered as the rank's GPU for this process's records.
+fn start_gpu_kept(
+    start: &Result<Option<String>, Unreadable>,
+    own_uuid: &str,
+    vis: &cvd::Visibility,
+) -> Option<bool> {
+    let start = start.as_ref().ok()?.as_deref();
+    let kept = rankgpu::started_with(start, own_uuid, vis.entries())?.is_same();
+    if !kept {
+        if let Some(entry) = crate::rank_root::single_entry(start) {
+            state::set_start_gpu(entry);
+        }
+    }
+    Some(kept)
+}
+
+/// The start environment could not be read and nothing failed closed on it (a rank variable
+/// names the rank): say what was not checked, once (the R1 check runs once per process).
+fn start_unread(u: &Unreadable) {
+    let mut b = StackBuf::<512>::new();
+    prefix(&mut b, "WARN");
+    let _ = writeln!(
+        b,
+        "/proc/{}/{} could not be read (OS error {}): whether this process re-pointed the CUDA_VISIBLE_DEVICES it was started with is not checked; fix: leave fds free at the first cuInit (ulimit -n)",
+        u.pid, u.file, u.errno
+    );
+    signal_safe::write_all(2, b.as_bytes());
+}
+
+/// The R1 check's facts as a sentence in the debug log (DEBUG).
+fn say_facts(f: &InitFacts, cvd_text: Option<&str>, own_uuid: &str) {
+    let cvd = match cvd_text {
+        None => "unset",
+        Some("") => "empty",
+        Some(t) => t,
+    };
+    let rank_gpu = match f.is_rank_gpu {
+        None => "no rank GPU is named",
+        Some(true) => "it is the rank's GPU",
+        Some(false) => "it is not the rank's GPU",
+    };
+    let start = match f.kept_start_gpu {
+        None => "it was not started with a single CUDA_VISIBLE_DEVICES entry",
+        Some(true) => "it is the GPU the process was started with",
+        Some(false) => "it is not the GPU the process was started with",
+    };
+    debug_log::log!(
+        Debug,
+        "R1 check at cuInit: CUDA_VISIBLE_DEVICES is {cvd} ({} entr{} CUDA reads), the driver enumerates {} device{}{}{}; {rank_gpu}; {start}{}",
+        f.entries,
+        if f.entries == 1 { "y" } else { "ies" },
+        f.devices,
+        if f.devices == 1 { "" } else { "s" },
+        if own_uuid.is_empty() { "" } else { ", " },
+        own_uuid,
+        if f.walk_unreadable.is_some() { "; the rank's ancestors could not be read" } else { "" },
+    );
 }

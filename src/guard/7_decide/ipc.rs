@@ -309,7 +309,18 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
         let pid = signal_safe::pid();
         if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
             let swept = reg.sweep(&ProcFs, registry::SWEEP_BUDGET);
-            debug_log::log!(Debug, "swept the IPC provenance registry swept={swept:?}");
+            debug_log::log!(
+                Debug,
+                "swept the IPC provenance registry: {} stale record{} removed, {} kept{}",
+                swept.removed,
+                if swept.removed == 1 { "" } else { "s" },
+                swept.kept,
+                if swept.complete {
+                    ""
+                } else {
+                    " (stopped at its budget before the end)"
+                }
+            );
         }
         let cfg = &state::get().config;
         let Some(start) = own_start(pid) else {
@@ -332,9 +343,9 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
         match reg.write(&rec, &ProcFs) {
             Ok(()) => debug_log::log!(
                 Debug,
-                "recorded IPC export key={} gpu={:?} location={}",
+                "recorded IPC export {} on {} ({} memory)",
                 rec.key.short(),
-                rec.gpu,
+                rec.gpu.as_deref().unwrap_or("an unknown GPU"),
                 rec.location.as_str()
             ),
             Err(problem) => {
@@ -612,11 +623,15 @@ pub fn check_import<R: Code>(
     if verdict.is_allow() {
         debug_log::log!(
             Debug,
-            "IPC import allowed: {} call={} key={} exporter_pid={:?}",
+            "IPC import allowed ({}): {} of {}, exported by {}",
             d.as_str(),
             crate::guard::table::TABLE[id].call(),
-            key.as_ref().map_or_else(|| "-".to_string(), Key::short),
-            rec.as_ref().map(|r| r.pid)
+            key.as_ref()
+                .map_or_else(|| "a handle with no identity".to_string(), Key::short),
+            rec.as_ref().map_or_else(
+                || "an unknown process".to_string(),
+                |r| format!("pid {}", r.pid)
+            )
         );
         return Ok(Checked(Some(d)));
     }
