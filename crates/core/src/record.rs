@@ -718,65 +718,75 @@ fn opt_root(v: &Json, key: &str) -> Result<Option<RootRef<'static>>, String> {
     }
 }
 
+/// One audit line as JSON: the reasons a line is not JSON are worded for a person reading
+/// a report (a cut write is "partial").
+pub fn parse_line(line: &str) -> Result<Json, String> {
+    parse_json(line).map_err(|e| {
+        if e.starts_with("the line ends") {
+            format!("partial record: {e} (a cut or interleaved write?)")
+        } else {
+            format!("not JSON: {e}")
+        }
+    })
+}
+
 impl AuditRecord<'static> {
     /// The record in one audit line. `call`, `rule` and `verdict` are required; every
     /// other field is optional, so records of older or newer guards still parse (unknown
     /// fields are ignored, an unknown rule is kept under its own id).
     pub fn parse(line: &str) -> Result<AuditRecord<'static>, String> {
-        let v = parse_json(line).map_err(|e| {
-            if e.starts_with("the line ends") {
-                format!("partial record: {e} (a cut or interleaved write?)")
-            } else {
-                format!("not JSON: {e}")
-            }
-        })?;
+        AuditRecord::from_json(&parse_line(line)?)
+    }
+
+    /// The record in a line already parsed as a JSON object ([`parse_line`]).
+    pub fn from_json(v: &Json) -> Result<AuditRecord<'static>, String> {
         if !matches!(v, Json::Obj(_)) {
             return Err("not an audit record: a JSON value that is not an object".into());
         }
-        let summary = if flag(&v, "summary")? {
-            match opt_int(&v, "count", 1, i64::MAX) {
+        let summary = if flag(v, "summary")? {
+            match opt_int(v, "count", 1, i64::MAX) {
                 Ok(Some(n)) => Some(Summary {
                     count: n as u64,
-                    since_us: opt_time(&v, "since")?,
+                    since_us: opt_time(v, "since")?,
                 }),
                 _ => return Err("not an audit record: a summary without a positive 'count'".into()),
             }
         } else {
             None
         };
-        let call = req_str(&v, "call")?;
-        let verdict = req_str(&v, "verdict")?;
+        let call = req_str(v, "call")?;
+        let verdict = req_str(v, "verdict")?;
         let action =
             Action::parse(&verdict).ok_or_else(|| bad("verdict", "\"warn\" or \"deny\""))?;
-        let rule = req_str(&v, "rule")?;
+        let rule = req_str(v, "rule")?;
         let rule = match Rule::parse(&rule) {
             Some(r) => RuleId::Known(r),
             None => RuleId::Other(rule),
         };
         // A mode this build does not know (a newer guard's) is left out, not refused.
-        let mode = opt_str(&v, "mode")?.and_then(|m| Mode::parse(&m));
+        let mode = opt_str(v, "mode")?.and_then(|m| Mode::parse(&m));
         let rule_fields = if v.get("devices").is_some() || v.get("sees").is_some() {
             RuleFields::Init {
-                devices: opt_i32_field(&v, "devices")?.unwrap_or(0),
-                entries: opt_u32_field(&v, "entries")?.unwrap_or(0),
-                sees: opt_str(&v, "sees")?,
+                devices: opt_i32_field(v, "devices")?.unwrap_or(0),
+                entries: opt_u32_field(v, "entries")?.unwrap_or(0),
+                sees: opt_str(v, "sees")?,
             }
-        } else if let (Some(device), Some(_)) = (opt_i32_field(&v, "device")?, v.get("decision")) {
+        } else if let (Some(device), Some(_)) = (opt_i32_field(v, "device")?, v.get("decision")) {
             RuleFields::Mapping { device }
         } else if v.get("decision").is_some() || v.get("exporter_pid").is_some() {
             RuleFields::Import {
-                handle: opt_str(&v, "handle")?,
-                key: opt_str(&v, "key")?,
-                decision: opt_str(&v, "decision")?.unwrap_or_default(),
-                exporter: match opt_u32_field(&v, "exporter_pid")? {
+                handle: opt_str(v, "handle")?,
+                key: opt_str(v, "key")?,
+                decision: opt_str(v, "decision")?.unwrap_or_default(),
+                exporter: match opt_u32_field(v, "exporter_pid")? {
                     None => None,
                     Some(pid) => Some(Exporter {
                         pid,
-                        rank: opt_u32_field(&v, "exporter_rank")?,
-                        job: opt_str(&v, "exporter_job")?,
-                        gpu: opt_str(&v, "exporter_gpu")?,
-                        location: opt_str(&v, "exporter_location")?.unwrap_or_default(),
-                        rank_root: opt_root(&v, "exporter_rank_root")?,
+                        rank: opt_u32_field(v, "exporter_rank")?,
+                        job: opt_str(v, "exporter_job")?,
+                        gpu: opt_str(v, "exporter_gpu")?,
+                        location: opt_str(v, "exporter_location")?.unwrap_or_default(),
+                        rank_root: opt_root(v, "exporter_rank_root")?,
                     }),
                 },
             }
@@ -784,33 +794,33 @@ impl AuditRecord<'static> {
             RuleFields::None
         };
         Ok(AuditRecord {
-            ts_us: opt_time(&v, "ts")?,
+            ts_us: opt_time(v, "ts")?,
             summary,
             call,
-            abi: opt_str(&v, "abi")?,
+            abi: opt_str(v, "abi")?,
             action: Some(action),
             rule: Some(rule),
             mode,
-            pid: opt_u32_field(&v, "pid")?,
-            tid: opt_u32_field(&v, "tid")?,
-            host: opt_str(&v, "host")?,
-            rank: opt_u32_field(&v, "rank")?,
-            local_rank: opt_u32_field(&v, "local_rank")?,
-            job: opt_str(&v, "job")?,
-            rank_root: opt_root(&v, "rank_root")?,
-            ordinal: opt_i32_field(&v, "ordinal")?,
-            cvd: opt_str(&v, "cvd")?,
-            gpu: opt_str(&v, "gpu")?,
-            rank_gpu: opt_str(&v, "rank_gpu")?,
-            rank_gpu_uuid: opt_str(&v, "rank_gpu_uuid")?,
-            args: opt_str(&v, "args")?,
-            detail: opt_str(&v, "detail")?,
+            pid: opt_u32_field(v, "pid")?,
+            tid: opt_u32_field(v, "tid")?,
+            host: opt_str(v, "host")?,
+            rank: opt_u32_field(v, "rank")?,
+            local_rank: opt_u32_field(v, "local_rank")?,
+            job: opt_str(v, "job")?,
+            rank_root: opt_root(v, "rank_root")?,
+            ordinal: opt_i32_field(v, "ordinal")?,
+            cvd: opt_str(v, "cvd")?,
+            gpu: opt_str(v, "gpu")?,
+            rank_gpu: opt_str(v, "rank_gpu")?,
+            rank_gpu_uuid: opt_str(v, "rank_gpu_uuid")?,
+            args: opt_str(v, "args")?,
+            detail: opt_str(v, "detail")?,
             rule_fields,
-            site: opt_str(&v, "site")?,
-            py_stack: Cow::Owned(str_list(&v, "py_stack")?),
-            py_stack_cut: flag(&v, "py_stack_cut")?,
-            native_stack: Cow::Owned(str_list(&v, "native_stack")?),
-            native_stack_cut: flag(&v, "native_stack_cut")?,
+            site: opt_str(v, "site")?,
+            py_stack: Cow::Owned(str_list(v, "py_stack")?),
+            py_stack_cut: flag(v, "py_stack_cut")?,
+            native_stack: Cow::Owned(str_list(v, "native_stack")?),
+            native_stack_cut: flag(v, "native_stack_cut")?,
         })
     }
 }
