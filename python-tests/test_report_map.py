@@ -137,10 +137,10 @@ def test_report_map_is_rank_processes_gpu_and_who_broke_what(tmp_path):
     # 1 broke R1 and R3
     assert rows[0] == ["0", "n1", "100", "100", uuid(0), "0", "0", "warn", "-"], p.stdout
     assert rows[1] == ["n1", "101", "100", uuid(1), "1", "1", "warn", "R1", "x1,", "R3", "x1"], p.stdout
-    assert rows[2] == ["1", "n1", "200", "200", uuid(1), "1", "<unset>", "warn", "-"], p.stdout
+    assert rows[2] == ["1", "n1", "200", "200", uuid(1), "1", "-", "warn", "-"], p.stdout
     # rank 2: known from its violation only (no map record: marked, and said below)
     assert rows[3] == ["2", "n1", "400", "-", uuid(2), "*", "-", "2", "enforce", "R2", "x1"], p.stdout
-    assert rows[4] == ["root", "n1:300", "n1", "301", "300", uuid(3), "0", "<unset>", "warn", "-"], p.stdout
+    assert rows[4] == ["root", "n1:300", "n1", "301", "300", uuid(3), "0", "-", "warn", "-"], p.stdout
     assert lines[7].startswith("* no map record for this process"), p.stdout
     assert p.stdout.endswith("\ntotal: 3 violations (1 denied, 2 warned) of 3 calls under 3 rules, in 2 ranks, "
                              "2 processes, from 1 file\n"), p.stdout

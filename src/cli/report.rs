@@ -556,7 +556,12 @@ fn map_text(s: &Summary, files: usize) -> String {
                     if p.mapped { "" } else { " *" }
                 ),
                 dash(p.index.map(|n| n.to_string())),
-                cvd_text(p.cvd.as_deref()).to_string(),
+                // A map record without `cvd` says nothing about it: `-`, not `<unset>`.
+                match p.cvd.as_deref() {
+                    None => "-".to_string(),
+                    Some("") => "<empty>".to_string(),
+                    Some(c) => c.to_string(),
+                },
                 dash(p.mode.clone()),
                 broke,
             ]);
