@@ -369,7 +369,7 @@ fn registry_check(f: &mut Findings) {
             ),
         ),
         Err(problem) => {
-            let host = job_summary::host();
+            let host = job_summary::full_host();
             // The guard's private fallback lives under the user's home (it creates the
             // directories there): usable when the home exists.
             let usable = sys::home_dir(uid)

@@ -53,11 +53,28 @@ impl Drop for Audit {
     }
 }
 
-/// The host name as the guard writes it in `%h` and in records.
+/// The host name as the guard writes it in `%h` and in records: up to its first dot, at
+/// most 63 bytes (`guard/1_sys/signal_safe.rs`, `hostname`), so that `node7.cluster`'s files
+/// are found as `audit.node7.<pid>.jsonl`.
 pub fn host() -> String {
+    short_host(&full_host())
+}
+
+/// The whole host name (the registry's private fallback is named by it).
+pub fn full_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default()
+}
+
+fn short_host(full: &str) -> String {
+    let b = full.as_bytes();
+    let end = b
+        .iter()
+        .take(63)
+        .position(|&c| c == b'.')
+        .unwrap_or(b.len().min(63));
+    String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
 /// Why `dir` cannot hold audit files, or None when a file can be created in it (tried: a
@@ -399,6 +416,13 @@ mod tests {
             t.contains("audit: not kept (RANKGUARD_AUDIT is unset"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn the_host_is_named_as_the_guard_names_it_in_file_names() {
+        assert_eq!(short_host("node7.cluster.example"), "node7");
+        assert_eq!(short_host("vm"), "vm");
+        assert_eq!(short_host(&"h".repeat(80)), "h".repeat(63));
     }
 
     #[test]
