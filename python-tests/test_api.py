@@ -106,7 +106,15 @@ def test_where_the_cli_refuses_plan_raises_conflict_error(kw, extra, needle):
     assert needle in msg and is_value_error, msg
     # the CLI's own message, for the same options
     p = run(command, env=env)
-    assert p.returncode == 2 and p.stderr.strip() == f"rankguard: error: {msg}"
+    assert p.returncode == 2 and p.stderr.strip() == _error_line(msg), p.stderr
+
+
+def _error_line(msg: str) -> str:
+    """The CLI's error line for a message (src/cli/mod.rs, error_line): one prefix."""
+    head, sep, rest = msg.partition(": ")
+    if sep and head.startswith("rankguard ") and " " not in head[len("rankguard "):]:
+        return f"{head}: error: {rest}"
+    return f"rankguard: error: {msg}"
 
 
 def test_plan_defaults_to_os_environ():
@@ -147,3 +155,19 @@ def test_the_package_is_typed():
     """, api_env())
     assert "return" in out and "env" in out and "cpu_ids" in out
     assert out[-1] == "typing.Dict[str, str]"
+
+
+def test_a_ranks_repr_does_not_print_its_environment():
+    """Issue 32: printing a Rank dumped the launcher's whole environment, secrets included.
+    Its repr and str show the rank, its GPU and CPU block, and only how many variables."""
+    env = api_env(MY_API_TOKEN="hunter2-secret", AWS_SECRET_ACCESS_KEY="wJalrXUtnFEMI")
+    out = api("""
+        r = rankguard.plan(nproc_per_node=2)[1]
+        out = [repr(r), str(r), f"{r}", len(r.env), r.env["MY_API_TOKEN"]]
+    """, env)
+    text_repr, text_str, text_fmt, n, token = out
+    assert token == "hunter2-secret", "env itself still holds every variable"
+    for t in (text_repr, text_str, text_fmt):
+        assert "hunter2" not in t and "wJalrXUtnFEMI" not in t and "MY_API_TOKEN" not in t, t
+        assert t == (f"Rank(rank=1, local_rank=1, cuda_visible_devices='1', uuid='{uuid(1)}', "
+                     f"numa_node=None, cpus=None, env=<{n} variables, not shown>)"), t

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,19 @@ def test_help_lists_every_command():
     assert cli("--version", check=True).stdout.startswith("rankguard ")
 
 
+def test_help_carries_the_reference_an_installed_user_needs():
+    """An installed user has no docs/ (issue 32): --help names no file of the repository
+    and carries the variables and exit statuses itself; `help CMD` is `CMD --help`."""
+    p = cli("--help", check=True)
+    assert "docs/" not in p.stdout, p.stdout
+    for c in ("report", "doctor", "slurm-task-prolog", "cdi"):
+        assert f"  {c} " in p.stdout, p.stdout
+    for var in ("RANKGUARD_MODE", "RANKGUARD_AUDIT", "RANKGUARD_NARROW_BY", "RANKGUARD_REGISTRY"):
+        assert var in p.stdout, var
+    assert "Exit statuses: 0 success" in p.stdout and "78 " in p.stdout, p.stdout
+    assert cli("help", "report", check=True).stdout == cli("report", "--help", check=True).stdout
+
+
 def test_usage_errors_name_the_input():
     cases = [
         (["bogus"], "unknown command 'bogus'"),
@@ -80,7 +94,13 @@ def test_usage_errors_name_the_input():
         p = cli(*args, env=clean_env(FAKECUDA_GPUS="2"))
         assert p.returncode == 2, (args, p.stderr)
         assert msg in p.stderr, (args, p.stderr)
-        assert p.stderr.strip().splitlines()[-1].startswith("rankguard: error: "), p.stderr
+        # One prefix: `rankguard: error:`, or `rankguard CMD: error:` for a message that
+        # names its command, never `rankguard: error: rankguard CMD: ...` (issue 32).
+        last = p.stderr.strip().splitlines()[-1]
+        assert re.match(r"rankguard( [a-z-]+)?: error: ", last), p.stderr
+        assert "error: rankguard" not in last, p.stderr
+    p = cli("run", env=clean_env())
+    assert p.stderr.startswith("rankguard run: error: no command given"), p.stderr
 
 
 def test_launch_reports_a_missing_command():
@@ -138,7 +158,8 @@ def test_closed_standard_descriptors_are_opened_on_dev_null():
     p = subprocess.run(f'exec 1>&- && exec {CLI} launch --nproc-per-node 1 -- {sys.executable} -c "{rank}"',
                        shell=True, stderr=subprocess.PIPE, text=True, env=clean_env(), timeout=30)
     assert p.returncode == 0, p.stderr
-    path, flags = p.stderr.split()
+    # The first line is the rank's; launch's summary follows it.
+    path, flags = p.stderr.splitlines()[0].split()
     assert path == "/dev/null" and int(flags, 8) & os.O_ACCMODE == os.O_RDWR, p.stderr
 
 

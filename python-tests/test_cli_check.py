@@ -7,7 +7,7 @@ import json
 from _cli import CLI, bus, clean_env, cli, sysroot, uuid
 from conftest import GUARD, LIB_GUARD
 
-KEYS = ["format", "version", "ok", "cuda_visible_devices", "mode", "entries", "driver", "guard", "rank_gpu",
+KEYS = ["format", "version", "ok", "enforced", "cuda_visible_devices", "mode", "entries", "driver", "guard", "rank_gpu",
         "rank_gpu_matches", "job", "affinity", "omp_num_threads", "problems", "warnings"]
 
 
@@ -109,4 +109,23 @@ def test_text_form():
     assert p.stdout.rstrip().endswith("violation: a rank started here would break the contract")
     p = cli("check", env=clean_env(FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="1", LD_PRELOAD=str(GUARD)))
     assert p.returncode == 0, p.stdout
-    assert uuid(1) in p.stdout and p.stdout.rstrip().endswith("ok: a rank started here keeps the contract")
+    assert uuid(1) in p.stdout and p.stdout.rstrip().endswith(
+        "ok: a rank started here keeps the contract, and the guard enforces it")
+
+
+def test_never_ok_and_not_enforced_at_once():
+    """Issue 32: a clean environment without the guard (or in warn/off mode) is "not
+    enforced", status 0, never "ok" beside "the contract is not enforced"."""
+    for extra in ({}, {"LD_PRELOAD": str(GUARD), "RANKGUARD_MODE": "warn"},
+                  {"LD_PRELOAD": str(GUARD), "RANKGUARD_MODE": "off"}):
+        p = cli("check", env=clean_env(FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="1", **extra))
+        assert p.returncode == 0, p.stdout
+        assert "\nok" not in p.stdout and not p.stdout.startswith("ok"), p.stdout
+        last = p.stdout.rstrip().splitlines()[-1]
+        assert last.startswith("not enforced: this environment keeps the contract, but "), last
+        rc, d = check(CUDA_VISIBLE_DEVICES="1", **extra)
+        assert rc == 0 and d["ok"] and d["enforced"] is False, d
+    assert "the guard is not in LD_PRELOAD" in cli(
+        "check", env=clean_env(FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="1")).stdout.splitlines()[-1]
+    rc, d = check(CUDA_VISIBLE_DEVICES="1", LD_PRELOAD=str(GUARD))
+    assert d["enforced"] is True

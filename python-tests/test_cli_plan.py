@@ -154,7 +154,10 @@ def test_auto_falls_back_and_says_why(tmp_path):
     # Both GPUs on node 0, which has one CPU: NUMA-local blocks are impossible.
     d = plan_json("--devices", "0,1", "--cpu-ids", "auto", "--sysroot", str(root))
     assert d["cpu_policy"] == "contiguous"
-    assert "topology is unknown" in d["cpu_note"] and "holds 1 of the CPUs" in d["cpu_note"]
+    # The topology is known: the launcher's affinity is to blame (issue 32), not the topology.
+    assert "holds 1 of the CPUs" in d["cpu_note"], d["cpu_note"]
+    assert "do not fit in the launcher's affinity" in d["cpu_note"], d["cpu_note"]
+    assert "topology is unknown" not in d["cpu_note"], d["cpu_note"]
     assert sorted(r["cpus"] for r in d["ranks"]) == sorted([str(a), str(b)])
     # No topology files at all.
     (tmp_path / "empty").mkdir()

@@ -150,11 +150,66 @@ def test_report_json_matches_the_planted_set(demo):
 
 def test_report_text_is_what_the_demo_showed(demo):
     """The demo ends act 1 with the human report: every rule and call, with counts."""
-    text = demo.out.split("Act 1: the audit summary", 1)[1].split("Act 2/3", 1)[0]
-    assert "cuInit: 4 warned in ranks 0, 1, 2, 3" in text, text
-    assert "cuDeviceGet: 3 warned in ranks 1, 2, 3" in text, text
-    assert "cuIpcOpenMemHandle: 4 warned in ranks 0, 1, 2, 3" in text, text
+    text = demo.out.split("Act 1: the audit summary", 1)[1].split("Act 1: the GPU map", 1)[0]
+    assert "cuInit: 4 warned in ranks 0-3" in text, text
+    assert "cuDeviceGet: 3 warned in ranks 1-3" in text, text
+    assert "cuIpcOpenMemHandle: 4 warned in ranks 0-3" in text, text
+    # One planted bug in 4 ranks is one entry (its site, with the rank list), not a block
+    # per rank (issue 32): 3 rules, 3 calls, one site each, 2 lines of first occurrence
+    # each and R3's exporter line, then the total.
+    body = text.split("$ rankguard report ", 1)[1].split("\n\ntotal: ", 1)[0].splitlines()[1:]
+    assert len(body) == 3 + 3 + 3 + 3 * 2 + 1, text
+    # R1's first occurrence shows both GPUs: the one collector 1 saw, and the rank's.
+    assert re.search(r"\n      saw GPU-1\dc0ffee-\S+ \(CUDA_VISIBLE_DEVICES=\d\); the rank's GPU: GPU-1\dc0ffee-\S+ \(entry \d\)", text), text
     assert "total: 11 violations (0 denied, 11 warned)" in text, text
+
+
+def test_act1_gpu_map_shows_every_process_of_every_rank_with_its_gpu(demo):
+    """Issue 32: `rankguard report --map` on act 1's audit lists every process of every rank
+    (the learner, its collectors and its inference ring, each from its map record) with the
+    GPU it saw, and marks who broke what: collector 1 of rank r saw GPU (r+1)%4 (R1, R3).
+
+    Needs the guard's GPU map records (one per process at its first cuInit; branch
+    newcomer-guard): without them the map holds only the processes that broke a rule,
+    each marked `*` (no map record), and this test fails saying so."""
+    text = demo.out.split("Act 1: the GPU map", 1)[1].split("Act 2/3", 1)[0]
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("RANK "))
+    cols = lines[head].split()
+    assert cols == ["RANK", "HOST", "PID", "ROOT", "GPU", "INDEX", "CVD", "MODE", "BROKE"], lines[head]
+    rows, rank = [], None
+    for ln in lines[head + 1:]:
+        if not ln.strip() or ln.startswith(("* ", "total:", "problems")):
+            break
+        first = ln[:len("RANK  ")].strip()
+        if first:
+            rank = first
+        rest = ln[len("RANK  "):].split()
+        rows.append((rank, rest))
+    unmapped = [r for r in rows if r[1][3].endswith("*") or "*" in r[1]]
+    assert not unmapped and "no map record" not in text, (
+        "no GPU map records in the demo's audit: the guard does not write them yet (the GPU map "
+        "record of branch newcomer-guard)\n" + text)
+    per_rank = collections.defaultdict(list)
+    for rank, rest in rows:
+        host, pid, root, gpu = rest[:4]
+        per_rank[rank].append((int(pid), gpu, " ".join(rest[7:])))
+    # Each learner says how many collectors and inference processes it started.
+    out = demo.act_output(1)
+    m = re.search(r"; (\d+) collectors, an inference ring of (\d+),", out)
+    assert m, out
+    procs = 1 + int(m.group(1)) + int(m.group(2))
+    assert sorted(per_rank) == [str(r) for r in range(WORLD)], per_rank
+    for r in range(WORLD):
+        got = per_rank[str(r)]
+        assert len(got) == procs and len({p for p, _, _ in got}) == procs, (r, got)
+        mine = GPU.format(r)
+        others = [(p, g, b) for p, g, b in got if g != mine]
+        # collector 1 alone sees another GPU, the next rank's, and broke R1 and R3 there
+        assert [(g, "R1" in b and "R3" in b) for _, g, b in others] == [(GPU.format((r + 1) % WORLD), True)], got
+        for p, g, b in got:
+            if g == mine:
+                assert "R1" not in b and "R3" not in b, (r, got)
 
 
 def _line_of(pattern: str) -> int:
@@ -184,7 +239,7 @@ def test_act1_shows_the_site_of_each_planted_violation(demo):
     for (rule, call), site in sites.items():
         said = [ln for ln in out.splitlines() if "RANKGUARD WARN" in ln and f" {call}(" in ln]
         assert said and all(f"; at {site}; fix: " in ln for ln in said), (call, said)
-    text = demo.out.split("Act 1: the audit summary", 1)[1].split("Act 2/3", 1)[0]
+    text = demo.out.split("Act 1: the audit summary", 1)[1].split("Act 1: the GPU map", 1)[0]
     for (rule, call), site in sites.items():
         n = sum(v for (rank, ru, c), v in PLANTED.items() if (ru, c) == (rule, call))
         assert f"\n    at {site}: {n} warned in ranks " in text, (site, text)
@@ -212,6 +267,7 @@ def test_act3_compliant_config_is_clean(demo):
     assert demo.launcher_status(3) == 0, demo.out
     out = demo.act_output(3)
     assert "RANKGUARD" not in out, out
+    assert "the guard recorded no violation in this job" in out, out
     assert out.count("done, every check passed") == WORLD, out
     assert out.count("between ranks: allowed") == WORLD, out
     files = list((demo.work / "act3" / "audit").glob("*.jsonl"))

@@ -87,7 +87,8 @@ def test_run_narrow_by_and_the_variable_give_the_same_environment(cvd, var, valu
     if r.returncode == 2:
         # Refused by run: the guard stops the rank at cuInit with the same message.
         assert g.returncode == 78, g.stderr
-        msg = r.stderr.strip().removeprefix("rankguard: error: ").replace("rankguard run:", "rankguard:").replace(
+        # run's error line is `rankguard run: error: MSG`; the guard says `rankguard: MSG`.
+        msg = r.stderr.strip().replace("rankguard run: error: ", "rankguard: ").replace(
             f"--narrow-by {var}", f"RANKGUARD_NARROW_BY={var}")
         assert msg in g.stderr, (msg, g.stderr)
         assert "CHILD {" not in g.stdout

@@ -223,7 +223,11 @@ def test_report_groups_processes_by_rank_root(tmp_path):
         assert r["rank"] is None and r["rank_root"] == root_of(res)
     assert doc["totals"]["ranks"] == 1
     t = run([CLI, "report", tmp_path / "audit.jsonl"], env=clean_env()).stdout
-    assert f"rank root {HOST}:{res['learner_pid']}: 1 warned from 1 process" in t
+    # One way of naming a rank without a number, in the call's line and its site's (issue
+    # 32: the site line used to say "in rank -").
+    assert f": 1 warned in rank root {HOST}:{res['learner_pid']}\n" in t, t
+    assert f"1 warned in rank root {HOST}:{res['learner_pid']}, from 1 process\n" in t, t
+    assert "rank -" not in t, t
     assert f"(rank root {HOST}:{res['learner_pid']})" in t        # the R3 exporter line
 
 

@@ -98,9 +98,45 @@ def planted(tmp_path_factory):
 LINES: dict[tuple[int, str], int] = {}
 
 
+def _rank_name(rank, root):
+    """The one way the report names a rank (issue 32)."""
+    if rank is not None:
+        return str(rank)
+    return f"root {root['host']}:{root['pid']}" if root else "-"
+
+
+def _rank_order(k):
+    rank, root = k
+    return (0, rank, "", 0, 0) if rank is not None else \
+        (1, 0, root["host"], root["pid"], root["start"]) if root else (2, 0, "", 0, 0)
+
+
+def rank_list(keys) -> str:
+    """`rank 3` or `ranks 0-3, 5, root h:20`: runs of three or more numbers as ranges."""
+    keys = sorted(keys, key=_rank_order)
+    nums = [r for r, _ in keys if r is not None]
+    parts, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts += [f"{nums[i]}-{nums[j]}"] if j >= i + 2 else [str(n) for n in nums[i:j + 1]]
+        i = j + 1
+    parts += [_rank_name(r, root) for r, root in keys if r is None]
+    return f"{'rank' if len(keys) == 1 else 'ranks'} {', '.join(parts)}"
+
+
 def expected_json(files, runs, extra_files=(), problems=()):
     host = socket.gethostname().split(".")[0]
-    lines = LINES
+    # Line numbers, read from the files (other lines, e.g. GPU map records, may sit among
+    # the decision records).
+    lines = {}
+    for f in files:
+        if f.exists():
+            for i, line in enumerate(f.read_text().splitlines(), 1):
+                r = json.loads(line)
+                if "call" in r:
+                    lines[(r["pid"], r["call"])] = i
     groups: dict = {}
     procs, ranks = set(), set()
     for (name, rank, mode, cvd, args, want), (pid, recs) in zip(PLAN, runs):
@@ -120,16 +156,22 @@ def expected_json(files, runs, extra_files=(), problems=()):
             if st is None:
                 st = g["sites"][site] = {
                     "site": site, "count": 0, "denied": 0, "warned": 0, "ranks": set(),
-                    "processes": set(),
+                    "keys": {}, "processes": set(),
                     "first": {"ts": rec["ts"],
                               "host": host, "pid": pid, "rank": rank_v, "args": rec["args"],
+                              "verdict": verdict, "detail": rec["detail"], "cvd": cvd,
+                              "gpu": rec["gpu"], "sees": rec.get("sees"), "devices": rec.get("devices"),
+                              "rank_gpu": rec["rank_gpu"],
+                              "rank_gpu_uuid": rec["rank_gpu_uuid"],
                               "py_stack": [], "file": str(files[FILE_ORDER.index(name)]),
-                              "line": lines[(pid, call)]}}
+                              "line": lines[(pid, call)], "exporter": None}}
             elif rec["ts"] < st["first"]["ts"]:
                 raise AssertionError("the plan runs each site's first record first")
             st["count"] += 1
             st["denied" if verdict == "deny" else "warned"] += 1
             st["ranks"].add(rank_v)
+            root = rec["rank_root"] if rank_v is None else None
+            st["keys"][(rank_v, None if root is None else json.dumps(root, sort_keys=True))] = root
             st["processes"].add(pid)
             g["count"] += 1
             g["denied" if verdict == "deny" else "warned"] += 1
@@ -145,7 +187,8 @@ def expected_json(files, runs, extra_files=(), problems=()):
                         "ts": rec["ts"], "host": host,
                         "pid": pid, "verdict": verdict, "mode": mode, "abi": rec["abi"],
                         "args": rec["args"], "ordinal": rec.get("ordinal"), "detail": rec["detail"],
-                        "cvd": cvd, "gpu": rec["gpu"], "job": None,
+                        "cvd": cvd, "gpu": rec["gpu"], "sees": rec.get("sees"), "devices": rec.get("devices"),
+                        "rank_gpu": rec["rank_gpu"], "rank_gpu_uuid": rec["rank_gpu_uuid"], "job": None,
                         "file": str(files[FILE_ORDER.index(name)]), "line": line, "exporter": None}}
             r["count"] += 1
             r["denied" if verdict == "deny" else "warned"] += 1
@@ -156,8 +199,16 @@ def expected_json(files, runs, extra_files=(), problems=()):
         rk = sorted(g["ranks"], key=lambda r: (r is None, r or 0))
         g["ranks"] = [dict(g["ranks"][r], processes=len(g["ranks"][r]["processes"])) for r in rk]
         sites = sorted(g["sites"].values(), key=lambda x: (-x["count"], x["site"]))
-        g["sites"] = [dict(x, ranks=sorted(x["ranks"], key=lambda r: (r is None, r or 0)),
-                           processes=len(x["processes"])) for x in sites]
+        out_sites = []
+        for x in sites:
+            keys = sorted(((r, root) for (r, _), root in x.pop("keys").items()), key=_rank_order)
+            first = x.pop("first")
+            out_sites.append(dict(
+                x, ranks=sorted(x["ranks"], key=lambda r: (r is None, r or 0)),
+                rank_roots=[root for r, root in keys if r is None and root],
+                rank_names=[_rank_name(r, root) for r, root in keys],
+                processes=len(x["processes"]), first=first))
+        g["sites"] = out_sites
         out_groups.append(g)
     total = sum(g["count"] for g in out_groups)
     denied = sum(g["denied"] for g in out_groups)
@@ -188,36 +239,35 @@ def render_text(doc, unreadable=0) -> str:
         if g["rule"] != rule:
             rule = g["rule"]
             out.append(f"{g['rule']} {g['rule_name']}")
-        def name(r):
-            if r["rank"] is not None:
-                return str(r["rank"])
-            root = r.get("rank_root")
-            return f"root {root['host']}:{root['pid']}" if root else "-"
-
-        labels = [name(r) for r in g["ranks"]]
-        out.append(f"  {g['call']}: {counts(g['count'], g['denied'], g['warned'])} in "
-                   f"{'rank' if len(labels) == 1 else 'ranks'} {', '.join(labels)}")
+        keys = [(r["rank"], r.get("rank_root")) for r in g["ranks"]]
+        out.append(f"  {g['call']}: {counts(g['count'], g['denied'], g['warned'])} in {rank_list(keys)}")
+        # One entry per site, folded across ranks (issue 32): no block per rank.
         for st in g["sites"]:
-            sl = ["-" if r is None else str(r) for r in st["ranks"]]
+            sk = [(r, None) for r in st["ranks"] if r is not None] + [(None, x) for x in st["rank_roots"]]
+            if "-" in st["rank_names"]:
+                sk.append((None, None))
             f = st["first"]
             out.append(f"    at {st['site']}: {counts(st['count'], st['denied'], st['warned'])} in "
-                       f"{'rank' if len(sl) == 1 else 'ranks'} {', '.join(sl)}, from "
-                       f"{n(st['processes'], 'process', 'processes')}")
-            out.append(f"      first {_utc(f['ts'])} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
-                       f"({f['file']}:{f['line']})")
-        for r in g["ranks"]:
-            f = r["first"]
-            label = f"rank {name(r)}"
-            out.append(f"    {label}: {counts(r['count'], r['denied'], r['warned'])} from "
-                       f"{n(r['processes'], 'process', 'processes')}")
+                       f"{rank_list(sk)}, from {n(st['processes'], 'process', 'processes')}")
             verdict = "denied" if f["verdict"] == "deny" else "allowed (warn mode)"
             out.append(f"      first {_utc(f['ts'])} {f['host']}:{f['pid']} {g['call']}({f['args']}) "
                        f"{verdict}: {f['detail']}")
-            out.append(f"      CUDA_VISIBLE_DEVICES={f['cvd']}, GPU {f['gpu'] or 'unknown'} "
-                       f"({f['file']}:{f['line']})")
+            at = f"({f['file']}:{f['line']})"
+            if g["rule"] == "R1":
+                # R1 shows both GPUs: the one the process saw, and the rank's.
+                d = f["devices"]
+                seen = f["sees"] or f["gpu"] or (
+                    f"{d} {'device' if d == 1 else 'devices'}" if d is not None and d != 1 else "no identifiable GPU")
+                mine = f["rank_gpu"] or f["rank_gpu_uuid"]
+                if f["rank_gpu"] and f["rank_gpu_uuid"] and f["rank_gpu"] != f["rank_gpu_uuid"]:
+                    mine = f"{f['rank_gpu_uuid']} (entry {f['rank_gpu']})"
+                mine = mine or "none named (no RANKGUARD_RANK_GPU, no rank root with one GPU)"
+                out.append(f"      saw {seen} (CUDA_VISIBLE_DEVICES={f['cvd']}); the rank's GPU: {mine} {at}")
+            else:
+                out.append(f"      CUDA_VISIBLE_DEVICES={f['cvd']}, GPU {f['gpu'] or 'unknown'} {at}")
             x = f["exporter"]
             if x is not None and x["pid"] is not None:
-                rank_x = "-" if x["rank"] is None else x["rank"]
+                rank_x = _rank_name(x["rank"], x.get("rank_root"))
                 loc = f" ({x['location']} memory)" if x["location"] else ""
                 out.append(f"      exported by pid {x['pid']} (rank {rank_x}) on {x['gpu'] or 'an unknown GPU'}{loc}")
             elif x is not None:

@@ -481,16 +481,26 @@ fn assign_cpus(
                         if size == 1 { "" } else { "s" },
                         if left > 0 { format!("; {left} CPUs left unassigned") } else { String::new() })))
                 }
-                Err(why) => {
+                Err(fallback) => {
                     let size = affinity.len() / n;
                     let cpus: Vec<u32> = affinity.iter().collect();
                     for (i, r) in ranks.iter_mut().enumerate() {
                         r.cpus = Some(cpus[i * size..(i + 1) * size].iter().copied().collect());
                     }
                     let left = affinity.len() - size * n;
+                    // Blame what is to blame: the topology when it could not be read, the
+                    // launcher's affinity when the topology is known but the affinity does not
+                    // hold enough CPUs of the GPUs' NUMA nodes (issue 32).
+                    let because = match fallback {
+                        NoNuma::Topology(why) => format!("the GPU topology is unknown: {why}"),
+                        NoNuma::Affinity(why) => format!(
+                            "NUMA-local blocks do not fit in the launcher's affinity: {why}; widen the \
+                             launcher's affinity to the GPUs' NUMA nodes (taskset, numactl, the cgroup) or give \
+                             --cpu-ids explicitly"),
+                    };
                     Ok((CpuPolicy::Contiguous, format!(
-                        "contiguous blocks of {size} CPU{} from the launcher's affinity ({affinity}) because the \
-                         GPU topology is unknown: {why}{}",
+                        "contiguous blocks of {size} CPU{} from the launcher's affinity ({affinity}) because \
+                         {because}{}",
                         if size == 1 { "" } else { "s" },
                         if left > 0 { format!("; {left} CPUs left unassigned") } else { String::new() })))
                 }
@@ -499,13 +509,22 @@ fn assign_cpus(
     }
 }
 
+/// Why NUMA-local blocks cannot be made.
+enum NoNuma {
+    /// The GPU topology (which CPUs are local to which GPU) is not known.
+    Topology(String),
+    /// It is known, but the launcher's affinity does not hold enough of those CPUs.
+    Affinity(String),
+}
+
 /// NUMA-local equal blocks, or the reason they cannot be made.
 fn numa_blocks(
     ranks: &[RankPlan],
     affinity: &CpuSet,
     topology: Result<&Topology, &str>,
-) -> Result<(Vec<CpuSet>, usize), String> {
-    let topo = topology.map_err(|e| format!("topology not readable ({e})"))?;
+) -> Result<(Vec<CpuSet>, usize), NoNuma> {
+    let unknown = NoNuma::Topology;
+    let topo = topology.map_err(|e| unknown(format!("topology not readable ({e})")))?;
     // Each rank's locality set; ranks sharing a set form a group.
     let mut locals: Vec<CpuSet> = Vec::with_capacity(ranks.len());
     for r in ranks {
@@ -516,16 +535,16 @@ fn numa_blocks(
             .or_else(|| d.uuid.clone())
             .unwrap_or_else(|| d.entry.text());
         if d.bus_id.is_none() && d.uuid.is_none() {
-            return Err(format!(
+            return Err(unknown(format!(
                 "the driver could not be asked which GPU '{}' is",
                 d.entry
-            ));
+            )));
         }
         let g = gpu_info(topo, d)
-            .ok_or_else(|| format!("no /proc/driver/nvidia/gpus entry for GPU {name}"))?;
+            .ok_or_else(|| unknown(format!("no /proc/driver/nvidia/gpus entry for GPU {name}")))?;
         let l = topo
             .local_cpus(g)
-            .ok_or_else(|| format!("no NUMA node or local_cpulist for GPU {name}"))?;
+            .ok_or_else(|| unknown(format!("no NUMA node or local_cpulist for GPU {name}")))?;
         locals.push(l);
     }
     let mut groups: BTreeMap<String, (CpuSet, Vec<usize>)> = BTreeMap::new();
@@ -540,7 +559,7 @@ fn numa_blocks(
     for (i, a) in sets.iter().enumerate() {
         for b in &sets[..i] {
             if !a.is_disjoint(b) {
-                return Err(format!("GPU locality sets {a} and {b} overlap"));
+                return Err(unknown(format!("GPU locality sets {a} and {b} overlap")));
             }
         }
     }
@@ -549,9 +568,15 @@ fn numa_blocks(
         let pool = set.intersection(affinity);
         let per = pool.len() / members.len();
         if per == 0 {
-            return Err(format!(
-                "the launcher's affinity ({affinity}) holds {} of the CPUs local to the GPUs of ranks {} ({set})",
-                pool.len(), members.iter().map(|m| ranks[*m].local_rank.to_string()).collect::<Vec<_>>().join(",")));
+            return Err(NoNuma::Affinity(format!(
+                "it ({affinity}) holds {} of the CPUs local to the GPUs of ranks {} ({set})",
+                pool.len(),
+                members
+                    .iter()
+                    .map(|m| ranks[*m].local_rank.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )));
         }
         size = size.min(per);
     }
@@ -935,6 +960,14 @@ mod tests {
         .unwrap();
         assert_eq!(p.cpu_policy, CpuPolicy::Contiguous);
         assert!(p.cpu_note.contains("holds 1 of the CPUs"), "{}", p.cpu_note);
+        // The topology is known: the launcher's affinity is to blame, not the topology.
+        assert!(
+            p.cpu_note.contains("do not fit in the launcher's affinity")
+                && p.cpu_note.contains("widen the launcher's affinity")
+                && !p.cpu_note.contains("topology is unknown"),
+            "{}",
+            p.cpu_note
+        );
     }
 
     #[test]

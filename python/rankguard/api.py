@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -52,17 +53,27 @@ class ContractError(RuntimeError):
 class Rank:
     """One rank of a plan: start it with `env` (complete: no other environment is needed)
     inside `cpus` (`os.sched_setaffinity`), or with the inherited affinity when `cpus` is
-    None."""
+    None.
+
+    `repr()` and `str()` leave `env` out (it is the launcher's whole environment: tokens,
+    passwords): they show the rank, its GPU, its CPU block and how many variables `env`
+    holds. Read `env` itself where the values are needed."""
 
     rank: int
     local_rank: int
-    env: Dict[str, str]
+    env: Dict[str, str] = field(repr=False)
     cpus: Optional[List[int]]
     cuda_visible_devices: str
     """The rank's one CUDA_VISIBLE_DEVICES entry (also in `env`)."""
     uuid: Optional[str]
     """Its GPU's UUID as the driver reports it; None when the driver could not be asked."""
     numa_node: Optional[int]
+
+    def __repr__(self) -> str:
+        return (f"Rank(rank={self.rank!r}, local_rank={self.local_rank!r}, "
+                f"cuda_visible_devices={self.cuda_visible_devices!r}, uuid={self.uuid!r}, "
+                f"numa_node={self.numa_node!r}, cpus={self.cpus!r}, "
+                f"env=<{len(self.env)} variables, not shown>)")
 
 
 @dataclass(frozen=True)
@@ -124,8 +135,11 @@ def _run(args: List[str], env: Optional[Env], ok: Sequence[int]) -> Dict[str, An
     env = dict(os.environ if env is None else env)
     p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     message = p.stderr.strip()
-    if message.startswith("rankguard: error: "):
-        message = message[len("rankguard: error: "):]
+    # The CLI's error line: `rankguard: error: MSG`, or `rankguard CMD: error: REST` for a
+    # message that names its command (src/cli/mod.rs, error_line); the message is MSG.
+    m = re.match(r"rankguard( [a-z-]+)?: error: ", message)
+    if m:
+        message = (f"rankguard{m.group(1)}: " if m.group(1) else "") + message[m.end():]
     if p.returncode == _EXIT_USAGE:
         raise ConflictError(message or f"{' '.join(cmd)} refused (status 2)", cmd)
     if p.returncode not in ok:

@@ -28,7 +28,11 @@ Usage: rankguard check [--json] [--sysroot DIR]
 
 Explain this environment: CUDA_VISIBLE_DEVICES, the GPU the driver enumerates (UUID, bus
 id, NUMA node), the guard in LD_PRELOAD and its mode, the rank's GPU, the CPU affinity.
-Exit 0: a rank started here keeps the contract; 1: it would violate it; 2: usage error.
+The last line is the verdict: `ok` (a rank started here keeps the contract and the guard
+enforces it), `not enforced` (it keeps it, but the guard is not preloaded or its mode lets
+violations through) or `violation`.
+Exit 0: a rank started here keeps the contract (enforced or not); 1: it would violate it;
+2: usage error. `rankguard doctor` goes further: it runs a child under the guard.
 ";
 
 pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
@@ -48,7 +52,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             },
             Token::Word(w) => {
                 return Err(Error::usage(format!(
-                    "rankguard check takes no command (got '{}')",
+                    "rankguard check: this command takes no command to run (got '{}')",
                     w.to_string_lossy()
                 )))
             }
@@ -74,6 +78,15 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     } else {
         ExitCode::from(EXIT_VIOLATION)
     })
+}
+
+/// `check`'s verdict line for this environment (`rankguard doctor` shows it).
+pub(super) fn verdict_here() -> String {
+    let sysroot = std::env::var_os(SYSROOT_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    gather(&sysroot).verdict()
 }
 
 struct DeviceReport {
@@ -281,6 +294,7 @@ impl Report {
             ("format", Value::str("rankguard-check")),
             ("version", Value::Num(1)),
             ("ok", Value::Bool(self.problems.is_empty())),
+            ("enforced", Value::Bool(self.enforced())),
             ("cuda_visible_devices", Value::opt_str(self.cvd.clone())),
             ("mode", Value::str(self.mode)),
             (
@@ -419,11 +433,36 @@ impl Report {
         for p in &self.problems {
             s.push_str(&format!("problem: {p}\n"));
         }
-        s.push_str(if self.problems.is_empty() {
-            "ok: a rank started here keeps the contract\n"
-        } else {
-            "violation: a rank started here would break the contract\n"
-        });
+        s.push_str(&self.verdict());
+        s.push('\n');
         s
+    }
+
+    /// Whether the guard would enforce the contract here: preloaded, in enforce or abort
+    /// mode.
+    fn enforced(&self) -> bool {
+        self.guard_preloaded.is_some() && matches!(self.guard_mode, Mode::Enforce | Mode::Abort)
+    }
+
+    /// The last line: never "ok" where the contract is not enforced (issue 32).
+    fn verdict(&self) -> String {
+        if !self.problems.is_empty() {
+            return "violation: a rank started here would break the contract".into();
+        }
+        if self.enforced() {
+            return "ok: a rank started here keeps the contract, and the guard enforces it".into();
+        }
+        let why = if self.guard_preloaded.is_none() {
+            "the guard is not in LD_PRELOAD".to_string()
+        } else {
+            format!(
+                "RANKGUARD_MODE={} lets violations through",
+                self.guard_mode.as_str()
+            )
+        };
+        format!(
+            "not enforced: this environment keeps the contract, but {why}, so nothing stops a \
+             process from breaking it (status 0: nothing is violated)"
+        )
     }
 }

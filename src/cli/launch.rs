@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::args::{number, Lexer, Token};
 use super::json::Value;
 use super::rank_env::Launch;
-use super::{gpus, rank_start, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
+use super::{gpus, job_summary, rank_start, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
 use crate::cvd;
 use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
 use crate::topology::Topology;
@@ -461,6 +461,9 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     let Some(o) = parse("launch", args)? else {
         return Ok(ExitCode::SUCCESS);
     };
+    // Before anything starts: a RANKGUARD_AUDIT no rank could write is refused here, once.
+    let audit = job_summary::prepare()?;
+    let since = std::time::SystemTime::now();
     // Descendants that leave the ranks' process groups (setsid) are re-parented to us when
     // orphaned, so they are still found and killed at the end (issue 14); and so is what the
     // driver query's helper leaves, which can exit before the ranks start: before its fork.
@@ -504,7 +507,11 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
         msg: format!("rankguard launch: cannot open /dev/null for the ranks' stdin: {e}"),
         code: EXIT_CANNOT_EXECUTE,
     })?;
-    let base_env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let mut base_env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    if let Some((k, v)) = audit.env() {
+        base_env.retain(|(name, _)| *name != k);
+        base_env.push((k, v));
+    }
     let path = std::env::var_os("PATH");
     for r in &p.ranks {
         // Ranks are started without waiting for their exec (`rank_start::spawn`): one that
@@ -565,7 +572,25 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
     while readers.iter().any(|h| !h.is_finished()) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
+    end_summary(&audit, &launch.job, since, &ranks, code);
     Ok(ExitCode::from(code))
+}
+
+/// The summary that ends every launch (`job_summary.rs`; docs/cli.md, "The summary"), on
+/// stderr after the ranks' own output, and after the failure box when a refusal stopped
+/// the job: how each rank ended, what the guard recorded in this job, where the audit is.
+fn end_summary(
+    audit: &job_summary::Audit,
+    job: &str,
+    since: std::time::SystemTime,
+    ranks: &[Rank],
+    code: u8,
+) {
+    let ended: Vec<(u32, u8)> = ranks
+        .iter()
+        .map(|r| (r.rank, r.status.as_ref().map_or(1, status_code)))
+        .collect();
+    eprint!("{}", job_summary::summary(audit, job, since, &ended, code));
 }
 
 /// `PR_SET_PDEATHSIG` kills a rank's first process when the launcher dies, but not what

@@ -39,10 +39,16 @@ fn acceptable(c: Choice) -> &'static [Build] {
 
 /// The absolute path of the guard library.
 pub fn find() -> Result<PathBuf> {
+    find_why().map(|(p, _)| p)
+}
+
+/// The guard library and why it is the one (`rankguard doctor`): which place of the search
+/// order held it and why that build.
+pub fn find_why() -> Result<(PathBuf, String)> {
     if let Some(v) = std::env::var_os(LIB_VAR).filter(|v| !v.is_empty()) {
         let p = PathBuf::from(&v);
         return match std::fs::canonicalize(&p) {
-            Ok(abs) if abs.is_file() => Ok(abs),
+            Ok(abs) if abs.is_file() => Ok((abs, format!("{LIB_VAR} names it (the search is skipped)"))),
             _ => Err(Error::usage(format!(
                 "{LIB_VAR}={} does not name an existing file; point it at librankguard.so or unset it",
                 p.display()))),
@@ -53,6 +59,24 @@ pub fn find() -> Result<PathBuf> {
         super::sys::glibc_version(),
     )?;
     let builds = acceptable(choice);
+    let glibc = super::sys::glibc_version()
+        .map(|(a, b)| format!("{a}.{b}"))
+        .unwrap_or_else(|| "unknown".into());
+    let why_build = |b: Build| -> String {
+        let wanted = if choice.forced {
+            format!("{GLIBC_VAR} asks for {}", choice.build.describe())
+        } else {
+            format!("this glibc is {glibc}, so {} fits", choice.build.describe())
+        };
+        if b == choice.build {
+            format!("{}: {wanted}", b.describe())
+        } else {
+            format!(
+                "{}: {wanted}, which is not there; this one loads on any glibc from 2.28",
+                b.describe()
+            )
+        }
+    };
     let exe = std::env::current_exe()
         .and_then(std::fs::canonicalize)
         .map_err(|e| {
@@ -61,13 +85,20 @@ pub fn find() -> Result<PathBuf> {
             ))
         })?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    let dirs = [dir.clone(), dir.join("..").join("lib")];
+    let dirs = [
+        (dir.clone(), "beside the rankguard executable"),
+        (
+            dir.join("..").join("lib"),
+            "in <the executable's directory>/../lib (a prefix install)",
+        ),
+    ];
     let mut looked = Vec::new();
-    for d in &dirs {
+    for (d, place) in &dirs {
         for &b in builds {
             let c = file_in(d, b);
             if c.is_file() {
                 return std::fs::canonicalize(&c)
+                    .map(|p| (p, format!("{}, found {place}", why_build(b))))
                     .map_err(|e| Error::usage(format!("{}: {e}", c.display())));
             }
             looked.push(c.display().to_string());
@@ -80,7 +111,15 @@ pub fn find() -> Result<PathBuf> {
     for &b in builds {
         if super::embedded::available(b) {
             match super::embedded::extract(b) {
-                Ok(p) => return Ok(p),
+                Ok(p) => {
+                    return Ok((
+                        p,
+                        format!(
+                            "{}, carried in the rankguard binary (nothing beside it or in ../lib)",
+                            why_build(b)
+                        ),
+                    ))
+                }
                 Err(e) => {
                     carried.push(e.msg);
                     break;
@@ -128,7 +167,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             Token::Flag(f) => return Err(lx.unknown(&f)),
             Token::Word(w) => {
                 return Err(Error::usage(format!(
-                    "rankguard lib takes no arguments (got '{}')",
+                    "rankguard lib: this command takes no arguments (got '{}')",
                     w.to_string_lossy()
                 )))
             }

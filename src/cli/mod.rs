@@ -8,11 +8,13 @@
 
 pub mod args;
 mod check;
+mod doctor;
 mod embedded;
 mod env;
 mod forked;
 mod gpus;
 mod inject;
+mod job_summary;
 mod json;
 mod launch;
 mod lib_build;
@@ -131,6 +133,12 @@ const COMMANDS: &[Command] = &[
         main: report::main,
     },
     Command {
+        name: "doctor",
+        summary: "beyond check: does the guard load and act in a child here, can the audit be written, \
+                  is the registry healthy, which build `lib` picks and why",
+        main: doctor::main,
+    },
+    Command {
         name: "slurm-task-prolog",
         summary: "print a Slurm TaskProlog's export lines: the guard and per-task narrowing",
         main: inject::prolog_main,
@@ -154,8 +162,55 @@ fn usage() -> String {
     for c in COMMANDS {
         s.push_str(&format!("  {:<w$}{}\n", c.name, c.summary));
     }
-    s.push_str("\n`rankguard <COMMAND> --help` describes a command. Reference: docs/cli.md\n");
+    s.push_str(REFERENCE);
     s
+}
+
+/// The part of the reference an installed user needs and has no docs/ for: the variables,
+/// the exit statuses, where each command's details are. Kept in step with docs/cli.md and
+/// README's variable table.
+const REFERENCE: &str = "
+`rankguard <COMMAND> --help` (or `rankguard help <COMMAND>`) gives a command's options,
+output formats and exit statuses.
+
+The guard (librankguard.so in LD_PRELOAD) enforces the contract in every CUDA process:
+  R1 one GPU per rank     CUDA_VISIBLE_DEVICES holds one entry, the driver shows one
+                          device, and every process of the rank sees the rank's GPU
+  R2 cuda:0 only          device-taking calls name ordinal 0
+  R3 no cross-device IPC inside a rank     R4 no peer access inside a rank
+A process whose visibility breaks R1 is stopped at its first cuInit (status 78); other
+denied calls return a CUDA error (101, or 800 NOT_PERMITTED).
+
+Variables (the guard's; launch and run set the rank's own):
+  RANKGUARD_MODE         enforce (default), warn (record and let through), abort, off
+  RANKGUARD_AUDIT        append JSON records to this file (%h host, %p pid), e.g.
+                         /tmp/audit/%h.%p.jsonl; read them with `rankguard report`
+  RANKGUARD_DEBUG        WARN, INFO, DEBUG or TRACE (like NCCL_DEBUG); RANKGUARD_DEBUG_FILE
+  RANKGUARD_NARROW_BY    narrow CUDA_VISIBLE_DEVICES to the entry at position $VAR
+                         (LOCAL_RANK, SLURM_LOCALID) before main
+  RANKGUARD_IPC          default, or strict (imports of unknown provenance denied)
+  RANKGUARD_JOB          the job id (R3's \"same job\"); RANKGUARD_RANK_GPU(_UUID) the rank's GPU
+  RANKGUARD_REGISTRY     the IPC provenance registry (default /dev/shm/rankguard-<uid>)
+  RANKGUARD_LIB, RANKGUARD_LIB_GLIBC   which library `rankguard lib` prints
+
+Exit statuses: 0 success; 1 `check`/`doctor`: a problem found, `report`: violations
+found; 2 refused (bad arguments, a conflict, an environment rankguard refuses): nothing
+was started; 78 a process (or, for launch, a rank) stopped by the guard (R1); 126/127 the
+command could not be executed / was not found; launch: otherwise the first failing
+rank's status (128+S: killed by signal S).
+";
+
+/// `rankguard: error: MSG`, or `rankguard CMD: error: REST` for a message that already
+/// names its subcommand (`rankguard run: no command given`), never both prefixes.
+fn error_line(msg: &str) -> String {
+    if let Some(rest) = msg.strip_prefix("rankguard ") {
+        if let Some((cmd, text)) = rest.split_once(": ") {
+            if !cmd.is_empty() && !cmd.contains(' ') {
+                return format!("rankguard {cmd}: error: {text}");
+            }
+        }
+    }
+    format!("rankguard: error: {msg}")
 }
 
 /// The CLI, from `sys::main` (the process's entry point).
@@ -163,7 +218,7 @@ pub fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("rankguard: error: {}", e.msg);
+            eprintln!("{}", error_line(&e.msg));
             ExitCode::from(e.code)
         }
     }
@@ -181,6 +236,13 @@ fn run() -> Result<ExitCode> {
     let name = first.to_string_lossy();
     match name.as_ref() {
         "-h" | "--help" | "help" => {
+            // `rankguard help launch` is `rankguard launch --help`.
+            if let Some(c) = argv
+                .first()
+                .and_then(|a| COMMANDS.iter().find(|c| c.name == a.to_string_lossy()))
+            {
+                return (c.main)(vec!["--help".into()]);
+            }
             emit(&usage());
             return Ok(ExitCode::SUCCESS);
         }
@@ -190,6 +252,7 @@ fn run() -> Result<ExitCode> {
         }
         DRIVER_QUERY => return gpus::helper_main(argv),
         REAPER => return launch::reaper_main(argv),
+        doctor::PROBE => return doctor::probe_main(argv),
         _ => {}
     }
     match COMMANDS.iter().find(|c| c.name == name) {

@@ -16,16 +16,18 @@ use std::path::{Path, PathBuf};
 use super::args::{Lexer, Token};
 use super::json::Value;
 use super::{Error, Result};
-use crate::audit::{self, Aggregator, Group, RankStats, SiteStats, Summary};
+use crate::audit::{self, Aggregator, Group, RankKey, RankStats, SiteStats, Summary};
 
 const HELP: &str = "\
-Usage: rankguard report [--json] AUDIT...
+Usage: rankguard report [--json] [--map] AUDIT...
 
 Summarise RANKGUARD_AUDIT files (JSON lines written by librankguard.so; give all ranks'
-files of a job, a directory holding them, or - for standard input): violations grouped by rule and call, then
-by call site (where in the program: FILE:LINE in FUNCTION or OBJECT(SYMBOL+0xOFF)) and per
-rank (a rank with no number by its rank root, host:pid), with counts and the first occurrence (time,
-host:pid, call and arguments, why).
+files of a job, a directory holding them, or - for standard input): violations grouped by
+rule and call, then by call site (where in the program: FILE:LINE in FUNCTION or
+OBJECT(SYMBOL+0xOFF)). A site broken identically in many ranks is one entry with its rank
+list (ranks 0-7), its counts and its first occurrence (time, host:pid, call and arguments,
+why; for R1 the GPU the process saw and the rank's). A rank with no number is named by its
+rank root, root host:pid; - names records with neither.
 Summary records (counts of a site's violations after its first 100) add into the counts.
 Unreadable files and torn or non-JSON lines are problems, skipped and all counted; the
 first 10 of each file are listed, the rest counted per file (100 entries in all). A
@@ -33,7 +35,10 @@ directory is walked recursively (regular files, not through symbolic links to di
 FIFOs, sockets and devices inside it are listed as not read. Lines longer than 64 KiB are
 skipped and counted.
 
-  --json    a stable JSON document instead of text (format: docs/report.md)
+  --map     the GPU map instead: rank -> processes -> the GPU each saw (from the map
+            record the guard writes at each process's first cuInit), with the rules each
+            process broke
+  --json    a stable JSON document instead of text (with --map: and its \"map\" list)
 
 Exit 0: no violations and everything was read; 1: violations found; 2: usage error, or
 no violations found but some file or line could not be read.
@@ -47,6 +52,7 @@ const JSON_VERSION: i64 = 2;
 pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut lx = Lexer::new("report", args);
     let mut json = false;
+    let mut map = false;
     let mut files: Vec<OsString> = Vec::new();
     let mut only_files = false;
     while let Some(t) = lx.next()? {
@@ -57,6 +63,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--json" => json = true,
+                "--map" => map = true,
                 _ => return Err(lx.unknown(&f)),
             },
             Token::Flag(f) => files.push(f.into()),
@@ -92,11 +99,37 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     }
     let summary = agg.finish();
     if json {
-        super::emit(&json_doc(&summary, &read).pretty());
+        let mut doc = json_doc(&summary, &read);
+        if map {
+            if let Value::Obj(fields) = &mut doc {
+                // Before "status", which stays last.
+                let at = fields.len() - 1;
+                fields.insert(at, ("map", map_json(&summary)));
+            }
+        }
+        super::emit(&doc.pretty());
+    } else if map {
+        super::emit(&map_text(&summary, read.len()));
     } else {
         super::emit(&text(&summary, read.len()));
     }
     Ok(ExitCode::from(summary.status()))
+}
+
+/// Every audit file under `paths` (files, or directories walked as `report` walks them),
+/// read into `agg`; unreadable ones become its problems. Returns the files read.
+pub(super) fn read_into(paths: &[PathBuf], agg: &mut Aggregator) -> Vec<String> {
+    let mut read = Vec::new();
+    for f in paths {
+        for p in expand(f, agg) {
+            let name = p.display().to_string();
+            match feed(&p, &name, agg) {
+                Ok(()) => read.push(name),
+                Err(e) => agg.unreadable(&name, format!("cannot read: {e}")),
+            }
+        }
+    }
+    read
 }
 
 /// One named input: a file (read whatever it is: `<(...)`, `/dev/stdin`), or a directory
@@ -256,17 +289,10 @@ fn counts(count: usize, denied: usize, warned: usize) -> String {
     }
 }
 
-/// `N`, `root host:pid` (a rank with no number, named by its root) or `-`.
+/// `N`, `root host:pid` (a rank with no number, named by its root) or `-`: the one way
+/// the report names a rank (`audit::RankKey::label`).
 fn rank_name(r: Option<i64>, root: Option<&audit::RootRef>) -> String {
-    match (r, root) {
-        (Some(n), _) => n.to_string(),
-        (None, Some(root)) => format!("root {}", root.label()),
-        (None, None) => "-".to_string(),
-    }
-}
-
-fn rank_label(r: &RankStats) -> String {
-    format!("rank {}", rank_name(r.rank, r.rank_root.as_ref()))
+    RankKey::of(r, root).label()
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -276,7 +302,6 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 /// The human report.
 fn text(s: &Summary, files: usize) -> String {
     let mut o = String::new();
-    let t = &s.totals;
     let mut rule = "";
     for g in &s.groups {
         if g.rule != rule {
@@ -285,8 +310,15 @@ fn text(s: &Summary, files: usize) -> String {
         }
         group_text(&mut o, g);
     }
+    tail_text(&mut o, s, files);
+    o
+}
+
+/// The problems (if any) and the total line, after whatever `o` holds.
+fn tail_text(o: &mut String, s: &Summary, files: usize) {
+    let t = &s.totals;
     if !s.problems.is_empty() {
-        if !s.groups.is_empty() {
+        if !o.is_empty() {
             o.push('\n');
         }
         let _ = writeln!(o, "problems (skipped, not counted above):");
@@ -347,77 +379,45 @@ fn text(s: &Summary, files: usize) -> String {
         }
     }
     o.push('\n');
-    o
 }
 
 fn group_text(o: &mut String, g: &Group) {
-    let ranks: Vec<String> = g
+    let ranks: Vec<RankKey> = g
         .ranks
         .iter()
-        .map(|r| rank_name(r.rank, r.rank_root.as_ref()))
+        .map(|r| RankKey::of(r.rank, r.rank_root.as_ref()))
         .collect();
     let _ = writeln!(
         o,
-        "  {}: {} in {} {}",
+        "  {}: {} in {}",
         g.call,
         counts(g.count, g.denied, g.warned),
-        if ranks.len() == 1 { "rank" } else { "ranks" },
-        ranks.join(", ")
+        audit::rank_list(&ranks)
     );
     for s in &g.sites {
         site_text(o, g, s);
     }
-    for r in &g.ranks {
-        rank_text(o, g, r);
-    }
 }
 
-/// `    at legacy_cfg.py:7 in place_learner: 3 warned in ranks 1, 2, from 3 processes`
-/// and its first occurrence.
+/// One site, folded across ranks: `    at legacy_cfg.py:7 in place_learner: 8 denied in
+/// ranks 0-7, from 8 processes`, then its first occurrence: when, where, the verdict and
+/// why, and what the process saw (R1: its GPU and the rank's).
 fn site_text(o: &mut String, g: &Group, s: &SiteStats) {
-    let ranks: Vec<String> = s
-        .ranks
-        .iter()
-        .map(|r| r.map_or("-".into(), |n| n.to_string()))
-        .collect();
     let _ = writeln!(
         o,
-        "    at {}: {} in {} {}, from {}",
+        "    at {}: {} in {}, from {}",
         s.site.as_deref().unwrap_or("<site not recorded>"),
         counts(s.count, s.denied, s.warned),
-        if ranks.len() == 1 { "rank" } else { "ranks" },
-        ranks.join(", "),
+        audit::rank_list(&s.rank_keys),
         plural(s.processes, "process", "processes")
     );
     let f = &s.first;
     let _ = writeln!(
         o,
-        "      first {} {}:{} {}({}) ({}:{})",
+        "      first {} {}:{} {}({}) {}: {}",
         f.ts.map_or_else(|| "time unknown".to_string(), audit::utc),
         f.host.as_deref().unwrap_or("?"),
         f.pid.map_or("?".to_string(), |p| p.to_string()),
-        g.call,
-        f.args.as_deref().unwrap_or(""),
-        s.first_at.file,
-        s.first_at.line
-    );
-}
-
-fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
-    let f = &r.first;
-    let _ = writeln!(
-        o,
-        "    {}: {} from {}",
-        rank_label(r),
-        counts(r.count, r.denied, r.warned),
-        plural(r.processes, "process", "processes")
-    );
-    let when = f.ts.map_or_else(|| "time unknown".to_string(), audit::utc);
-    let pid = f.pid.map_or("?".to_string(), |p| p.to_string());
-    let _ = writeln!(
-        o,
-        "      first {when} {}:{pid} {}({}) {}: {}",
-        f.host.as_deref().unwrap_or("?"),
         g.call,
         f.args.as_deref().unwrap_or(""),
         if f.verdict == "deny" {
@@ -430,22 +430,27 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
             .filter(|d| !d.is_empty())
             .unwrap_or("no detail recorded"),
     );
-    let cvd = match f.cvd.as_deref() {
-        None => "<unset>",
-        Some("") => "<empty>",
-        Some(c) => c,
-    };
-    let _ = writeln!(
-        o,
-        "      CUDA_VISIBLE_DEVICES={cvd}, GPU {}{} ({}:{})",
-        f.gpu.as_deref().unwrap_or("unknown"),
-        f.job
-            .as_deref()
-            .map(|j| format!(", job {j}"))
-            .unwrap_or_default(),
-        r.first_at.file,
-        r.first_at.line
-    );
+    let cvd = cvd_text(f.cvd.as_deref());
+    let job = f
+        .job
+        .as_deref()
+        .map(|j| format!(", job {j}"))
+        .unwrap_or_default();
+    let at = format!("({}:{})", s.first_at.file, s.first_at.line);
+    if g.rule == "R1" {
+        let _ = writeln!(
+            o,
+            "      saw {} (CUDA_VISIBLE_DEVICES={cvd}); the rank's GPU: {}{job} {at}",
+            seen_gpu(f),
+            rank_gpu_text(f)
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "      CUDA_VISIBLE_DEVICES={cvd}, GPU {}{job} {at}",
+            f.gpu.as_deref().unwrap_or("unknown"),
+        );
+    }
     if let Some(x) = &f.exporter {
         match x.pid {
             Some(pid) => {
@@ -468,6 +473,164 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
             }
         }
     }
+}
+
+fn cvd_text(cvd: Option<&str>) -> &str {
+    match cvd {
+        None => "<unset>",
+        Some("") => "<empty>",
+        Some(c) => c,
+    }
+}
+
+/// What an R1 process saw: the one GPU (its UUID), or how many devices.
+fn seen_gpu(f: &audit::Row) -> String {
+    match (f.sees.as_deref().or(f.gpu.as_deref()), f.devices) {
+        (Some(g), _) => g.to_string(),
+        (None, Some(n)) if n != 1 => plural(n.max(0) as usize, "device", "devices"),
+        _ => "no identifiable GPU".to_string(),
+    }
+}
+
+/// The rank's GPU as an R1 record names it: the entry the launcher gave and its UUID.
+fn rank_gpu_text(f: &audit::Row) -> String {
+    match (f.rank_gpu.as_deref(), f.rank_gpu_uuid.as_deref()) {
+        (Some(e), Some(u)) if e != u => format!("{u} (entry {e})"),
+        (Some(e), _) => e.to_string(),
+        (None, Some(u)) => u.to_string(),
+        (None, None) => "none named (no RANKGUARD_RANK_GPU, no rank root with one GPU)".into(),
+    }
+}
+
+/// The GPU map as a table (`report --map`): per rank its processes, each with the GPU it
+/// saw, and the rules it broke; a rank's number or root is printed on its first row.
+fn map_text(s: &Summary, files: usize) -> String {
+    let mut o = String::new();
+    if s.map.is_empty() {
+        let _ = writeln!(
+            o,
+            "GPU map: no map record and no violation in {} (the guard writes a map record at each \
+             process's first cuInit to RANKGUARD_AUDIT)",
+            plural(files, "file", "files")
+        );
+    } else {
+        let ranks: std::collections::BTreeSet<&RankKey> = s.map.iter().map(|p| &p.rank).collect();
+        let _ = writeln!(
+            o,
+            "GPU map: {}, {} ({} read)",
+            plural(ranks.len(), "rank", "ranks"),
+            plural(s.map.len(), "process", "processes"),
+            plural(s.map_records, "map record", "map records")
+        );
+        let dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+        let mut rows: Vec<Vec<String>> = vec![[
+            "RANK", "HOST", "PID", "ROOT", "GPU", "INDEX", "CVD", "MODE", "BROKE",
+        ]
+        .map(String::from)
+        .to_vec()];
+        let mut last: Option<&RankKey> = None;
+        for p in &s.map {
+            let rank = if last == Some(&p.rank) {
+                String::new()
+            } else {
+                p.rank.label()
+            };
+            last = Some(&p.rank);
+            let broke = if p.broke.is_empty() {
+                "-".to_string()
+            } else {
+                p.broke
+                    .iter()
+                    .map(|(r, n)| format!("{r} x{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            rows.push(vec![
+                rank,
+                dash(p.host.clone()),
+                dash(p.pid.map(|n| n.to_string())),
+                dash(p.root_pid.map(|n| n.to_string())),
+                format!(
+                    "{}{}",
+                    p.gpu.as_deref().unwrap_or("unknown"),
+                    if p.mapped { "" } else { " *" }
+                ),
+                dash(p.index.map(|n| n.to_string())),
+                // A map record without `cvd` says nothing about it: `-`, not `<unset>`.
+                match p.cvd.as_deref() {
+                    None => "-".to_string(),
+                    Some("") => "<empty>".to_string(),
+                    Some(c) => c.to_string(),
+                },
+                dash(p.mode.clone()),
+                broke,
+            ]);
+        }
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        for row in rows {
+            let line: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(v, w)| format!("{v:<w$}"))
+                .collect();
+            let _ = writeln!(o, "{}", line.join("  ").trim_end());
+        }
+        if s.map.iter().any(|p| !p.mapped) {
+            let _ = writeln!(
+                o,
+                "* no map record for this process: its GPU is its first violation's (a guard \
+                 without map records, or a process stopped before writing one)"
+            );
+        }
+    }
+    // The problems and the total line, as the report prints them.
+    tail_text(&mut o, s, files);
+    o
+}
+
+fn map_json(s: &Summary) -> Value {
+    Value::Arr(
+        s.map
+            .iter()
+            .map(|p| {
+                Value::Obj(vec![
+                    (
+                        "rank",
+                        match &p.rank {
+                            RankKey::Numbered(n) => Value::Num(*n),
+                            _ => Value::Null,
+                        },
+                    ),
+                    ("rank_name", Value::str(p.rank.label())),
+                    ("host", Value::opt_str(p.host.clone())),
+                    ("pid", Value::opt_num(p.pid)),
+                    ("root_pid", Value::opt_num(p.root_pid)),
+                    ("gpu", Value::opt_str(p.gpu.clone())),
+                    ("index", Value::opt_num(p.index)),
+                    ("cvd", Value::opt_str(p.cvd.clone())),
+                    ("mode", Value::opt_str(p.mode.clone())),
+                    ("job", Value::opt_str(p.job.clone())),
+                    ("mapped", Value::Bool(p.mapped)),
+                    (
+                        "broke",
+                        Value::Arr(
+                            p.broke
+                                .iter()
+                                .map(|(r, n)| {
+                                    Value::Obj(vec![
+                                        ("rule", Value::str(r)),
+                                        ("count", Value::Num(*n as i64)),
+                                    ])
+                                })
+                                .collect(),
+                        ),
+                    ),
+                ])
+            })
+            .collect(),
+    )
 }
 
 /// The `--json` document (docs/report.md; field order is part of the format).
@@ -545,6 +708,22 @@ fn site_json(s: &SiteStats) -> Value {
             "ranks",
             Value::Arr(s.ranks.iter().map(|&r| Value::opt_num(r)).collect()),
         ),
+        (
+            "rank_roots",
+            Value::Arr(
+                s.rank_keys
+                    .iter()
+                    .filter_map(|k| match k {
+                        RankKey::Root(r) => Some(root_json(Some(r))),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+        ),
+        (
+            "rank_names",
+            Value::Arr(s.rank_keys.iter().map(|k| Value::str(k.label())).collect()),
+        ),
         ("processes", Value::Num(s.processes as i64)),
         (
             "first",
@@ -554,15 +733,38 @@ fn site_json(s: &SiteStats) -> Value {
                 ("pid", Value::opt_num(f.pid)),
                 ("rank", Value::opt_num(f.rank)),
                 ("args", Value::opt_str(f.args.clone())),
+                ("verdict", Value::str(&f.verdict)),
+                ("detail", Value::opt_str(f.detail.clone())),
+                ("cvd", Value::opt_str(f.cvd.clone())),
+                ("gpu", Value::opt_str(f.gpu.clone())),
+                ("sees", Value::opt_str(f.sees.clone())),
+                ("devices", Value::opt_num(f.devices)),
+                ("rank_gpu", Value::opt_str(f.rank_gpu.clone())),
+                ("rank_gpu_uuid", Value::opt_str(f.rank_gpu_uuid.clone())),
                 (
                     "py_stack",
                     Value::Arr(f.py_stack.iter().map(Value::str).collect()),
                 ),
                 ("file", Value::str(&s.first_at.file)),
                 ("line", Value::Num(s.first_at.line as i64)),
+                ("exporter", exporter_json(f)),
             ]),
         ),
     ])
+}
+
+/// R3: who exported the handle (`null` for other rules).
+fn exporter_json(f: &audit::Row) -> Value {
+    f.exporter.as_ref().map_or(Value::Null, |x| {
+        Value::Obj(vec![
+            ("pid", Value::opt_num(x.pid)),
+            ("rank", Value::opt_num(x.rank)),
+            ("job", Value::opt_str(x.job.clone())),
+            ("gpu", Value::opt_str(x.gpu.clone())),
+            ("location", Value::opt_str(x.location.clone())),
+            ("rank_root", root_json(x.rank_root.as_ref())),
+        ])
+    })
 }
 
 fn rank_json(r: &RankStats) -> Value {
@@ -588,22 +790,14 @@ fn rank_json(r: &RankStats) -> Value {
                 ("detail", Value::opt_str(f.detail.clone())),
                 ("cvd", Value::opt_str(f.cvd.clone())),
                 ("gpu", Value::opt_str(f.gpu.clone())),
+                ("sees", Value::opt_str(f.sees.clone())),
+                ("devices", Value::opt_num(f.devices)),
+                ("rank_gpu", Value::opt_str(f.rank_gpu.clone())),
+                ("rank_gpu_uuid", Value::opt_str(f.rank_gpu_uuid.clone())),
                 ("job", Value::opt_str(f.job.clone())),
                 ("file", Value::str(&r.first_at.file)),
                 ("line", Value::Num(r.first_at.line as i64)),
-                (
-                    "exporter",
-                    f.exporter.as_ref().map_or(Value::Null, |x| {
-                        Value::Obj(vec![
-                            ("pid", Value::opt_num(x.pid)),
-                            ("rank", Value::opt_num(x.rank)),
-                            ("job", Value::opt_str(x.job.clone())),
-                            ("gpu", Value::opt_str(x.gpu.clone())),
-                            ("location", Value::opt_str(x.location.clone())),
-                            ("rank_root", root_json(x.rank_root.as_ref())),
-                        ])
-                    }),
-                ),
+                ("exporter", exporter_json(f)),
             ]),
         ),
     ])

@@ -422,6 +422,61 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
     Ok(out)
 }
 
+/// `rankguard doctor`'s child (`__doctor-probe`): `cuInit(0)` then `cuDeviceGet(&d, 1)`,
+/// an ordinal other than 0 (R2), through `dlsym` as every CUDA binding calls the driver.
+/// Returns the two results; Err when the driver cannot be loaded.
+pub fn probe_r2() -> Result<(CuResult, CuResult), String> {
+    // SAFETY: as in `driver_gpus`: libcuda.so.1 is designed to be dlopen()ed.
+    let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+        .map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
+    let init: libloading::Symbol<FnInit> =
+        // SAFETY: cuda.h's cuInit has exactly this signature; `lib` outlives its use.
+        unsafe { lib.get(b"cuInit\0") }.map_err(|e| e.to_string())?;
+    let get: libloading::Symbol<FnDeviceGet> =
+        // SAFETY: cuda.h's cuDeviceGet has exactly this signature; `lib` outlives its use.
+        unsafe { lib.get(b"cuDeviceGet\0") }.map_err(|e| e.to_string())?;
+    // SAFETY: cuInit(0) is the documented first call; flags must be 0.
+    let rc_init = unsafe { init(0) };
+    let mut dev: CuDevice = 0;
+    // SAFETY: `dev` is a valid out-pointer; the driver checks the ordinal.
+    let rc_get = unsafe { get(&mut dev, 1) };
+    Ok((rc_init, rc_get))
+}
+
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// The home directory of `uid` from the user database (as the guard finds it for the
+/// registry's private fallback), when it is an absolute path.
+pub fn home_dir(uid: u32) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: passwd is plain data (integers and pointers): all-zero is a valid value.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwuid_r writes into `pw` and into `buf` (whose length we pass) and sets
+    // `result` to `&pw` or to NULL.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_dir points to a NUL-terminated string inside `buf`.
+    let dir = unsafe { CStr::from_ptr(pw.pw_dir) };
+    let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes()));
+    path.is_absolute().then_some(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,7 +32,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use std::borrow::Cow;
 
-use crate::record::{self, Action, AuditRecord, Line, MapRecord, RuleFields, Text};
+use crate::json::Json;
+use crate::record::{self, Action, AuditRecord, RuleFields, Text};
 
 use crate::policy::Rule;
 
@@ -67,6 +68,13 @@ pub struct Row {
     pub ordinal: Option<i64>,
     pub cvd: Option<String>,
     pub gpu: Option<String>,
+    /// The rank's GPU as the record names it: the entry the launcher gave (or the rank
+    /// root's), and its full UUID when the launcher resolved it.
+    pub rank_gpu: Option<String>,
+    pub rank_gpu_uuid: Option<String>,
+    /// R1 at `cuInit`: the GPU the process saw (`sees`), and how many devices (`devices`).
+    pub sees: Option<String>,
+    pub devices: Option<i64>,
     pub args: Option<String>,
     pub detail: Option<String>,
     /// R3: who exported the imported handle (`exporter_*` fields, `guard/7_decide/ipc.rs`).
@@ -120,6 +128,13 @@ impl From<AuditRecord<'static>> for Row {
             })
         };
         let rule = r.rule_str().to_string();
+        let (sees, devices) = match &r.rule_fields {
+            RuleFields::Init { sees, devices, .. } => (
+                sees.as_ref().map(|t| t.to_string()),
+                Some(i64::from(*devices)),
+            ),
+            _ => (None, None),
+        };
         let exporter = match r.rule_fields {
             RuleFields::Import { exporter, .. } => {
                 Some(exporter.map_or_else(Exporter::default, |x| Exporter {
@@ -148,6 +163,10 @@ impl From<AuditRecord<'static>> for Row {
             ordinal: r.ordinal.map(i64::from),
             cvd: s(r.cvd),
             gpu: s(r.gpu),
+            rank_gpu: s(r.rank_gpu),
+            rank_gpu_uuid: s(r.rank_gpu_uuid),
+            sees,
+            devices,
             args: s(r.args),
             detail: s(r.detail),
             exporter,
@@ -162,6 +181,132 @@ impl From<AuditRecord<'static>> for Row {
 /// The record in one audit line, as the report aggregates it ([`AuditRecord::parse`]).
 pub fn parse_record(line: &str) -> Result<Row, String> {
     AuditRecord::parse(line).map(Row::from)
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU map records
+
+/// The `kind` of a GPU map record: one per guarded process, written at its first `cuInit`,
+/// saying which GPU it saw (docs/report.md, "The GPU map"). Every other line is a decision
+/// record (which carries no `kind`, or one this build reads as a decision).
+pub const MAP_KIND: &str = "map";
+
+/// One process's GPU map record. Read tolerantly: only `kind` is required, unknown fields
+/// are ignored, and the GPU, its index and the rank root are taken from the names a guard
+/// may give them (`gpu`/`uuid`/`gpu_uuid`, `index`/`gpu_index`/`ordinal`,
+/// `rank_root`/`root`/`root_pid`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MapRow {
+    pub ts: Option<f64>,
+    pub host: Option<String>,
+    pub pid: Option<i64>,
+    pub rank: Option<i64>,
+    pub local_rank: Option<i64>,
+    /// The process's rank root (its pid; the start time when the record gives it, else 0).
+    pub rank_root: Option<RootRef>,
+    /// The GPU the process sees, by UUID.
+    pub gpu: Option<String>,
+    /// That GPU's index as the record gives it.
+    pub index: Option<i64>,
+    pub cvd: Option<String>,
+    pub mode: Option<String>,
+    pub job: Option<String>,
+}
+
+fn map_bad(key: &str, what: &str) -> String {
+    format!("not a GPU map record: field '{key}' is not {what}")
+}
+
+/// The first of `keys` present and not null.
+fn first_of<'v>(v: &'v Json, keys: &[&'static str]) -> Option<(&'static str, &'v Json)> {
+    keys.iter()
+        .find_map(|k| v.get(k).filter(|x| **x != Json::Null).map(|x| (*k, x)))
+}
+
+fn map_str(v: &Json, keys: &[&'static str]) -> Result<Option<String>, String> {
+    match first_of(v, keys) {
+        None => Ok(None),
+        Some((_, Json::Str(s))) => Ok(Some(s.clone())),
+        Some((k, _)) => Err(map_bad(k, "a string")),
+    }
+}
+
+fn json_int(x: &Json) -> Option<i64> {
+    match x {
+        Json::Num(n) if n.fract() == 0.0 && n.abs() < 9.0e15 => Some(*n as i64),
+        _ => None,
+    }
+}
+
+fn map_int(v: &Json, keys: &[&'static str]) -> Result<Option<i64>, String> {
+    match first_of(v, keys) {
+        None => Ok(None),
+        Some((k, x)) => json_int(x)
+            .map(Some)
+            .ok_or_else(|| map_bad(k, "an integer")),
+    }
+}
+
+/// A GPU map record ([`MAP_KIND`]) from its JSON object.
+pub fn parse_map(v: &Json) -> Result<MapRow, String> {
+    let host = map_str(v, &["host"])?;
+    let root = match first_of(v, &["rank_root", "root"]) {
+        Some((_, o @ Json::Obj(_))) => {
+            let pid = o.get("pid").and_then(json_int);
+            let Some(pid) = pid else {
+                return Err(map_bad("rank_root", "a rank root {pid, start, host}"));
+            };
+            Some(RootRef {
+                host: map_str(o, &["host"])?.or_else(|| host.clone()),
+                pid,
+                start: o.get("start").and_then(json_int).unwrap_or(0),
+            })
+        }
+        Some((k, x)) => Some(RootRef {
+            host: host.clone(),
+            pid: json_int(x).ok_or_else(|| map_bad(k, "a pid or a rank root"))?,
+            start: map_int(v, &["root_start"])?.unwrap_or(0),
+        }),
+        None => map_int(v, &["root_pid"])?.map(|pid| RootRef {
+            host: host.clone(),
+            pid,
+            start: 0,
+        }),
+    };
+    let ts = match first_of(v, &["ts"]) {
+        None => None,
+        Some((_, Json::Num(n))) if n.is_finite() && *n >= 0.0 => Some(*n),
+        Some((k, _)) => return Err(map_bad(k, "a time in seconds")),
+    };
+    Ok(MapRow {
+        ts,
+        pid: map_int(v, &["pid"])?,
+        rank: map_int(v, &["rank"])?,
+        local_rank: map_int(v, &["local_rank"])?,
+        rank_root: root,
+        gpu: map_str(v, &["gpu", "uuid", "gpu_uuid", "sees"])?,
+        index: map_int(v, &["index", "gpu_index", "ordinal", "device"])?,
+        cvd: map_str(v, &["cvd"])?,
+        mode: map_str(v, &["mode"])?,
+        job: map_str(v, &["job"])?,
+        host,
+    })
+}
+
+/// One line of an audit file: a decision record or a GPU map record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    Record(Box<Row>),
+    Map(Box<MapRow>),
+}
+
+/// Whichever record one audit line holds.
+pub fn parse_line(line: &str) -> Result<Line, String> {
+    let v = record::json_line(line)?;
+    if v.get("kind") == Some(&Json::Str(MAP_KIND.to_string())) {
+        return parse_map(&v).map(|m| Line::Map(Box::new(m)));
+    }
+    AuditRecord::from_json(&v).map(|r| Line::Record(Box::new(Row::from(r))))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -220,8 +365,10 @@ pub struct SiteStats {
     pub count: usize,
     pub denied: usize,
     pub warned: usize,
-    /// Numbered ranks ascending, then rank "-" (`None`).
+    /// Numbered ranks ascending, then rank "-" (`None`: every rank without a number).
     pub ranks: Vec<Option<i64>>,
+    /// Every rank of the site, named as the report names ranks ([`RankKey::label`]).
+    pub rank_keys: Vec<RankKey>,
     pub processes: usize,
     pub first: Row,
     pub first_at: Origin,
@@ -254,28 +401,122 @@ pub struct Summary {
     /// Problems (counted in `totals.problems`) that no entry of `problems` names, the list
     /// being full ([`LISTED_MAX`]).
     pub unlisted: usize,
-    /// The map records read (`"kind":"map"`, one per guarded process at its first `cuInit`),
-    /// in input order: neither violations nor problems. At most [`MAPS_MAX`].
-    pub maps: Vec<(MapRecord<'static>, Origin)>,
-    /// Map records read past [`MAPS_MAX`].
-    pub maps_unkept: usize,
+    /// The GPU map: every process a map record or a violation names, by rank, then host
+    /// and pid.
+    pub map: Vec<MapProc>,
+    /// GPU map records read.
+    pub map_records: usize,
 }
 
-/// A rank as the report groups it. Order: numbered ranks ascending, then rank roots (by
-/// host, pid, start time), then "no rank".
+/// One process of the GPU map (`rankguard report --map`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapProc {
+    /// Its rank; a rank root's start time is left out (0): the map names roots by host:pid.
+    pub rank: RankKey,
+    pub host: Option<String>,
+    pub pid: Option<i64>,
+    pub root_pid: Option<i64>,
+    /// The GPU it saw: its map record's, else its first violation's `gpu`.
+    pub gpu: Option<String>,
+    pub index: Option<i64>,
+    pub cvd: Option<String>,
+    pub mode: Option<String>,
+    pub job: Option<String>,
+    /// A map record named it (false: known only from its violations).
+    pub mapped: bool,
+    /// The rules it broke, in rule order, with its violations of each.
+    pub broke: Vec<(String, usize)>,
+}
+
+/// What the violations of one process say about it, for the map.
+#[derive(Default)]
+struct ProcSeen {
+    rank: Option<RankKey>,
+    gpu: Option<String>,
+    cvd: Option<String>,
+    mode: Option<String>,
+    job: Option<String>,
+    rules: BTreeMap<RuleKey, (String, usize)>,
+}
+
+/// A rank key as the map groups it: a root by host and pid only (a map record may not
+/// carry the root's start time).
+fn map_rank(k: RankKey) -> RankKey {
+    match k {
+        RankKey::Root(r) => RankKey::Root(RootRef { start: 0, ..r }),
+        k => k,
+    }
+}
+
+/// A rank as the report groups and names it. Order: numbered ranks ascending, then rank
+/// roots (by host, pid, start time), then "no rank".
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum RankKey {
+pub enum RankKey {
     Numbered(i64),
     Root(RootRef),
     Unknown,
 }
 
-fn rank_key(r: &Row) -> RankKey {
-    match (r.rank, &r.rank_root) {
-        (Some(n), _) => RankKey::Numbered(n),
-        (None, Some(root)) => RankKey::Root(root.clone()),
-        (None, None) => RankKey::Unknown,
+impl RankKey {
+    pub fn of(rank: Option<i64>, root: Option<&RootRef>) -> RankKey {
+        match (rank, root) {
+            (Some(n), _) => RankKey::Numbered(n),
+            (None, Some(root)) => RankKey::Root(root.clone()),
+            (None, None) => RankKey::Unknown,
+        }
     }
+
+    /// The one way a rank is named everywhere in a report (header, sites, map, `launch`'s
+    /// summary): its number; a rank with no number by its rank root, `root host:pid`; `-`
+    /// for records that name neither (older guards).
+    pub fn label(&self) -> String {
+        match self {
+            RankKey::Numbered(n) => n.to_string(),
+            RankKey::Root(root) => format!("root {}", root.label()),
+            RankKey::Unknown => "-".to_string(),
+        }
+    }
+}
+
+fn rank_key(r: &Row) -> RankKey {
+    RankKey::of(r.rank, r.rank_root.as_ref())
+}
+
+/// `rank 3` or `ranks 0-7, 9, root h:20`: numbered ranks in order with runs of three or more
+/// written as ranges (Slurm's node lists do the same), then the others by their labels.
+/// `keys` sorted as [`RankKey`] orders them, without repeats.
+pub fn rank_list(keys: &[RankKey]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let nums: Vec<i64> = keys
+        .iter()
+        .filter_map(|k| match k {
+            RankKey::Numbered(n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    let mut i = 0;
+    while i < nums.len() {
+        let mut j = i;
+        while j + 1 < nums.len() && nums[j + 1] == nums[j] + 1 {
+            j += 1;
+        }
+        if j >= i + 2 {
+            parts.push(format!("{}-{}", nums[i], nums[j]));
+        } else {
+            parts.extend(nums[i..=j].iter().map(|n| n.to_string()));
+        }
+        i = j + 1;
+    }
+    parts.extend(
+        keys.iter()
+            .filter(|k| !matches!(k, RankKey::Numbered(_)))
+            .map(RankKey::label),
+    );
+    format!(
+        "{} {}",
+        if keys.len() == 1 { "rank" } else { "ranks" },
+        parts.join(", ")
+    )
 }
 
 /// Rule order: R1, R2, ... numerically, then unknown rule names alphabetically.
@@ -292,7 +533,7 @@ struct Acc {
     denied: usize,
     warned: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
-    ranks: BTreeSet<(bool, i64)>,
+    ranks: BTreeSet<RankKey>,
     first: Option<(Row, Origin, usize)>,
 }
 
@@ -306,8 +547,7 @@ impl Acc {
             self.warned += n;
         }
         self.procs.insert((r.host.clone(), r.pid));
-        // numbered ranks, then "-" (a site lists rank numbers; rank roots are per rank)
-        self.ranks.insert((r.rank.is_none(), r.rank.unwrap_or(0)));
+        self.ranks.insert(rank_key(r));
         // A summary record (no arguments of its own) is a first occurrence only where no
         // full record is known.
         let earlier = match &self.first {
@@ -366,12 +606,18 @@ pub struct Aggregator {
     unreadable: usize,
     procs: BTreeSet<(Option<String>, Option<i64>)>,
     ranks: BTreeSet<RankKey>,
-    maps: Vec<(MapRecord<'static>, Origin)>,
-    maps_unkept: usize,
+    /// GPU map records by (host, pid): the earliest of each process.
+    maps: BTreeMap<(Option<String>, Option<i64>), MapRow>,
+    map_records: usize,
+    /// Per process (host, pid), what its violations say (for the map).
+    seen: BTreeMap<(Option<String>, Option<i64>), ProcSeen>,
+    /// Only records of this job count (`launch`'s summary); others are skipped unread.
+    only_job: Option<String>,
 }
 
-/// Map records kept for `report --map` (one per process: a job of thousands of processes
-/// fits); past it they are only counted (`Summary::maps_unkept`), so memory stays bounded.
+/// Processes kept for `report --map` (one map record each: a job of thousands of processes
+/// fits); the map records of processes past it are only counted (`Summary::map_records`),
+/// so memory stays bounded whatever the input.
 pub const MAPS_MAX: usize = 65_536;
 
 /// `why` cut to [`WHY_MAX`] bytes at a character boundary, marked as cut.
@@ -412,6 +658,16 @@ enum Piece {
 impl Aggregator {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An aggregator that keeps only the records of `job` (their `job` field): `launch`
+    /// reads a shared audit directory for its own job's summary. Records of other jobs,
+    /// and records that name no job, are passed over (neither counted nor problems).
+    pub fn for_job(job: &str) -> Self {
+        Aggregator {
+            only_job: Some(job.to_string()),
+            ..Self::default()
+        }
     }
 
     /// A file that could not be read at all.
@@ -559,9 +815,9 @@ impl Aggregator {
         if text.trim().is_empty() {
             return;
         }
-        match record::parse_line(text) {
-            Ok(Line::Decision(r)) => self.add_record(Row::from(*r), Origin { file: file.to_string(), line: n }),
-            Ok(Line::Map(m)) => self.add_map(*m, Origin { file: file.to_string(), line: n }),
+        match parse_line(text) {
+            Ok(Line::Map(m)) => self.add_map(*m),
+            Ok(Line::Record(r)) => self.add_record(*r, Origin { file: file.to_string(), line: n }),
             Err(e) if !complete && e.starts_with("partial record") => {
                 self.line_problem(file, n, "torn: the file ends inside a record (no final newline); was the writer killed mid-write?".into())
             }
@@ -575,16 +831,38 @@ impl Aggregator {
         }
     }
 
-    /// A map record: kept for `report --map`, never a violation.
-    pub fn add_map(&mut self, m: MapRecord<'static>, at: Origin) {
-        if self.maps.len() < MAPS_MAX {
-            self.maps.push((m, at));
-        } else {
-            self.maps_unkept += 1;
+    /// A GPU map record: the process's first one is kept.
+    pub fn add_map(&mut self, m: MapRow) {
+        if self.only_job.is_some() && m.job != self.only_job {
+            return;
+        }
+        self.map_records += 1;
+        let key = (m.host.clone(), m.pid);
+        let keep = match self.maps.get(&key) {
+            None => true,
+            Some(old) => matches!((m.ts, old.ts), (Some(t), Some(o)) if t < o),
+        };
+        if keep && (self.maps.len() < MAPS_MAX || self.maps.contains_key(&key)) {
+            self.maps.insert(key, m);
         }
     }
 
     pub fn add_record(&mut self, r: Row, at: Origin) {
+        if self.only_job.is_some() && r.job != self.only_job {
+            return;
+        }
+        let p = self.seen.entry((r.host.clone(), r.pid)).or_default();
+        if p.rank.is_none() {
+            p.rank = Some(rank_key(&r));
+            p.gpu = r.sees.clone().or_else(|| r.gpu.clone());
+            p.cvd = r.cvd.clone();
+            p.mode = r.mode.clone();
+            p.job = r.job.clone();
+        }
+        p.rules
+            .entry(rule_key(&r.rule))
+            .or_insert_with(|| (r.rule.clone(), 0))
+            .1 += r.count as usize;
         self.seq += 1;
         let seq = self.seq;
         self.procs.insert((r.host.clone(), r.pid));
@@ -615,11 +893,20 @@ impl Aggregator {
                 count: a.count,
                 denied: a.denied,
                 warned: a.warned,
-                ranks: a
-                    .ranks
-                    .iter()
-                    .map(|&(none, r)| (!none).then_some(r))
-                    .collect(),
+                ranks: {
+                    let mut v: Vec<Option<i64>> = Vec::new();
+                    for k in &a.ranks {
+                        let r = match k {
+                            RankKey::Numbered(n) => Some(*n),
+                            _ => None,
+                        };
+                        if !v.contains(&r) {
+                            v.push(r);
+                        }
+                    }
+                    v
+                },
+                rank_keys: a.ranks.iter().cloned().collect(),
                 processes: a.procs.len(),
                 first,
                 first_at,
@@ -682,16 +969,75 @@ impl Aggregator {
         totals.processes = self.procs.len();
         totals.problems = self.problem_count;
         totals.summaries = self.summaries;
+        let map = map_of(self.maps, self.seen);
         Summary {
             groups,
             problems: self.problems,
             totals,
             unreadable: self.unreadable,
             unlisted: self.unlisted,
-            maps: self.maps,
-            maps_unkept: self.maps_unkept,
+            map,
+            map_records: self.map_records,
         }
     }
+}
+
+/// The GPU map: each process of a map record, with the rules its violations broke, and
+/// each process known only from its violations (no map record: an older guard, or the
+/// process was stopped before writing one).
+fn map_of(
+    maps: BTreeMap<(Option<String>, Option<i64>), MapRow>,
+    mut seen: BTreeMap<(Option<String>, Option<i64>), ProcSeen>,
+) -> Vec<MapProc> {
+    let broke = |p: Option<&ProcSeen>| -> Vec<(String, usize)> {
+        p.map(|p| p.rules.values().cloned().collect())
+            .unwrap_or_default()
+    };
+    let mut out: Vec<MapProc> = Vec::new();
+    for ((host, pid), m) in maps {
+        let p = seen.remove(&(host.clone(), pid));
+        let rank = match (m.rank, &m.rank_root) {
+            (None, None) => p
+                .as_ref()
+                .and_then(|p| p.rank.clone())
+                .unwrap_or(RankKey::Unknown),
+            (r, root) => RankKey::of(r, root.as_ref()),
+        };
+        out.push(MapProc {
+            rank: map_rank(rank),
+            root_pid: m.rank_root.as_ref().map(|r| r.pid),
+            gpu: m.gpu.clone(),
+            index: m.index,
+            cvd: m.cvd.clone(),
+            mode: m.mode.clone(),
+            job: m.job.clone(),
+            mapped: true,
+            broke: broke(p.as_ref()),
+            host,
+            pid,
+        });
+    }
+    for ((host, pid), p) in seen {
+        let rank = p.rank.clone().unwrap_or(RankKey::Unknown);
+        out.push(MapProc {
+            root_pid: match &rank {
+                RankKey::Root(r) => Some(r.pid),
+                _ => None,
+            },
+            rank: map_rank(rank),
+            gpu: p.gpu.clone(),
+            index: None,
+            cvd: p.cvd.clone(),
+            mode: p.mode.clone(),
+            job: p.job.clone(),
+            mapped: false,
+            broke: broke(Some(&p)),
+            host,
+            pid,
+        });
+    }
+    out.sort_by(|a, b| (&a.rank, &a.host, a.pid).cmp(&(&b.rank, &b.host, b.pid)));
+    out
 }
 
 impl Summary {
@@ -1105,21 +1451,18 @@ mod tests {
         a.add_file("m.jsonl", format!("{map}\n").as_bytes());
         let s = a.finish();
         assert_eq!((s.status(), s.totals.records, s.totals.problems), (0, 0, 0));
-        assert_eq!(s.maps.len(), 1);
-        let (m, at) = &s.maps[0];
-        assert_eq!((m.pid, m.gpu.as_deref(), at.line), (7, Some("GPU-3"), 1));
+        assert_eq!((s.map_records, s.map.len()), (1, 1));
+        let m = &s.map[0];
+        assert_eq!(
+            (m.pid, m.gpu.as_deref(), m.mapped),
+            (Some(7), Some("GPU-3"), true)
+        );
         // with a violation beside it, only the violation counts
         let mut a = Aggregator::new();
         let v = rec(2.0, "cuDeviceGet", "R2", "deny", Some(0), 7);
         a.add_file("m.jsonl", format!("{map}\n{v}\n").as_bytes());
         let s = a.finish();
-        assert_eq!((s.totals.records, s.maps.len(), s.status()), (1, 1, 1));
-        // a map record missing what it must say is a problem, named
-        let mut a = Aggregator::new();
-        a.add_file("m.jsonl", br#"{"kind":"map","pid":7}"#);
-        let s = a.finish();
-        assert_eq!(s.totals.problems, 1);
-        assert!(s.problems[0].why.contains("'r1'"), "{:?}", s.problems);
+        assert_eq!((s.totals.records, s.map_records, s.status()), (1, 1, 1));
     }
 
     #[test]

@@ -241,8 +241,78 @@ pub fn expand_path(template: &str, host: &str, pid: u32) -> String {
     out
 }
 
+/// Where the files of an audit template (`RANKGUARD_AUDIT`) go on `host`, split as
+/// (directory, file-name pattern): the directory with `%h` expanded, and the file name with
+/// its `%h`/`%p` left for [`audit_name_matches`]. The guard creates files, never
+/// directories, so a `%p` in the directory part (a directory per process, which nobody
+/// creates) is refused with the fix, as is a template that names no file.
+pub fn audit_template_split(template: &str, host: &str) -> Result<(String, String), String> {
+    let (dir, name) = match template.rfind('/') {
+        Some(0) => ("/", &template[1..]),
+        Some(i) => (&template[..i], &template[i + 1..]),
+        None => (".", template),
+    };
+    if name.is_empty() {
+        return Err(
+            "names a directory, not a file; add a file name, e.g. DIR/audit.%h.%p.jsonl".into(),
+        );
+    }
+    if dir.replace("%%", "").contains("%p") {
+        return Err(
+            "holds %p in its directory part, and the guard creates files, not \
+                    directories; put %p in the file name, e.g. DIR/audit.%h.%p.jsonl"
+                .into(),
+        );
+    }
+    Ok((expand_path(dir, host, 0), name.to_string()))
+}
+
+/// Whether a file name is one the template's file-name pattern (see
+/// [`audit_template_split`]) writes on `host`: `%h` is the host, `%p` a pid (digits), `%%`
+/// a percent sign.
+pub fn audit_name_matches(pattern: &str, host: &str, name: &str) -> bool {
+    fn go(p: &[u8], host: &[u8], n: &[u8]) -> bool {
+        match p {
+            [] => n.is_empty(),
+            [b'%', b'h', rest @ ..] => n.starts_with(host) && go(rest, host, &n[host.len()..]),
+            [b'%', b'p', rest @ ..] => {
+                let digits = n.iter().take_while(|c| c.is_ascii_digit()).count();
+                (1..=digits).any(|k| go(rest, host, &n[k..]))
+            }
+            [b'%', b'%', rest @ ..] => n.first() == Some(&b'%') && go(rest, host, &n[1..]),
+            [c, rest @ ..] => n.first() == Some(c) && go(rest, host, &n[1..]),
+        }
+    }
+    go(pattern.as_bytes(), host.as_bytes(), name.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_audit_template_splits_into_its_directory_and_a_name_pattern() {
+        use super::{audit_name_matches as m, audit_template_split as split};
+        assert_eq!(
+            split("/a/%h/audit.%h.%p.jsonl", "n7").unwrap(),
+            ("/a/n7".to_string(), "audit.%h.%p.jsonl".to_string())
+        );
+        assert_eq!(split("audit.jsonl", "n7").unwrap().0, ".");
+        assert_eq!(split("/audit.%p", "n7").unwrap().0, "/");
+        assert!(split("/a/%p/x.jsonl", "n")
+            .unwrap_err()
+            .contains("%p in its directory"));
+        assert!(split("/a/b/", "n")
+            .unwrap_err()
+            .contains("names a directory"));
+        assert!(split("/a/100%%p/x", "n").is_ok());
+        assert!(m("audit.%h.%p.jsonl", "n7", "audit.n7.4242.jsonl"));
+        assert!(!m("audit.%h.%p.jsonl", "n7", "audit.n8.4242.jsonl"));
+        assert!(!m("audit.%h.%p.jsonl", "n7", "audit.n7..jsonl"));
+        assert!(!m("audit.%h.%p.jsonl", "n7", "audit.n7.42x.jsonl"));
+        assert!(m("%p%p", "n", "1234"));
+        assert!(m("a%%b", "n", "a%b") && !m("a%%b", "n", "a%%b"));
+        assert!(m("fixed.jsonl", "n", "fixed.jsonl") && !m("fixed.jsonl", "n", "fixed.jsonl2"));
+    }
+
     use super::*;
     use std::collections::HashMap;
 

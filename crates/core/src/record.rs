@@ -854,7 +854,9 @@ pub fn parse_line(line: &str) -> Result<Line, String> {
     }
 }
 
-fn json_line(line: &str) -> Result<Json, String> {
+/// One audit line as JSON: the reasons a line is not JSON are worded for a person reading
+/// a report (a cut write is "partial").
+pub fn json_line(line: &str) -> Result<Json, String> {
     parse_json(line).map_err(|e| {
         if e.starts_with("the line ends") {
             format!("partial record: {e} (a cut or interleaved write?)")
@@ -967,7 +969,8 @@ impl AuditRecord<'static> {
         Self::from_json(&json_line(line)?)
     }
 
-    fn from_json(v: &Json) -> Result<AuditRecord<'static>, String> {
+    /// The record in a line already parsed as a JSON object.
+    pub fn from_json(v: &Json) -> Result<AuditRecord<'static>, String> {
         if !matches!(v, Json::Obj(_)) {
             return Err("not an audit record: a JSON value that is not an object".into());
         }

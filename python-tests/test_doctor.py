@@ -1,0 +1,94 @@
+"""`rankguard doctor` (issue 32): beyond `check`, whether the guard loads and acts in a
+child here, whether the audit path can be written, whether the registry is trusted and how
+full, which build `rankguard lib` picks and why; on a healthy and on broken set-ups."""
+from __future__ import annotations
+
+import os
+
+from conftest import CLI, LIB_GUARD, clean_env, run
+
+
+def doctor(**env):
+    p = run([CLI, "doctor"], env=clean_env(FAKECUDA_GPUS="8", **env), timeout=120)
+    lines = {ln.split()[0]: ln for ln in p.stdout.splitlines() if ln and not ln.startswith("doctor:")}
+    return p, lines
+
+
+def healthy(tmp_path, **extra):
+    reg = tmp_path / "registry"
+    reg.mkdir(mode=0o700, exist_ok=True)
+    (tmp_path / "audit").mkdir(exist_ok=True)
+    env = dict(RANKGUARD_REGISTRY=str(reg), RANKGUARD_AUDIT=str(tmp_path / "audit" / "%h.%p.jsonl"))
+    env.update(extra)
+    return env
+
+
+def test_a_healthy_setup(tmp_path):
+    p, lines = doctor(**healthy(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    glibc = ".".join(os.confstr("CS_GNU_LIBC_VERSION").split()[1].split(".")[:2])
+    assert lines["library"].startswith(f"library    ok: {LIB_GUARD.resolve()} ("), p.stdout
+    assert f"this glibc is {glibc}" in lines["library"], p.stdout
+    assert str(LIB_GUARD.resolve()) in lines["library"] and "found beside the rankguard executable" in lines["library"]
+    # The child under the guard was seen acting: its planted R2 said and recorded.
+    assert lines["guard"].startswith("guard      ok: a child under the guard"), p.stdout
+    assert "cuDeviceGet(ordinal=1) said as R2 and recorded in its audit file" in lines["guard"], p.stdout
+    assert lines["audit"] == f"audit      ok: RANKGUARD_AUDIT={tmp_path}/audit/%h.%p.jsonl: {tmp_path}/audit is writable"
+    assert lines["registry"] == (f"registry   ok: RANKGUARD_REGISTRY {tmp_path}/registry: yours, mode 0700; "
+                                 "0 of 65536 entries (0% full)"), p.stdout
+    assert p.stdout.rstrip().endswith("doctor: ok, the guard works here"), p.stdout
+    # The probe leaves nothing behind in the user's audit directory or registry.
+    assert list((tmp_path / "audit").iterdir()) == []
+
+
+def test_a_broken_setup_names_each_problem_and_its_fix(tmp_path):
+    """No guard build, an audit directory that does not exist, a squatted registry (another
+    user's directory): each is a problem (status 1), said with its fix."""
+    squat = tmp_path / "squat"
+    squat.mkdir(mode=0o700)
+    os.chown(squat, 65534, 65534)      # the suite runs as root (scripts/setup needs it)
+    p, lines = doctor(RANKGUARD_LIB=str(tmp_path / "no-such-librankguard.so"),
+                      RANKGUARD_AUDIT=str(tmp_path / "missing" / "%h.%p.jsonl"),
+                      RANKGUARD_REGISTRY=str(squat))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert lines["library"].startswith("library    PROBLEM: no guard build: RANKGUARD_LIB="), p.stdout
+    assert lines["guard"].startswith("guard      PROBLEM: not run"), p.stdout
+    assert (f"its directory {tmp_path}/missing does not exist; create it (mkdir -p {tmp_path}/missing)"
+            in lines["audit"]) and "PROBLEM" in lines["audit"], p.stdout
+    assert "PROBLEM" in lines["registry"] and "is owned by uid 65534, not by this user" in lines["registry"], p.stdout
+    assert "point RANKGUARD_REGISTRY at a directory you own with mode 0700" in lines["registry"], p.stdout
+    assert p.stdout.rstrip().endswith("doctor: 4 problems found; the guard does not work here as documented"), p.stdout
+
+
+def test_an_unwritable_audit_path(tmp_path):
+    """A directory part that is a file, and one on a read-only file system (/proc: root's
+    permissions do not help there)."""
+    f = tmp_path / "file"
+    f.write_text("")
+    for template, why in ((f"{f}/%p.jsonl", "is not a directory"), ("/proc/self/%p.jsonl", "is not writable")):
+        p, lines = doctor(**healthy(tmp_path, RANKGUARD_AUDIT=template))
+        assert p.returncode == 1, p.stdout
+        assert lines["audit"].startswith("audit      PROBLEM: ") and why in lines["audit"], p.stdout
+
+
+def test_a_guard_that_does_not_load_in_a_child(tmp_path):
+    """RANKGUARD_LIB names a file that is no library: `lib` hands it out, but the loader
+    refuses it in the child; doctor says so (check cannot tell)."""
+    fake = tmp_path / "librankguard.so"
+    fake.write_text("not an ELF file\n")
+    p, lines = doctor(**healthy(tmp_path, RANKGUARD_LIB=str(fake)))
+    assert p.returncode == 1, p.stdout
+    assert lines["library"].startswith(f"library    ok: {fake} (RANKGUARD_LIB names it"), p.stdout
+    assert lines["guard"].startswith("guard      PROBLEM: the guard was in the child's LD_PRELOAD but is not "
+                                     "loaded in it"), p.stdout
+
+
+def test_without_a_driver_the_guard_loads_but_cannot_be_seen_acting(tmp_path):
+    env = healthy(tmp_path)
+    e = clean_env(**env)
+    e.pop("LD_LIBRARY_PATH")
+    p = run([CLI, "doctor"], env=e, timeout=120)
+    assert p.returncode == 0, p.stdout
+    guard = next(ln for ln in p.stdout.splitlines() if ln.startswith("guard "))
+    assert guard.startswith("guard      warning: the guard loads in a child, but it could not be seen acting: "
+                            "no CUDA driver here"), p.stdout
