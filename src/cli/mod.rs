@@ -10,6 +10,7 @@ pub mod args;
 mod check;
 mod embedded;
 mod env;
+mod failure;
 mod forked;
 mod gpus;
 mod inject;

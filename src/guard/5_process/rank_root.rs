@@ -78,7 +78,7 @@ pub fn applies(cfg: &Config) -> bool {
 }
 
 /// The real `/proc`, and the registry for rank records (opened once per walk).
-struct ProcFsView {
+pub(crate) struct ProcFsView {
     reg: Option<Option<Registry>>,
     /// The first read that failed for a reason other than the process being gone or not
     /// ours to read (EMFILE with the fd table full, ENOMEM, EIO): the walk is incomplete.
@@ -100,6 +100,12 @@ impl ProcFsView {
                 None
             }
         }
+    }
+}
+
+impl ProcFsView {
+    pub(crate) fn new() -> ProcFsView {
+        ProcFsView { reg: None }
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use crate::config::Mode;
 use crate::cvd;
 use crate::guard::audit::decision_record::{prefix, record_decision, Extra};
+use crate::guard::decide::end_rank;
 use crate::guard::decide::verdict::abort_now;
 use crate::guard::output::debug_log;
 use crate::guard::process::driver_query::{device_uuid, driver_count};
@@ -16,7 +17,7 @@ use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::Id;
-use crate::policy::{self, InitFacts, Verdict};
+use crate::policy::{self, InitFacts, Rule, Verdict, Violation};
 use crate::rankgpu;
 use rankguard_core::record::{Action, RuleFields};
 use std::borrow::Cow;
@@ -54,6 +55,7 @@ pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
             prefix(&mut b, "WARN");
             let _ = writeln!(b, "terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})");
             signal_safe::write_all(2, b.as_bytes());
+            end_rank::end_rank(Mode::Enforce, Rule::R1, "the R1 check at CUDA initialisation could not finish");
             // SAFETY: _exit has no preconditions (see check_init for why not exit()).
             unsafe { libc::_exit(EXIT_R1) }
         }
@@ -143,6 +145,7 @@ fn check_init(rc: CuResult) {
         Mode::Warn => record_decision(id, &v, Action::Warn, mode, format_args!("flags=0"), extra()),
         Mode::Abort => {
             record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
+            refused(mode, &v);
             abort_now()
         }
         Mode::Enforce | Mode::Off => {
@@ -151,10 +154,23 @@ fn check_init(rc: CuResult) {
             prefix(&mut b, "WARN");
             let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
             signal_safe::write_all(2, b.as_bytes());
+            refused(mode, &v);
             // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
             // we are inside a CUDA call on an arbitrary thread of someone else's process,
             // where running their handlers could deadlock; our message is already written.
             unsafe { libc::_exit(EXIT_R1) }
         }
     }
+}
+
+/// What happens once the R1 verdict is "refuse" (enforce or abort), before this process
+/// ends: its rank's process is ended too (`end_rank.rs`), so the job stops.
+pub fn refused(mode: Mode, v: &Violation) {
+    let mut why = StackBuf::<256>::new();
+    let _ = write!(why, "{}", v.detail);
+    end_rank::end_rank(
+        mode,
+        v.rule,
+        std::str::from_utf8(why.as_bytes()).unwrap_or("?"),
+    );
 }

@@ -1,0 +1,234 @@
+//! Ending the rank of a process the guard ends (docs/design.md, "Ending the rank"): R1 in
+//! enforce mode (status 78) and every violation in abort mode. The process itself is
+//! ended by its caller; this ends the rank's process (the one the launcher or engine
+//! started, or the rank root without rank variables), so that a parent which never
+//! watches its children (a learner reading a pipe it holds open itself) does not wait
+//! forever. Cold path: runs once, in a process about to exit.
+//!
+//! No thread and no signal handler is installed anywhere: the refused process, which is
+//! ending anyway, finds the rank's process and signals it. It never signals a process
+//! outside the same user's rank: the target is an ancestor reached through a verified
+//! chain (`crate::rank_root::rank_top`: same user, each parent started before its child),
+//! opened as a pidfd and checked again by start time and owner after the open, so a pid
+//! reused meanwhile is never signalled (the pidfd names one process for good).
+#![allow(unsafe_code)]
+
+use std::fmt::Write;
+
+use crate::config::Mode;
+use crate::guard::audit::decision_record::prefix;
+use crate::guard::audit::site;
+use crate::guard::decide::ipc;
+use crate::guard::process::rank_root::{self, ProcFsView};
+use crate::guard::process::state;
+use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::policy::Rule;
+use crate::rank_root::{marks_of, parse_stat, rank_top, RootId};
+
+/// The opt-out: `process` ends only the refused process (a tree that handles its
+/// children's deaths itself); `rank` (default) ends the rank's process too.
+pub const ENDS_VAR: &str = "RANKGUARD_REFUSAL_ENDS";
+
+/// How long the rank's process gets to exit after SIGTERM before SIGKILL.
+const TERM_GRACE_MS: i32 = 500;
+
+/// End the rank of this process, which the guard is ending for `rule` (`why`: the first
+/// line of the reason). Warn and off modes end nothing. Never panics, never fails the
+/// caller: what could not be done is said in one line.
+pub fn end_rank(mode: Mode, rule: Rule, why: &str) {
+    if matches!(mode, Mode::Warn | Mode::Off) {
+        return;
+    }
+    if signal_safe::getenv_bytes(ENDS_VAR) == Some(b"process") {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| end(mode, rule, why));
+}
+
+fn end(mode: Mode, rule: Rule, why: &str) {
+    let cfg = &state::get().config;
+    let me = signal_safe::pid();
+    let uid = ipc::euid();
+    let marks =
+        marks_of(|n| signal_safe::getenv_bytes(n).map(|v| String::from_utf8_lossy(v).into_owned()));
+    // Without rank marks: the rank root, when it is an ancestor (not this process).
+    let root = rank_root::ensure(cfg)
+        .filter(|r| r.gpu.is_some())
+        .map(|r| r.id);
+    let top = rank_top(me, uid, &marks, root, &mut ProcFsView::new());
+    let cap = site::capture(site::python_thread());
+    let site = cap.site.as_deref().unwrap_or("<unknown site>");
+    let comm = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_else(|_| "?".into())
+    };
+    // Under `rankguard launch`: the note its supervisor reads. The claim is the rank's,
+    // once: a second refused process of the same rank ends only itself.
+    let rank_id = top.or_else(|| self_id(me));
+    if let Some(id) = rank_id {
+        if !claim_note(id, me, &comm(me), rule, site, why) {
+            return;
+        }
+    }
+    let Some(top) = top else {
+        return; // this process is the rank's process: its own exit ends the rank
+    };
+    let (sig, sig_name) = match mode {
+        Mode::Abort => (libc::SIGABRT, "SIGABRT"),
+        _ => (libc::SIGTERM, "SIGTERM"),
+    };
+    // The line is said before the signal: under `launch` the job (this process's group
+    // too) is stopped as soon as the rank's process ends.
+    let outcome = open_verified(top, uid);
+    let mut line = String::new();
+    let _ = write!(
+        line,
+        "the rank's process {} ('{}'): this process {me} ('{}') broke {rule:?} ({}) at {site}: {why}; ",
+        top.pid,
+        comm(top.pid),
+        comm(me),
+        rule.name(),
+    );
+    match outcome {
+        Ok(_) => {
+            let _ = write!(line, "ending the rank's process ({sig_name}) so the job does not wait on it ({ENDS_VAR}=process leaves it running)");
+        }
+        Err(e) => {
+            let _ = write!(line, "it could not be ended ({e}): stop the job yourself");
+        }
+    }
+    let _ = write!(line, "; fix: {}", rule.fix());
+    say(&line);
+    let Ok(fd) = outcome else { return };
+    if send(fd, sig) {
+        finish(fd);
+    } else {
+        say("the rank's process could not be signalled (pidfd_send_signal failed): stop the job yourself");
+        // SAFETY: fd opened by open_verified, closed once.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// One line on stderr, with the guard's prefix.
+fn say(line: &str) {
+    let mut b = StackBuf::<64>::new();
+    prefix(&mut b, "WARN");
+    let mut out = b.as_bytes().to_vec();
+    out.extend_from_slice(line.as_bytes());
+    out.push(b'\n');
+    signal_safe::write_all(2, &out);
+}
+
+/// The private notes directory `rankguard launch` gives its ranks (src/cli/failure.rs
+/// reads it); unset elsewhere.
+pub const LAUNCH_DIR_VAR: &str = "RANKGUARD_LAUNCH_DIR";
+
+/// This process as a [`RootId`].
+fn self_id(me: u32) -> Option<RootId> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    Some(RootId {
+        pid: me,
+        start: parse_stat(&stat)?.start,
+    })
+}
+
+/// Under `rankguard launch`, claim the rank whose process is `id` by creating
+/// `$RANKGUARD_LAUNCH_DIR/<pid>.<start>` (O_EXCL, 0600) holding the refusal. False when
+/// another refused process of the rank claimed it first (it says the line and ends the
+/// rank's process); true otherwise, also when there is no directory or the note cannot
+/// be written (then the line on stderr is all there is, as under `run`).
+fn claim_note(id: RootId, me: u32, comm: &str, rule: Rule, site: &str, why: &str) -> bool {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(dir) = signal_safe::getenv_bytes(LAUNCH_DIR_VAR) else {
+        return true;
+    };
+    let one = |s: &str| s.lines().next().unwrap_or("").to_string();
+    let mut path = std::path::PathBuf::from(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(dir),
+    );
+    path.push(format!("{id}"));
+    let mut f = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return false,
+        Err(_) => return true,
+    };
+    let rank = signal_safe::getenv_bytes("RANK").unwrap_or(b"-");
+    let local = signal_safe::getenv_bytes("LOCAL_RANK").unwrap_or(b"-");
+    let body = format!(
+        "rankguard-refusal 1\npid {me}\ncommand {}\nrank {}\nlocal_rank {}\nrule {} ({})\nsite {}\nwhy {}\nend\n",
+        one(comm),
+        String::from_utf8_lossy(rank),
+        String::from_utf8_lossy(local),
+        format_args!("{rule:?}"),
+        rule.name(),
+        one(site),
+        one(why),
+    );
+    let _ = f.write_all(body.as_bytes());
+    true
+}
+
+/// Whether `/proc/<pid>` is still the process `id` of user `uid`.
+fn still(id: RootId, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let start = std::fs::read_to_string(format!("/proc/{}/stat", id.pid))
+        .ok()
+        .and_then(|s| parse_stat(&s))
+        .map(|s| s.start);
+    let owner = std::fs::metadata(format!("/proc/{}", id.pid)).map(|m| m.uid());
+    start == Some(id.start) && owner.ok() == Some(uid)
+}
+
+/// A pidfd for `id`, verified after the open (so it names that process, not a reused pid).
+fn open_verified(id: RootId, uid: u32) -> Result<i32, &'static str> {
+    // SAFETY: pidfd_open(pid, flags) takes two integers and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, id.pid as libc::c_int, 0) };
+    if fd < 0 {
+        return Err("pidfd_open failed (Linux 5.3 or later is needed, and a free descriptor)");
+    }
+    let fd = fd as i32;
+    if !still(id, uid) {
+        // SAFETY: fd is the descriptor opened above, closed once.
+        unsafe { libc::close(fd) };
+        return Err("it exited, or its pid now names another process");
+    }
+    Ok(fd)
+}
+
+fn send(fd: i32, sig: i32) -> bool {
+    // SAFETY: pidfd_send_signal(fd, sig, info, flags) with a NULL info and no flags; fd is
+    // a pidfd this module opened.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd,
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}
+
+/// After SIGTERM: SIGKILL when the rank's process has not exited within the grace (it
+/// handles or ignores SIGTERM). The pidfd still names the same process.
+fn finish(fd: i32) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a pidfd is readable once its process has exited.
+    let ready = unsafe { libc::poll(&mut p, 1, TERM_GRACE_MS) };
+    if ready == 0 {
+        send(fd, libc::SIGKILL);
+    }
+    // SAFETY: fd opened by open_verified, closed once.
+    unsafe { libc::close(fd) };
+}
