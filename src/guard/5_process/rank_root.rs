@@ -105,7 +105,10 @@ impl ProcFsView {
 
 impl ProcFsView {
     pub(crate) fn new() -> ProcFsView {
-        ProcFsView { reg: None }
+        ProcFsView {
+            reg: None,
+            failed: None,
+        }
     }
 }
 

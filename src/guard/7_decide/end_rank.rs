@@ -18,11 +18,11 @@ use std::fmt::Write;
 use crate::config::Mode;
 use crate::guard::audit::decision_record::prefix;
 use crate::guard::audit::site;
-use crate::guard::decide::ipc;
 use crate::guard::process::rank_root::{self, ProcFsView};
+use crate::guard::process::registry_io;
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
-use crate::policy::Rule;
+use crate::policy::{Rule, Violation};
 use crate::rank_root::{marks_of, parse_stat, rank_top, RootId};
 
 /// The opt-out: `process` ends only the refused process (a tree that handles its
@@ -48,7 +48,7 @@ pub fn end_rank(mode: Mode, rule: Rule, why: &str) {
 fn end(mode: Mode, rule: Rule, why: &str) {
     let cfg = &state::get().config;
     let me = signal_safe::pid();
-    let uid = ipc::euid();
+    let uid = registry_io::euid();
     let marks =
         marks_of(|n| signal_safe::getenv_bytes(n).map(|v| String::from_utf8_lossy(v).into_owned()));
     // Without rank marks: the rank root, when it is an ancestor (not this process).
@@ -231,4 +231,17 @@ fn finish(fd: i32) {
     }
     // SAFETY: fd opened by open_verified, closed once.
     unsafe { libc::close(fd) };
+}
+
+/// What happens once a verdict is "refuse" (R1 in enforce mode, any violation in abort
+/// mode; init_check and verdict call it), before this process ends: its rank's process is
+/// ended too ([`end_rank`]), so the job stops.
+pub fn refused(mode: Mode, v: &Violation) {
+    let mut why = StackBuf::<256>::new();
+    let _ = write!(why, "{}", v.detail);
+    end_rank(
+        mode,
+        v.rule,
+        std::str::from_utf8(why.as_bytes()).unwrap_or("?"),
+    );
 }

@@ -17,7 +17,7 @@ use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::Id;
-use crate::policy::{self, InitFacts, Rule, Verdict, Violation};
+use crate::policy::{self, InitFacts, Rule, Verdict};
 use crate::rankgpu;
 use rankguard_core::record::{Action, RuleFields};
 use std::borrow::Cow;
@@ -145,7 +145,7 @@ fn check_init(rc: CuResult) {
         Mode::Warn => record_decision(id, &v, Action::Warn, mode, format_args!("flags=0"), extra()),
         Mode::Abort => {
             record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
-            refused(mode, &v);
+            end_rank::refused(mode, &v);
             abort_now()
         }
         Mode::Enforce | Mode::Off => {
@@ -154,23 +154,11 @@ fn check_init(rc: CuResult) {
             prefix(&mut b, "WARN");
             let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
             signal_safe::write_all(2, b.as_bytes());
-            refused(mode, &v);
+            end_rank::refused(mode, &v);
             // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
             // we are inside a CUDA call on an arbitrary thread of someone else's process,
             // where running their handlers could deadlock; our message is already written.
             unsafe { libc::_exit(EXIT_R1) }
         }
     }
-}
-
-/// What happens once the R1 verdict is "refuse" (enforce or abort), before this process
-/// ends: its rank's process is ended too (`end_rank.rs`), so the job stops.
-pub fn refused(mode: Mode, v: &Violation) {
-    let mut why = StackBuf::<256>::new();
-    let _ = write!(why, "{}", v.detail);
-    end_rank::end_rank(
-        mode,
-        v.rule,
-        std::str::from_utf8(why.as_bytes()).unwrap_or("?"),
-    );
 }
