@@ -52,20 +52,46 @@ def test_plain_preload_ends_the_rank_root_with_the_line(tmp_path):
     assert [r["rule"] for r in audit(tmp_path)] == ["R1"]
 
 
+def test_a_rank_process_that_uses_cuda_ends_with_78_and_the_line(tmp_path):
+    """A learner initialises CUDA on the rank's GPU before its child is refused: it caught
+    the guard's signal at its cuInit, so it ends with R1's 78 and says why itself; the
+    refused child's line names its call site."""
+    p = run([PARENT, "1"], env=env_for(tmp_path, "0", PIPE_PARENT_INIT="1"), timeout=BOUND)
+    assert p.returncode == 78, p.stdout + p.stderr
+    pid = parent_pid(p.stdout)
+    assert "parent cuInit=0" in p.stdout, p.stdout
+    (child,) = [l for l in p.stderr.splitlines() if "this process " in l and "the rank's process " in l]
+    assert f"the rank's process {pid} ('pipe_parent')" in child, child
+    assert "ending the rank's process (status 78)" in child and " at pipe_parent(" in child, child
+    (top,) = [l for l in p.stderr.splitlines() if "ending this process, the rank's process" in l]
+    assert f":{pid}:{pid} " in top and "with status 78" in top, top
+    assert "broke R1 (one GPU per rank)" in top and "fix: give each rank" in top, top
+    assert [r["rule"] for r in audit(tmp_path)] == ["R1"]
+
+
 def test_run_ends_the_ranks_process(tmp_path):
     e = env_for(tmp_path, None, LOCAL_RANK="0", LD_PRELOAD=None)
     p = run([CLI, "run", "--narrow-by", "LOCAL_RANK", "--", PARENT, "5"], env=e, timeout=BOUND)
     assert p.returncode == -signal.SIGTERM, p.stdout + p.stderr
     pid = parent_pid(p.stdout)
     assert f"the rank's process {pid} ('pipe_parent')" in p.stderr, p.stderr
+    # a rank's process that initialised CUDA itself ends with 78 and its own line
+    p = run([CLI, "run", "--narrow-by", "LOCAL_RANK", "--", PARENT, "5"],
+            env={**e, "PIPE_PARENT_INIT": "1"}, timeout=BOUND)
+    assert p.returncode == 78, p.stdout + p.stderr
+    pid = parent_pid(p.stdout)
+    assert f"the rank's process {pid} ('pipe_parent')" in p.stderr, p.stderr
+    assert f":{pid}:{pid} " in next(l for l in p.stderr.splitlines() if "ending this process" in l)
 
 
-def test_launch_stops_the_job_with_78_and_the_summary(tmp_path):
+@pytest.mark.parametrize("parent_init,exitcode", [(None, 143), ("1", 78)],
+                         ids=["rank-no-cuda", "rank-uses-cuda"])
+def test_launch_stops_the_job_with_78_and_the_summary(tmp_path, parent_init, exitcode):
     """Rank 1's child is re-pointed to GPU 5 and refused; rank 0 would run for 30 s. The
     whole job ends at once (the bound is a sanity check, not a timing claim), with 78 and
     the torchrun-shaped box naming rank, pid, rule, call site and the why; no rank's
     process group is left."""
-    e = env_for(tmp_path, None, LD_PRELOAD=None, TMPDIR=str(tmp_path))
+    e = env_for(tmp_path, None, LD_PRELOAD=None, TMPDIR=str(tmp_path), PIPE_PARENT_INIT=parent_init)
     script = 'if [ "$LOCAL_RANK" = 1 ]; then exec "$0" 5; else sleep 30; fi'
     t0 = time.monotonic()
     p = run([CLI, "launch", "--nproc-per-node", "2", "--", "bash", "-c", script, str(PARENT)],
@@ -82,7 +108,7 @@ def test_launch_stops_the_job_with_78_and_the_summary(tmp_path):
     root = box.split("Root Cause (first observed failure):\n[0]:\n", 1)[1]
     fields = {k.strip(): v for k, v in (l.split(" : ", 1) for l in root.splitlines() if " : " in l)}
     assert fields["rank"] == "1 (local_rank: 1)", fields
-    assert fields["exitcode"].startswith("143 (pid: "), fields
+    assert fields["exitcode"].startswith(f"{exitcode} (pid: "), fields
     assert fields["rule"] == "R1 (one GPU per rank)", fields
     assert fields["refused"].endswith("('pipe_parent')"), fields
     assert fields["site"] != "?" and "rank's GPU" in fields["error"], fields
@@ -99,8 +125,9 @@ def test_launch_stops_the_job_with_78_and_the_summary(tmp_path):
     ("-1", "enforce", None, 0),
     ("1", "enforce", "process", 78), # the opt-out: today's behaviour, only the child ends
 ])
-def test_what_is_never_ended(tmp_path, cvd, mode, ends, status):
-    e = env_for(tmp_path, "0", mode, RANKGUARD_REFUSAL_ENDS=ends)
+@pytest.mark.parametrize("parent_init", [None, "1"], ids=["parent-no-cuda", "parent-cuda"])
+def test_what_is_never_ended(tmp_path, cvd, mode, ends, status, parent_init):
+    e = env_for(tmp_path, "0", mode, RANKGUARD_REFUSAL_ENDS=ends, PIPE_PARENT_INIT=parent_init)
     p = run([PARENT, cvd, "2"], env=e, timeout=BOUND)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"parent gave up; child status {status}" in p.stdout, p.stdout + p.stderr

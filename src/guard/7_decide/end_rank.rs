@@ -5,8 +5,11 @@
 //! watches its children (a learner reading a pipe it holds open itself) does not wait
 //! forever. Cold path: runs once, in a process about to exit.
 //!
-//! No thread and no signal handler is installed anywhere: the refused process, which is
-//! ending anyway, finds the rank's process and signals it. It never signals a process
+//! No thread is started anywhere: the refused process, which is ending anyway, finds the
+//! rank's process and signals it. A process that passed R1 in enforce mode (any rank's
+//! process that uses CUDA) catches one real-time signal ([`end_signal`], [`arm`]) so that,
+//! sent by a refused descendant, it ends with status 78 and the line; any other rank's
+//! process is sent SIGTERM. It never signals a process
 //! outside the same user's rank: the target is an ancestor reached through a verified
 //! chain (`crate::rank_root::rank_top`: same user, each parent started before its child),
 //! opened as a pidfd and checked again by start time and owner after the open, so a pid
@@ -28,6 +31,10 @@ use crate::rank_root::{marks_of, parse_stat, rank_top, RootId};
 /// The opt-out: `process` ends only the refused process (a tree that handles its
 /// children's deaths itself); `rank` (default) ends the rank's process too.
 pub const ENDS_VAR: &str = "RANKGUARD_REFUSAL_ENDS";
+
+/// The status the rank's process ends with when it catches [`end_signal`]: R1's
+/// (`init_check::EXIT_R1`, which imports this module, hence not named from here).
+const EXIT_ENDED: i32 = 78;
 
 /// How long the rank's process gets to exit after SIGTERM before SIGKILL.
 const TERM_GRACE_MS: i32 = 500;
@@ -74,13 +81,14 @@ fn end(mode: Mode, rule: Rule, why: &str) {
     let Some(top) = top else {
         return; // this process is the rank's process: its own exit ends the rank
     };
-    let (sig, sig_name) = match mode {
-        Mode::Abort => (libc::SIGABRT, "SIGABRT"),
-        _ => (libc::SIGTERM, "SIGTERM"),
-    };
     // The line is said before the signal: under `launch` the job (this process's group
     // too) is stopped as soon as the rank's process ends.
     let outcome = open_verified(top, uid);
+    let (sig, sig_name) = match mode {
+        Mode::Abort => (libc::SIGABRT, "SIGABRT"),
+        _ if catches(top.pid, end_signal()) => (end_signal(), "status 78"),
+        _ => (libc::SIGTERM, "SIGTERM"),
+    };
     let mut line = String::new();
     let _ = write!(
         line,
@@ -101,7 +109,7 @@ fn end(mode: Mode, rule: Rule, why: &str) {
     let _ = write!(line, "; fix: {}", rule.fix());
     say(&line);
     let Ok(fd) = outcome else { return };
-    if send(fd, sig) {
+    if send(fd, sig, (sig == end_signal()).then_some((me, uid, rule))) {
         finish(fd);
     } else {
         say("the rank's process could not be signalled (pidfd_send_signal failed): stop the job yourself");
@@ -202,18 +210,151 @@ fn open_verified(id: RootId, uid: u32) -> Result<i32, &'static str> {
     Ok(fd)
 }
 
-fn send(fd: i32, sig: i32) -> bool {
-    // SAFETY: pidfd_send_signal(fd, sig, info, flags) with a NULL info and no flags; fd is
-    // a pidfd this module opened.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd,
-            sig,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        ) == 0
+/// Send `sig` through the pidfd; with `queued` (this pid, uid, the rule) as `sigqueue`
+/// does (`SI_QUEUE`), carrying [`MAGIC`] and the rule, which [`on_end`] checks.
+fn send(fd: i32, sig: i32, queued: Option<(u32, u32, Rule)>) -> bool {
+    let info = queued.map(|(pid, uid, rule)| QueueInfo {
+        signo: sig,
+        errno: 0,
+        code: libc::SI_QUEUE,
+        pad: 0,
+        pid: pid as i32,
+        uid,
+        value: MAGIC << 8 | RULES.iter().position(|&r| r == rule).unwrap_or(0xff),
+        rest: [0; 12],
+    });
+    let ptr = info
+        .as_ref()
+        .map_or(std::ptr::null(), |i| std::ptr::from_ref(i).cast::<libc::siginfo_t>());
+    // SAFETY: pidfd_send_signal(fd, sig, info, flags) with no flags and either a NULL info
+    // or a QueueInfo, which has siginfo_t's size and the kernel's layout for SI_QUEUE
+    // (checked below); fd is a pidfd this module opened.
+    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd, sig, ptr, 0) == 0 }
+}
+
+/// The signal a refused process sends its rank's process when that process catches it
+/// (`SigCgt` in `/proc/<pid>/status`): one of the real-time signals, which nothing sends
+/// by default and few programs use.
+pub fn end_signal() -> libc::c_int {
+    libc::SIGRTMAX() - 3
+}
+
+/// What a queued [`end_signal`] carries above the rule's index ("RGEN").
+const MAGIC: usize = 0x5247_454e;
+
+/// The rules by index, as the queued value carries them.
+const RULES: [Rule; 4] = [Rule::R1, Rule::R2, Rule::R3, Rule::R4];
+
+/// `siginfo_t` as the kernel lays it out for `SI_QUEUE` on 64-bit Linux: signo, errno,
+/// code, padding, then the union's pid, uid and value, 128 bytes in all.
+#[repr(C)]
+struct QueueInfo {
+    signo: i32,
+    errno: i32,
+    code: i32,
+    pad: i32,
+    pid: i32,
+    uid: u32,
+    value: usize,
+    rest: [u64; 12],
+}
+
+const _: () = assert!(std::mem::size_of::<QueueInfo>() == std::mem::size_of::<libc::siginfo_t>());
+const _: () = assert!(std::mem::size_of::<usize>() == 8, "QueueInfo is the 64-bit layout");
+
+/// Whether process `pid` catches signal `sig` (its `SigCgt` mask).
+fn catches(pid: u32, sig: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|m| (1..=64).contains(&sig) && m & (1 << (sig - 1)) != 0)
+}
+
+/// Catch [`end_signal`] in this process, unless something else already does or ignores it
+/// (its handler is kept). Called once, at `cuInit`, by a process that passed R1 in enforce
+/// mode: the process a refused descendant will end. A child forked from it inherits the
+/// handler, an `exec` drops it (then SIGTERM is what the rank's process gets).
+pub fn arm() {
+    let sig = end_signal();
+    // SAFETY: sigaction with a NULL new action only writes the current one into `old`, a
+    // zeroed sigaction we own (all-zero is a valid value of that C struct).
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0
+        || old.sa_sigaction != libc::SIG_DFL
+    {
+        return;
     }
+    // SAFETY: all-zero is a valid sigaction; the fields that matter are set below.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = on_end as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+        as usize;
+    act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    // SAFETY: act is a valid sigaction whose handler is on_end, an extern "C" function
+    // that lives as long as this library (it is never unloaded: -z nodelete).
+    unsafe {
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+    }
+}
+
+/// The handler [`arm`] installs. Only async-signal-safe work: one line built on the stack,
+/// `write`, `_exit(78)`. A signal that is not a refused descendant's (no `SI_QUEUE` with
+/// [`MAGIC`]) does what the default action does: it ends the process by that signal.
+extern "C" fn on_end(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler; si_pid and
+    // si_value are read as the SI_QUEUE layout, which si_code is checked to be first.
+    let (code, pid, value) = unsafe {
+        let i = &*info;
+        (i.si_code, i.si_pid(), i.si_value().sival_ptr as usize)
+    };
+    if code != libc::SI_QUEUE || value >> 8 != MAGIC {
+        // SAFETY: signal and raise are async-signal-safe; SIG_DFL for a real-time signal
+        // terminates the process once the handler returns and the signal is unblocked.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+        return;
+    }
+    let rule = RULES.get(value & 0xff).copied().unwrap_or(Rule::R1);
+    let mut comm = [0u8; 32];
+    let comm = comm_of(pid as u32, &mut comm);
+    let mut b = StackBuf::<1024>::new();
+    prefix(&mut b, "WARN");
+    let _ = writeln!(
+        b,
+        "ending this process, the rank's process, with status {EXIT_ENDED}: its descendant {pid} ('{comm}') broke {rule:?} ({}) and was terminated by the guard (its own line names the call site), so the job must not wait on this rank ({ENDS_VAR}=process leaves it running); fix: {}",
+        rule.name(),
+        rule.fix(),
+    );
+    signal_safe::write_all(2, b.as_bytes());
+    // SAFETY: _exit is async-signal-safe; atexit handlers are skipped on purpose, as in
+    // init_check (another thread may hold any lock).
+    unsafe { libc::_exit(EXIT_ENDED) }
+}
+
+/// `/proc/<pid>/comm` through open/read/close only (async-signal-safe); "?" if unreadable.
+fn comm_of(pid: u32, out: &mut [u8; 32]) -> &str {
+    let mut path = StackBuf::<32>::new();
+    let _ = write!(path, "/proc/{pid}/comm\0");
+    // SAFETY: path is NUL-terminated and lives across the call; out is ours, read writes
+    // at most its length; the fd is closed once.
+    let n = unsafe {
+        let fd = libc::open(path.as_bytes().as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return "?";
+        }
+        let n = libc::read(fd, out.as_mut_ptr().cast(), out.len());
+        libc::close(fd);
+        n
+    };
+    let n = usize::try_from(n).unwrap_or(0);
+    std::str::from_utf8(&out[..n]).map_or("?", str::trim_end)
 }
 
 /// After SIGTERM: SIGKILL when the rank's process has not exited within the grace (it
@@ -227,7 +368,7 @@ fn finish(fd: i32) {
     // SAFETY: one valid pollfd; a pidfd is readable once its process has exited.
     let ready = unsafe { libc::poll(&mut p, 1, TERM_GRACE_MS) };
     if ready == 0 {
-        send(fd, libc::SIGKILL);
+        send(fd, libc::SIGKILL, None);
     }
     // SAFETY: fd opened by open_verified, closed once.
     unsafe { libc::close(fd) };

@@ -128,6 +128,9 @@ fn check_init(rc: CuResult) {
         rank_root::publish(cfg, own_uuid, sees_rank_gpu);
     }
     let Verdict::Violation(v) = verdict else {
+        if mode == Mode::Enforce {
+            end_rank::arm(); // a refused descendant ends this process with 78 (end_rank.rs)
+        }
         return;
     };
     let id = Id::cuInit as usize;
