@@ -194,9 +194,11 @@ def test_act2_legacy_enforce_is_refused_and_the_job_stopped(demo):
     out = demo.act_output(2)
     assert "RANKGUARD WARN terminating: this process breaks rule R1" in out, out
     assert "denied [R1 one GPU per rank]" in out, out
-    # The refused collector ends its rank's process (issue 28) and launch stops the job
-    # with the failure summary naming the rule and the call site.
-    assert "ending the rank's process (SIGTERM)" in out, out
+    # The refused collector ends its rank's process (issue 28), the learner, which uses
+    # CUDA itself and so ends with 78 and its own line; launch stops the job with the
+    # failure summary naming the rule and the call site.
+    assert "ending the rank's process (status 78)" in out, out
+    assert "RANKGUARD WARN ending this process, the rank's process, with status 78" in out, out
     assert "stopping the job" in out, out
     assert "Root Cause (first observed failure):" in out and "  rule      : R1 " in out, out
     assert "examples/rl_job.py:" in out.split("Root Cause", 1)[1], out

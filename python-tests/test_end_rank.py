@@ -136,8 +136,8 @@ def test_what_is_never_ended(tmp_path, cvd, mode, ends, status, parent_init):
     assert rules == (["R1"] if cvd == "1" else []), rules
 
 
-SHELL = ('echo "shell $$"; while [ ! -e "$W/go" ]; do sleep 0.02; done; '
-         'CUDA_VISIBLE_DEVICES=1 "$INIT"; exit $?')
+SHELL = ('echo "$$" > "$W/shell"; while [ ! -e "$W/go" ]; do sleep 0.02; done; '
+         'CUDA_VISIBLE_DEVICES=1 "$INIT"; echo "$?" > "$W/st"; mv "$W/st" "$W/status"')
 
 
 def _start(pid: int) -> int:
@@ -145,36 +145,87 @@ def _start(pid: int) -> int:
     return int(stat[stat.rfind(")") + 2:].split()[19])
 
 
-@pytest.mark.parametrize("case", ["other-user", "reused-pid", "unrelated"])
+def _file(path: pathlib.Path) -> str:
+    """The file's text once it exists; a hang detector, not a timing assertion."""
+    end = time.monotonic() + BOUND
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never written"
+        time.sleep(0.02)
+    return path.read_text().strip()
+
+
+AS_NOBODY = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+
+
+@pytest.mark.parametrize("case", ["other-user", "reused-pid", "unrelated", "the-rank-root"])
 def test_a_recorded_root_outside_the_rank_is_never_signalled(tmp_path, case):
-    """A guarded shell's rank record names a root that is not its rank's: another user's
-    process, a live pid whose start time differs (the pid was reused), or an unrelated
-    process of the same user. Its child on GPU 1 is refused (R1) and ends alone: the
-    named process keeps running and the shell sees the child's 78."""
+    """A guarded shell's rank record names its root; its child on GPU 1 is refused (R1).
+    The named process is the shell's parent but another user's (a root shell that forked
+    the guarded one and then became nobody's `sleep`, as after a setuid change), or the
+    shell's parent with another start time (the recorded root is gone and its pid was
+    reused by the parent), or an unrelated process of the same user: the refused child
+    ends alone (78) and the named process keeps running. The control: the same record
+    naming the real parent ends that parent."""
     if case == "other-user" and os.geteuid() != 0:
         pytest.skip("needs root to start another user's process")
-    pre = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if case == "other-user" else []
-    victim = subprocess.Popen(pre + ["sleep", "60"])
+    w = tmp_path / "w"
+    w.mkdir()
+    e = env_for(tmp_path, None, W=str(w), INIT=str(INIT), SHELL_CMD=SHELL)
+    then = {"other-user": f"exec {AS_NOBODY} sleep 60", "reused-pid": "exec sleep 60",
+            "the-rank-root": "exec sleep 60"}
+    if case == "unrelated":
+        victim = subprocess.Popen(["sleep", "60"])
+        shell = subprocess.Popen(["bash", "-c", SHELL], env=e)
+    else:
+        # the guarded shell in the background, then its parent becomes the victim
+        victim = subprocess.Popen(["bash", "-c", f'bash -c "$SHELL_CMD" & {then[case]}'], env=e)
+        shell = None
     try:
+        pid = int(_file(w / "shell"))
         vstart = _start(victim.pid) + (1 if case == "reused-pid" else 0)
-        (tmp_path / "w").mkdir()
-        e = env_for(tmp_path, None, W=str(tmp_path / "w"), INIT=str(INIT))
-        p = subprocess.Popen(["bash", "-c", SHELL], env=e, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        try:
-            pid = int(p.stdout.readline().split()[1])
-            rec = tmp_path / "registry" / f"rank-{pid}"
-            rec.write_text(f"rankguard-ipc-record 1\nkey rank-{pid}\njob -\nrank -\npid {pid}\n"
-                           f"start {_start(pid)}\ngpu {gpu_uuid(0)}\nlocation device\ntime 1\n"
-                           f"root {victim.pid}.{vstart}\nend\n")
-            rec.chmod(0o600)
-            (tmp_path / "w" / "go").write_text("")
-            out, err = p.communicate(timeout=BOUND)
-        finally:
-            p.kill()
-        assert p.returncode == 78, err
-        assert victim.poll() is None, "the named process was signalled"
-        assert "the rank's process" not in err, err
+        if case != "unrelated":
+            assert int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == victim.pid
+        rec = tmp_path / "registry" / f"rank-{pid}"
+        rec.write_text(f"rankguard-ipc-record 1\nkey rank-{pid}\njob -\nrank -\npid {pid}\n"
+                       f"start {_start(pid)}\ngpu {gpu_uuid(0)}\nlocation device\ntime 1\n"
+                       f"root {victim.pid}.{vstart}\nend\n")
+        rec.chmod(0o600)
+        (w / "go").write_text("")
+        assert _file(w / "status") == "78"
+        if case == "the-rank-root":
+            assert victim.wait(timeout=BOUND) == -signal.SIGTERM
+        else:
+            assert victim.poll() is None, "the named process was signalled"
     finally:
-        victim.kill()
-        victim.wait()
+        for p in (victim, shell):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+VMM = pathlib.Path(__file__).parent / "_torch_vmm.py"
+
+
+def test_a_torch_learner_waiting_with_no_timeout_is_ended_under_launch(tmp_path):
+    """The issue's case with real PyTorch: under `rankguard launch --nproc-per-node 2` each
+    rank's learner shares a CUDA tensor with a torch.multiprocessing spawn collector
+    re-pointed to GPU 3 and waits for its answer with no timeout and no look at the
+    collector (_torch_vmm.py --no-timeout). The collector is stopped at cuInit (R1), its
+    learner ends with 78 and its own line, and launch stops the job with 78 and the
+    summary. Before, the job never ended (this test's bound)."""
+    from conftest import fake_node
+    reg = tmp_path / "registry"
+    reg.mkdir(mode=0o700)
+    env = clean_env(RANKGUARD_MODE="enforce", RANKGUARD_REGISTRY=str(reg), TMPDIR=str(tmp_path),
+                    RANKGUARD_AUDIT=str(tmp_path / "audit.%p.jsonl"))
+    p = fake_node(["rankguard", "launch", "--nproc-per-node", "2", "--", "python", VMM, "3",
+                   "--no-timeout"], env=env, timeout=240)
+    out = p.stdout + p.stderr
+    assert p.returncode == 78, out
+    assert not [l for l in p.stdout.splitlines() if l.startswith("{")], out   # no learner got an answer
+    assert "RANKGUARD WARN ending this process, the rank's process, with status 78" in p.stderr, out
+    root = p.stderr.split("Root Cause (first observed failure):\n[0]:\n", 1)[1]
+    assert "  rule      : R1 (one GPU per rank)" in root and "  exitcode  : 78 (pid: " in root, root
+    assert "  refused   : pid " in root and "torch/cuda/" in root.split("  site      : ", 1)[1], root
+    recs = [json.loads(l) for f in tmp_path.glob("audit.*.jsonl") for l in f.read_text().splitlines()]
+    assert recs and {(r["rule"], r["call"], r["verdict"]) for r in recs} == {("R1", "cuInit", "deny")}, recs

@@ -223,9 +223,9 @@ fn send(fd: i32, sig: i32, queued: Option<(u32, u32, Rule)>) -> bool {
         value: MAGIC << 8 | RULES.iter().position(|&r| r == rule).unwrap_or(0xff),
         rest: [0; 12],
     });
-    let ptr = info
-        .as_ref()
-        .map_or(std::ptr::null(), |i| std::ptr::from_ref(i).cast::<libc::siginfo_t>());
+    let ptr = info.as_ref().map_or(std::ptr::null(), |i| {
+        std::ptr::from_ref(i).cast::<libc::siginfo_t>()
+    });
     // SAFETY: pidfd_send_signal(fd, sig, info, flags) with no flags and either a NULL info
     // or a QueueInfo, which has siginfo_t's size and the kernel's layout for SI_QUEUE
     // (checked below); fd is a pidfd this module opened.
@@ -260,7 +260,10 @@ struct QueueInfo {
 }
 
 const _: () = assert!(std::mem::size_of::<QueueInfo>() == std::mem::size_of::<libc::siginfo_t>());
-const _: () = assert!(std::mem::size_of::<usize>() == 8, "QueueInfo is the 64-bit layout");
+const _: () = assert!(
+    std::mem::size_of::<usize>() == 8,
+    "QueueInfo is the 64-bit layout"
+);
 
 /// Whether process `pid` catches signal `sig` (its `SigCgt` mask).
 fn catches(pid: u32, sig: i32) -> bool {
@@ -291,8 +294,8 @@ pub fn arm() {
     }
     // SAFETY: all-zero is a valid sigaction; the fields that matter are set below.
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = on_end as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-        as usize;
+    act.sa_sigaction =
+        on_end as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
     act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
     // SAFETY: act is a valid sigaction whose handler is on_end, an extern "C" function
     // that lives as long as this library (it is never unloaded: -z nodelete).
@@ -345,7 +348,10 @@ fn comm_of(pid: u32, out: &mut [u8; 32]) -> &str {
     // SAFETY: path is NUL-terminated and lives across the call; out is ours, read writes
     // at most its length; the fd is closed once.
     let n = unsafe {
-        let fd = libc::open(path.as_bytes().as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        let fd = libc::open(
+            path.as_bytes().as_ptr().cast(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
         if fd < 0 {
             return "?";
         }
