@@ -108,6 +108,9 @@ fn end(mode: Mode, rule: Rule, why: &str) {
     }
     let _ = write!(line, "; fix: {}", rule.fix());
     say(&line);
+    if outcome.is_ok() {
+        say_at(top.pid, &line);
+    }
     let Ok(fd) = outcome else { return };
     if send(fd, sig, (sig == end_signal()).then_some((me, uid, rule))) {
         finish(fd);
@@ -126,6 +129,53 @@ fn say(line: &str) {
     out.extend_from_slice(line.as_bytes());
     out.push(b'\n');
     signal_safe::write_all(2, &out);
+}
+
+/// The line on the rank's process's stderr as well, when that is not this process's: a
+/// parent that captured its children's stderr (`subprocess.run(capture_output=True)`)
+/// would otherwise take the only line with it. Opened through `/proc/<pid>/fd/2` (the
+/// same user's process, verified by the caller) non-blocking, so a pipe without a reader
+/// fails (ENXIO) instead of waiting, and a full one drops the line; SIGPIPE is blocked
+/// around the write and a pending one taken back, so a closed pipe cannot end this
+/// process with another status than its own.
+fn say_at(top: u32, line: &str) {
+    use std::io::Write as _;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let Ok(mut theirs) = std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/{top}/fd/2"))
+    else {
+        return;
+    };
+    let mine = std::fs::metadata("/proc/self/fd/2").ok();
+    let same = mine
+        .zip(theirs.metadata().ok())
+        .is_some_and(|(a, b)| a.dev() == b.dev() && a.ino() == b.ino());
+    if same {
+        return;
+    }
+    let mut b = StackBuf::<64>::new();
+    prefix(&mut b, "WARN");
+    let mut out = b.as_bytes().to_vec();
+    out.extend_from_slice(line.as_bytes());
+    out.push(b'\n');
+    // SAFETY: sigset_t values we own, initialised by sigemptyset before use; the old mask
+    // is restored below on the same thread.
+    unsafe {
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
+        let _ = theirs.write(&out);
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        libc::sigtimedwait(&pipe, std::ptr::null_mut(), &zero);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
 }
 
 /// The private notes directory `rankguard launch` gives its ranks (src/cli/failure.rs
