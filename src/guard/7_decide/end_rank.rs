@@ -3,17 +3,18 @@
 //! ended by its caller; this ends the rank's process (the one the launcher or engine
 //! started, or the rank root without rank variables), so that a parent which never
 //! watches its children (a learner reading a pipe it holds open itself) does not wait
-//! forever. Cold path: runs once, in a process about to exit.
+//! forever. Cold paths: [`end_rank`] runs once, in a process about to exit; [`arm`] is one
+//! `sigaction` pair at a `cuInit` that passed R1.
 //!
 //! No thread is started anywhere: the refused process, which is ending anyway, finds the
 //! rank's process and signals it. A process that passed R1 in enforce mode (any rank's
 //! process that uses CUDA) catches one real-time signal ([`end_signal`], [`arm`]) so that,
-//! sent by a refused descendant, it ends with status 78 and the line; any other rank's
-//! process is sent SIGTERM. It never signals a process
-//! outside the same user's rank: the target is an ancestor reached through a verified
-//! chain (`crate::rank_root::rank_top`: same user, each parent started before its child),
-//! opened as a pidfd and checked again by start time and owner after the open, so a pid
-//! reused meanwhile is never signalled (the pidfd names one process for good).
+//! sent by a refused descendant, it ends with status 78 and a line of its own; any other
+//! rank's process is sent SIGTERM. It never signals a process outside the same user's
+//! rank: the target is an ancestor reached through a verified chain
+//! (`crate::rank_root::rank_top`: same user, each parent started before its child), opened
+//! as a pidfd and checked again by start time and owner after the open, so a pid reused
+//! meanwhile is never signalled (the pidfd names one process for good).
 #![allow(unsafe_code)]
 
 use std::fmt::Write;
