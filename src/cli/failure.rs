@@ -18,6 +18,12 @@ pub const VAR: &str = "RANKGUARD_LAUNCH_DIR";
 /// process's own.
 pub const EXIT_REFUSED: u8 = 78;
 
+/// How long the launcher lets the refused process end its rank's process itself after it
+/// sees the note (docs/cli.md): that process's own status (78 from the guard's signal, or
+/// SIGTERM's, then SIGKILL 0.5 s later) is the one the summary reports, not the launcher's
+/// SIGTERM. The job is stopped when it ends, or after this.
+pub const RANK_END_WAIT: Duration = Duration::from_millis(600);
+
 /// The grace the other ranks get once a refusal is noted, at most.
 pub const REFUSAL_GRACE: Duration = Duration::from_secs(1);
 

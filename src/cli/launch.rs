@@ -839,6 +839,8 @@ fn supervise(
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     let mut newly_failed = false;
+    // After a note: when the job is stopped unless the noted rank's process ended first.
+    let mut refusal_stop: Option<Instant> = None;
     let rank_pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
     loop {
         // Orphans adopted as subreaper that exited: reap them (never a rank: its Child does).
@@ -853,7 +855,8 @@ fn supervise(
                     first_failure = Some((r.rank, st));
                     eprintln!("rankguard launch: rank {} (pid {}) {}; stopping the other ranks (SIGTERM, SIGKILL \
                                after {:.1}s)", r.rank, r.pid, describe(&st), grace.as_secs_f64());
-                    kill_at = Some(Instant::now() + grace);
+                    let t = Instant::now() + grace;
+                    kill_at = Some(kill_at.map_or(t, |k| k.min(t)));
                     newly_failed = true;
                 }
             }
@@ -871,13 +874,18 @@ fn supervise(
                     first.rule,
                     failure::REFUSAL_GRACE.as_secs_f64()
                 );
-                let cap = Instant::now() + failure::REFUSAL_GRACE;
+                let now = Instant::now();
+                let cap = now + failure::RANK_END_WAIT + failure::REFUSAL_GRACE;
                 kill_at = Some(kill_at.map_or(cap, |t| t.min(cap)));
-                newly_failed = true;
+                refusal_stop = Some(now + failure::RANK_END_WAIT);
             }
             if seen.len() > refused.len() {
                 refused = seen;
             }
+        }
+        if refusal_stop.is_some_and(|t| Instant::now() >= t) {
+            refusal_stop = None;
+            newly_failed = true;
         }
         if newly_failed {
             stop_all(ranks, sys::SIGTERM);
