@@ -16,7 +16,9 @@ def main(nproc: int, cpu_ids, cmd: list) -> int:
         procs.append(subprocess.Popen(cmd, env=r.env, preexec_fn=pin, stdin=subprocess.DEVNULL,
                                       start_new_session=True))
     codes = [p.wait() for p in procs]
-    return next((c for c in codes if c != 0), 0)
+    # a rank killed by signal S (Popen reports -S) exits 128+S, as a shell and `launch` say
+    # it; sys.exit(-S) would exit 256-S (a rank ended by SIGTERM: 241)
+    return next((c if c > 0 else 128 - c for c in codes if c != 0), 0)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ bytes that went through the GPU (copies only: the fake node runs no kernels).
 
 LEGACY=1: the pre-contract `torch.cuda.set_device(LOCAL_RANK)`, falling back to cuda:0
 when CUDA refuses it. FAIL_FIRST=1: rank 1 of the first attempt exits 3 before the
-process group forms, so that torchrun --max-restarts restarts the workers."""
+process group forms, so that torchrun --max-restarts restarts the workers.
+REPOINT_CHILD=R: rank R starts a child re-pointed to another GPU (the guard stops it at
+cuInit, R1) and then waits, with no timeout, on a pipe it holds open itself, as a learner
+on its queue: only the end of the rank by the guard (issue 28) stops it."""
 import os
 import sys
 
@@ -18,6 +21,12 @@ if os.environ.get("LEGACY"):
         torch.cuda.set_device(0)
 else:
     torch.cuda.set_device(0)
+if os.environ.get("REPOINT_CHILD") == os.environ["RANK"]:
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import torch; torch.cuda.init()"],
+                     env=dict(os.environ, CUDA_VISIBLE_DEVICES=str((local + 4) % 8)))
+    r, w = os.pipe()
+    os.read(r, 1)
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 if os.environ.get("FAIL_FIRST") and attempt == 0 and os.environ["RANK"] == "1":
     sys.exit(3)

@@ -20,7 +20,9 @@ def rank_env(tmp: pathlib.Path, **extra) -> dict[str, str]:
 def descendant(tmp: pathlib.Path, cmd: str, **extra):
     """Run `cmd` as a child of a guarded shell that is the rank root on GPU 0 (its initial
     environment holds CUDA_VISIBLE_DEVICES=0); `cmd` re-points its own CVD. The shell
-    prints the child's exit status last."""
+    prints the child's exit status last: it watches its child itself, so a refusal ends
+    only the child (RANKGUARD_REFUSAL_ENDS=process; ending the rank is test_end_rank.py's)."""
+    extra.setdefault("RANKGUARD_REFUSAL_ENDS", "process")
     return run(["bash", "-c", f'{cmd}; echo "status $?"'], env=rank_env(tmp, **extra), timeout=60)
 
 

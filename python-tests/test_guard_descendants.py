@@ -11,7 +11,7 @@ from conftest import PYTHON
 from _guard import guarded
 
 GPU2 = "GPU-12c0ffee-0000-4000-8000-000000000002"
-RANK_ENV = {"RANKGUARD_RANK_GPU": "2", "RANKGUARD_RANK_GPU_UUID": GPU2, "RANK": "3",
+RANK_ENV = {"RANKGUARD_REFUSAL_ENDS": "process", "RANKGUARD_RANK_GPU": "2", "RANKGUARD_RANK_GPU_UUID": GPU2, "RANK": "3",
             "RANKGUARD_JOB": "job-desc"}
 
 # The rank: initialises CUDA itself, then starts children whose CVD it rewrites, through

@@ -238,9 +238,21 @@ def test_a_launcher_on_the_python_api_starts_ranks_as_launch_does(wheel_venv, tm
     assert [k["env"]["OMP_NUM_THREADS"] for k in api] == ["1", "1"]
 
     # R1: a rank's child re-pointed to another GPU is stopped at cuInit, as under launch.
-    p, q = both(2, None, [PYTHON, "-c", R1_RANK])
+    # This rank reads its children's statuses itself, the case RANKGUARD_REFUSAL_ENDS=process
+    # is for: only the child ends.
+    p, q = both(2, None, [PYTHON, "-c", R1_RANK], env=dict(env, RANKGUARD_REFUSAL_ENDS="process"))
     lines = lambda out: sorted(l for l in out.splitlines() if l.startswith("R1 "))
     assert lines(p.stdout) == lines(q.stdout) == ["R1 0 0 0 78 True", "R1 1 0 0 78 True"]
+    # By default the refusal ends the rank's process too (issue 28): each rank (a process
+    # that never initialised CUDA itself) is sent SIGTERM, and the API's loop exits 128+15
+    # as a shell says it (examples/launcher.py; sys.exit(-15) was 241); launch stops the
+    # job with 78 and its failure summary.
+    p = run([*launcher, "2", "-", PYTHON, "-c", R1_RANK], env=env, timeout=120)
+    assert p.returncode == 143, p.stdout + p.stderr
+    assert lines(p.stdout) == [] and p.stderr.count("ending the rank's process (SIGTERM)") == 2, p.stderr
+    q = run([*launch, "--nproc-per-node", "2", "--", PYTHON, "-c", R1_RANK], env=env, timeout=120)
+    assert q.returncode == 78 and "Root Cause (first observed failure):" in q.stderr, q.stdout + q.stderr
+    assert lines(q.stdout) == [], q.stdout
 
     # A conflict is the CLI's refusal, raised as rankguard.ConflictError.
     p = run([*launcher, "2", "-", "true"], env=dict(env, CUDA_VISIBLE_DEVICES="3"))

@@ -1,7 +1,7 @@
 """numba-cuda (pinned, python-tests/requirements-numba.txt, on the test venv's cuda-bindings
 12.9.4) under the guard on the fake node: device arrays and IPC between two processes of a
 rank work; a process of the rank re-pointed to another GPU that imports the array is R1 at
-cuInit and R3 at the import (warn), and is stopped at cuInit (enforce). Before this set-up
+cuInit and R3 at the import (warn), and is stopped at cuInit, with its rank (enforce). Before this set-up
 numba-cuda was not installed at all."""
 from __future__ import annotations
 
@@ -54,7 +54,14 @@ def test_cross_device_import_is_r3_in_warn_mode(tmp_path):
 
 
 def test_cross_device_child_is_stopped_in_enforce_mode(tmp_path):
+    """The child is stopped at cuInit (78) and takes its rank with it (issue 28): the rank's
+    process, which uses CUDA itself, ends with 78 and its own line before it could go on."""
     p, records = rank(tmp_path, "enforce", "3")
-    assert "parent ok child rc 78" in p.stdout, p.stdout + p.stderr
-    assert "RANKGUARD DENY terminating: this process breaks rule R1" in p.stderr
+    assert p.returncode == 78, p.stdout + p.stderr
+    assert "parent ok child rc" not in p.stdout, p.stdout + p.stderr
+    # The parent captured its child's stderr (the child's own lines went with it): the
+    # line the user sees is the rank's process's.
+    (top,) = [l for l in p.stderr.splitlines() if "ending this process, the rank's process" in l]
+    assert "[rank 0] RANKGUARD DENY" in top and "broke R1 (one GPU per rank)" in top, top
+    assert "fix: give each rank exactly one GPU" in top, top
     assert [(r["rule"], r["call"], r["verdict"]) for r in records] == [("R1", "cuInit", "deny")]

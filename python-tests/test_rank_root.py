@@ -32,7 +32,10 @@ def env_for(tmp: pathlib.Path, cvd: str | None, mode: str = "enforce", **extra) 
     reg.mkdir(mode=0o700, exist_ok=True)
     return clean_env(**{"LD_PRELOAD": str(GUARD), "FAKECUDA_GPUS": "8", "CUDA_VISIBLE_DEVICES": cvd,
                         "RANKGUARD_MODE": mode, "RANKGUARD_REGISTRY": str(reg),
-                        "RANKGUARD_AUDIT": str(tmp / "audit.jsonl"), **extra})
+                        "RANKGUARD_AUDIT": str(tmp / "audit.jsonl"),
+                        # these tests watch the refused process itself; ending its rank
+                        # is test_end_rank.py's
+                        "RANKGUARD_REFUSAL_ENDS": "process", **extra})
 
 
 def audit(tmp: pathlib.Path) -> list[dict]:

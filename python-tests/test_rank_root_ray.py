@@ -3,8 +3,8 @@ fake 8-GPU node with the guard given through runtime_env, exactly as the README'
 recipe does (this file runs that code block). Ray sets each actor's single-entry
 CUDA_VISIBLE_DEVICES inside its worker before user code and no RANK: each actor must be its
 own rank root on its own GPU, IPC between actors on different GPUs is traffic between
-ranks (allowed), a subprocess of an actor re-pointed to another GPU is R1, and
-cuDeviceGet(1) in an actor is refused.
+ranks (allowed), a subprocess of an actor re-pointed to another GPU is R1 and ends its
+actor (the rank), and cuDeviceGet(1) in an actor is refused.
 
 Ray runs on loopback only (checked), with one module-wide cluster that the fixture shuts
 down, checking that none of its processes is left behind.
@@ -226,14 +226,25 @@ def test_ipc_between_actors_on_different_gpus_is_allowed(actors):
 
 
 def test_a_subprocess_of_an_actor_on_another_gpu_is_r1(actors):
+    """The subprocess is stopped at cuInit (R1) and, the actor being its rank (its rank
+    root), ends the actor with it (issue 28): the actor's process ends with 78 and says why
+    in its own log, and Ray reports the actor dead. The other actors run on."""
     tmp, handles, info = actors
     a, me = handles[0], info[0]
     other = str((int(me["cvd"]) + 4) % 8)
     assert ray.get(a.child.remote(None), timeout=TIMEOUT) == 0        # the actor's own GPU
-    assert ray.get(a.child.remote(other), timeout=TIMEOUT) == 78      # stopped by R1
+    with pytest.raises(ray.exceptions.RayActorError) as died:         # stopped by R1, with its rank
+        ray.get(a.child.remote(other), timeout=TIMEOUT)
+    report = str(died.value)
+    assert f"pid: {me['pid']}" in report and "worker process has died" in report, report
     r1 = [r for r in records(tmp) if r["rule"] == "R1"]
     assert len(r1) == 1 and r1[0]["verdict"] == "deny"
     assert r1[0]["rank_root"]["pid"] == me["pid"] and r1[0]["rank_gpu"] == gpu_uuid(int(me["cvd"]))
     assert r1[0]["sees"] == gpu_uuid(int(other))
-    # and the actor is still there
-    assert ray.get(a.device_get.remote(0), timeout=TIMEOUT) == 0
+    # the actor's line, in the log Ray keeps of its worker's stderr
+    logs = pathlib.Path(ray._private.worker._global_node.get_logs_dir_path())
+    err = "".join(f.read_text() for f in logs.glob(f"worker-*-{me['pid']}.err"))
+    line = next((l for l in err.splitlines() if "ending this process, the rank's process" in l), None)
+    assert line and f":{me['pid']}:" in line and "with status 78" in line and "broke R1" in line, err
+    # the other actors are still there
+    assert ray.get([h.device_get.remote(0) for h in handles[1:]], timeout=TIMEOUT) == [0] * (ACTORS - 1)

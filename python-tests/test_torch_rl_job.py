@@ -87,12 +87,17 @@ def test_legacy_warn_records_r1_r2_r3_with_the_users_lines(tmp_path):
 def test_legacy_enforce_refuses_the_collector_naming_r1(tmp_path):
     p, records = launch(tmp_path, "enforce", "--legacy")
     out = p.stdout + p.stderr
-    # Collector 1 of some rank is terminated at cuInit (78); its learner sees the death
-    # and passes 78 on; the launcher stops the job with it.
+    # Collector 1 of some rank is terminated at cuInit (78) and ends its rank's process,
+    # the learner, which uses CUDA: it ends with 78 and its own line (issue 28), before it
+    # could see the death itself; the launcher stops the job with 78 and its summary.
     assert p.returncode == 78, out
     assert "RANKGUARD DENY terminating: this process breaks rule R1" in out
-    assert "stopping: collector 1 exited with status 78 (terminated by the guard)" in out
-    assert "stopping the other ranks" in out
+    assert "ending the rank's process (status 78)" in out, out
+    assert "RANKGUARD DENY ending this process, the rank's process, with status 78" in out, out
+    assert "stopping the job" in out, out
+    root = out.split("Root Cause (first observed failure):", 1)[1]
+    assert "  rule      : R1 (one GPU per rank)" in root and "  exitcode  : 78 (pid: " in root, root
+    assert "refused   : pid " in root, root
     assert records and {r["verdict"] for r in records} == {"deny"}
     assert ("R1", "cuInit") in {(r["rule"], r["call"]) for r in records}
     # Nothing was imported across GPUs: the collector never got that far.

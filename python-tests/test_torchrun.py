@@ -94,3 +94,19 @@ def test_legacy_set_device_is_refused_in_enforce_mode(tmp_path):
     for r in (1, 2, 3):
         assert f"[rank {r}] RANKGUARD DENY cudaSetDevice(device={r}) denied [R2" in out
     assert len({r["job"] for r in records}) == 1
+
+
+def test_a_refused_child_ends_its_worker_and_torchrun_stops_the_job(tmp_path):
+    """Rank 1's worker starts a child re-pointed to another GPU and waits on a pipe it holds
+    itself (no timeout). The guard stops the child at cuInit (R1) and ends its rank's
+    process, the worker, with 78 and the line (issue 28); torchrun's own failure path
+    stops the job and names the worker's 78. Before, the job never ended (the timeout)."""
+    p, records, workers = torchrun(tmp_path, RANKGUARD_MODE="enforce", REPOINT_CHILD="1")
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out                       # torchrun's status for a failed worker
+    assert "ChildFailedError" in out and "exitcode  : 78" in out, out
+    assert "[rank 1] RANKGUARD DENY ending this process, the rank's process, with status 78" in out, out
+    assert "ending the rank's process (status 78)" in out and "broke R1" in out, out
+    assert workers == [], out
+    got = [(r["rank"], r["rule"], r["call"], r["verdict"]) for r in records]
+    assert got == [(1, "R1", "cuInit", "deny")], got

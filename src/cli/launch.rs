@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::args::{number, Lexer, Token};
+use super::failure::{self, EXIT_REFUSED};
 use super::json::Value;
 use super::rank_env::Launch;
 use super::{gpus, job_summary, rank_start, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
@@ -45,9 +46,14 @@ Options:
   --sysroot DIR            read GPU topology under DIR (default $RANKGUARD_SYSROOT or /)
   --prefix-output          prefix every output line with [rank R]
   --grace-period SECS      time ranks get to exit after the first failure (default 10)
+                           (after a refusal by the guard: at most 1)
   --json                   (plan) print the stable JSON form (docs/cli.md)
   --env                    (plan --json) also resolve what launch would: the guard library,
                            the job id, MASTER_PORT; print each rank's environment
+
+Exit status: that of the first rank that failed; 78 when the guard refused a process in a
+rank's tree (R1): the job is stopped and a failure summary names the rank, pid, rule,
+refused process, call site and why (docs/cli.md).
 ";
 
 /// Validated options of `launch`/`plan`.
@@ -507,7 +513,11 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
         msg: format!("rankguard launch: cannot open /dev/null for the ranks' stdin: {e}"),
         code: EXIT_CANNOT_EXECUTE,
     })?;
-    let mut base_env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let notes = failure::Notes::create();
+    let mut base_env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k != failure::VAR)
+        .collect();
+    base_env.extend(notes.as_ref().map(failure::Notes::env));
     if let Some((k, v)) = audit.env() {
         base_env.retain(|(name, _)| *name != k);
         base_env.push((k, v));
@@ -562,7 +572,8 @@ pub fn launch_main(args: Vec<OsString>) -> Result<ExitCode> {
             }
         }
     }
-    let code = supervise(&mut ranks, &signals, o.grace);
+    let cmd = o.cmd[0].to_string_lossy().into_owned();
+    let code = supervise(&mut ranks, &signals, o.grace, notes.as_ref(), &cmd);
     reaper.done();
     wait_helper(helper.take());
     kill_leftovers();
@@ -860,13 +871,24 @@ fn describe(st: &ExitStatus) -> String {
 
 /// Wait for every rank. The first failing rank stops the others (SIGTERM to their process
 /// groups, SIGKILL after `grace`); SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to
-/// every rank. Returns the launcher's exit status.
-fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 {
+/// every rank. A refusal noted in `notes` (`failure.rs`) stops the job too, with at most
+/// `failure::REFUSAL_GRACE`, and makes the status 78 with the failure summary. Returns the
+/// launcher's exit status.
+fn supervise(
+    ranks: &mut [Rank],
+    signals: &sys::Signals,
+    grace: Duration,
+    notes: Option<&failure::Notes>,
+    cmd: &str,
+) -> u8 {
+    let mut refused: Vec<failure::Note> = Vec::new();
     let mut first_failure: Option<(u32, ExitStatus)> = None;
     let mut interrupted: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     let mut newly_failed = false;
+    // After a note: when the job is stopped unless the noted rank's process ended first.
+    let mut refusal_stop: Option<Instant> = None;
     let rank_pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
     loop {
         // Orphans adopted as subreaper that exited: reap them (never a rank: its Child does).
@@ -881,10 +903,37 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
                     first_failure = Some((r.rank, st));
                     eprintln!("rankguard launch: rank {} (pid {}) {}; stopping the other ranks (SIGTERM, SIGKILL \
                                after {:.1}s)", r.rank, r.pid, describe(&st), grace.as_secs_f64());
-                    kill_at = Some(Instant::now() + grace);
+                    let t = Instant::now() + grace;
+                    kill_at = Some(kill_at.map_or(t, |k| k.min(t)));
                     newly_failed = true;
                 }
             }
+        }
+        if let Some(n) = notes {
+            let seen = n.read();
+            if refused.is_empty() && !seen.is_empty() && interrupted.is_none() {
+                let first = &seen[0];
+                eprintln!(
+                    "rankguard launch: the guard refused process {} ('{}') in the tree of pid {} \
+                           ({}); stopping the job (SIGTERM, SIGKILL after {:.1}s)",
+                    first.pid,
+                    first.command,
+                    first.rank_pid,
+                    first.rule,
+                    failure::REFUSAL_GRACE.as_secs_f64()
+                );
+                let now = Instant::now();
+                let cap = now + failure::RANK_END_WAIT + failure::REFUSAL_GRACE;
+                kill_at = Some(kill_at.map_or(cap, |t| t.min(cap)));
+                refusal_stop = Some(now + failure::RANK_END_WAIT);
+            }
+            if seen.len() > refused.len() {
+                refused = seen;
+            }
+        }
+        if refusal_stop.is_some_and(|t| Instant::now() >= t) {
+            refusal_stop = None;
+            newly_failed = true;
         }
         if newly_failed {
             stop_all(ranks, sys::SIGTERM);
@@ -925,6 +974,29 @@ fn supervise(ranks: &mut [Rank], signals: &sys::Signals, grace: Duration) -> u8 
     // (a background helper, a stray worker) goes too, on success as on failure.
     for r in ranks.iter() {
         let _ = sys::signal_group(r.pid, sys::SIGKILL);
+    }
+    if let Some(n) = notes {
+        // A note written after the last poll (the rank's process ended first).
+        let seen = n.read();
+        if seen.len() > refused.len() {
+            refused = seen;
+        }
+    }
+    if !refused.is_empty() && interrupted.is_none() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let ended: Vec<(failure::Note, failure::Ended)> = refused
+            .into_iter()
+            .map(|n| {
+                let r = ranks.iter().find(|r| r.pid == n.rank_pid);
+                let e = failure::Ended {
+                    rank: r.map(|r| r.rank),
+                    exitcode: r.and_then(|r| r.status.as_ref()).map(status_code),
+                };
+                (n, e)
+            })
+            .collect();
+        eprint!("{}", failure::summary(cmd, host.trim(), &ended));
+        return EXIT_REFUSED;
     }
     match (first_failure, interrupted) {
         (Some((_, st)), _) => status_code(&st),

@@ -11,6 +11,7 @@ mod check;
 mod doctor;
 mod embedded;
 mod env;
+mod failure;
 mod forked;
 mod gpus;
 mod inject;

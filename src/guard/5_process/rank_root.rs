@@ -108,7 +108,7 @@ pub fn applies(cfg: &Config) -> bool {
 /// ancestor it opens two files, `/proc/<pid>/stat` (whose owner is the process's, so no
 /// second look-up for [`ProcView::uid`]) and `/proc/<pid>/environ` (read in pieces, up to
 /// the variables the decision needs), and looks one name up in the registry.
-struct ProcFsView {
+pub(crate) struct ProcFsView {
     reg: Option<Option<Registry>>,
     /// The first read that failed for a reason other than the process being gone or not
     /// ours to read (EMFILE with the fd table full, ENOMEM, EIO): the walk is incomplete.
@@ -119,6 +119,9 @@ struct ProcFsView {
     buf: Vec<u8>,
     /// This process's own stat, read once before the walk.
     own: Option<(u32, Stat)>,
+    /// Environments are scanned for the rank's marks too (the rank's top, `end_rank`):
+    /// read whole, not up to the walk's two variables.
+    marks: bool,
 }
 
 /// Bytes asked of `/proc/<pid>/environ` per read: a typical environment in one read, a large
@@ -154,7 +157,11 @@ impl ProcFsView {
     /// Scan `/proc/<pid>/environ` piece by piece until its variables are seen or it ends.
     fn scan_environ(&mut self, pid: u32) -> std::io::Result<EnvFacts> {
         let mut f = File::open(format!("/proc/{pid}/environ"))?;
-        let mut scan = EnvScan::default();
+        let mut scan = if self.marks {
+            EnvScan::with_marks()
+        } else {
+            EnvScan::default()
+        };
         let buf = &mut self.buf;
         buf.clear();
         let mut total = 0u64;
@@ -173,9 +180,23 @@ impl ProcFsView {
             let last = n < ENVIRON_PIECE || total >= MAX_ENVIRON;
             let used = scan.feed(buf, last);
             if last || scan.done() {
-                return Ok(scan.facts);
+                return Ok(scan.finish());
             }
             buf.drain(..used);
+        }
+    }
+}
+
+impl ProcFsView {
+    /// A view for the rank's top (`end_rank`): environments scanned for the marks.
+    pub(crate) fn new() -> ProcFsView {
+        ProcFsView {
+            reg: None,
+            failed: None,
+            owner: None,
+            buf: Vec::new(),
+            own: None,
+            marks: true,
         }
     }
 }
@@ -251,6 +272,7 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
             owner: None,
             buf: Vec::new(),
             own: None,
+            marks: false,
         };
         let mut line = [0u8; 1024];
         let own = ProcFsView::stat_line("/proc/self/stat", &mut line);

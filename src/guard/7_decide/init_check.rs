@@ -9,6 +9,7 @@ use crate::config::Mode;
 use crate::cvd;
 use crate::guard::audit::decision_record::{prefix, record_decision, Extra};
 use crate::guard::audit::map_record::{self, MapFacts};
+use crate::guard::decide::end_rank;
 use crate::guard::decide::verdict::abort_now;
 use crate::guard::output::debug_log;
 use crate::guard::process::driver_query::{self, device_uuid, driver_count};
@@ -18,7 +19,7 @@ use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::Id;
-use crate::policy::{self, InitFacts, Unreadable, Verdict};
+use crate::policy::{self, InitFacts, Rule, Unreadable, Verdict};
 use crate::rankgpu;
 use rankguard_core::record::{Action, MapR1, RuleFields};
 use std::borrow::Cow;
@@ -56,6 +57,7 @@ pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
             prefix(&mut b, "DENY");
             let _ = writeln!(b, "terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})");
             signal_safe::write_all(2, b.as_bytes());
+            end_rank::end_rank(Mode::Enforce, Rule::R1, "the R1 check at CUDA initialisation could not finish");
             // SAFETY: _exit has no preconditions (see check_init for why not exit()).
             unsafe { libc::_exit(EXIT_R1) }
         }
@@ -159,6 +161,9 @@ fn check_init(rc: CuResult) {
         rank_root::publish(cfg, own_uuid, sees_rank_gpu);
     }
     let Verdict::Violation(v) = verdict else {
+        if mode == Mode::Enforce {
+            end_rank::arm(); // a refused descendant ends this process with 78 (end_rank.rs)
+        }
         return;
     };
     let id = Id::cuInit as usize;
@@ -176,6 +181,7 @@ fn check_init(rc: CuResult) {
         Mode::Warn => record_decision(id, &v, Action::Warn, mode, format_args!("flags=0"), extra()),
         Mode::Abort => {
             record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
+            end_rank::refused(mode, &v);
             abort_now()
         }
         Mode::Enforce | Mode::Off => {
@@ -184,6 +190,7 @@ fn check_init(rc: CuResult) {
             prefix(&mut b, "DENY");
             let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
             signal_safe::write_all(2, b.as_bytes());
+            end_rank::refused(mode, &v);
             // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
             // we are inside a CUDA call on an arbitrary thread of someone else's process,
             // where running their handlers could deadlock; our message is already written.

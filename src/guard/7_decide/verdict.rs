@@ -160,6 +160,7 @@ fn act<R: Code>(
             }
             Mode::Abort => {
                 record_decision(id, &v, Action::Deny, mode, args, extra);
+                crate::guard::decide::end_rank::refused(mode, &v);
                 abort_now()
             }
         },
