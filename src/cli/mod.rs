@@ -1,95 +1,65 @@
-//! Subcommand dispatch, the error type and the exit statuses of `rankguard`.
+//! Subcommand dispatch of `rankguard`.
 //!
 //! Every subcommand is one row of [`COMMANDS`] and one module with a
 //! `fn main(args) -> Result<ExitCode>`; adding one (e.g. `report`) is a row and a file.
-//! `main() -> ExitCode` calls `run() -> Result<ExitCode>`; errors print as one line led by
-//! `rankguard: error:` (or the subcommand) and exit with [`EXIT_USAGE`] unless they carry
-//! another status. Exit statuses are documented in docs/cli.md.
+//! `main()` calls `run() -> Result<ExitCode>`; errors print as one line led by
+//! `rankguard: error:` (or the subcommand) and exit with [`exit::EXIT_USAGE`] unless they
+//! carry another status (the error type and the statuses: `exit.rs`; documented in
+//! docs/cli.md).
+//!
+//! ## Layers
+//!
+//! A module imports only from its own layer or a lower one, and the modules' imports form
+//! no circle; this file, the dispatch, stands above them all, and below them all stand the
+//! core crate's modules and the binary's own launch planning (`plan`, `cpuset`,
+//! `topology`), which never name src/cli (python-tests/test_architecture.py checks it,
+//! naming the file, line and name; each layer below names its modules, and only them, in
+//! backticks):
+//! 1. **base**: `exit` (the error type, the exit statuses, output to stdout), `args` (the
+//!    argument lexer), `json` (a JSON writer), `env` (the variables a rank is given),
+//!    `lib_build` (which build of the guard fits this C library), `tree` (the process
+//!    tree from /proc);
+//! 2. **os**: `sys` (the FFI: affinity, signals, the driver query), `forked` (helper
+//!    processes without an exec), `spawn` (a rank's exec, prepared), `rank_start` (a
+//!    rank's clone and exec);
+//! 3. **facts**: `embedded` (the guard's copies carried inside the binary), `lib_path`
+//!    (where librankguard.so is), `gpus` (what the driver shows), `rank_env` (the
+//!    environment of each rank of a launch);
+//! 4. **commands**: `check`, `inject`, `launch`, `report`, `run`: each the entry of one
+//!    or more subcommands.
 
+// The layers (above), lowest first.
+// 1. base
 pub mod args;
-mod check;
-mod embedded;
 mod env;
-mod forked;
-mod gpus;
-mod inject;
+mod exit;
 mod json;
-mod launch;
 mod lib_build;
-mod lib_path;
-mod rank_env;
+mod tree;
+
+// 2. os
+mod forked;
 mod rank_start;
-mod report;
-mod run;
 mod spawn;
 #[allow(unsafe_code)]
 mod sys;
-mod tree;
 
-use std::ffi::OsString;
-use std::fmt;
+// 3. facts
+mod embedded;
+mod gpus;
+mod lib_path;
+mod rank_env;
 
-/// `check`: the contract would be violated.
-pub const EXIT_VIOLATION: u8 = 1;
-/// Bad arguments, a precedence conflict, or an environment rankguard refuses: nothing ran.
-pub const EXIT_USAGE: u8 = 2;
-/// The command could not be executed (permission, not an executable), as in POSIX shells.
-pub const EXIT_CANNOT_EXECUTE: u8 = 126;
-/// The command was not found, as in POSIX shells.
-pub const EXIT_NOT_FOUND: u8 = 127;
+// 4. commands
+mod check;
+mod inject;
+mod launch;
+mod report;
+mod run;
 
-/// The process's exit status. std's `ExitCode` cannot be read back as a number on stable
-/// Rust, and the CLI's `main` is its own (`sys::main`, `#![no_main]`), which returns one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExitCode(pub u8);
+use std::ffi::{c_int, OsString};
 
-impl ExitCode {
-    pub const SUCCESS: ExitCode = ExitCode(0);
-}
-
-impl From<u8> for ExitCode {
-    fn from(code: u8) -> ExitCode {
-        ExitCode(code)
-    }
-}
-
-/// A user-facing error: a message that leads with context and says what to do.
-#[derive(Debug)]
-pub struct Error {
-    pub msg: String,
-    pub code: u8,
-}
-
-impl Error {
-    pub fn usage(msg: impl Into<String>) -> Error {
-        Error {
-            msg: msg.into(),
-            code: EXIT_USAGE,
-        }
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.msg)
-    }
-}
-
-impl From<crate::plan::PlanError> for Error {
-    fn from(e: crate::plan::PlanError) -> Error {
-        Error::usage(e.0)
-    }
-}
-
-pub type Result<T> = std::result::Result<T, Error>;
-
-/// Write user output to stdout. A closed pipe (`rankguard plan | head -1`) is not an error
-/// worth a panic, which is what `print!` would do (Rust ignores SIGPIPE).
-pub fn emit(text: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
-}
+use exit::{emit, Error, ExitCode, Result};
 
 struct Command {
     name: &'static str,
@@ -142,11 +112,6 @@ const COMMANDS: &[Command] = &[
     },
 ];
 
-/// The hidden subcommand the CLI runs itself as to ask the driver (see `gpus.rs`).
-pub const DRIVER_QUERY: &str = "__driver-query";
-/// The hidden subcommand that kills a launch's ranks if the launcher dies (see `launch.rs`).
-pub const REAPER: &str = "__reaper";
-
 fn usage() -> String {
     let mut s = String::from(
         "rankguard: one rank owns exactly one GPU, seen as cuda:0\n\nUsage: rankguard <COMMAND> [OPTIONS]\n\nCommands:\n");
@@ -158,8 +123,13 @@ fn usage() -> String {
     s
 }
 
-/// The CLI, from `sys::main` (the process's entry point).
-pub fn main() -> ExitCode {
+/// The process, from its C `main` (src/main.rs): the start-up std would do that the CLI
+/// needs (`sys::start`), then the command.
+pub fn main() -> c_int {
+    sys::start(dispatch)
+}
+
+fn dispatch() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
@@ -188,8 +158,8 @@ fn run() -> Result<ExitCode> {
             emit(&format!("rankguard {}\n", env!("CARGO_PKG_VERSION")));
             return Ok(ExitCode::SUCCESS);
         }
-        DRIVER_QUERY => return gpus::helper_main(argv),
-        REAPER => return launch::reaper_main(argv),
+        gpus::DRIVER_QUERY => return gpus::helper_main(argv),
+        launch::REAPER => return launch::reaper_main(argv),
         _ => {}
     }
     match COMMANDS.iter().find(|c| c.name == name) {

@@ -6,7 +6,6 @@
 //! The aggregation is `crate::audit` (pure, unit-tested); this file reads files and renders.
 //! Formats and exit statuses are documented in docs/report.md.
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::fmt::Write;
 use std::fs::File;
@@ -14,8 +13,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use super::args::{Lexer, Token};
+use super::exit::{emit, Error, ExitCode, Result};
 use super::json::Value;
-use super::{Error, Result};
+
 use crate::audit::{self, Aggregator, Group, RankStats, SiteStats, Summary};
 
 const HELP: &str = "\
@@ -53,7 +53,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) if !only_files => match f.as_str() {
                 "-h" | "--help" => {
-                    super::emit(HELP);
+                    emit(HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--json" => json = true,
@@ -92,9 +92,9 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     }
     let summary = agg.finish();
     if json {
-        super::emit(&json_doc(&summary, &read).pretty());
+        emit(&json_doc(&summary, &read).pretty());
     } else {
-        super::emit(&text(&summary, read.len()));
+        emit(&text(&summary, read.len()));
     }
     Ok(ExitCode::from(summary.status()))
 }

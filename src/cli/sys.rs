@@ -9,10 +9,11 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::io;
 use std::time::Duration;
 
+use super::exit::ExitCode;
 use crate::cpuset::{CpuSet, MAX_CPU};
 
-/// The process's entry point (`#![no_main]`, src/main.rs): what the CLI needs of std's
-/// start-up, then [`super::main`].
+/// What the CLI needs of std's start-up, around `cli` (the dispatch, from the process's C
+/// `main`, src/main.rs; `#![no_main]`):
 /// - Descriptors 0-2 that are closed are opened on `/dev/null`, so a file the CLI opens can
 ///   never become its stdout (std's start-up does the same).
 /// - SIGPIPE is ignored, as under std's start-up: a closed pipe is an error the CLI handles
@@ -23,11 +24,7 @@ use crate::cpuset::{CpuSet, MAX_CPU};
 ///
 /// Left out: std's stack-overflow guard for the main thread, whose set-up reads
 /// `/proc/self/maps` (glibc's `pthread_getattr_np`): a stack overflow is a plain SIGSEGV.
-#[cfg_attr(not(test), no_mangle)]
-// In test builds the harness has the entry point; this one stays, so that what it calls is
-// still seen as used.
-#[cfg_attr(test, allow(dead_code))]
-extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+pub fn start(cli: fn() -> ExitCode) -> c_int {
     for fd in 0..3 {
         // SAFETY: fcntl(F_GETFD) and open take an integer and a NUL-terminated literal.
         unsafe {
@@ -41,7 +38,7 @@ extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
     }
     // SAFETY: SIG_IGN is a valid disposition for SIGPIPE; no other thread exists yet.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    let code = std::panic::catch_unwind(super::main).map_or(101, |c| c.0);
+    let code = std::panic::catch_unwind(cli).map_or(101, |c| c.0);
     let _ = io::Write::flush(&mut io::stdout());
     c_int::from(code)
 }
