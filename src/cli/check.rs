@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use super::args::{Lexer, Token};
 use super::exit::{emit, Error, ExitCode, Result, EXIT_VIOLATION};
-use super::json::Value;
+use super::json_out::Value;
 use super::launch::SYSROOT_VAR;
 use super::{env, gpus, lib_path, sys};
 use crate::config::{Mode, MODE_EXPECTED};

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use super::args::{Lexer, Token};
 use super::exit::{emit, Error, ExitCode, Result};
-use super::{env, json, lib_path};
+use super::{env, json_out, lib_path};
 use rankguard_core::config::Mode;
 use rankguard_core::narrow::{self, Via};
 
@@ -114,7 +114,7 @@ pub fn prolog_main(args: Vec<OsString>) -> Result<ExitCode> {
 
 /// The CDI spec (cdiVersion 0.5.0): one device whose edits inject the guard.
 pub fn cdi_spec(kind: &str, name: &str, host: &str, at: &str, mode: Mode, var: &str) -> String {
-    use json::Value::{self, Arr, Obj};
+    use json_out::Value::{self, Arr, Obj};
     let env = Arr(vec![
         Value::str(format!("LD_PRELOAD={at}")),
         Value::str(format!("RANKGUARD_MODE={}", mode.as_str())),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::args::{number, Lexer, Token};
 use super::exit::{emit, Error, ExitCode, Result, EXIT_CANNOT_EXECUTE};
-use super::json::Value;
+use super::json_out::Value;
 use super::rank_env::Launch;
 use super::{gpus, rank_start, spawn, sys, tree};
 use crate::cvd;

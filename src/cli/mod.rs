@@ -16,7 +16,7 @@
 //! naming the file, line and name; each layer below names its modules, and only them, in
 //! backticks):
 //! 1. **base**: `exit` (the error type, the exit statuses, output to stdout), `args` (the
-//!    argument lexer), `driver_api` (the driver functions' types, generated), `json` (a
+//!    argument lexer), `driver_api` (the driver functions' types, generated), `json_out` (a
 //!    JSON writer), `env` (the variables a rank is given), `lib_build` (which build of
 //!    the guard fits this C library), `tree` (the process tree from /proc);
 //! 2. **os**: `sys` (the FFI: affinity, signals, the driver query), `forked` (helper
@@ -36,7 +36,7 @@ pub mod args;
 mod driver_api;
 mod env;
 mod exit;
-mod json;
+mod json_out;
 mod lib_build;
 mod tree;
 

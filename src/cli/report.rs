@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 
 use super::args::{Lexer, Token};
 use super::exit::{emit, Error, ExitCode, Result};
-use super::json::Value;
+use super::json_out::Value;
 
-use crate::audit::{self, Aggregator, Group, RankStats, SiteStats, Summary};
+use crate::audit::{self, Aggregate, Aggregator, Group, RankStats, SiteStats};
 
 const HELP: &str = "\
 Usage: rankguard report [--json] AUDIT...
@@ -257,7 +257,7 @@ fn counts(count: usize, denied: usize, warned: usize) -> String {
 }
 
 /// `N`, `root host:pid` (a rank with no number, named by its root) or `-`.
-fn rank_name(r: Option<i64>, root: Option<&audit::RootRef>) -> String {
+fn rank_name(r: Option<i64>, root: Option<&audit::ParsedRoot>) -> String {
     match (r, root) {
         (Some(n), _) => n.to_string(),
         (None, Some(root)) => format!("root {}", root.label()),
@@ -274,7 +274,7 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 /// The human report.
-fn text(s: &Summary, files: usize) -> String {
+fn text(s: &Aggregate, files: usize) -> String {
     let mut o = String::new();
     let t = &s.totals;
     let mut rule = "";
@@ -471,7 +471,7 @@ fn rank_text(o: &mut String, g: &Group, r: &RankStats) {
 }
 
 /// The `--json` document (docs/report.md; field order is part of the format).
-fn json_doc(s: &Summary, files: &[String]) -> Value {
+fn json_doc(s: &Aggregate, files: &[String]) -> Value {
     let t = &s.totals;
     let groups = s
         .groups
@@ -524,7 +524,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
     ])
 }
 
-fn root_json(root: Option<&audit::RootRef>) -> Value {
+fn root_json(root: Option<&audit::ParsedRoot>) -> Value {
     root.map_or(Value::Null, |x| {
         Value::Obj(vec![
             ("pid", Value::Num(x.pid)),

@@ -57,7 +57,7 @@ pub struct Row {
     pub host: Option<String>,
     pub rank: Option<i64>,
     /// The rank root when no rank variable named the rank.
-    pub rank_root: Option<RootRef>,
+    pub rank_root: Option<ParsedRoot>,
     pub job: Option<String>,
     pub ordinal: Option<i64>,
     pub cvd: Option<String>,
@@ -65,7 +65,7 @@ pub struct Row {
     pub args: Option<String>,
     pub detail: Option<String>,
     /// R3: who exported the imported handle (`exporter_*` fields, `guard/7_decide/ipc.rs`).
-    pub exporter: Option<Exporter>,
+    pub exporter: Option<ParsedExporter>,
     /// Where the call came from (`guard/6_audit/site.rs`): `FILE:LINE in FUNCTION` or
     /// `OBJECT(SYMBOL+0xOFF)`; absent in records of older guards.
     pub site: Option<String>,
@@ -78,26 +78,28 @@ pub struct Row {
     pub summary: bool,
 }
 
-/// The exporter of an IPC/VMM handle, as the guard's provenance record knew it.
+/// The exporter of an IPC/VMM handle, as the guard's provenance record knew it, parsed
+/// back from an audit record (the guard writes it as [`record::Exporter`]).
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Exporter {
+pub struct ParsedExporter {
     pub pid: Option<i64>,
     pub rank: Option<i64>,
     pub job: Option<String>,
     pub gpu: Option<String>,
     pub location: Option<String>,
-    pub rank_root: Option<RootRef>,
+    pub rank_root: Option<ParsedRoot>,
 }
 
-/// A rank root as a record names it: `{"pid":P,"start":S,"host":"H"}`.
+/// A rank root as a record names it, parsed back: `{"pid":P,"start":S,"host":"H"}`
+/// (the guard writes it as [`record::RootRef`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct RootRef {
+pub struct ParsedRoot {
     pub host: Option<String>,
     pub pid: i64,
     pub start: i64,
 }
 
-impl RootRef {
+impl ParsedRoot {
     /// `host:pid`, as the report names the rank.
     pub fn label(&self) -> String {
         format!("{}:{}", self.host.as_deref().unwrap_or("?"), self.pid)
@@ -108,7 +110,7 @@ impl From<AuditRecord<'static>> for Row {
     fn from(r: AuditRecord<'static>) -> Row {
         let s = |t: Option<Text<'static>>| t.map(Cow::into_owned);
         let root = |r: Option<record::RootRef<'static>>| {
-            r.map(|r| RootRef {
+            r.map(|r| ParsedRoot {
                 host: s(r.host),
                 pid: r.pid.into(),
                 start: r.start as i64,
@@ -116,16 +118,17 @@ impl From<AuditRecord<'static>> for Row {
         };
         let rule = r.rule_str().to_string();
         let exporter = match r.rule_fields {
-            RuleFields::Import { exporter, .. } => {
-                Some(exporter.map_or_else(Exporter::default, |x| Exporter {
+            RuleFields::Import { exporter, .. } => Some(exporter.map_or_else(
+                ParsedExporter::default,
+                |x| ParsedExporter {
                     pid: Some(x.pid.into()),
                     rank: x.rank.map(i64::from),
                     job: s(x.job),
                     gpu: s(x.gpu),
                     location: Some(x.location.into_owned()),
                     rank_root: root(x.rank_root),
-                }))
-            }
+                },
+            )),
             _ => None,
         };
         Row {
@@ -183,7 +186,7 @@ pub struct Origin {
 pub struct RankStats {
     pub rank: Option<i64>,
     /// The rank root of a rank with no number (`rank` None).
-    pub rank_root: Option<RootRef>,
+    pub rank_root: Option<ParsedRoot>,
     pub count: usize,
     pub denied: usize,
     pub warned: usize,
@@ -238,7 +241,7 @@ pub struct Totals {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct Summary {
+pub struct Aggregate {
     pub groups: Vec<Group>,
     /// The problems listed: per file its first [`LISTED_PER_FILE`], then one entry counting
     /// the rest of its lines; [`LISTED_MAX`] entries at most.
@@ -256,7 +259,7 @@ pub struct Summary {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum RankKey {
     Numbered(i64),
-    Root(RootRef),
+    Root(ParsedRoot),
     Unknown,
 }
 
@@ -324,7 +327,7 @@ type RuleKey = (u32, String);
 /// "lines": the report names a sample and counts the rest, in memory that does not grow.
 pub const LISTED_PER_FILE: usize = 10;
 /// Entries in the problem list in all (samples, per-file counts, unreadable files); the
-/// problems past them are only counted (`Summary::unlisted`).
+/// problems past them are only counted (`Aggregate::unlisted`).
 pub const LISTED_MAX: usize = 100;
 /// A listed reason is cut to this many bytes (a reason can quote the input).
 pub const WHY_MAX: usize = 240;
@@ -339,7 +342,7 @@ struct FileProblems {
     last_more: usize,
 }
 
-/// Builds a [`Summary`] from files' lines, in the order they are given.
+/// Builds an [`Aggregate`] from files' lines, in the order they are given.
 #[derive(Default)]
 pub struct Aggregator {
     acc: BTreeMap<(RuleKey, String, RankKey), Acc>,
@@ -511,7 +514,7 @@ impl Aggregator {
             .add(&r, &at, seq);
     }
 
-    pub fn finish(mut self) -> Summary {
+    pub fn finish(mut self) -> Aggregate {
         self.end_file();
         let mut groups: Vec<Group> = Vec::new();
         let mut sites: BTreeMap<((u32, String), String), Vec<SiteStats>> = BTreeMap::new();
@@ -591,7 +594,7 @@ impl Aggregator {
         totals.processes = self.procs.len();
         totals.problems = self.problem_count;
         totals.summaries = self.summaries;
-        Summary {
+        Aggregate {
             groups,
             problems: self.problems,
             totals,
@@ -601,7 +604,7 @@ impl Aggregator {
     }
 }
 
-impl Summary {
+impl Aggregate {
     /// Exit status of `rankguard report` (docs/report.md): 1 when violations were found
     /// (whatever else happened), 2 when none were found but something could not be read
     /// (an unreadable file or an unusable line may have held one: fail closed), else 0.
@@ -739,7 +742,7 @@ mod tests {
         let r = parse_record(r#"{"call":"cuIpcOpenMemHandle","verdict":"deny","rule":"R3","exporter_pid":4,"exporter_rank":1,"exporter_job":null,"exporter_gpu":"GPU-1","exporter_location":"device"}"#).unwrap();
         assert_eq!(
             r.exporter,
-            Some(Exporter {
+            Some(ParsedExporter {
                 pid: Some(4),
                 rank: Some(1),
                 job: None,
@@ -752,7 +755,7 @@ mod tests {
             r#"{"call":"c","verdict":"deny","rule":"R3","exporter_pid":null,"exporter_gpu":null}"#,
         )
         .unwrap();
-        assert_eq!(r.exporter, Some(Exporter::default()));
+        assert_eq!(r.exporter, Some(ParsedExporter::default()));
     }
 
     #[test]

@@ -157,17 +157,17 @@ pub trait ProcView {
 
 /// The rank GPU as the root's evidence names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RankGpu {
+pub enum RootGpu {
     /// A full UUID the root's (or an intermediate's) driver reported.
     Uuid(String),
     /// The CVD entry the root was started with (index, UUID or prefix), unresolved.
     Entry(String),
 }
 
-impl RankGpu {
+impl RootGpu {
     pub fn text(&self) -> &str {
         match self {
-            RankGpu::Uuid(s) | RankGpu::Entry(s) => s,
+            RootGpu::Uuid(s) | RootGpu::Entry(s) => s,
         }
     }
 }
@@ -176,7 +176,7 @@ impl RankGpu {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ancestor {
     pub root: RootId,
-    pub gpu: RankGpu,
+    pub gpu: RootGpu,
     /// How it was found: a registry record, or its initial environment.
     pub by_record: bool,
 }
@@ -209,7 +209,7 @@ pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
         if let Some(rec) = view.record(id) {
             best = Some(Ancestor {
                 root: rec.root,
-                gpu: RankGpu::Uuid(rec.gpu),
+                gpu: RootGpu::Uuid(rec.gpu),
                 by_record: true,
             });
         } else if let Some(env) = view.environ(ppid) {
@@ -224,7 +224,7 @@ pub fn find(me: u32, uid: u32, view: &mut dyn ProcView) -> Option<Ancestor> {
                     {
                         best = Some(Ancestor {
                             root: id,
-                            gpu: RankGpu::Entry(entry),
+                            gpu: RootGpu::Entry(entry),
                             by_record: false,
                         });
                     }
@@ -295,7 +295,7 @@ mod tests {
                 start: 200
             }
         );
-        assert_eq!(a.gpu, RankGpu::Entry("0".into()));
+        assert_eq!(a.gpu, RootGpu::Entry("0".into()));
         assert!(!a.by_record);
         // the learner itself has no rank ancestor: it is its own root
         assert_eq!(find(20, 0, &mut f), None);
@@ -345,7 +345,7 @@ mod tests {
         let a = find(92, 0, &mut f).unwrap();
         assert_eq!(
             (a.root, a.gpu, a.by_record),
-            (w, RankGpu::Uuid("GPU-12".into()), true)
+            (w, RootGpu::Uuid("GPU-12".into()), true)
         );
         // a wrapper root that never initialised CUDA (timeout, numactl): the UUID a process
         // below it recorded for the same root is kept over the wrapper's index entry
@@ -369,7 +369,7 @@ mod tests {
             },
         );
         let a = find(31, 0, &mut f).unwrap();
-        assert_eq!((a.root, a.gpu), (wrap, RankGpu::Uuid("GPU-10".into())));
+        assert_eq!((a.root, a.gpu), (wrap, RootGpu::Uuid("GPU-10".into())));
         // a record naming a root above it (that root exited, the walk cannot reach it)
         let gone = RootId { pid: 5, start: 50 };
         f.records.insert(

@@ -56,13 +56,13 @@ macro_rules! internal_runtime {
         $(
             #[allow(non_snake_case)]
             pub fn $sym(major: u8) -> Option<unsafe extern "C" fn($( $ty ),*) -> $ret> {
-                static SLOTS: [AtomicPtr<c_void>; RUNTIME_MAJORS.len()] =
+                static BY_MAJOR: [AtomicPtr<c_void>; RUNTIME_MAJORS.len()] =
                     [const { AtomicPtr::new(std::ptr::null_mut()) }; RUNTIME_MAJORS.len()];
                 // Rust identifiers hold no NUL, and the literal ends with one.
                 let Ok(name) = std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($sym), "\0").as_bytes()) else {
                     return None;
                 };
-                let p = runtime_slot(&SLOTS, name, major);
+                let p = runtime_slot(&BY_MAJOR, name, major);
                 if p.is_null() {
                     return None;
                 }
