@@ -321,6 +321,27 @@ def test_the_cli_check_catches_an_import_that_runs_up(tmp_path):
     assert not any("counted" in p for p in bad), bad
 
 
+def test_one_walk_of_the_loaded_objects_one_basename_one_json_escape():
+    """Logic written once (issue 30): the loaded objects are walked by guard::sys::loaded
+    alone (one dl_iterate_phdr visitor), a path's file name is its `basename`, and a JSON
+    string is escaped by the core's record::json_str, which the CLI's writer calls too."""
+    def places(pattern: str, *trees: str) -> list[str]:
+        out = []
+        for tree in trees:
+            for f in sorted((ROOT / tree).rglob("*.rs")):
+                code = strip_comments(f.read_text())
+                out += [f"{f.relative_to(ROOT).as_posix()}:{code.count(chr(10), 0, m.start()) + 1}"
+                        for m in re.finditer(pattern, code)]
+        return out
+
+    walks = places(r"\bdl_iterate_phdr\(", "src/guard")
+    assert [w.split(":")[0] for w in walks] == ["src/guard/1_sys/loaded.rs"], walks
+    bases = places(r"rsplit\(\|&b\| b == b'/'\)", "src/guard")
+    assert [b.split(":")[0] for b in bases] == ["src/guard/1_sys/loaded.rs"], bases
+    escapes = places(r'"\\\\u\{:04x\}"', "src/cli", "crates/core/src")
+    assert [e.split(":")[0] for e in escapes] == ["crates/core/src/record.rs"], escapes
+
+
 if __name__ == "__main__":
     # python-tests/test_architecture.py [TREE]: report on another checkout (the old layout).
     tree = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT

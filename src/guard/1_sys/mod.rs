@@ -1,12 +1,13 @@
 //! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, fork-safe
-//! one-time cells, symbol lookup in ELF files and the C library, and the two linker-level
-//! pieces (lazy libc binding, page-aligned data).
+//! one-time cells, the loaded objects (`loaded`), symbol lookup in ELF files and the C
+//! library, and the two linker-level pieces (lazy libc binding, page-aligned data).
 
 pub mod elfsym;
 pub mod ffi;
 pub mod layout;
 pub mod lazy_libc;
 pub mod libcsym;
+pub mod loaded;
 pub mod once;
 pub mod pyframes;
 pub mod signal_safe;
