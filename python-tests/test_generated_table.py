@@ -1,7 +1,9 @@
 """The guarded table is generated, not hand-kept (issue 18): src/guard/8_hooks/generated.rs, the path
 matrices (python-tests/_guarded.py, c-tests/include/guarded.h) and the README's contract
 table are what scripts/gen_guarded.py writes from src/guard/2_table/guarded.spec and NVIDIA's
-headers of every supported major (12.9 and 13.x, installed by scripts/setup).
+headers of every supported major (12.9 and 13.x, installed by scripts/setup); so are the lists
+beside the table (issue 30): exec's names and shims, the guard's own calls, the CLI's driver
+calls.
 """
 from __future__ import annotations
 
@@ -162,3 +164,78 @@ def test_a_wrapper_with_the_other_majors_parameters_does_not_compile(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "cudaMemPrefetchAsync: the header's parameters are not the wrapper's" in r.stderr.replace("\\'", "'")
+
+
+# ---- the lists beside the table (issue 30): exec's names and shims, the guard's own calls,
+# the CLI's driver calls, all from guarded.spec's list lines and the same headers.
+
+LISTS = ("internal: cuDeviceGetCount\ninternal runtime: cudaGetDevice\nexec: execve execv\n"
+         "cli: cuInit cuDeviceGetUuid_v2|cuDeviceGetUuid\n")
+
+
+def _read(*parts):
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_no_hand_kept_list_is_left_in_rust():
+    """exec's names, its shims' indexes, the guard's own calls' signatures and the CLI's
+    driver typedefs live only in generated files: the Rust beside them names none by hand."""
+    exec_real = _read("src", "guard", "4_resolve", "exec_real.rs")
+    exec_rs = _read("src", "guard", "8_hooks", "exec.rs")
+    internal = _read("src", "guard", "4_resolve", "internal.rs")
+    cli_sys = _read("src", "cli", "sys.rs")
+    assert not re.search(r'c"f?exec\w*"', exec_real), "exec_real.rs lists exec names by hand"
+    assert not re.search(r"exec_shim!\(\w+, \d+\)", exec_rs), "exec.rs lists its shims by hand"
+    assert not re.search(r"^\s*cu\w+: Driver fn\(", internal, re.M), "internal.rs types a driver call by hand"
+    assert not re.search(r"^\s*cuda\w+: fn\(", internal, re.M), "internal.rs types a runtime call by hand"
+    assert not re.search(r'^type \w+ = unsafe extern "C" fn', cli_sys, re.M), "sys.rs types a driver call by hand"
+    assert not re.search(r"Rule::R\d => \d", _read("src", "guard", "6_audit", "tally.rs")), \
+        "tally.rs numbers the rules by hand (the core's Rule::number)"
+    # What replaced them: the generated items, used.
+    assert "EXEC_NAMES" in exec_real and "exec_shims!(exec_shim)" in exec_rs
+    assert 'include!("generated.rs")' in internal and "PFN_cuInit" in cli_sys
+
+
+def test_the_lists_are_typed_from_the_headers():
+    """A function added to a list line comes out with its header's parameters."""
+    h = [gen.Headers.load(d) for d in INCLUDES]
+    lists = gen.parse_lists(LISTS.replace("cuDeviceGetCount", "cuDeviceGetCount cuDeviceGetAttribute"))
+    rs = gen.render_internal_rs(h, lists, "test")
+    assert "    cuDeviceGetAttribute: Driver fn(*mut c_int, c_int, CUdevice) -> CuResult;\n" in rs
+    assert "    cudaGetDevice: fn(*mut c_int) -> CudaError;\n" in rs
+    cli = gen.render_cli_rs(h, lists, "test")
+    assert 'pub type PFN_cuInit = unsafe extern "C" fn(c_uint) -> CUresult;\n' in cli
+    assert 'pub type PFN_cuDeviceGetUuid_v2 = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;\n' in cli
+    table = "\n".join(gen.render_exec(lists["exec"]))
+    assert 'EXEC_NAMES: [&::std::ffi::CStr; 2] = [c"execve", c"execv"];' in table
+    assert "$shim!(execve, 0);\n        $shim!(execv, 1);" in table
+    # `const` binds to the innermost pointee (cuGetErrorName's `const char** pStr`).
+    assert gen.rust_type("const char**", "x") == "*mut *const c_char"
+
+
+@pytest.mark.parametrize("text,message", [
+    (LISTS.replace("exec: execve execv\n", ""), "no `exec:` line"),
+    (LISTS + "exec: execl\n", "`exec:` is given twice"),
+    (LISTS.replace("exec: execve execv", "exec: execve execve"), "names one function twice"),
+    (LISTS.replace("exec: execve execv", "exec:"), "`exec:` lists nothing"),
+    (LISTS.replace("exec: execve execv", "exec: execve|execv"), "is not a C name"),
+])
+def test_list_errors_name_the_line(text, message):
+    with pytest.raises(gen.SpecError, match=re.escape(message)):
+        gen.parse_lists(text, "spec")
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("internal: cuDeviceGetCount", "internal: cuDeviceGetCownt", "cuDeviceGetCownt: no header set declares"),
+    ("internal runtime: cudaGetDevice", "internal runtime: cudaMemPrefetchAsync",
+     "cudaMemPrefetchAsync: its parameters differ between majors"),
+    ("cuDeviceGetUuid_v2|cuDeviceGetUuid", "cuDeviceGetUuid_v2|cuDeviceGet", "a fall-back must have the same type"),
+    ("cli: cuInit", "cli: cuInit cuCtxCreate", "no CLI type for the C type 'CUcontext'"),
+])
+def test_a_list_the_headers_cannot_type_is_refused(old, new, message):
+    h = [gen.Headers.load(d) for d in INCLUDES]
+    lists = gen.parse_lists(LISTS.replace(old, new))
+    with pytest.raises(gen.SpecError, match=re.escape(message)):
+        gen.render_internal_rs(h, lists, "test")
+        gen.render_cli_rs(h, lists, "test")

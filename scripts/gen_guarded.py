@@ -18,6 +18,9 @@ python-tests/test_generated_table.py regenerates them and fails on any differenc
   c-tests/tests/guard_sigs12.c, tests13/guard_sigs13.c
                                 each major's runtime wrappers' parameters, checked by the C
                                 compiler against that major's header
+  src/guard/4_resolve/generated.rs      the guard's own driver and runtime calls (`internal:`
+                                lines), typed from the same headers
+  src/cli/driver_api.rs         the CLI's driver calls (the `cli:` line), likewise
   src/guard/2_table/librankguard.map    the version script with the runtime majors' nodes
                                 (scripts/link-glibc-2.28 links librankguard.so with it)
   README.md                     the contract table's rows between its markers
@@ -46,6 +49,8 @@ OUT_TABLE = os.path.join(ROOT, "src", "guard", "2_table", "generated.rs")
 OUT_PY = os.path.join(ROOT, "python-tests", "_guarded.py")
 OUT_H = os.path.join(ROOT, "c-tests", "include", "guarded.h")
 OUT_MAP = os.path.join(ROOT, "src", "guard", "2_table", "librankguard.map")
+OUT_INTERNAL = os.path.join(ROOT, "src", "guard", "4_resolve", "generated.rs")
+OUT_CLI = os.path.join(ROOT, "src", "cli", "driver_api.rs")
 # Compiled against each major's own headers (c-tests/Makefile: tests/ with 12.9, tests13/
 # with 13.x): the C compiler, not this script's parser, checks each wrapper's parameters.
 OUT_SIGS = {12: os.path.join(ROOT, "c-tests", "tests", "guard_sigs12.c"),
@@ -106,9 +111,12 @@ def parse_spec(text: str, where: str = "src/guard/2_table/guarded.spec"):
         if m:
             rows.append(Row((m.group(1) or "").strip(), m.group(2), m.group(3)))
             continue
+        if LIST_RE.match(line):
+            continue      # parse_lists
         m = re.match(r"^(cu\w+):\s*(.*)$", line)
         if not m:
-            raise SpecError(f"{where}:{lineno}: not `row: ...`, `<name>: <policy>` or a comment: {line!r}")
+            raise SpecError(f"{where}:{lineno}: not `row: ...`, `<name>: <policy>`, "
+                            f"`{'`, `'.join(k + ':' for k in LISTS)}` or a comment: {line!r}")
         name, pol = m.group(1), m.group(2).strip()
         if not rows:
             raise SpecError(f"{where}:{lineno}: {name} comes before the first `row:`")
@@ -145,6 +153,42 @@ def parse_spec(text: str, where: str = "src/guard/2_table/guarded.spec"):
     return entries, rows
 
 
+# The lists beside the table (one line each, names separated by spaces): what the guard
+# calls or interposes without guarding it, so that nothing of it is listed by hand in Rust.
+LISTS = {
+    "internal": "the driver functions the guard itself calls (src/guard/4_resolve/internal.rs)",
+    "internal runtime": "the runtime functions the guard itself calls, in a runtime of a given major",
+    "exec": "the exec functions the guard interposes (src/guard/8_hooks/exec.rs), in index order",
+    "cli": "the driver functions the CLI calls (src/cli/sys.rs); `a|b`: b is a's fall-back, of the same type",
+}
+LIST_RE = re.compile(r"^(" + "|".join(re.escape(k) for k in LISTS) + r"):\s*(.*)$")
+
+
+def parse_lists(text: str, where: str = "src/guard/2_table/guarded.spec") -> dict[str, list[str]]:
+    """The spec's list lines: {kind: [name, ...]}, each kind once, none empty."""
+    out: dict[str, list[str]] = {}
+    for lineno, line in enumerate(text.split("\n"), 1):
+        m = LIST_RE.match(line.rstrip())
+        if not m:
+            continue
+        kind, names = m.group(1), m.group(2).split()
+        if kind in out:
+            raise SpecError(f"{where}:{lineno}: `{kind}:` is given twice: one line lists them all")
+        if not names:
+            raise SpecError(f"{where}:{lineno}: `{kind}:` lists nothing ({LISTS[kind]})")
+        for n in names:
+            if not re.fullmatch(r"\w+(\|\w+)?", n) or (kind != "cli" and "|" in n):
+                raise SpecError(f"{where}:{lineno}: `{kind}:` {n!r} is not a C name")
+        if len(set(names)) != len(names):
+            raise SpecError(f"{where}:{lineno}: `{kind}:` names one function twice")
+        out[kind] = names
+    missing = [k for k in LISTS if k not in out]
+    if missing:
+        raise SpecError(f"{where}: no `{'`, `'.join(k + ':' for k in missing)}` line "
+                        f"({'; '.join(LISTS[k] for k in missing)})")
+    return out
+
+
 # ---- C types -> Rust types -------------------------------------------------------------
 
 SCALARS = {
@@ -175,6 +219,7 @@ SCALARS = {
     "CUmemRangeHandleType": "c_uint", "CUlogicalEndpointId": "c_uint",
     "CUexecAffinityType": "c_int", "CUarray_format": "c_int", "unsigned": "c_uint",
     "cudaMemPool_t": "CUmemoryPool",
+    "CUpointer_attribute": "c_int",
     "CUkernel": "*mut c_void", "cudaKernel_t": "*mut c_void", "CUgraph": "*mut c_void",
     "cudaGraph_t": "*mut c_void", "CUdevResourceDesc": "*mut c_void",
     "cudaDevResourceDesc_t": "*mut c_void", "CUgraphNode": "*mut c_void", "CUgraphExec": "*mut c_void",
@@ -210,24 +255,33 @@ POINTEES = {
 HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmemoryPool"}
 
 
+def pointer_type(ctype: str, base) -> str | None:
+    """The Rust type of a C pointer type (`T*`, `const T*`, `T**`, `const T**`), the pointee's
+    base named by `base(T)`; None when `ctype` is no pointer. `const` qualifies the innermost
+    pointee: `const char**` is `*mut *const c_char`."""
+    if not ctype.endswith("*"):
+        return None
+    inner = ctype[:-1].strip()
+    if inner.endswith("*"):
+        return f"*mut {pointer_type(inner, base)}"
+    const = inner.startswith("const ")
+    if const:
+        inner = inner[len("const "):]
+    return f"*{'const' if const else 'mut'} {base(inner)}"
+
+
 def rust_type(ctype: str, where: str) -> str:
-    t = ctype
-    if t.endswith("*"):
-        inner = t[:-1].strip()
-        const = inner.startswith("const ")
-        if const:
-            inner = inner[len("const "):]
-        if inner.endswith("*"):
-            pointee = rust_type(inner, where)
-        else:
-            pointee = POINTEES.get(inner) or (SCALARS.get(inner) if SCALARS.get(inner) in
-                                               ("c_int", "c_uint", "usize", "u64", "c_char", "c_void",
-                                                "CUdevice", "CUdeviceptr", "CUcontext", "CUevent",
-                                                "CUmemoryPool", "CUmemGenericAllocationHandle", "IpcHandle")
-                                               else None) or "c_void"
-        return f"*{'const' if const else 'mut'} {pointee}"
-    if t in SCALARS:
-        return SCALARS[t]
+    def pointee(inner: str) -> str:
+        return POINTEES.get(inner) or (SCALARS.get(inner) if SCALARS.get(inner) in
+                                       ("c_int", "c_uint", "usize", "u64", "c_char", "c_void",
+                                        "CUdevice", "CUdeviceptr", "CUcontext", "CUevent",
+                                        "CUmemoryPool", "CUmemGenericAllocationHandle", "IpcHandle")
+                                       else None) or "c_void"
+    t = pointer_type(ctype, pointee)
+    if t:
+        return t
+    if ctype in SCALARS:
+        return SCALARS[ctype]
     raise SpecError(f"{where}: no Rust type for the C type {ctype!r}: add it to SCALARS in "
                     "scripts/gen_guarded.py (with its layout check in src/guard/1_sys/ffi.rs if the guard reads it)")
 
@@ -385,11 +439,9 @@ def rustify(f: Func) -> Func:
         cudaapi.Param(p.ctype, p.name + "_" if p.name in RUST_KEYWORDS else p.name) for p in f.params))
 
 
-def build(headers: list[Headers], entries: dict[str, Entry]):
-    by_major = {h.major: h for h in headers}
-    if len(by_major) != len(headers):
-        raise SpecError("two header sets of one major: " + ", ".join(h.include for h in headers))
-    # Driver ABI symbols keep their meaning across majors: the union, checked equal.
+def driver_union(headers: list[Headers]) -> dict[str, Func]:
+    """Every driver ABI symbol of every header set. Driver ABI symbols keep their meaning
+    across majors: the union, checked equal."""
     driver: dict[str, Func] = {}
     for h in headers:
         for abi, f in h.driver.items():
@@ -398,6 +450,14 @@ def build(headers: list[Headers], entries: dict[str, Entry]):
                                 f"header set ({', '.join(driver[abi].ctypes())}): the driver never changes "
                                 "an exported symbol's signature; check the headers")
             driver.setdefault(abi, f)
+    return driver
+
+
+def build(headers: list[Headers], entries: dict[str, Entry]):
+    by_major = {h.major: h for h in headers}
+    if len(by_major) != len(headers):
+        raise SpecError("two header sets of one major: " + ", ".join(h.include for h in headers))
+    driver = driver_union(headers)
     wrappers: list[Wrapper] = []
     used = set()
     for abi in sorted(driver):
@@ -495,7 +555,7 @@ def render_rs(wrappers: list[Wrapper], sources: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_table_rs(wrappers: list[Wrapper], sources: str) -> str:
+def render_table_rs(wrappers: list[Wrapper], sources: str, exec_names: list[str]) -> str:
     """The table's half: each entry's names, library, major and `same`, in the wrappers'
     order (`guarded_table!`, src/guard/2_table/mod.rs), and the indexes."""
     out = [f"// {HEADER_NOTE.format(sources=sources)}.",
@@ -553,6 +613,134 @@ def render_table_rs(wrappers: list[Wrapper], sources: str) -> str:
     for api in sorted(drv):
         out.append(f"    {', '.join(f'Id::{i} as u16' for i in drv[api])},")
     out.append("];")
+    out += render_exec(exec_names)
+    return "\n".join(out) + "\n"
+
+
+# ---- the lists beside the table ------------------------------------------------------
+
+def listed_driver(headers: list[Headers], names: list[str], kind: str) -> list[Func]:
+    driver = driver_union(headers)
+    for n in names:
+        if n not in driver:
+            raise SpecError(f"guarded.spec `{kind}:` {n}: no header set declares this driver symbol "
+                            "(cudaTypedefs.h's PFN typedefs, by exported name: cuCtxPushCurrent_v2)")
+    return [driver[n] for n in names]
+
+
+def listed_runtime(headers: list[Headers], names: list[str]) -> list[Func]:
+    """Each runtime function of the list, with the parameters every wrapped major gives it."""
+    by_major = {h.major: h for h in headers}
+    out = []
+    for n in names:
+        fs = [by_major[m].runtime.get(n) for m in RUNTIME_MAJORS if m in by_major]
+        if not fs or any(f is None for f in fs):
+            raise SpecError(f"guarded.spec `internal runtime:` {n}: not declared by the cuda_runtime_api.h "
+                            f"of every runtime major ({', '.join(map(str, RUNTIME_MAJORS))})")
+        if len({f.ctypes() for f in fs}) != 1:
+            raise SpecError(f"guarded.spec `internal runtime:` {n}: its parameters differ between majors "
+                            f"({'; '.join(', '.join(f.ctypes()) for f in fs)}): one type cannot call both")
+        out.append(fs[0])
+    return out
+
+
+def rust_names(types: list[str]) -> set[str]:
+    return {w for t in types for w in re.findall(r"[A-Za-z_]\w*", t)} - {"mut", "const", "usize", "u64"}
+
+
+def render_internal_rs(headers: list[Headers], lists: dict[str, list[str]], sources: str) -> str:
+    """The `internal!` and `internal_runtime!` items of src/guard/4_resolve/internal.rs: each
+    function's parameters as the headers declare them (Rust types as the wrappers' own)."""
+    drv = listed_driver(headers, lists["internal"], "internal")
+    rt = listed_runtime(headers, lists["internal runtime"])
+    sig = {f.abi: [rust_type(p.ctype, f"{f.abi}({p.name})") for p in f.params] for f in drv + rt}
+    names = rust_names([t for ts in sig.values() for t in ts]) | {"CuResult", "CudaError"}
+    std = sorted(n for n in names if n.startswith("c_") and n != "c_void")   # c_void: internal.rs's own
+    ffi = sorted(n for n in names if not n.startswith("c_"))
+    out = [f"// {HEADER_NOTE.format(sources=sources)}.",
+           "// Included by src/guard/4_resolve/internal.rs: the guard's own calls (guarded.spec's",
+           "// `internal:` and `internal runtime:` lines), each typed as the headers declare it.",
+           ""]
+    if std:
+        out.append(f"use std::ffi::{std[0]};" if len(std) == 1 else f"use std::ffi::{{{', '.join(std)}}};")
+    out.append(f"use crate::guard::sys::ffi::{{{', '.join(ffi)}}};")
+    out += ["", "internal! {"]
+    for f in drv:
+        out.append(f"    // {f.api} v{f.version} (cudaTypedefs.h: PFN_{f.api}_v{f.version})")
+        out.append(f"    {f.abi}: Driver fn({', '.join(sig[f.abi])}) -> CuResult;")
+    out += ["}", "", "internal_runtime! {"]
+    for f in rt:
+        out.append(f"    // cuda_runtime_api.h {' and '.join(map(str, RUNTIME_MAJORS))}: the same parameters")
+        out.append(f"    {f.abi}: fn({', '.join(sig[f.abi])}) -> CudaError;")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def render_exec(names: list[str]) -> list[str]:
+    """The table's exec items: the names, and the shims' list by index."""
+    lits = ", ".join(f'c"{n}"' for n in names)
+    out = ["",
+           "/// The `exec*` functions the guard interposes, by the index each shim passes (guarded.spec's",
+           "/// `exec:` line; `hooks::exec`'s shims, `resolve::exec_real`'s slots). x86-64 only.",
+           "#[cfg_attr(not(target_arch = \"x86_64\"), allow(dead_code))]",
+           f"pub const EXEC_NAMES: [&::std::ffi::CStr; {len(names)}] = [{lits}];",
+           "",
+           "/// `$shim!(name, index)` for each of [`EXEC_NAMES`], in its order (`hooks::exec`).",
+           "#[cfg_attr(not(target_arch = \"x86_64\"), allow(unused_macros))]",
+           "macro_rules! exec_shims {",
+           "    ($shim:ident) => {"]
+    out += [f"        $shim!({n}, {i});" for i, n in enumerate(names)]
+    out += ["    };",
+            "}",
+            "#[cfg_attr(not(target_arch = \"x86_64\"), allow(unused_imports))]",
+            "pub(crate) use exec_shims;"]
+    return out
+
+
+# The CLI's names of cuda.h's types (its own, not the guard's: the CLI is another crate).
+CLI_TYPES = {"int": "c_int", "unsigned int": "c_uint", "char": "c_char", "CUresult": "CUresult",
+             "CUdevice": "CUdevice", "CUdevice_v1": "CUdevice", "CUuuid": "CUuuid"}
+
+
+def render_cli_rs(headers: list[Headers], lists: dict[str, list[str]], sources: str) -> str:
+    """src/cli/driver_api.rs: a `PFN_<symbol>` type for each driver function the CLI calls."""
+    def cli_type(ctype: str, where: str) -> str:
+        def base(t: str) -> str:
+            if t not in CLI_TYPES:
+                raise SpecError(f"guarded.spec `cli:` {where}: no CLI type for the C type {t!r}: add it to "
+                                "CLI_TYPES in scripts/gen_guarded.py (and its definition to render_cli_rs)")
+            return CLI_TYPES[t]
+        return pointer_type(ctype, base) or base(ctype)
+
+    out = [f"// {HEADER_NOTE.format(sources=sources)}.",
+           "//! The driver functions the CLI calls (`sys::driver_gpus`; guarded.spec's `cli:` line), each",
+           "//! as cudaTypedefs.h declares its exported symbol: `PFN_<symbol>`, over cuda.h's types.",
+           "#![allow(non_camel_case_types)]",
+           "",
+           "use std::ffi::{c_char, c_int, c_uint};",
+           "",
+           "/// cuda.h's `CUresult`, an int-sized enum: 0 is `CUDA_SUCCESS`.",
+           "pub type CUresult = c_int;",
+           "/// cuda.h's `CUdevice`: a device handle, an ordinal.",
+           "pub type CUdevice = c_int;",
+           "/// cuda.h's `CUuuid` (`typedef struct CUuuid_st { char bytes[16]; } CUuuid;`).",
+           "#[repr(C)]",
+           "pub struct CUuuid {",
+           "    pub bytes: [u8; 16],",
+           "}"]
+    for item in lists["cli"]:
+        first, *rest = item.split("|")
+        fs = listed_driver(headers, [first] + rest, "cli")
+        types = [cli_type(p.ctype, f"{first}({p.name})") for p in fs[0].params]
+        for f in fs[1:]:
+            if f.ctypes() != fs[0].ctypes():
+                raise SpecError(f"guarded.spec `cli:` {item}: {f.abi} takes ({', '.join(f.ctypes())}), "
+                                f"{first} ({', '.join(fs[0].ctypes())}): a fall-back must have the same type")
+        also = "".join(f"; also its fall-back `{f.abi}`'s (PFN_{f.api}_v{f.version}), the same parameters"
+                       for f in fs[1:])
+        out += ["",
+                f"/// `{first}` (cudaTypedefs.h: PFN_{fs[0].api}_v{fs[0].version}){also}.",
+                f"pub type PFN_{first} = unsafe extern \"C\" fn({', '.join(types)}) -> CUresult;"]
     return "\n".join(out) + "\n"
 
 
@@ -696,13 +884,17 @@ def render_readme(readme: str, wrappers, entries, rows) -> str:
 def generate(includes: list[str]) -> dict[str, str]:
     headers = [Headers.load(d) for d in includes]
     with open(SPEC, encoding="utf-8") as f:
-        entries, rows = parse_spec(f.read())
+        spec = f.read()
+    entries, rows = parse_spec(spec)
+    lists = parse_lists(spec)
     wrappers = build(headers, entries)
     sources = ", ".join(f"CUDA {h.version // 1000}.{h.version % 1000 // 10}" for h in headers)
     with open(README, encoding="utf-8") as f:
         readme = f.read()
     return {
-        OUT_TABLE: render_table_rs(wrappers, sources),
+        OUT_TABLE: render_table_rs(wrappers, sources, lists["exec"]),
+        OUT_INTERNAL: render_internal_rs(headers, lists, sources),
+        OUT_CLI: render_cli_rs(headers, lists, sources),
         OUT_RS: render_rs(wrappers, sources),
         OUT_PY: render_py(wrappers, entries, sources),
         OUT_H: render_h(wrappers, entries, sources),

@@ -7,9 +7,8 @@
 //! ends the options, and for commands that take one, the first word that is not an option
 //! starts the command (`rankguard launch --nproc-per-node 2 python train.py`).
 
+use super::exit::{Error, Result};
 use std::ffi::OsString;
-
-use super::{Error, Result};
 
 /// One raw token.
 #[derive(Debug, PartialEq, Eq)]

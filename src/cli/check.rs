@@ -8,14 +8,14 @@
 //! Warnings do not change the status: the guard missing from `LD_PRELOAD` (the contract is
 //! then not enforced, though not violated either), a mode other than enforce.
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use super::args::{Lexer, Token};
-use super::json::Value;
+use super::exit::{emit, Error, ExitCode, Result, EXIT_VIOLATION};
+use super::json_out::Value;
 use super::launch::SYSROOT_VAR;
-use super::{env, gpus, lib_path, sys, Error, Result, EXIT_VIOLATION};
+use super::{env, gpus, lib_path, sys};
 use crate::config::{Mode, MODE_EXPECTED};
 use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan::DriverGpu;
@@ -43,7 +43,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    super::emit(HELP);
+                    emit(HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--json" => json = true,
@@ -69,9 +69,9 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("/"));
     let report = gather(&sysroot);
     if json {
-        super::emit(&report.json().pretty());
+        emit(&report.json().pretty());
     } else {
-        super::emit(&report.text());
+        emit(&report.text());
     }
     Ok(if report.problems.is_empty() {
         ExitCode::SUCCESS

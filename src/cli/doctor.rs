@@ -9,7 +9,6 @@
 //! work as documented here; a warning is worth knowing but breaks nothing (no driver on a
 //! login node, no audit configured). docs/cli.md, "doctor".
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -17,8 +16,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::args::{Lexer, Token};
+use super::exit::{Error, ExitCode, Result, EXIT_VIOLATION};
 use super::job_summary::{self, AUDIT_VAR};
-use super::{check, env, lib_path, sys, Error, Result, EXIT_VIOLATION};
+use super::{check, env, lib_path, sys};
 use rankguard_core::registry::{self, DirProblem, Registry, MAX_RECORDS};
 
 /// The hidden subcommand the probe child runs.

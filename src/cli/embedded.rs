@@ -25,7 +25,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use super::env::GUARD_FILE;
-use super::{Error, Result};
+use super::exit::{Error, Result};
 
 use super::lib_build::Build;
 

@@ -19,12 +19,12 @@
 //! `rankguard __driver-query` with the guard removed from `LD_PRELOAD`, as before. Both
 //! speak the same lines (`gpu<TAB>uuid<TAB>bus id`, or the error on stderr).
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::process::Command;
 
-use super::{env, sys, Error, Result};
+use super::exit::{Error, ExitCode, Result};
+use super::{env, sys};
 use crate::cvd::{self, CvdEntry, Visibility};
 use crate::plan::DriverGpu;
 use rankguard_core::uuid::{uuid_text, UuidKind};
@@ -33,6 +33,9 @@ use rankguard_core::uuid::{uuid_text, UuidKind};
 /// exit, which after `cuInit` includes the driver's own teardown (its device files closed,
 /// its mappings undone).
 const END: &str = "end\n";
+
+/// The hidden subcommand the CLI runs itself as to ask the driver ([`helper_main`]).
+pub const DRIVER_QUERY: &str = "__driver-query";
 
 /// The helper's answer: one `gpu<TAB>uuid<TAB>bus id` line per device then [`END`], or the
 /// error.
@@ -222,7 +225,7 @@ fn query_exec(cvd_override: Option<Option<&str>>) -> std::result::Result<String,
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the rankguard executable: {e}"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg(super::DRIVER_QUERY);
+    cmd.arg(DRIVER_QUERY);
     match env::preload_without_guard(std::env::var_os("LD_PRELOAD").as_deref()) {
         Some(p) => cmd.env("LD_PRELOAD", p),
         None => cmd.env_remove("LD_PRELOAD"),

@@ -6,12 +6,12 @@
 //! - `slurm-task-prolog`: the `export` lines of a Slurm `TaskProlog`;
 //! - `cdi`: a Container Device Interface spec (containerd, CRI-O, podman, NVIDIA's toolkit).
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use super::args::{Lexer, Token};
-use super::{env, json, lib_path, Error, Result};
+use super::exit::{emit, Error, ExitCode, Result};
+use super::{env, json_out, lib_path};
 use rankguard_core::config::Mode;
 use rankguard_core::narrow::{self, Via};
 
@@ -81,7 +81,7 @@ pub fn prolog_main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    super::emit(PROLOG_HELP);
+                    emit(PROLOG_HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--lib" => lib = Some(lx.value(&f)?),
@@ -100,7 +100,7 @@ pub fn prolog_main(args: Vec<OsString>) -> Result<ExitCode> {
     narrow::check_var_name(Via::Run, &var).map_err(Error::usage)?;
     let g = guard(lib).map_err(|e| e.msg);
     let failed = g.is_err();
-    super::emit(&prolog_lines(
+    emit(&prolog_lines(
         g,
         &var,
         std::env::var_os("LD_PRELOAD").as_deref(),
@@ -114,7 +114,7 @@ pub fn prolog_main(args: Vec<OsString>) -> Result<ExitCode> {
 
 /// The CDI spec (cdiVersion 0.5.0): one device whose edits inject the guard.
 pub fn cdi_spec(kind: &str, name: &str, host: &str, at: &str, mode: Mode, var: &str) -> String {
-    use json::Value::{self, Arr, Obj};
+    use json_out::Value::{self, Arr, Obj};
     let env = Arr(vec![
         Value::str(format!("LD_PRELOAD={at}")),
         Value::str(format!("RANKGUARD_MODE={}", mode.as_str())),
@@ -158,7 +158,7 @@ pub fn cdi_main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    super::emit(CDI_HELP);
+                    emit(CDI_HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--lib" => lib = Some(lx.value(&f)?),
@@ -196,7 +196,7 @@ pub fn cdi_main(args: Vec<OsString>) -> Result<ExitCode> {
         )));
     }
     let host = guard(lib)?;
-    super::emit(&cdi_spec(
+    emit(&cdi_spec(
         &kind,
         &name,
         &host.to_string_lossy(),

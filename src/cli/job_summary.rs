@@ -25,8 +25,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Error, Result};
-use crate::audit::{self, Aggregator, RankKey, Summary};
+use super::exit::{Error, Result};
+use crate::audit::{self, Aggregate, Aggregator, RankKey};
 use crate::config::{audit_name_matches, audit_template_split};
 
 pub const AUDIT_VAR: &str = "RANKGUARD_AUDIT";
@@ -186,7 +186,7 @@ impl Audit {
 
     /// This job's records: the files the template writes on this host that changed since
     /// `since`, read keeping only records of `job`.
-    fn read(&self, job: &str, since: SystemTime) -> Option<(Summary, usize)> {
+    fn read(&self, job: &str, since: SystemTime) -> Option<(Aggregate, usize)> {
         let (dir, pattern) = match self {
             Audit::Kept { dir, pattern, .. } => (dir.clone(), pattern.clone()),
             Audit::Private(d) => (d.clone(), "audit.%h.%p.jsonl".to_string()),
@@ -254,7 +254,7 @@ struct RuleLine {
     calls: Vec<(String, usize)>,
 }
 
-fn per_rule(s: &Summary) -> Vec<RuleLine> {
+fn per_rule(s: &Aggregate) -> Vec<RuleLine> {
     let mut out: Vec<RuleLine> = Vec::new();
     for g in &s.groups {
         if out.last().is_none_or(|l| l.rule != g.rule) {
@@ -293,7 +293,7 @@ fn counts(denied: usize, warned: usize) -> String {
     }
 }
 
-fn render(audit: &Audit, read: Option<(&Summary, usize)>, ended: &Ended, status: u8) -> String {
+fn render(audit: &Audit, read: Option<(&Aggregate, usize)>, ended: &Ended, status: u8) -> String {
     let mut o = format!(
         "rankguard launch: summary: {}; status {status}\n",
         statuses(ended)
@@ -363,7 +363,7 @@ fn render(audit: &Audit, read: Option<(&Summary, usize)>, ended: &Ended, status:
 mod tests {
     use super::*;
 
-    fn summary_of(lines: &[&str]) -> Summary {
+    fn summary_of(lines: &[&str]) -> Aggregate {
         let mut a = Aggregator::for_job("j");
         for (i, l) in lines.iter().enumerate() {
             a.add_line("f", i + 1, l.as_bytes(), true);

@@ -7,7 +7,6 @@
 //! signal forwarding, first-failure shutdown with a grace period, `PR_SET_PDEATHSIG`, and a
 //! child subreaper plus a reaper helper so that nothing a launch started outlives it.
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -17,10 +16,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::args::{number, Lexer, Token};
+use super::exit::{emit, Error, ExitCode, Result, EXIT_CANNOT_EXECUTE};
 use super::failure::{self, EXIT_REFUSED};
-use super::json::Value;
+use super::json_out::Value;
 use super::rank_env::Launch;
-use super::{gpus, job_summary, rank_start, spawn, sys, tree, Error, Result, EXIT_CANNOT_EXECUTE};
+use super::{gpus, job_summary, rank_start, spawn, sys, tree};
 use crate::cvd;
 use crate::plan::{self, CpuRequest, Nproc, Plan, Request};
 use crate::topology::Topology;
@@ -28,6 +28,8 @@ use crate::topology::Topology;
 /// The test-topology prefix (`fakecuda-smi --sysroot DIR`); `--sysroot` wins over it.
 pub const SYSROOT_VAR: &str = "RANKGUARD_SYSROOT";
 const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// The hidden subcommand that kills a launch's ranks if the launcher dies ([`reaper_main`]).
+pub const REAPER: &str = "__reaper";
 
 const HELP: &str = "\
 Usage: rankguard launch [OPTIONS] [--] CMD [ARGS...]
@@ -82,7 +84,7 @@ fn parse(name: &'static str, args: Vec<OsString>) -> Result<Option<Options>> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    super::emit(HELP);
+                    emit(HELP);
                     return Ok(None);
                 }
                 "--nproc-per-node" | "--nproc_per_node" => nproc = Some(lx.value(&f)?),
@@ -326,9 +328,9 @@ pub fn plan_main(args: Vec<OsString>) -> Result<ExitCode> {
                 "rankguard plan --env: LD_PRELOAD '{}' is not valid UTF-8, so it cannot be printed exactly; fix \
                  LD_PRELOAD", bad.preload.to_string_lossy())));
         }
-        super::emit(&plan_json(&p, &o, launch.as_ref()).pretty());
+        emit(&plan_json(&p, &o, launch.as_ref()).pretty());
     } else {
-        super::emit(&plan_table(&p, &o));
+        emit(&plan_table(&p, &o));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -638,7 +640,7 @@ impl Reaper {
         let spawned = std::env::current_exe().and_then(|exe| {
             use std::os::unix::process::CommandExt;
             Command::new(exe)
-                .arg(super::REAPER)
+                .arg(REAPER)
                 .arg(&launcher)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())

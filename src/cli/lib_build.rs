@@ -12,9 +12,8 @@
 //! glibc than the CLI, e.g. in a container). Pure logic; the running glibc's version comes
 //! from `sys::glibc_version`.
 
+use super::exit::{Error, Result};
 use std::ffi::OsStr;
-
-use super::{Error, Result};
 
 pub const GLIBC_VAR: &str = "RANKGUARD_LIB_GLIBC";
 /// The directory, beside the glibc 2.28 build, that holds the glibc 2.34 build.

@@ -9,14 +9,13 @@
 //! build from `glibc-2.34/librankguard.so` where it exists and glibc is 2.34+, else the
 //! glibc 2.28 build, `librankguard.so`; `RANKGUARD_LIB_GLIBC` forces one.
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::args::{Lexer, Token};
 use super::env::GUARD_FILE;
+use super::exit::{emit, Error, ExitCode, Result};
 use super::lib_build::{self, Build, Choice, GLIBC_VAR, NATIVE_DIR};
-use super::{Error, Result};
 
 pub const LIB_VAR: &str = "RANKGUARD_LIB";
 
@@ -155,7 +154,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     while let Some(t) = lx.next()? {
         match t {
             Token::Flag(f) if f == "-h" || f == "--help" => {
-                super::emit(&format!("Usage: rankguard lib\n\nPrints the absolute path of {GUARD_FILE}:\n  \
+                emit(&format!("Usage: rankguard lib\n\nPrints the absolute path of {GUARD_FILE}:\n  \
                         LD_PRELOAD=$(rankguard lib) python train.py\nSearch order: ${LIB_VAR}, the directory \
                         of the rankguard executable, <that directory>/../lib/, then the copies carried in the \
                         binary (written once to $XDG_CACHE_HOME/rankguard/).\nTwo builds: the glibc 2.28 build \
@@ -174,6 +173,6 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             Token::End => {}
         }
     }
-    super::emit(&format!("{}\n", find()?.display()));
+    emit(&format!("{}\n", find()?.display()));
     Ok(ExitCode::SUCCESS)
 }

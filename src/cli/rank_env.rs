@@ -6,7 +6,8 @@
 use std::ffi::OsString;
 use std::net::TcpListener;
 
-use super::{env, lib_path, Error, Result};
+use super::exit::{Error, Result};
+use super::{env, lib_path};
 use crate::cvd;
 use crate::plan::{Plan, RankPlan};
 

@@ -6,7 +6,6 @@
 //! The aggregation is `crate::audit` (pure, unit-tested); this file reads files and renders.
 //! Formats and exit statuses are documented in docs/report.md.
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::fmt::Write;
 use std::fs::File;
@@ -14,9 +13,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use super::args::{Lexer, Token};
-use super::json::Value;
-use super::{Error, Result};
-use crate::audit::{self, Aggregator, Group, RankKey, RankStats, SiteStats, Summary};
+use super::exit::{emit, Error, ExitCode, Result};
+use super::json_out::Value;
+use crate::audit::{self, Aggregate, Aggregator, Group, RankKey, RankStats, SiteStats};
 
 const HELP: &str = "\
 Usage: rankguard report [--json] [--map] AUDIT...
@@ -59,7 +58,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) if !only_files => match f.as_str() {
                 "-h" | "--help" => {
-                    super::emit(HELP);
+                    emit(HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--json" => json = true,
@@ -107,11 +106,11 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
                 fields.insert(at, ("map", map_json(&summary)));
             }
         }
-        super::emit(&doc.pretty());
+        emit(&doc.pretty());
     } else if map {
-        super::emit(&map_text(&summary, read.len()));
+        emit(&map_text(&summary, read.len()));
     } else {
-        super::emit(&text(&summary, read.len()));
+        emit(&text(&summary, read.len()));
     }
     Ok(ExitCode::from(summary.status()))
 }
@@ -291,7 +290,7 @@ fn counts(count: usize, denied: usize, warned: usize) -> String {
 
 /// `N`, `root host:pid` (a rank with no number, named by its root) or `-`: the one way
 /// the report names a rank (`audit::RankKey::label`).
-fn rank_name(r: Option<i64>, root: Option<&audit::RootRef>) -> String {
+fn rank_name(r: Option<i64>, root: Option<&audit::ParsedRoot>) -> String {
     RankKey::of(r, root).label()
 }
 
@@ -300,7 +299,7 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 /// The human report.
-fn text(s: &Summary, files: usize) -> String {
+fn text(s: &Aggregate, files: usize) -> String {
     let mut o = String::new();
     let mut rule = "";
     for g in &s.groups {
@@ -315,7 +314,7 @@ fn text(s: &Summary, files: usize) -> String {
 }
 
 /// The problems (if any) and the total line, after whatever `o` holds.
-fn tail_text(o: &mut String, s: &Summary, files: usize) {
+fn tail_text(o: &mut String, s: &Aggregate, files: usize) {
     let t = &s.totals;
     if !s.problems.is_empty() {
         if !o.is_empty() {
@@ -504,7 +503,7 @@ fn rank_gpu_text(f: &audit::Row) -> String {
 
 /// The GPU map as a table (`report --map`): per rank its processes, each with the GPU it
 /// saw, and the rules it broke; a rank's number or root is printed on its first row.
-fn map_text(s: &Summary, files: usize) -> String {
+fn map_text(s: &Aggregate, files: usize) -> String {
     let mut o = String::new();
     if s.map.is_empty() {
         let _ = writeln!(
@@ -590,7 +589,7 @@ fn map_text(s: &Summary, files: usize) -> String {
     o
 }
 
-fn map_json(s: &Summary) -> Value {
+fn map_json(s: &Aggregate) -> Value {
     Value::Arr(
         s.map
             .iter()
@@ -634,7 +633,7 @@ fn map_json(s: &Summary) -> Value {
 }
 
 /// The `--json` document (docs/report.md; field order is part of the format).
-fn json_doc(s: &Summary, files: &[String]) -> Value {
+fn json_doc(s: &Aggregate, files: &[String]) -> Value {
     let t = &s.totals;
     let groups = s
         .groups
@@ -687,7 +686,7 @@ fn json_doc(s: &Summary, files: &[String]) -> Value {
     ])
 }
 
-fn root_json(root: Option<&audit::RootRef>) -> Value {
+fn root_json(root: Option<&audit::ParsedRoot>) -> Value {
     root.map_or(Value::Null, |x| {
         Value::Obj(vec![
             ("pid", Value::Num(x.pid)),

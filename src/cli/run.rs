@@ -16,13 +16,13 @@
 //!     to the full UUID exported as `RANKGUARD_RANK_GPU_UUID` (a full UUID entry needs none).
 //!     Whether the rank then sees exactly that GPU is the guard's check at cuInit.
 
-use super::ExitCode;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use super::args::{Lexer, Token};
-use super::{env, gpus, lib_path, Error, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use super::exit::{emit, Error, ExitCode, Result, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND};
+use super::{env, gpus, lib_path};
 use crate::cvd::{self, CvdEntry};
 use rankguard_core::narrow::{self, Via};
 
@@ -55,7 +55,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         match t {
             Token::Flag(f) => match f.as_str() {
                 "-h" | "--help" => {
-                    super::emit(HELP);
+                    emit(HELP);
                     return Ok(ExitCode::SUCCESS);
                 }
                 "--narrow-by" => narrow = Some(lx.value(&f)?),

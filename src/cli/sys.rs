@@ -5,14 +5,19 @@
 //! `unsafe` is allowed in these three modules only (main.rs denies it); each block states
 //! the invariant that makes it sound. Everything exported here is a safe function.
 
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, CStr};
 use std::io;
 use std::time::Duration;
 
+use super::driver_api::{
+    CUdevice, CUresult, CUuuid, PFN_cuDeviceGet, PFN_cuDeviceGetCount, PFN_cuDeviceGetPCIBusId,
+    PFN_cuDeviceGetUuid_v2, PFN_cuGetErrorName, PFN_cuInit,
+};
+use super::exit::ExitCode;
 use crate::cpuset::{CpuSet, MAX_CPU};
 
-/// The process's entry point (`#![no_main]`, src/main.rs): what the CLI needs of std's
-/// start-up, then [`super::main`].
+/// What the CLI needs of std's start-up, around `cli` (the dispatch, from the process's C
+/// `main`, src/main.rs; `#![no_main]`):
 /// - Descriptors 0-2 that are closed are opened on `/dev/null`, so a file the CLI opens can
 ///   never become its stdout (std's start-up does the same).
 /// - SIGPIPE is ignored, as under std's start-up: a closed pipe is an error the CLI handles
@@ -23,11 +28,7 @@ use crate::cpuset::{CpuSet, MAX_CPU};
 ///
 /// Left out: std's stack-overflow guard for the main thread, whose set-up reads
 /// `/proc/self/maps` (glibc's `pthread_getattr_np`): a stack overflow is a plain SIGSEGV.
-#[cfg_attr(not(test), no_mangle)]
-// In test builds the harness has the entry point; this one stays, so that what it calls is
-// still seen as used.
-#[cfg_attr(test, allow(dead_code))]
-extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+pub fn start(cli: fn() -> ExitCode) -> c_int {
     for fd in 0..3 {
         // SAFETY: fcntl(F_GETFD) and open take an integer and a NUL-terminated literal.
         unsafe {
@@ -41,7 +42,7 @@ extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
     }
     // SAFETY: SIG_IGN is a valid disposition for SIGPIPE; no other thread exists yet.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    let code = std::panic::catch_unwind(super::main).map_or(101, |c| c.0);
+    let code = std::panic::catch_unwind(cli).map_or(101, |c| c.0);
     let _ = io::Write::flush(&mut io::stdout());
     c_int::from(code)
 }
@@ -304,24 +305,8 @@ pub struct RawGpu {
     pub bus_id: String,
 }
 
-type CuResult = c_int;
-type CuDevice = c_int;
-
-/// `CUuuid` (cuda.h: `typedef struct CUuuid_st { char bytes[16]; } CUuuid;`).
-#[repr(C)]
-struct CuUuid {
-    bytes: [u8; 16],
-}
-
-type FnInit = unsafe extern "C" fn(c_uint) -> CuResult;
-type FnGetCount = unsafe extern "C" fn(*mut c_int) -> CuResult;
-type FnDeviceGet = unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult;
-type FnGetUuid = unsafe extern "C" fn(*mut CuUuid, CuDevice) -> CuResult;
-type FnGetBusId = unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult;
-type FnErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
-
 /// `CUDA_ERROR_NO_DEVICE` (cuda.h): what cuInit returns when nothing is visible.
-const CUDA_ERROR_NO_DEVICE: CuResult = 100;
+const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 
 /// Ask the driver (`libcuda.so.1`, found like the CUDA runtime finds it, so
 /// `LD_LIBRARY_PATH` selects the fake platform in tests) which GPUs this process sees.
@@ -331,29 +316,32 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
     // be dlopen()ed this way by every CUDA runtime and binding.
     let lib = unsafe { libloading::Library::new("libcuda.so.1") }
         .map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
-    // SAFETY (this `get` and each one below): the symbol is declared in cuda.h with exactly
-    // the signature of the function-pointer type it is read as; `lib` outlives every use.
-    let init: libloading::Symbol<FnInit> =
+    // SAFETY (this `get` and each one below): the symbol is declared in cudaTypedefs.h with
+    // exactly the signature of the function-pointer type it is read as (`PFN_<symbol>`,
+    // generated from that header: driver_api.rs); `lib` outlives every use.
+    let init: libloading::Symbol<PFN_cuInit> =
         // SAFETY: as above (cuda.h's cuInit).
         unsafe { lib.get(b"cuInit\0") }.map_err(|e| e.to_string())?;
-    let count_fn: libloading::Symbol<FnGetCount> =
+    let count_fn: libloading::Symbol<PFN_cuDeviceGetCount> =
         // SAFETY: as above (cuda.h's cuDeviceGetCount).
         unsafe { lib.get(b"cuDeviceGetCount\0") }.map_err(|e| e.to_string())?;
-    let get: libloading::Symbol<FnDeviceGet> =
+    let get: libloading::Symbol<PFN_cuDeviceGet> =
         // SAFETY: as above (cuda.h's cuDeviceGet).
         unsafe { lib.get(b"cuDeviceGet\0") }.map_err(|e| e.to_string())?;
-    // SAFETY: as above (cuda.h's cuDeviceGetUuid_v2 and cuDeviceGetUuid: one signature).
-    let uuid_fn: libloading::Symbol<FnGetUuid> = unsafe { lib.get(b"cuDeviceGetUuid_v2\0") }
-        // SAFETY: as above.
-        .or_else(|_| unsafe { lib.get(b"cuDeviceGetUuid\0") })
-        .map_err(|e| e.to_string())?;
-    let bus_fn: libloading::Symbol<FnGetBusId> =
+    // SAFETY: as above (cuDeviceGetUuid_v2 and its fall-back cuDeviceGetUuid: one signature,
+    // checked by the generator).
+    let uuid_fn: libloading::Symbol<PFN_cuDeviceGetUuid_v2> =
+        unsafe { lib.get(b"cuDeviceGetUuid_v2\0") }
+            // SAFETY: as above.
+            .or_else(|_| unsafe { lib.get(b"cuDeviceGetUuid\0") })
+            .map_err(|e| e.to_string())?;
+    let bus_fn: libloading::Symbol<PFN_cuDeviceGetPCIBusId> =
         // SAFETY: as above (cuda.h's cuDeviceGetPCIBusId).
         unsafe { lib.get(b"cuDeviceGetPCIBusId\0") }.map_err(|e| e.to_string())?;
-    let name_fn: Option<libloading::Symbol<FnErrorName>> =
+    let name_fn: Option<libloading::Symbol<PFN_cuGetErrorName>> =
         // SAFETY: as above (cuda.h's cuGetErrorName).
         unsafe { lib.get(b"cuGetErrorName\0") }.ok();
-    let describe = |rc: CuResult| -> String {
+    let describe = |rc: CUresult| -> String {
         let mut p: *const c_char = std::ptr::null();
         if let Some(f) = &name_fn {
             // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string (or
@@ -383,13 +371,13 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
     }
     let mut out = Vec::new();
     for ordinal in 0..n {
-        let mut dev: CuDevice = 0;
+        let mut dev: CUdevice = 0;
         // SAFETY: `dev` is a valid out-pointer; the ordinal is below the reported count.
         let rc = unsafe { get(&mut dev, ordinal) };
         if rc != 0 {
             return Err(format!("cuDeviceGet({ordinal}) failed: {}", describe(rc)));
         }
-        let mut u = CuUuid { bytes: [0; 16] };
+        let mut u = CUuuid { bytes: [0; 16] };
         // SAFETY: `u` is a valid, writable CUuuid.
         let rc = unsafe { uuid_fn(&mut u, dev) };
         if rc != 0 {
@@ -425,19 +413,19 @@ pub fn driver_gpus() -> Result<Vec<RawGpu>, String> {
 /// `rankguard doctor`'s child (`__doctor-probe`): `cuInit(0)` then `cuDeviceGet(&d, 1)`,
 /// an ordinal other than 0 (R2), through `dlsym` as every CUDA binding calls the driver.
 /// Returns the two results; Err when the driver cannot be loaded.
-pub fn probe_r2() -> Result<(CuResult, CuResult), String> {
+pub fn probe_r2() -> Result<(CUresult, CUresult), String> {
     // SAFETY: as in `driver_gpus`: libcuda.so.1 is designed to be dlopen()ed.
     let lib = unsafe { libloading::Library::new("libcuda.so.1") }
         .map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
-    let init: libloading::Symbol<FnInit> =
+    let init: libloading::Symbol<PFN_cuInit> =
         // SAFETY: cuda.h's cuInit has exactly this signature; `lib` outlives its use.
         unsafe { lib.get(b"cuInit\0") }.map_err(|e| e.to_string())?;
-    let get: libloading::Symbol<FnDeviceGet> =
+    let get: libloading::Symbol<PFN_cuDeviceGet> =
         // SAFETY: cuda.h's cuDeviceGet has exactly this signature; `lib` outlives its use.
         unsafe { lib.get(b"cuDeviceGet\0") }.map_err(|e| e.to_string())?;
     // SAFETY: cuInit(0) is the documented first call; flags must be 0.
     let rc_init = unsafe { init(0) };
-    let mut dev: CuDevice = 0;
+    let mut dev: CUdevice = 0;
     // SAFETY: `dev` is a valid out-pointer; the driver checks the ordinal.
     let rc_get = unsafe { get(&mut dev, 1) };
     Ok((rc_init, rc_get))

@@ -63,7 +63,7 @@ pub struct Row {
     pub host: Option<String>,
     pub rank: Option<i64>,
     /// The rank root when no rank variable named the rank.
-    pub rank_root: Option<RootRef>,
+    pub rank_root: Option<ParsedRoot>,
     pub job: Option<String>,
     pub ordinal: Option<i64>,
     pub cvd: Option<String>,
@@ -78,7 +78,7 @@ pub struct Row {
     pub args: Option<String>,
     pub detail: Option<String>,
     /// R3: who exported the imported handle (`exporter_*` fields, `guard/7_decide/ipc.rs`).
-    pub exporter: Option<Exporter>,
+    pub exporter: Option<ParsedExporter>,
     /// Where the call came from (`guard/6_audit/site.rs`): `FILE:LINE in FUNCTION` or
     /// `OBJECT(SYMBOL+0xOFF)`; absent in records of older guards.
     pub site: Option<String>,
@@ -91,26 +91,28 @@ pub struct Row {
     pub summary: bool,
 }
 
-/// The exporter of an IPC/VMM handle, as the guard's provenance record knew it.
+/// The exporter of an IPC/VMM handle, as the guard's provenance record knew it, parsed
+/// back from an audit record (the guard writes it as [`record::Exporter`]).
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Exporter {
+pub struct ParsedExporter {
     pub pid: Option<i64>,
     pub rank: Option<i64>,
     pub job: Option<String>,
     pub gpu: Option<String>,
     pub location: Option<String>,
-    pub rank_root: Option<RootRef>,
+    pub rank_root: Option<ParsedRoot>,
 }
 
-/// A rank root as a record names it: `{"pid":P,"start":S,"host":"H"}`.
+/// A rank root as a record names it, parsed back: `{"pid":P,"start":S,"host":"H"}`
+/// (the guard writes it as [`record::RootRef`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct RootRef {
+pub struct ParsedRoot {
     pub host: Option<String>,
     pub pid: i64,
     pub start: i64,
 }
 
-impl RootRef {
+impl ParsedRoot {
     /// `host:pid`, as the report names the rank.
     pub fn label(&self) -> String {
         format!("{}:{}", self.host.as_deref().unwrap_or("?"), self.pid)
@@ -121,7 +123,7 @@ impl From<AuditRecord<'static>> for Row {
     fn from(r: AuditRecord<'static>) -> Row {
         let s = |t: Option<Text<'static>>| t.map(Cow::into_owned);
         let root = |r: Option<record::RootRef<'static>>| {
-            r.map(|r| RootRef {
+            r.map(|r| ParsedRoot {
                 host: s(r.host),
                 pid: r.pid.into(),
                 start: r.start as i64,
@@ -136,16 +138,17 @@ impl From<AuditRecord<'static>> for Row {
             _ => (None, None),
         };
         let exporter = match r.rule_fields {
-            RuleFields::Import { exporter, .. } => {
-                Some(exporter.map_or_else(Exporter::default, |x| Exporter {
+            RuleFields::Import { exporter, .. } => Some(exporter.map_or_else(
+                ParsedExporter::default,
+                |x| ParsedExporter {
                     pid: Some(x.pid.into()),
                     rank: x.rank.map(i64::from),
                     job: s(x.job),
                     gpu: s(x.gpu),
                     location: Some(x.location.into_owned()),
                     rank_root: root(x.rank_root),
-                }))
-            }
+                },
+            )),
             _ => None,
         };
         Row {
@@ -203,7 +206,7 @@ pub struct MapRow {
     pub rank: Option<i64>,
     pub local_rank: Option<i64>,
     /// The process's rank root (its pid; the start time when the record gives it, else 0).
-    pub rank_root: Option<RootRef>,
+    pub rank_root: Option<ParsedRoot>,
     /// The GPU the process sees, by UUID.
     pub gpu: Option<String>,
     /// That GPU's index as the record gives it.
@@ -256,18 +259,18 @@ pub fn parse_map(v: &Json) -> Result<MapRow, String> {
             let Some(pid) = pid else {
                 return Err(map_bad("rank_root", "a rank root {pid, start, host}"));
             };
-            Some(RootRef {
+            Some(ParsedRoot {
                 host: map_str(o, &["host"])?.or_else(|| host.clone()),
                 pid,
                 start: o.get("start").and_then(json_int).unwrap_or(0),
             })
         }
-        Some((k, x)) => Some(RootRef {
+        Some((k, x)) => Some(ParsedRoot {
             host: host.clone(),
             pid: json_int(x).ok_or_else(|| map_bad(k, "a pid or a rank root"))?,
             start: map_int(v, &["root_start"])?.unwrap_or(0),
         }),
-        None => map_int(v, &["root_pid"])?.map(|pid| RootRef {
+        None => map_int(v, &["root_pid"])?.map(|pid| ParsedRoot {
             host: host.clone(),
             pid,
             start: 0,
@@ -333,7 +336,7 @@ pub struct Origin {
 pub struct RankStats {
     pub rank: Option<i64>,
     /// The rank root of a rank with no number (`rank` None).
-    pub rank_root: Option<RootRef>,
+    pub rank_root: Option<ParsedRoot>,
     pub count: usize,
     pub denied: usize,
     pub warned: usize,
@@ -390,7 +393,7 @@ pub struct Totals {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct Summary {
+pub struct Aggregate {
     pub groups: Vec<Group>,
     /// The problems listed: per file its first [`LISTED_PER_FILE`], then one entry counting
     /// the rest of its lines; [`LISTED_MAX`] entries at most.
@@ -443,7 +446,7 @@ struct ProcSeen {
 /// carry the root's start time).
 fn map_rank(k: RankKey) -> RankKey {
     match k {
-        RankKey::Root(r) => RankKey::Root(RootRef { start: 0, ..r }),
+        RankKey::Root(r) => RankKey::Root(ParsedRoot { start: 0, ..r }),
         k => k,
     }
 }
@@ -453,12 +456,12 @@ fn map_rank(k: RankKey) -> RankKey {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RankKey {
     Numbered(i64),
-    Root(RootRef),
+    Root(ParsedRoot),
     Unknown,
 }
 
 impl RankKey {
-    pub fn of(rank: Option<i64>, root: Option<&RootRef>) -> RankKey {
+    pub fn of(rank: Option<i64>, root: Option<&ParsedRoot>) -> RankKey {
         match (rank, root) {
             (Some(n), _) => RankKey::Numbered(n),
             (None, Some(root)) => RankKey::Root(root.clone()),
@@ -574,7 +577,7 @@ type RuleKey = (u32, String);
 /// "lines": the report names a sample and counts the rest, in memory that does not grow.
 pub const LISTED_PER_FILE: usize = 10;
 /// Entries in the problem list in all (samples, per-file counts, unreadable files); the
-/// problems past them are only counted (`Summary::unlisted`).
+/// problems past them are only counted (`Aggregate::unlisted`).
 pub const LISTED_MAX: usize = 100;
 /// A listed reason is cut to this many bytes (a reason can quote the input).
 pub const WHY_MAX: usize = 240;
@@ -589,7 +592,7 @@ struct FileProblems {
     last_more: usize,
 }
 
-/// Builds a [`Summary`] from files' lines, in the order they are given.
+/// Builds an [`Aggregate`] from files' lines, in the order they are given.
 #[derive(Default)]
 pub struct Aggregator {
     acc: BTreeMap<(RuleKey, String, RankKey), Acc>,
@@ -616,7 +619,7 @@ pub struct Aggregator {
 }
 
 /// Processes kept for `report --map` (one map record each: a job of thousands of processes
-/// fits); the map records of processes past it are only counted (`Summary::map_records`),
+/// fits); the map records of processes past it are only counted (`Aggregate::map_records`),
 /// so memory stays bounded whatever the input.
 pub const MAPS_MAX: usize = 65_536;
 
@@ -880,7 +883,7 @@ impl Aggregator {
             .add(&r, &at, seq);
     }
 
-    pub fn finish(mut self) -> Summary {
+    pub fn finish(mut self) -> Aggregate {
         self.end_file();
         let mut groups: Vec<Group> = Vec::new();
         let mut sites: BTreeMap<((u32, String), String), Vec<SiteStats>> = BTreeMap::new();
@@ -970,7 +973,7 @@ impl Aggregator {
         totals.problems = self.problem_count;
         totals.summaries = self.summaries;
         let map = map_of(self.maps, self.seen);
-        Summary {
+        Aggregate {
             groups,
             problems: self.problems,
             totals,
@@ -1040,7 +1043,7 @@ fn map_of(
     out
 }
 
-impl Summary {
+impl Aggregate {
     /// Exit status of `rankguard report` (docs/report.md): 1 when violations were found
     /// (whatever else happened), 2 when none were found but something could not be read
     /// (an unreadable file or an unusable line may have held one: fail closed), else 0.
@@ -1178,7 +1181,7 @@ mod tests {
         let r = parse_record(r#"{"call":"cuIpcOpenMemHandle","verdict":"deny","rule":"R3","exporter_pid":4,"exporter_rank":1,"exporter_job":null,"exporter_gpu":"GPU-1","exporter_location":"device"}"#).unwrap();
         assert_eq!(
             r.exporter,
-            Some(Exporter {
+            Some(ParsedExporter {
                 pid: Some(4),
                 rank: Some(1),
                 job: None,
@@ -1191,7 +1194,7 @@ mod tests {
             r#"{"call":"c","verdict":"deny","rule":"R3","exporter_pid":null,"exporter_gpu":null}"#,
         )
         .unwrap();
-        assert_eq!(r.exporter, Some(Exporter::default()));
+        assert_eq!(r.exporter, Some(ParsedExporter::default()));
     }
 
     #[test]

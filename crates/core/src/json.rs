@@ -1,6 +1,6 @@
 //! JSON: a small strict parser for one line, enough to read audit records back
 //! ([`crate::record`]). The crate set is fixed (no serde); the CLI's writer is
-//! `cli/json.rs`.
+//! `cli/json_out.rs`.
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Json {

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-/// A rule of the contract.
+/// A rule of the contract, in the order of its number (`R1` is 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
     /// One GPU per rank process, and the rank's GPU.
@@ -23,6 +23,21 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule, in the order of their numbers.
+    pub const ALL: [Rule; 4] = [Rule::R1, Rule::R2, Rule::R3, Rule::R4];
+
+    /// The rule's number (`R1` is 1), as compact records (the guard's tally) keep it.
+    pub fn number(self) -> u8 {
+        // Declared in number order from 0 (explicit discriminants 1..=4 made the compiler
+        // turn `as_str` into a table of string pointers: relocations at every load).
+        self as u8 + 1
+    }
+
+    /// The rule of a number; None for one this build does not know.
+    pub fn from_number(n: u8) -> Option<Rule> {
+        Rule::ALL.get(usize::from(n).checked_sub(1)?).copied()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::R1 => "R1",
@@ -35,6 +50,8 @@ impl Rule {
     /// A rule's short id as records spell it (`R1`..`R4`); None for an id this build does
     /// not know (a record of a newer guard).
     pub fn parse(id: &str) -> Option<Rule> {
+        // A match, not a search of `ALL` by `as_str`: that makes `as_str` a table of string
+        // pointers, relocated by the loader at every start of the guard.
         match id {
             "R1" => Some(Rule::R1),
             "R2" => Some(Rule::R2),
@@ -491,6 +508,20 @@ pub fn init(f: InitFacts) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rule_is_its_number_and_its_id() {
+        for (i, r) in Rule::ALL.into_iter().enumerate() {
+            assert_eq!(usize::from(r.number()), i + 1);
+            assert_eq!(Rule::from_number(r.number()), Some(r));
+            assert_eq!(r.as_str(), format!("R{}", i + 1));
+            assert_eq!(Rule::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(Rule::from_number(0), None);
+        assert_eq!(Rule::from_number(5), None);
+        assert_eq!(Rule::parse("R5"), None);
+        assert_eq!(Rule::parse("r1"), None);
+    }
 
     #[test]
     fn ordinal_zero_is_the_only_device() {

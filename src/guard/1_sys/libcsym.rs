@@ -16,8 +16,10 @@
 //! lock, as every `dlvsym` call takes) and reads of mapped memory.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, CStr};
 use std::ptr;
+
+use crate::guard::sys::loaded;
 
 const DT_NULL: i64 = 0;
 const DT_HASH: i64 = 4;
@@ -47,7 +49,7 @@ struct Sym {
 
 /// The C libraries that define `dlvsym`: libc.so.6 since glibc 2.34, libdl.so.2 before.
 fn is_c_library(path: &[u8]) -> bool {
-    let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    let base = loaded::basename(path);
     base == b"libc.so.6" || base == b"libdl.so.2"
 }
 
@@ -225,45 +227,32 @@ pub fn find_dlvsym() -> usize {
 /// The default definition of function `name` in the loaded C library (libc.so.6, else
 /// libdl.so.2), or 0.
 fn find_in_c_library(name: &'static [u8]) -> usize {
-    struct Search {
-        name: &'static [u8],
-        found: usize,
-    }
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info for the duration of the callback, whose
-        // program headers describe the mapped object; `data` is the `Search` below.
-        unsafe {
-            let search = &mut *data.cast::<Search>();
-            let info = &*info;
-            if info.dlpi_name.is_null() || !is_c_library(CStr::from_ptr(info.dlpi_name).to_bytes())
-            {
-                return 0;
-            }
-            for i in 0..usize::from(info.dlpi_phnum) {
+    let mut found = 0;
+    loaded::each(|info, path| {
+        if !is_c_library(path.to_bytes()) {
+            return false;
+        }
+        for i in 0..usize::from(info.dlpi_phnum) {
+            // SAFETY: the loader's record describes the mapped object: `dlpi_phnum` program
+            // headers at `dlpi_phdr`, and a PT_DYNAMIC one's tables at `dlpi_addr` + its
+            // `p_vaddr`, mapped while the object is loaded (for the whole walk).
+            unsafe {
                 let ph = &*info.dlpi_phdr.add(i);
                 if ph.p_type != libc::PT_DYNAMIC {
                     continue;
                 }
                 let dynamic = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
                 if let Some(t) = Tables::read(info.dlpi_addr as usize, dynamic as *const Dyn) {
-                    if let Some(a) = t.lookup(search.name) {
-                        search.found = a;
-                        return 1;
+                    if let Some(a) = t.lookup(name) {
+                        found = a;
+                        return true;
                     }
                 }
             }
-            0
         }
-    }
-    let mut search = Search { name, found: 0 };
-    // SAFETY: the callback only reads the loaded objects' mapped headers and tables and
-    // writes `search`.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut search).cast()) };
-    search.found
+        false
+    });
+    found
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, the thread's
-//! signal mask by system call, fork-safe one-time cells, symbol lookup in ELF files and the
+//! signal mask by system call, fork-safe one-time cells, the loaded objects (`loaded`), symbol lookup in ELF files and the
 //! C library, and the two linker-level pieces (lazy libc binding, page-aligned data).
 
 pub mod elfsym;
@@ -7,6 +7,7 @@ pub mod ffi;
 pub mod layout;
 pub mod lazy_libc;
 pub mod libcsym;
+pub mod loaded;
 pub mod once;
 pub mod pyframes;
 pub mod sigmask;

@@ -661,3 +661,25 @@ pub static DRIVER_VARIANTS: [u16; 118] = [
     Id::cuMulticastBindMem as u16, Id::cuMulticastBindMem_v2 as u16,
     Id::cuMulticastUnbind as u16,
 ];
+
+/// The `exec*` functions the guard interposes, by the index each shim passes (guarded.spec's
+/// `exec:` line; `hooks::exec`'s shims, `resolve::exec_real`'s slots). x86-64 only.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub const EXEC_NAMES: [&::std::ffi::CStr; 8] = [c"execve", c"execv", c"execvp", c"execvpe", c"execl", c"execlp", c"execle", c"fexecve"];
+
+/// `$shim!(name, index)` for each of [`EXEC_NAMES`], in its order (`hooks::exec`).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
+macro_rules! exec_shims {
+    ($shim:ident) => {
+        $shim!(execve, 0);
+        $shim!(execv, 1);
+        $shim!(execvp, 2);
+        $shim!(execvpe, 3);
+        $shim!(execl, 4);
+        $shim!(execlp, 5);
+        $shim!(execle, 6);
+        $shim!(fexecve, 7);
+    };
+}
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
+pub(crate) use exec_shims;

@@ -19,7 +19,7 @@ use rankguard_core::config::Level;
 use std::fmt::{self, Write};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// The most verbose level written, as [`rank`] numbers it; 0: the log is off.
+/// The most verbose level written, as [`verbosity`] numbers it; 0: the log is off.
 static MAX: AtomicU8 = AtomicU8::new(0);
 
 /// A line longer than this is cut (and ends with [`CUT`]).
@@ -27,7 +27,7 @@ const LINE_MAX: usize = 2048;
 const CUT: &str = " [...]";
 
 /// `level`'s place: WARN 1 ... TRACE 4 (0 is "off").
-const fn rank(level: Level) -> u8 {
+const fn verbosity(level: Level) -> u8 {
     match level {
         Level::Warn => 1,
         Level::Info => 2,
@@ -59,13 +59,13 @@ pub fn set_file(template: Option<&'static str>) {
 
 /// Turn the log on at `level` (`state`'s configuration, once per process).
 pub fn set_level(level: Level) {
-    MAX.store(rank(level), Ordering::Relaxed);
+    MAX.store(verbosity(level), Ordering::Relaxed);
 }
 
 /// Whether an event at `level` is written.
 #[inline(always)]
 pub fn enabled(level: Level) -> bool {
-    rank(level) <= MAX.load(Ordering::Relaxed)
+    verbosity(level) <= MAX.load(Ordering::Relaxed)
 }
 
 /// Format `args` after the line prefix into `buf`: one line, cut at `N` bytes with [`CUT`]
@@ -124,9 +124,9 @@ mod tests {
 
     #[test]
     fn levels_are_ordered_like_nccl_debug() {
-        assert!(rank(Level::Warn) < rank(Level::Info));
-        assert!(rank(Level::Info) < rank(Level::Debug));
-        assert!(rank(Level::Debug) < rank(Level::Trace));
+        assert!(verbosity(Level::Warn) < verbosity(Level::Info));
+        assert!(verbosity(Level::Info) < verbosity(Level::Debug));
+        assert!(verbosity(Level::Debug) < verbosity(Level::Trace));
         assert_eq!(
             [Level::Warn, Level::Info, Level::Debug, Level::Trace].map(name),
             ["WARN", "INFO", "DEBUG", "TRACE"]

@@ -6,16 +6,14 @@
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use std::ffi::CStr;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use crate::guard::resolve::real;
+    // The interposed functions, by the index each shim passes (generated from guarded.spec's
+    // `exec:` line, as the shims are).
+    use crate::guard::table::EXEC_NAMES as NAMES;
 
-    /// The interposed functions, by the index each shim passes (`hooks::exec`).
-    pub const NAMES: [&CStr; 8] = [
-        c"execve", c"execv", c"execvp", c"execvpe", c"execl", c"execlp", c"execle", c"fexecve",
-    ];
-    static REAL: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+    static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
 
     /// Resolve every real function now (a process's first violation, `tally.rs`), so that a
     /// `vfork` child's exec never has to call `dlsym` (which takes the loader's lock).

@@ -12,11 +12,10 @@
 //! reached by an unversioned lookup), in any runtime, as the wrapper itself was served.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::guard::resolve::real;
-use crate::guard::sys::ffi::{CUcontext, CUdevice, CuResult, CudaError};
 use crate::guard::table::{Lib, RUNTIME_MAJORS};
 
 /// `name: Lib fn(args) -> ret;` generates `pub fn name() -> Option<unsafe extern "C" fn(args) -> ret>`.
@@ -42,23 +41,12 @@ macro_rules! internal {
                     return None;
                 }
                 // SAFETY: `p` is the real library's export of this exact ABI name, whose C
-                // signature (cuda.h / cuda_runtime_api.h 12.9) is the one declared here.
+                // signature (cudaTypedefs.h's PFN of it) is the one declared here, generated
+                // from that header (generated.rs).
                 Some(unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($( $ty ),*) -> $ret>(p) })
             }
         )*
     };
-}
-
-internal! {
-    cuDeviceGetCount: Driver fn(*mut c_int) -> CuResult;
-    cuCtxPushCurrent_v2: Driver fn(CUcontext) -> CuResult;
-    cuCtxPopCurrent_v2: Driver fn(*mut CUcontext) -> CuResult;
-    cuCtxGetDevice: Driver fn(*mut CUdevice) -> CuResult;
-    cuPointerGetAttribute: Driver fn(*mut c_void, c_int, u64) -> CuResult;
-    cuMemGetAllocationPropertiesFromHandle: Driver fn(*mut c_void, u64) -> CuResult;
-    cuIpcCloseMemHandle: Driver fn(u64) -> CuResult;
-    cuMemRelease: Driver fn(u64) -> CuResult;
-    cuMemFreeAsync: Driver fn(u64, *mut c_void) -> CuResult;
 }
 
 /// `name fn(args) -> ret;` generates `pub fn name(major: u8) -> Option<unsafe extern "C"
@@ -68,29 +56,28 @@ macro_rules! internal_runtime {
         $(
             #[allow(non_snake_case)]
             pub fn $sym(major: u8) -> Option<unsafe extern "C" fn($( $ty ),*) -> $ret> {
-                static SLOTS: [AtomicPtr<c_void>; RUNTIME_MAJORS.len()] =
+                static BY_MAJOR: [AtomicPtr<c_void>; RUNTIME_MAJORS.len()] =
                     [const { AtomicPtr::new(std::ptr::null_mut()) }; RUNTIME_MAJORS.len()];
                 // Rust identifiers hold no NUL, and the literal ends with one.
                 let Ok(name) = std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($sym), "\0").as_bytes()) else {
                     return None;
                 };
-                let p = runtime_slot(&SLOTS, name, major);
+                let p = runtime_slot(&BY_MAJOR, name, major);
                 if p.is_null() {
                     return None;
                 }
                 // SAFETY: `p` is a real runtime's export of this exact name, whose C
-                // signature (cuda_runtime_api.h, the same in 12.9 and 13.x) is the one
-                // declared here.
+                // signature (cuda_runtime_api.h, the same in every wrapped major: checked by
+                // the generator) is the one declared here, generated from those headers.
                 Some(unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($( $ty ),*) -> $ret>(p) })
             }
         )*
     };
 }
 
-internal_runtime! {
-    cudaGetDevice: fn(*mut c_int) -> CudaError;
-    cudaIpcCloseMemHandle: fn(*mut c_void) -> CudaError;
-}
+// The calls themselves, typed from the headers (guarded.spec's `internal:` lines,
+// scripts/gen_guarded.py).
+include!("generated.rs");
 
 /// `name` in the runtime of `major`, recorded in that major's slot of `slots`; when no
 /// runtime of `major` is loaded, `name` in any loaded runtime (not recorded: one of its

@@ -24,12 +24,13 @@
 //! runtime goes through, still enforces the contract.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::fmt::Write;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use crate::guard::resolve::dl;
+use crate::guard::sys::loaded;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::{self, Entry};
 
@@ -39,47 +40,24 @@ pub(crate) const MAX_RUNTIMES: usize = 8;
 
 /// The paths of the loaded objects whose file name starts with `libcudart`, in load order.
 pub(crate) fn loaded_runtimes(out: &mut [*const c_char; MAX_RUNTIMES]) -> usize {
-    struct Found {
-        names: [*const c_char; MAX_RUNTIMES],
-        n: usize,
-    }
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info for the duration of the callback;
-        // `data` is the `Found` below.
-        unsafe {
-            let found = &mut *data.cast::<Found>();
-            let name = (*info).dlpi_name;
-            if name.is_null() || found.n == MAX_RUNTIMES {
-                return 0;
-            }
-            let bytes = CStr::from_ptr(name).to_bytes();
-            let base = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
-            if base.starts_with(b"libcudart") {
-                found.names[found.n] = name;
-                found.n += 1;
-            }
-            0
+    let mut names = [ptr::null(); MAX_RUNTIMES];
+    let mut n = 0;
+    loaded::each(|_, path| {
+        if n < MAX_RUNTIMES && loaded::basename(path.to_bytes()).starts_with(b"libcudart") {
+            // The loader's own copy of the name, valid while the object is loaded.
+            names[n] = path.as_ptr();
+            n += 1;
         }
-    }
-    let mut found = Found {
-        names: [ptr::null(); MAX_RUNTIMES],
-        n: 0,
-    };
-    // SAFETY: the callback only reads the info it is given and writes `found`; the names
-    // it keeps point into the loader's records of loaded objects, valid while loaded.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut found).cast()) };
-    *out = found.names;
-    found.n
+        n == MAX_RUNTIMES
+    });
+    *out = names;
+    n
 }
 
 /// The major in a runtime's file name: `libcudart.so.13`, `libcudart-a1b2c3d4.so.12`,
 /// `libcudart.so.12.9.79` -> 13, 12, 12. None when the name carries none.
 pub fn major_of(path: &[u8]) -> Option<u32> {
-    let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    let base = loaded::basename(path);
     let at = base.windows(4).position(|w| w == b".so.")? + 4;
     let digits = base[at..].split(|&b| b == b'.').next()?;
     if digits.is_empty() || digits.len() > 4 || !digits.iter().all(u8::is_ascii_digit) {
@@ -215,8 +193,7 @@ fn loaded_runtime() -> *mut c_void {
     for &name in names.iter().take(n) {
         // SAFETY: `name` is a loaded object's NUL-terminated name from the loader's records.
         let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
-        let base = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
-        if base.starts_with(b"libcudart.so") {
+        if loaded::basename(bytes).starts_with(b"libcudart.so") {
             // SAFETY: as above; RTLD_NOLOAD returns a handle only for an object already
             // loaded, loading nothing.
             return unsafe { libc::dlopen(name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };

@@ -36,7 +36,7 @@ use crate::guard::process::registry_io;
 use crate::guard::sys::signal_safe;
 use crate::policy::Unreadable;
 use crate::rank_root::{
-    self, Ancestor, EnvFacts, EnvScan, ProcView, RankGpu, RankRecord, RootId, Stat,
+    self, Ancestor, EnvFacts, EnvScan, ProcView, RankRecord, RootGpu, RootId, Stat,
 };
 use crate::rankgpu;
 use crate::registry::{self, Key, Location, Lookup, ProcFs, ProvenanceRecord, Registry};
@@ -54,7 +54,7 @@ pub struct Root {
     pub host: String,
     /// The rank GPU as the root's evidence names it; None when this process is the root
     /// (its own GPU is the rank's).
-    pub gpu: Option<RankGpu>,
+    pub gpu: Option<RootGpu>,
     /// The process that found it, and its start time.
     by: u32,
     by_start: u64,
@@ -334,15 +334,15 @@ pub fn is_rank_gpu(own_uuid: &str, vis: &Visibility) -> Option<bool> {
     // The launcher's rule (crate::rankgpu, shared with `rankguard check`): a full UUID is
     // compared with the driver's; an index or prefix entry only with this process's own.
     let uuid = match gpu {
-        RankGpu::Uuid(u) => Some(u.as_bytes()),
-        RankGpu::Entry(_) => None,
+        RootGpu::Uuid(u) => Some(u.as_bytes()),
+        RootGpu::Entry(_) => None,
     };
     Some(rankgpu::decide(gpu.text().as_bytes(), uuid, own_uuid, vis.entries()).is_same())
 }
 
 /// The rank GPU for reports: the root's, when it is an ancestor.
 pub fn rank_gpu() -> Option<&'static str> {
-    current()?.gpu.as_ref().map(RankGpu::text)
+    current()?.gpu.as_ref().map(RootGpu::text)
 }
 
 /// Leave this process's rank record for its descendants: its root and the rank GPU's UUID
@@ -352,7 +352,7 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
     let Some(root) = mine() else { return };
     let gpu = match (&root.gpu, sees_rank_gpu) {
         (_, true) if !own_uuid.is_empty() => own_uuid.to_string(),
-        (Some(RankGpu::Uuid(u)), _) => u.clone(),
+        (Some(RootGpu::Uuid(u)), _) => u.clone(),
         _ => return,
     };
     let _ = std::panic::catch_unwind(|| {

@@ -178,16 +178,14 @@ pub enum Occ {
     Full { first: bool, cap: Capture },
 }
 
+// A rule is kept as its number (the core's `Rule::number`, 1..=4: 7 bits of `meta`).
 fn rule_code(r: Rule) -> u32 {
-    match r {
-        Rule::R1 => 1,
-        Rule::R2 => 2,
-        Rule::R3 => 3,
-        Rule::R4 => 4,
-    }
+    u32::from(r.number())
 }
 
 fn rule_of(code: u32) -> Rule {
+    // The inverse of `rule_code` (the core's `Rule::number`), kept a match: the guard's
+    // build is checked for relocations, and `Rule::from_number` was not measured there.
     match code {
         1 => Rule::R1,
         2 => Rule::R2,

@@ -12,7 +12,7 @@ use crate::guard::table::TABLE;
 
 /// The real function of entry `id` is missing: say so once, return the defined error.
 #[cold]
-pub fn missing<R: Code>(id: usize) -> R {
+pub fn not_found<R: Code>(id: usize) -> R {
     let e = &TABLE[id];
     if e.first_said(signal_safe::pid()) {
         let mut b = StackBuf::<512>::new();

@@ -4,7 +4,7 @@
 //!
 //! Pools: the guard learns a pool's device where it sees one handed out or created
 //! (`cuDeviceGetDefaultMemPool`, `cuDeviceGetMemPool`, `cuMemPoolCreate` at a device
-//! location, and the runtime twins, which reach the driver's). Up to [`SLOTS`] pools are
+//! location, and the runtime twins, which reach the driver's). Up to [`MAX_POOLS`] pools are
 //! remembered in a fixed table of atomics: no allocation, no lock, safe in a forked child
 //! and under re-entry. A pool the guard never saw (imported, or past the table) has no
 //! known device: its grant is judged by the descriptor alone (R2), which under R1 is the
@@ -25,15 +25,15 @@ use crate::policy::{self, Verdict};
 
 /// How many pools' devices are remembered (a process has a default pool per device and a
 /// few of its own).
-pub const SLOTS: usize = 256;
+pub const MAX_POOLS: usize = 256;
 
 const UNKNOWN: i32 = i32::MIN;
 
-static POOL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static POOL: [AtomicUsize; MAX_POOLS] = [const { AtomicUsize::new(0) }; MAX_POOLS];
 /// Each pool's device, stored as [`stored`] says: 0, its value at load, reads as UNKNOWN,
 /// so the array is zero-initialised (`.bss`, not a page of `.data`: docs/benchmarks.md,
 /// "Written pages").
-static DEVICE: [AtomicI32; SLOTS] = [const { AtomicI32::new(0) }; SLOTS];
+static DEVICE: [AtomicI32; MAX_POOLS] = [const { AtomicI32::new(0) }; MAX_POOLS];
 
 /// `dev` as DEVICE stores it: minus UNKNOWN, wrapping (UNKNOWN becomes 0).
 fn stored(dev: i32) -> i32 {
@@ -46,7 +46,7 @@ pub fn remember_pool(pool: *mut c_void, dev: i32) {
     if p == 0 {
         return;
     }
-    for i in 0..SLOTS {
+    for i in 0..MAX_POOLS {
         match POOL[i].compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 DEVICE[i].store(stored(dev), Ordering::Release);
@@ -67,7 +67,7 @@ pub fn pool_device(pool: *mut c_void) -> Option<i32> {
     if p == 0 {
         return None;
     }
-    for i in 0..SLOTS {
+    for i in 0..MAX_POOLS {
         match POOL[i].load(Ordering::Acquire) {
             0 => return None,
             q if q == p => {

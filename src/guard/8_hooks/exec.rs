@@ -28,7 +28,7 @@ mod x86 {
         -1
     }
 
-    /// Called by every shim with its index (into `exec_real::NAMES`): flush the counts,
+    /// Called by every shim with its index (into `table::EXEC_NAMES`): flush the counts,
     /// remove the rank record, return the real function. Never unwinds into the caller.
     extern "C" fn rg_exec_hook(which: usize) -> usize {
         let _ = std::panic::catch_unwind(tally::before_exec);
@@ -62,12 +62,7 @@ mod x86 {
         };
     }
 
-    exec_shim!(execve, 0);
-    exec_shim!(execv, 1);
-    exec_shim!(execvp, 2);
-    exec_shim!(execvpe, 3);
-    exec_shim!(execl, 4);
-    exec_shim!(execlp, 5);
-    exec_shim!(execle, 6);
-    exec_shim!(fexecve, 7);
+    // One shim per name of `table::EXEC_NAMES`, with its index (generated from guarded.spec's
+    // `exec:` line).
+    crate::guard::table::exec_shims!(exec_shim);
 }

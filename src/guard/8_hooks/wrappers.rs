@@ -189,7 +189,7 @@ macro_rules! guarded_wrapper {
     (@whole ( $( $arg:ident : $ty:ty ),* ) -> $ret:ty | $real:ident | $body:block) => {{
         let p = $crate::guard::resolve::real::get(ID);
         if p.is_null() {
-            return $crate::guard::decide::missing::missing::<$ret>(ID);
+            return $crate::guard::decide::missing::not_found::<$ret>(ID);
         }
         // SAFETY: `p` is the real function exported under this wrapper's own ABI
         // name (or the pointer the driver returned for it), so it has exactly this

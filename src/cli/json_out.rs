@@ -80,22 +80,11 @@ impl Value {
     }
 }
 
+/// `s` as a JSON string literal, escaped as the audit record escapes its strings (one
+/// function: the core's `record::json_str`, uncapped).
 fn escape(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    // Writing to a String cannot fail.
+    let _ = rankguard_core::record::json_str(out, s, usize::MAX);
 }
 
 #[cfg(test)]
