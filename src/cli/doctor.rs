@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::args::{Lexer, Token};
-use super::exit::{Error, ExitCode, Result, EXIT_VIOLATION};
+use super::exit::{emit, Error, ExitCode, Result, EXIT_VIOLATION};
 use super::job_summary::{self, AUDIT_VAR};
 use super::{check, env, lib_path, sys};
 use rankguard_core::registry::{self, DirProblem, Registry, MAX_RECORDS};
@@ -72,7 +72,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     while let Some(t) = lx.next()? {
         match t {
             Token::Flag(f) if f == "-h" || f == "--help" => {
-                super::emit(HELP);
+                emit(HELP);
                 return Ok(ExitCode::SUCCESS);
             }
             Token::Flag(f) => return Err(lx.unknown(&f)),
@@ -131,7 +131,7 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
             }
         ),
     });
-    super::emit(&out);
+    emit(&out);
     Ok(if f.problems == 0 {
         ExitCode::SUCCESS
     } else {
@@ -148,7 +148,7 @@ pub fn probe_main(_args: Vec<OsString>) -> Result<ExitCode> {
         Ok((init, get)) => out.push_str(&format!("init {init}\nget1 {get}\n")),
         Err(e) => out.push_str(&format!("driver {e}\n")),
     }
-    super::emit(&out);
+    emit(&out);
     Ok(ExitCode::SUCCESS)
 }
 

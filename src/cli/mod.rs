@@ -25,9 +25,10 @@
 //! 3. **facts**: `embedded` (the guard's copies carried inside the binary), `lib_path`
 //!    (where librankguard.so is), `gpus` (what the driver shows), `rank_env` (the
 //!    environment of each rank of a launch), `failure` (the notes refused ranks leave and
-//!    launch's failure summary), `job_summary` (what launch says at the end);
+//!    launch's failure summary);
 //! 4. **commands**: `check`, `doctor`, `inject`, `launch`, `report`, `run`: each the entry
-//!    of one or more subcommands.
+//!    of one or more subcommands; `job_summary` (what launch says at the end, read with
+//!    `report`'s reader).
 
 // The layers (above), lowest first.
 // 1. base
@@ -60,6 +61,7 @@ mod rank_env;
 mod check;
 mod doctor;
 mod inject;
+mod job_summary;
 mod launch;
 mod report;
 mod run;

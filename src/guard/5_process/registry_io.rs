@@ -88,7 +88,17 @@ fn swept_at_start(reg: Registry) -> Registry {
     let me = signal_safe::pid();
     if SWEPT_BY.swap(me, Ordering::Relaxed) != me {
         let s = reg.sweep_dead_within(&ProcFs, registry::SWEEP_BUDGET, registry::START_SWEEP_TIME);
-        debug_log::log!(Debug, "registry swept at start: {s:?}");
+        debug_log::log!(
+            Debug,
+            "swept the IPC registry at start: removed {} record(s) of ended processes, kept {}{}",
+            s.removed,
+            s.kept,
+            if s.complete {
+                ""
+            } else {
+                " (stopped by its budget: the rest at a later start)"
+            }
+        );
     }
     reg
 }
