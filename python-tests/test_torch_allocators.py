@@ -178,8 +178,8 @@ def _pair(tmp_path, mode: str, allocator: str):
         learner.wait()
     assert learner.returncode == 0, out + err
     assert coll.returncode == 0, coll.stdout + coll.stderr
-    records = [json.loads(line) for f in sorted(audit.glob("*.jsonl"))
-               for line in f.read_text().splitlines()]
+    records = [r for f in sorted(audit.glob("*.jsonl"))
+               for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "map"]
     calls = (tmp_path / "calls.log").read_text().splitlines()
     return json.loads(out.splitlines()[-1]), coll.stderr, records, calls
 
@@ -190,7 +190,7 @@ def test_cross_device_import_inside_a_rank_is_refused_by_r3_in_enforce_mode(tmp_
     # The event open is refused (800): torch raises in its own words and never maps the
     # learner's memory.
     assert out["collector"] == {"error": "CUDA error: operation not permitted"}, out
-    denied = [l for l in err.splitlines() if "RANKGUARD WARN" in l]
+    denied = [l for l in err.splitlines() if "RANKGUARD DENY" in l]
     assert len(denied) == 1, err
     assert "cudaIpcOpenEventHandle(" in denied[0] and " denied [R3 " in denied[0], denied
     assert "GPU-12c0ffee-0000-4000-8000-000000000002" in denied[0], denied[0]   # the learner's
@@ -258,8 +258,8 @@ def _peer_copy(tmp_path, mode: str):
     prog = tmp_path / "peer_copy.py"
     prog.write_text(PEER_COPY)
     p = fake_node(["python", prog], env=env)
-    records = [json.loads(line) for f in sorted(audit.glob("*.jsonl"))
-               for line in f.read_text().splitlines()]
+    records = [r for f in sorted(audit.glob("*.jsonl"))
+               for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "map"]
     calls = log.read_text().splitlines() if log.exists() else []
     return p, records, calls, prog
 
@@ -286,7 +286,7 @@ def test_pool_access_grant_across_devices_never_happens_in_enforce_mode(tmp_path
     # cuInit, before torch allocates or grants anything.
     p, records, calls, _ = _peer_copy(tmp_path, "enforce")
     assert p.returncode == 78, p.stdout + p.stderr
-    assert "RANKGUARD WARN terminating: this process breaks rule R1" in p.stderr
+    assert "RANKGUARD DENY terminating: this process breaks rule R1" in p.stderr
     assert [(r["rule"], r["call"], r["verdict"]) for r in records] == [("R1", "cuInit", "deny")]
     names = {line.split()[1] for line in calls}
     assert not names & {"cudaMemPoolSetAccess", "cudaMallocAsync", "cudaDeviceGetDefaultMemPool"}, calls
