@@ -53,7 +53,6 @@ mod sys;
 mod embedded;
 mod failure;
 mod gpus;
-mod job_summary;
 mod lib_path;
 mod rank_env;
 
