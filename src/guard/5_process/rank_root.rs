@@ -214,7 +214,11 @@ impl ProcView for ProcFsView {
     }
     fn uid(&mut self, pid: u32) -> Option<u32> {
         match self.owner {
-            Some((p, uid)) if p == pid => Some(uid),
+            // The walk's shortcut: the stat file's owner, read with the stat. The rank's top
+            // (`end_rank`, `marks`) asks the process's directory itself before it signals
+            // anything: a process that changed its uid (setuid, not dumpable) must read as
+            // not ours there (test_end_rank.py, the other user's process).
+            Some((p, uid)) if p == pid && !self.marks => Some(uid),
             _ => fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid()),
         }
     }
