@@ -20,7 +20,7 @@ import subprocess
 import pytest
 
 from _ipc import PEER, JOB, audit, exporter, gpu_uuid, guard_env
-from conftest import run
+from conftest import FAKE, GUARD, run
 
 KINDS = ["mem", "rtmem", "event", "rtevent", "vmm", "pool", "dmabuf", "rtdmabuf", "extvmm"]
 
@@ -516,15 +516,26 @@ def test_a_squatted_default_registry_of_a_user_without_a_home_refuses_unknown_im
         (work / "x").mkdir()
         for d in (work, work / "x"):
             os.chown(d, hu.pw_uid, hu.pw_gid)
+        # The programs the homeless user runs, copied where that user can reach them: the
+        # checkout may lie below a directory only its owner can enter (a `mktemp -d` clone).
+        built = work / "built"
+        shutil.copytree(FAKE, built / "fake", symlinks=True)
+        shutil.copy2(GUARD, built / GUARD.name)
+        shutil.copy2(PEER, built / PEER.name)
+        for d in (built, built / "fake"):
+            d.chmod(0o755)
+        peer = built / PEER.name
         as_homeless = ["nsenter", "-t", str(holder.pid), "-m", "--",
                        "setpriv", "--reuid", str(hu.pw_uid), "--regid", str(hu.pw_gid), "--clear-groups"]
 
         def env(cvd, **extra):
-            return guard_env(work, cvd, 0, RANKGUARD_REGISTRY=None, HOME="/nonexistent", **extra)
+            return guard_env(work, cvd, 0, RANKGUARD_REGISTRY=None, HOME="/nonexistent",
+                             LD_PRELOAD=str(built / GUARD.name), LD_LIBRARY_PATH=str(built / "fake"),
+                             **extra)
 
-        with exporter(work, "mem", env("0"), cmd=[*as_homeless, PEER, "export", "mem", work / "x"]) as ex:
-            deny = run([*as_homeless, PEER, "import", "mem", ex.dir, "deny"], env=env("1"))
-            warn = run([*as_homeless, PEER, "import", "mem", ex.dir, "allow"], env=env("1", RANKGUARD_MODE="warn"))
+        with exporter(work, "mem", env("0"), cmd=[*as_homeless, peer, "export", "mem", work / "x"]) as ex:
+            deny = run([*as_homeless, peer, "import", "mem", ex.dir, "deny"], env=env("1"))
+            warn = run([*as_homeless, peer, "import", "mem", ex.dir, "allow"], env=env("1", RANKGUARD_MODE="warn"))
         # Today's behaviour before the fix: unknown provenance, allowed (import-rc 0).
         assert deny.returncode == 0 and "import-rc 800" in deny.stdout, deny.stdout + deny.stderr
         assert warn.returncode == 0 and "import-rc 0" in warn.stdout, warn.stdout + warn.stderr
