@@ -162,6 +162,8 @@ Variables (the guard's; launch and run set the rank's own):
   RANKGUARD_IPC          default, or strict (imports of unknown provenance denied)
   RANKGUARD_JOB          the job id (R3's \"same job\"); RANKGUARD_RANK_GPU(_UUID) the rank's GPU
   RANKGUARD_REGISTRY     the IPC provenance registry (default /dev/shm/rankguard-<uid>)
+  RANKGUARD_REFUSAL_ENDS rank (default: a process stopped by R1 ends its rank's process
+                         too) or process (only the refused process ends)
   RANKGUARD_LIB, RANKGUARD_LIB_GLIBC   which library `rankguard lib` prints
 
 Exit statuses: 0 success; 1 `check`/`doctor`: a problem found, `report`: violations
