@@ -219,7 +219,7 @@ impl fmt::Display for Detail {
             Detail::UnknownOverflow => write!(
                 f,
                 "IPC import of unknown provenance inside a rank while the provenance registry has lost records of a live exporter (it holds at most {} records; full, or its file system full), so this may be the rank's own memory on another GPU; fix: fewer live IPC exports per node, free space in the registry's file system, or set RANKGUARD_REGISTRY to a directory with room",
-                crate::registry::MAX_RECORDS
+                REGISTRY_RECORDS
             ),
             Detail::ImportedOnOtherDevice { device } => {
                 write!(
@@ -263,6 +263,10 @@ impl Violation {
         }
     }
 }
+
+/// How many records the IPC provenance registry holds (`registry::MAX_RECORDS`, which is
+/// this): defined here, below the registry, because the overflow line names it.
+pub const REGISTRY_RECORDS: usize = 65_536;
 
 /// The decision on one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

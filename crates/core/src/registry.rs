@@ -56,7 +56,7 @@ pub const MAX_RECORD_BYTES: u64 = 1024;
 /// exports one handle per segment, so a node's live exports reach tens of thousands. A
 /// lookup is one open by name, whatever the size; on tmpfs each record takes one page of
 /// memory (4 KiB), so a full registry holds about 256 MiB of `/dev/shm`.
-pub const MAX_RECORDS: usize = 65_536;
+pub const MAX_RECORDS: usize = crate::policy::REGISTRY_RECORDS;
 /// A process counts the directory at its first new record and at every `COUNT_EVERY`th
 /// after (each count reads up to [`MAX_RECORDS`] entries), and at every new record while
 /// its last count found the registry full: the bound is exceeded by at most this many
