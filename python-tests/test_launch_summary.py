@@ -59,7 +59,13 @@ def test_without_an_audit_the_summary_still_counts_and_says_it_was_not_kept(tmp_
 
 
 def test_a_failing_rank_is_in_the_summary(tmp_path):
-    p = launch("--nproc-per-node", "2", "--", "sh", "-c", 'exit $((RANK * 3))', TMPDIR=str(tmp_path))
+    # Rank 1 fails only once rank 0 has ended and launch has reaped it (a zombie still
+    # answers `kill -0`), so the order of the two ends is the test's, not the machine load's.
+    script = ('if [ "$RANK" = 0 ]; then echo $$ > "$W/r0"; exit 0; fi; i=0; '
+              'while [ ! -s "$W/r0" ] && [ $i -lt 2000 ]; do sleep 0.01; i=$((i+1)); done; '
+              'while kill -0 "$(cat "$W/r0")" 2>/dev/null && [ $i -lt 4000 ]; do sleep 0.01; i=$((i+1)); done; '
+              'exit 3')
+    p = launch("--nproc-per-node", "2", "--", "sh", "-c", script, TMPDIR=str(tmp_path), W=str(tmp_path))
     assert p.returncode == 3, p.stderr
     assert summary_of(p.stderr)[0] == "rankguard launch: summary: rank 0 exited 0, rank 1 exited 3; status 3", \
         p.stderr
