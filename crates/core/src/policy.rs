@@ -114,8 +114,9 @@ pub enum Detail {
     /// The process was started with a single-entry CVD and sees another GPU at its first
     /// `cuInit`: it re-pointed its own CVD (R1, [`crate::rankgpu::started_with`]).
     RepointedItself,
-    /// An IPC import of memory or an event exported on another GPU by the same rank (R3).
-    CrossDeviceIpc,
+    /// An IPC import of memory (`event: false`) or of an event (`event: true`) exported on
+    /// another GPU by the same rank (R3).
+    CrossDeviceIpc { event: bool },
     /// An IPC import whose exporter is unknown, under `RANKGUARD_IPC=strict` (R3).
     UnknownExporter,
     /// An IPC import of unknown provenance while the user has no registry it can trust (the
@@ -207,8 +208,11 @@ impl fmt::Display for Detail {
             },
             Detail::NotRankGpu => f.write_str(Detail::NOT_RANK_GPU),
             Detail::RepointedItself => f.write_str(Detail::REPOINTED_ITSELF),
-            Detail::CrossDeviceIpc => {
+            Detail::CrossDeviceIpc { event: false } => {
                 f.write_str("IPC import of memory exported on another GPU by the same rank")
+            }
+            Detail::CrossDeviceIpc { event: true } => {
+                f.write_str("IPC import of an event exported on another GPU by the same rank")
             }
             Detail::UnknownExporter => {
                 f.write_str("IPC import of unknown provenance (RANKGUARD_IPC=strict)")

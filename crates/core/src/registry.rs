@@ -1300,10 +1300,14 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// The policy verdict (R3, `CUDA_ERROR_NOT_PERMITTED` on denial).
-    pub fn verdict(self) -> Verdict {
+    /// The policy verdict (R3, `CUDA_ERROR_NOT_PERMITTED` on denial) on an import of a
+    /// handle of `kind` (`None`: a handle with no identity); the kind only words the detail
+    /// (an event's import is not called memory).
+    pub fn verdict(self, kind: Option<Kind>) -> Verdict {
         let detail = match self {
-            Decision::CrossDevice => Detail::CrossDeviceIpc,
+            Decision::CrossDevice => Detail::CrossDeviceIpc {
+                event: kind == Some(Kind::Event),
+            },
             Decision::UnknownStrict => Detail::UnknownExporter,
             Decision::UnknownNoRegistry => Detail::UnknownNoRegistry,
             Decision::UnknownOverflow => Detail::UnknownOverflow,
@@ -2070,13 +2074,20 @@ mod tests {
         );
         // verdicts
         assert!(
-            matches!(CrossDevice.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::CrossDeviceIpc && v.code == DenyCode::NotPermitted)
+            matches!(CrossDevice.verdict(Some(Kind::Mem)), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::CrossDeviceIpc { event: false } && v.code == DenyCode::NotPermitted)
         );
         assert!(
-            matches!(UnknownStrict.verdict(), Verdict::Violation(v) if v.detail == Detail::UnknownExporter)
+            matches!(CrossDevice.verdict(Some(Kind::Event)), Verdict::Violation(v) if v.detail == Detail::CrossDeviceIpc { event: true })
+        );
+        assert_eq!(
+            Detail::CrossDeviceIpc { event: true }.to_string(),
+            "IPC import of an event exported on another GPU by the same rank"
+        );
+        assert!(
+            matches!(UnknownStrict.verdict(None), Verdict::Violation(v) if v.detail == Detail::UnknownExporter)
         );
         for a in [SameGpu, OtherRank, OtherJob, HostMemory, Unknown] {
-            assert!(a.verdict().is_allow());
+            assert!(a.verdict(None).is_allow());
         }
         assert!(SameGpu.verify_after() && Unknown.verify_after() && !OtherRank.verify_after());
     }
@@ -2090,7 +2101,7 @@ mod tests {
             assert_eq!(d.without_registry(), d);
         }
         assert!(
-            matches!(UnknownNoRegistry.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::UnknownNoRegistry && v.code == DenyCode::NotPermitted)
+            matches!(UnknownNoRegistry.verdict(None), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::UnknownNoRegistry && v.code == DenyCode::NotPermitted)
         );
         assert!(!UnknownNoRegistry.verify_after());
         let text = Detail::UnknownNoRegistry.to_string();
@@ -2230,7 +2241,7 @@ mod tests {
             assert_eq!(UnknownStrict.after_overflow(&m), UnknownStrict);
         }
         assert!(
-            matches!(UnknownOverflow.verdict(), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::UnknownOverflow && v.code == DenyCode::NotPermitted)
+            matches!(UnknownOverflow.verdict(None), Verdict::Violation(v) if v.rule == Rule::R3 && v.detail == Detail::UnknownOverflow && v.code == DenyCode::NotPermitted)
         );
         assert!(!UnknownOverflow.verify_after());
         let text = Detail::UnknownOverflow.to_string();

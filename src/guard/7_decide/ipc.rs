@@ -101,10 +101,16 @@ impl Drop for RuntimeScope {
     }
 }
 
+/// Whether this thread is inside a runtime wrapper that has judged its call already (a
+/// nested driver wrapper then neither checks nor records it a second time).
+pub fn in_runtime() -> bool {
+    IN_RUNTIME.get()
+}
+
 /// Whether the guard acts at all on this call (mode not off, not nested in a runtime
 /// wrapper that already did).
 fn active() -> bool {
-    state::mode() != Mode::Off && !IN_RUNTIME.get()
+    state::mode() != Mode::Off && !in_runtime()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -619,7 +625,7 @@ pub fn check_import<R: Code>(
             d = d.after_overflow(&me);
         }
     }
-    let verdict = d.verdict();
+    let verdict = d.verdict(key.as_ref().map(Key::kind));
     if verdict.is_allow() {
         debug_log::log!(
             Debug,
