@@ -273,9 +273,9 @@ def test_pool_access_grant_across_devices_is_r4_in_warn_mode(tmp_path):
     assert len(grants) == 1 and "location={type=1,id=0}" in grants[0], calls
     assert any(line.split()[1] == "cudaDeviceGetDefaultMemPool" and "device=1" in line for line in calls)
     r4 = [r for r in records if r["rule"] == "R4"]
-    # The runtime's grant, and the driver's it makes (both are guarded entry points).
-    assert [(r["call"], r["verdict"]) for r in r4] == \
-        [("cudaMemPoolSetAccess", "warn"), ("cuMemPoolSetAccess", "warn")], r4
+    # The runtime's grant, once: the driver's grant the runtime makes inside it (through our
+    # cuGetProcAddress, a guarded entry point) is the same grant, not recorded again.
+    assert [(r["call"], r["verdict"]) for r in r4] == [("cudaMemPoolSetAccess", "warn")], r4
     assert f"{prog}:4 in <module>" in " ".join(r4[0]["py_stack"]), r4[0]["py_stack"]
     assert "[R4 no peer access inside a rank]: peer access between device 1 and device 0" in p.stderr
     assert {r["rule"] for r in records} == {"R1", "R2", "R4"}

@@ -1130,8 +1130,12 @@ guarded! {
         // arguments are the caller's, valid as the CUDA API requires for this call, read only as
         // it defines them and passed to `real` unchanged.
         unsafe {
-            let (verdict, i) = reach::pool_access(pool, map, count);
-            gate!(verdict, "pool={pool:p}, map[{i}].location={:?}, count={count}", (*map.add(i)).location);
+            // Inside cudaMemPoolSetAccess (the runtime reaches the driver through our wrappers),
+            // the runtime wrapper has judged and recorded this grant already: once per grant.
+            if !crate::guard::decide::ipc::in_runtime() {
+                let (verdict, i) = reach::pool_access(pool, map, count);
+                gate!(verdict, "pool={pool:p}, map[{i}].location={:?}, count={count}", (*map.add(i)).location);
+            }
             real(pool, map, count)
         }
     }
@@ -2020,6 +2024,7 @@ guarded! {
         unsafe {
             let (verdict, i) = reach::pool_access(memPool, descList, count);
             gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
+            let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
             real(memPool, descList, count)
         }
     }
@@ -2763,6 +2768,7 @@ guarded! {
         unsafe {
             let (verdict, i) = reach::pool_access(memPool, descList, count);
             gate!(verdict, "memPool={memPool:p}, descList[{i}].location={:?}, count={count}", (*descList.add(i)).location);
+            let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
             real(memPool, descList, count)
         }
     }
