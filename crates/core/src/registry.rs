@@ -572,15 +572,36 @@ impl Procs for ProcFs {
     }
 }
 
-/// A small `/proc` file's text. `fs::read_to_string` asks for the size first and, since
-/// procfs says 0, grows its buffer from 32 bytes: six reads and an fstat for one stat line
-/// (an IPC import checks its exporter's this way, an export reads its own). Reading into
-/// room for the whole line takes one read and the read that sees the end.
+/// A small `/proc` file's one line of text. `fs::read_to_string` asks for the size first
+/// and, since procfs says 0, grows its buffer from 32 bytes: six reads and an fstat for one
+/// stat line (an IPC import checks its exporter's this way, an export reads its own).
+/// procfs hands a line to a read with room for it whole, ending in its newline: one read,
+/// and no second one to see the end (reading goes on only while the text does not end in a
+/// newline, up to 64 KiB).
 fn read_proc_file(path: &Path) -> Option<String> {
-    let f = File::open(path).ok()?;
-    let mut buf = Vec::with_capacity(1024);
-    // `take` on a `&File` keeps std from asking the (meaningless) size first.
-    (&f).take(1 << 16).read_to_end(&mut buf).ok()?;
+    let mut f = File::open(path).ok()?;
+    let mut buf = vec![0u8; 1024];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            if len >= 1 << 16 {
+                return None;
+            }
+            buf.resize(len * 2, 0);
+        }
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if buf[len - 1] == b'\n' {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(len);
     String::from_utf8(buf).ok()
 }
 
@@ -794,25 +815,20 @@ pub fn fallback_dir(home: &Path, host: &str) -> PathBuf {
         .join(format!("registry-{host}"))
 }
 
-/// The status of the directory `dir` itself, from `fstat` on an `O_DIRECTORY|O_NOFOLLOW`
-/// descriptor: the owner and mode checked are those of the directory opened, never of
-/// whatever a second look-up of the path would find (a symbolic link is refused, not
-/// followed; anything else is "not a directory").
+/// The status of the directory `dir` itself, from `lstat` (one system call, made at every
+/// registry operation): the final component is examined, never followed (a symbolic link
+/// is refused; anything else that is not a directory is "not a directory"). Opening it
+/// `O_DIRECTORY|O_NOFOLLOW` and `fstat`ing the descriptor says the same of the same
+/// component in three calls; the records are then reached by path either way.
 fn dir_status(dir: &Path) -> Result<fs::Metadata, DirProblem> {
-    let fd = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir)
-        .map_err(|e| match e.raw_os_error() {
-            // Linux says ENOTDIR for a final symbolic link under O_DIRECTORY, ELOOP without.
-            Some(libc::ELOOP | libc::ENOTDIR) => match fs::symlink_metadata(dir) {
-                Ok(md) if md.file_type().is_symlink() => DirProblem::Symlink,
-                Ok(md) if !md.is_dir() => DirProblem::NotDirectory,
-                _ => DirProblem::Io(e),
-            },
-            _ => DirProblem::Io(e),
-        })?;
-    fd.metadata().map_err(DirProblem::Io)
+    let md = fs::symlink_metadata(dir).map_err(DirProblem::Io)?;
+    if md.file_type().is_symlink() {
+        return Err(DirProblem::Symlink);
+    }
+    if !md.is_dir() {
+        return Err(DirProblem::NotDirectory);
+    }
+    Ok(md)
 }
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -957,17 +973,9 @@ impl Registry {
         path: &Path,
         key: &Key,
     ) -> Result<Option<(ProvenanceRecord, (u64, u64))>, (Skip, Option<(u64, u64)>)> {
-        let lmd = match fs::symlink_metadata(path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err((Skip::Io(e), None)),
-        };
-        let lident = Some((lmd.dev(), lmd.ino()));
-        if lmd.file_type().is_symlink() {
-            return Err((Skip::Symlink, lident));
-        }
-        // O_NOFOLLOW: a symlink swapped in after the check fails with ELOOP; O_NONBLOCK: a
-        // FIFO swapped in cannot block the open.
+        // O_NOFOLLOW: a symbolic link fails with ELOOP (then looked at, so that this link
+        // is what is removed); O_NONBLOCK: a FIFO cannot block the open. No `lstat` first:
+        // the descriptor's `fstat` below says what was opened.
         let mut f = match OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -975,7 +983,13 @@ impl Registry {
         {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err((Skip::Symlink, None)),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                let lident = fs::symlink_metadata(path)
+                    .ok()
+                    .filter(|m| m.file_type().is_symlink())
+                    .map(|m| (m.dev(), m.ino()));
+                return Err((Skip::Symlink, lident));
+            }
             Err(e) => return Err((Skip::Io(e), None)),
         };
         let md = match f.metadata() {
@@ -992,15 +1006,16 @@ impl Registry {
         if md.len() > MAX_RECORD_BYTES {
             return Err((Skip::TooLarge, ident));
         }
-        let mut buf = Vec::with_capacity(512);
-        if let Err(e) = (&mut f as &mut File)
-            .take(MAX_RECORD_BYTES + 1)
-            .read_to_end(&mut buf)
-        {
-            return Err((Skip::Io(e), None));
-        }
-        if buf.len() as u64 > MAX_RECORD_BYTES {
-            return Err((Skip::TooLarge, ident));
+        // A record is written whole into a file of its own and renamed into place, never
+        // changed after: the size `fstat` gave is what one read gets (no read to see the
+        // end). A file that is shorter than it said is damaged.
+        let mut buf = vec![0u8; md.len() as usize];
+        match f.read_exact(&mut buf) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err((Skip::Corrupt(Corrupt("shorter than its size")), ident))
+            }
+            Err(e) => return Err((Skip::Io(e), None)),
         }
         let text =
             std::str::from_utf8(&buf).map_err(|_| (Skip::Corrupt(Corrupt("not UTF-8")), ident))?;
