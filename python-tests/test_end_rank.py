@@ -89,18 +89,15 @@ def test_run_ends_the_ranks_process(tmp_path):
 @pytest.mark.parametrize("parent_init,exitcode", [(None, 143), ("1", 78)],
                          ids=["rank-no-cuda", "rank-uses-cuda"])
 def test_launch_stops_the_job_with_78_and_the_summary(tmp_path, parent_init, exitcode):
-    """Rank 1's child is re-pointed to GPU 5 and refused; rank 0 would run for 30 s. The
-    whole job ends at once (the bound is a sanity check, not a timing claim), with 78 and
-    the torchrun-shaped box naming rank, pid, rule, call site and the why; no rank's
-    process group is left."""
+    """Rank 1's child is re-pointed to GPU 5 and refused; rank 0 would sleep for an hour.
+    The whole job ends (run's BOUND is the hang detector: a launch that waited for rank 0
+    would time out), with 78 and the torchrun-shaped box naming rank, pid, rule, call site
+    and the why; no rank's process group is left."""
     e = env_for(tmp_path, None, LD_PRELOAD=None, TMPDIR=str(tmp_path), PIPE_PARENT_INIT=parent_init)
-    script = 'if [ "$LOCAL_RANK" = 1 ]; then exec "$0" 5; else sleep 30; fi'
-    t0 = time.monotonic()
+    script = 'if [ "$LOCAL_RANK" = 1 ]; then exec "$0" 5; else sleep 3600; fi'
     p = run([CLI, "launch", "--nproc-per-node", "2", "--", "bash", "-c", script, str(PARENT)],
             env=e, timeout=BOUND)
-    took = time.monotonic() - t0
     assert p.returncode == 78, p.stdout + p.stderr
-    assert took < 5, took
     assert "broke R1" in p.stderr, p.stderr
     # The failure box, then launch's end summary (issue 32) below it.
     bar = "=" * 72

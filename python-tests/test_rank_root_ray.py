@@ -101,6 +101,18 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
+def _what(pid: int) -> str:
+    """A process's command line, state and kernel wait channel, or why they cannot be read."""
+    try:
+        proc = pathlib.Path(f"/proc/{pid}")
+        cmd = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        stat = proc.joinpath("stat").read_text()
+        wchan = proc.joinpath("wchan").read_text()
+        return f"{cmd[:120]!r} state {stat[stat.rfind(')') + 2]} in {wchan or '-'}"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+
+
 def _listening(pids: set[int]) -> list[str]:
     """Local addresses of the TCP sockets these processes listen on."""
     inodes = set()
@@ -173,7 +185,9 @@ def cluster(tmp_path_factory):
             time.sleep(0.2)
         left = ray_procs & _descendants(os.getpid())
         shutil.rmtree(session, ignore_errors=True)
-        assert not left, f"Ray processes left behind after ray.shutdown(): {sorted(left)}"
+        # what each one is and where it stopped, for the failure message
+        seen = {pid: _what(pid) for pid in sorted(left)}
+        assert not left, f"Ray processes left behind after ray.shutdown(): {seen}"
 
 
 @pytest.fixture(scope="module")
