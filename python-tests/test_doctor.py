@@ -1,11 +1,14 @@
 """`rankguard doctor` (issue 32): beyond `check`, whether the guard loads and acts in a
 child here, whether the audit path can be written, whether the registry is trusted and how
-full, which build `rankguard lib` picks and why; on a healthy and on broken set-ups."""
+full, which build `rankguard lib` picks and why; on a healthy and on broken set-ups, as
+text and as `--json` (validated against docs/schema/doctor.v1.json)."""
 from __future__ import annotations
 
+import json
 import os
 
 from conftest import CLI, LIB_GUARD, clean_env, run
+from test_schema import valid, validator
 
 
 def doctor(**env):
@@ -92,3 +95,81 @@ def test_without_a_driver_the_guard_loads_but_cannot_be_seen_acting(tmp_path):
     guard = next(ln for ln in p.stdout.splitlines() if ln.startswith("guard "))
     assert guard.startswith("guard      warning: the guard loads in a child, but it could not be seen acting: "
                             "no CUDA driver here"), p.stdout
+
+
+def doctor_json(**env):
+    p = run([CLI, "doctor", "--json"], env=clean_env(FAKECUDA_GPUS="8", **env), timeout=120)
+    return p, json.loads(p.stdout)
+
+
+def test_json_on_a_healthy_setup_matches_its_schema_and_the_text(tmp_path):
+    env = healthy(tmp_path)
+    p, d = doctor_json(**env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    valid("doctor.v1.json", d)
+    assert (d["format"], d["version"]) == ("rankguard-doctor", 1) and list(d)[:2] == ["format", "version"]
+    assert d["ok"] is True and d["problems"] == 0 and d["warnings"] == 0
+    assert d["summary"] == "doctor: ok, the guard works here"
+    c = d["checks"]
+    assert list(c) == ["library", "guard", "audit", "registry", "check"]
+    assert [c[k]["status"] for k in c] == ["ok", "ok", "ok", "ok", "info"], c
+    assert c["library"]["path"] == str(LIB_GUARD.resolve()) and "beside the rankguard executable" in c["library"]["why"]
+    assert c["audit"] == {"status": "ok", "message": f"RANKGUARD_AUDIT={tmp_path}/audit/%h.%p.jsonl: "
+                          f"{tmp_path}/audit is writable", "template": f"{tmp_path}/audit/%h.%p.jsonl",
+                          "directory": f"{tmp_path}/audit"}
+    assert c["registry"] == {"status": "ok", "message": f"RANKGUARD_REGISTRY {tmp_path}/registry: yours, mode 0700; "
+                             "0 of 65536 entries (0% full)", "directory": f"{tmp_path}/registry",
+                             "configured": True, "entries": 0, "capacity": 65536}
+    # The same checks as the text form, the same words: each line is NAME STATUS: MESSAGE.
+    t, lines = doctor(**env)
+    for k, v in c.items():
+        word = {"ok": "ok: ", "warning": "warning: ", "problem": "PROBLEM: ", "info": ""}[v["status"]]
+        assert lines[k] == f"{k:<10} {word}{v['message']}", (lines[k], v)
+    assert t.stdout.rstrip().endswith(d["summary"])
+
+
+def test_json_on_a_broken_setup_names_the_same_problems_and_exits_1(tmp_path):
+    """No guard build, an unwritable audit path (a file as its directory), a squatted
+    registry: status 1, as the text form."""
+    squat = tmp_path / "squat"
+    squat.mkdir(mode=0o700)
+    os.chown(squat, 65534, 65534)
+    f = tmp_path / "file"
+    f.write_text("")
+    env = dict(RANKGUARD_LIB=str(tmp_path / "no-such-librankguard.so"), RANKGUARD_AUDIT=f"{f}/%p.jsonl",
+               RANKGUARD_REGISTRY=str(squat))
+    p, d = doctor_json(**env)
+    assert p.returncode == 1, p.stdout + p.stderr
+    valid("doctor.v1.json", d)
+    assert d["ok"] is False and d["problems"] == 4, d
+    assert d["summary"] == "doctor: 4 problems found; the guard does not work here as documented"
+    c = d["checks"]
+    assert [c[k]["status"] for k in ("library", "guard", "audit", "registry")] == ["problem"] * 4, c
+    assert c["library"]["path"] is None and c["library"]["message"].startswith("no guard build: RANKGUARD_LIB=")
+    assert c["guard"]["message"].startswith("not run")
+    assert c["audit"]["template"] == f"{f}/%p.jsonl" and c["audit"]["directory"] is None
+    assert "is not a directory" in c["audit"]["message"], c["audit"]
+    assert c["registry"]["entries"] is None and c["registry"]["configured"] is True
+    assert "is owned by uid 65534, not by this user" in c["registry"]["message"], c["registry"]
+    t = run([CLI, "doctor"], env=clean_env(FAKECUDA_GPUS="8", **env), timeout=120)
+    assert t.returncode == p.returncode
+
+
+def test_json_without_an_audit_variable_is_a_warning_with_nulls(tmp_path):
+    env = healthy(tmp_path)
+    del env["RANKGUARD_AUDIT"]
+    p, d = doctor_json(**env)
+    assert p.returncode == 0, p.stdout
+    valid("doctor.v1.json", d)
+    assert d["ok"] is True and d["warnings"] == 1
+    assert d["checks"]["audit"]["status"] == "warning"
+    assert d["checks"]["audit"]["template"] is None and d["checks"]["audit"]["directory"] is None
+
+
+def test_the_schema_refuses_what_doctor_never_prints(tmp_path):
+    _, d = doctor_json(**healthy(tmp_path))
+    v = validator("doctor.v1.json")
+    assert v.is_valid(d)
+    assert not v.is_valid({**d, "version": 2})
+    assert not v.is_valid({**d, "checks": {k: x for k, x in d["checks"].items() if k != "audit"}})
+    assert not v.is_valid({**d, "checks": {**d["checks"], "guard": {"status": "fine", "message": ""}}})

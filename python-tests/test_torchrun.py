@@ -1,14 +1,17 @@
 """torchrun for real: the README's torchrun recipe, taken from the README and run as
 written (train.py is python-tests/_torch_ddp.py: cuda:0, a gloo all_reduce) with the pinned
-torch on the fake 8-GPU node (scripts/fake-node)."""
+torch on the fake 8-GPU node (scripts/fake-node); and its several-nodes recipe (--rdzv-id
+$SLURM_JOB_ID) in a batch job of the suite's Slurm cluster."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 
-from conftest import ROOT, clean_env, fake_node
+from conftest import CLI, ROOT, clean_env, fake_node
+from test_slurm import slurm  # noqa: F401  (the module's own Slurm cluster, for the several-nodes recipe)
 
 WORKER = ROOT / "python-tests" / "_torch_ddp.py"
 SET_DEVICE_LINE = next(i for i, line in enumerate(WORKER.read_text().splitlines(), 1)
@@ -110,3 +113,43 @@ def test_a_refused_child_ends_its_worker_and_torchrun_stops_the_job(tmp_path):
     assert workers == [], out
     got = [(r["rank"], r["rule"], r["call"], r["verdict"]) for r in records]
     assert got == [(1, "R1", "cuInit", "deny")], got
+
+
+def readme_multinode() -> str:
+    """The README's torchrun-on-several-nodes block (a sh block of "Recipes")."""
+    text = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if b.startswith("# torchrun on several nodes")]
+    assert "--rdzv-id \"$SLURM_JOB_ID\"" in block and "srun " in block, block
+    return block
+
+
+def test_readme_multinode_recipe_in_an_sbatch_job_has_the_jobs_run_id(slurm, tmp_path):  # noqa: F811
+    """The README's several-nodes block as the body of a one-node batch script on the suite's
+    Slurm cluster: torchrun's run id is the Slurm job's, so every rank's job id is
+    torchelastic:<job id>, and nothing says the run id `none`. (The rendezvous port is
+    swapped for a free one, so concurrent runs cannot collide.)"""
+    from test_readme_quickstart import TRAIN, audit_records, check_ranks, reports
+    from test_slurm import _free_ports
+    block = readme_multinode()
+    (port,) = _free_ports(1)
+    assert ":29500" in block
+    cwd = slurm.tmp / "torchrun-multinode"
+    cwd.mkdir()
+    shutil.copy(TRAIN, cwd / "train.py")
+    audit = cwd / "audit"
+    audit.mkdir()
+    (cwd / "job.sbatch").write_text("#!/bin/sh\n#SBATCH --nodes=1 --ntasks-per-node=1 --gpus-per-node=4\n"
+                                    + block.replace(":29500", f":{port}"))
+    env = slurm.env(RANKGUARD_AUDIT=str(audit / "%p.jsonl"),
+                    PATH=f"{CLI.parent}:{os.environ.get('PATH', '')}")
+    p = fake_node(["sbatch", "--wait", "--output", cwd / "job.out", "job.sbatch"], env=env, timeout=240, cwd=cwd)
+    job_out = (cwd / "job.out").read_text(errors="replace") if (cwd / "job.out").exists() else ""
+    out = p.stdout + p.stderr + job_out
+    assert p.returncode == 0, out + slurm.logs()
+    job = re.search(r"Submitted batch job (\d+)", p.stdout).group(1)
+    got = reports(job_out)
+    records = audit_records(audit)
+    check_ranks(got, records, 4, out)
+    assert sorted(r["rank"] for r in got) == ["0", "1", "2", "3"], out
+    assert {r["job"] for r in records} == {f"torchelastic:{job}"}, records
+    assert "TORCHELASTIC_RUN_ID=none" not in out, out

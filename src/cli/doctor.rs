@@ -7,7 +7,8 @@
 //!
 //! Each check prints one line; a problem (status 1) is something that makes the guard not
 //! work as documented here; a warning is worth knowing but breaks nothing (no driver on a
-//! login node, no audit configured). docs/cli.md, "doctor".
+//! login node, no audit configured). `--json` prints the same checks as one object
+//! (docs/schema/doctor.v1.json). docs/cli.md, "doctor".
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use super::args::{Lexer, Token};
 use super::exit::{emit, Error, ExitCode, Result, EXIT_VIOLATION};
 use super::job_summary::{self, AUDIT_VAR};
+use super::json_out::Value;
 use super::{check, env, lib_path, sys};
 use rankguard_core::registry::{self, DirProblem, Registry, MAX_RECORDS};
 
@@ -28,7 +30,7 @@ pub const PROBE: &str = "__doctor-probe";
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 const HELP: &str = "\
-Usage: rankguard doctor
+Usage: rankguard doctor [--json]
 
 Checks that the guard works here, beyond what `rankguard check` reads from the environment:
   library    which librankguard.so `rankguard lib` picks (RANKGUARD_LIB, beside the binary,
@@ -41,40 +43,154 @@ Checks that the guard works here, beyond what `rankguard check` reads from the e
   registry   the IPC provenance registry (RANKGUARD_REGISTRY or the default) is a directory
              the guard trusts (yours, mode 0700, not a symlink), and how full it is
   check      the verdict of `rankguard check` for this environment
+Each line is `ok`, `warning` (worth knowing, breaks nothing) or `PROBLEM` (with its fix).
+--json  the same checks as one JSON object (format \"rankguard-doctor\", version 1): ok,
+        problems, warnings, summary, and checks.NAME.{status, message} for each check
+        above (status ok, warning, problem or info), with library.{path, why},
+        audit.{template, directory}, registry.{directory, configured, entries, capacity}
 Exit 0: no problem; 1: a problem found (each line says the fix); 2: usage error.
 ";
 
+#[derive(Clone, Copy)]
+enum Status {
+    Ok,
+    Warning,
+    Problem,
+    Info,
+}
+
+/// One check's finding: its line, and for `--json` the facts behind it.
+struct Finding {
+    what: &'static str,
+    status: Status,
+    text: String,
+    details: Vec<(&'static str, Value)>,
+}
+
 struct Findings {
-    lines: Vec<String>,
+    items: Vec<Finding>,
     problems: usize,
     warnings: usize,
 }
 
 impl Findings {
-    fn ok(&mut self, what: &str, text: String) {
-        self.lines.push(format!("{what:<10} ok: {text}"));
+    fn push(&mut self, what: &'static str, status: Status, text: String) {
+        match status {
+            Status::Warning => self.warnings += 1,
+            Status::Problem => self.problems += 1,
+            Status::Ok | Status::Info => {}
+        }
+        self.items.push(Finding {
+            what,
+            status,
+            text,
+            details: Vec::new(),
+        });
     }
-    fn warn(&mut self, what: &str, text: String) {
-        self.warnings += 1;
-        self.lines.push(format!("{what:<10} warning: {text}"));
+    fn ok(&mut self, what: &'static str, text: String) {
+        self.push(what, Status::Ok, text);
     }
-    fn problem(&mut self, what: &str, text: String) {
-        self.problems += 1;
-        self.lines.push(format!("{what:<10} PROBLEM: {text}"));
+    fn warn(&mut self, what: &'static str, text: String) {
+        self.push(what, Status::Warning, text);
     }
-    fn info(&mut self, what: &str, text: String) {
-        self.lines.push(format!("{what:<10} {text}"));
+    fn problem(&mut self, what: &'static str, text: String) {
+        self.push(what, Status::Problem, text);
+    }
+    fn info(&mut self, what: &'static str, text: String) {
+        self.push(what, Status::Info, text);
+    }
+    /// A fact for `--json`, on the finding just pushed.
+    fn detail(&mut self, key: &'static str, v: Value) {
+        if let Some(last) = self.items.last_mut() {
+            last.details.push((key, v));
+        }
+    }
+
+    fn line(f: &Finding) -> String {
+        let what = f.what;
+        let text = &f.text;
+        match f.status {
+            Status::Ok => format!("{what:<10} ok: {text}"),
+            Status::Warning => format!("{what:<10} warning: {text}"),
+            Status::Problem => format!("{what:<10} PROBLEM: {text}"),
+            Status::Info => format!("{what:<10} {text}"),
+        }
+    }
+
+    /// The last line of the text form (also `summary` in the JSON form).
+    fn summary(&self) -> String {
+        match (self.problems, self.warnings) {
+            (0, 0) => "doctor: ok, the guard works here".to_string(),
+            (0, w) => format!(
+                "doctor: ok, the guard works here ({} above)",
+                if w == 1 {
+                    "1 warning".into()
+                } else {
+                    format!("{w} warnings")
+                }
+            ),
+            (p, _) => format!(
+                "doctor: {} found; the guard does not work here as documented",
+                if p == 1 {
+                    "1 problem".into()
+                } else {
+                    format!("{p} problems")
+                }
+            ),
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut out: Vec<String> = self.items.iter().map(Self::line).collect();
+        out.push(self.summary());
+        out.join("\n") + "\n"
+    }
+
+    /// The stable `doctor --json` form (docs/cli.md, "doctor --json";
+    /// docs/schema/doctor.v1.json).
+    fn json(self) -> Value {
+        let summary = self.summary();
+        let (problems, warnings) = (self.problems, self.warnings);
+        let checks = self
+            .items
+            .into_iter()
+            .map(|f| {
+                let status = match f.status {
+                    Status::Ok => "ok",
+                    Status::Warning => "warning",
+                    Status::Problem => "problem",
+                    Status::Info => "info",
+                };
+                let mut members = vec![
+                    ("status", Value::str(status)),
+                    ("message", Value::Str(f.text)),
+                ];
+                members.extend(f.details);
+                (f.what, Value::Obj(members))
+            })
+            .collect();
+        Value::Obj(vec![
+            ("format", Value::str("rankguard-doctor")),
+            ("version", Value::Num(1)),
+            ("ok", Value::Bool(problems == 0)),
+            ("problems", Value::Num(problems as i64)),
+            ("warnings", Value::Num(warnings as i64)),
+            ("summary", Value::Str(summary)),
+            ("checks", Value::Obj(checks)),
+        ])
     }
 }
 
 pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     let mut lx = Lexer::new("doctor", args);
+    let mut json = false;
     while let Some(t) = lx.next()? {
         match t {
             Token::Flag(f) if f == "-h" || f == "--help" => {
                 emit(HELP);
                 return Ok(ExitCode::SUCCESS);
             }
+            Token::Flag(f) if f == "--json" => json = true,
             Token::Flag(f) => return Err(lx.unknown(&f)),
             Token::Word(w) => {
                 return Err(Error::usage(format!(
@@ -86,17 +202,21 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
         }
     }
     let mut f = Findings {
-        lines: Vec::new(),
+        items: Vec::new(),
         problems: 0,
         warnings: 0,
     };
     let lib = match lib_path::find_why() {
         Ok((path, why)) => {
             f.ok("library", format!("{} ({why})", path.display()));
+            f.detail("path", Value::str(path.display().to_string()));
+            f.detail("why", Value::Str(why));
             Some(path)
         }
         Err(e) => {
             f.problem("library", format!("no guard build: {}", e.msg));
+            f.detail("path", Value::Null);
+            f.detail("why", Value::Null);
             None
         }
     };
@@ -110,33 +230,17 @@ pub fn main(args: Vec<OsString>) -> Result<ExitCode> {
     audit_check(&mut f);
     registry_check(&mut f);
     f.info("check", check::verdict_here());
-    let mut out = f.lines.join("\n");
-    out.push('\n');
-    out.push_str(&match (f.problems, f.warnings) {
-        (0, 0) => "doctor: ok, the guard works here\n".to_string(),
-        (0, w) => format!(
-            "doctor: ok, the guard works here ({} above)\n",
-            if w == 1 {
-                "1 warning".into()
-            } else {
-                format!("{w} warnings")
-            }
-        ),
-        (p, _) => format!(
-            "doctor: {} found; the guard does not work here as documented\n",
-            if p == 1 {
-                "1 problem".into()
-            } else {
-                format!("{p} problems")
-            }
-        ),
-    });
-    emit(&out);
-    Ok(if f.problems == 0 {
+    let code = if f.problems == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_VIOLATION)
-    })
+    };
+    if json {
+        emit(&f.json().pretty());
+    } else {
+        emit(&f.text());
+    }
+    Ok(code)
 }
 
 /// The hidden `__doctor-probe` subcommand: the child the guard must act in. Prints what it
@@ -319,7 +423,9 @@ fn guard_check(f: &mut Findings, lib: &Path) {
 }
 
 fn audit_check(f: &mut Findings) {
-    match std::env::var_os(AUDIT_VAR).filter(|v| !v.is_empty()) {
+    let var = std::env::var_os(AUDIT_VAR).filter(|v| !v.is_empty());
+    let mut writable = None;
+    match &var {
         None => f.warn(
             "audit",
             format!(
@@ -333,14 +439,22 @@ fn audit_check(f: &mut Findings) {
                 format!("{AUDIT_VAR} is not valid UTF-8; fix the variable"),
             ),
             Some(t) => match job_summary::check_template(t, &job_summary::host()) {
-                Ok((dir, _)) => f.ok(
-                    "audit",
-                    format!("{AUDIT_VAR}={t}: {} is writable", dir.display()),
-                ),
+                Ok((dir, _)) => {
+                    f.ok(
+                        "audit",
+                        format!("{AUDIT_VAR}={t}: {} is writable", dir.display()),
+                    );
+                    writable = Some(dir.display().to_string());
+                }
                 Err(e) => f.problem("audit", e),
             },
         },
     }
+    f.detail(
+        "template",
+        Value::opt_str(var.map(|v| v.to_string_lossy().into_owned())),
+    );
+    f.detail("directory", Value::opt_str(writable));
 }
 
 fn registry_check(f: &mut Findings) {
@@ -350,24 +464,45 @@ fn registry_check(f: &mut Findings) {
         Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
         None => (registry::default_dir(uid), "the default registry"),
     };
-    match Registry::open(&dir, uid, false) {
+    let entries = registry_state(f, &dir, uid, configured.is_some(), name);
+    f.detail("directory", Value::str(dir.display().to_string()));
+    f.detail("configured", Value::Bool(configured.is_some()));
+    f.detail("entries", Value::opt_num(entries.map(|n| n as i64)));
+    f.detail("capacity", Value::Num(MAX_RECORDS as i64));
+}
+
+/// The registry's line; its entry count when it is trusted and could be listed.
+fn registry_state(
+    f: &mut Findings,
+    dir: &Path,
+    uid: u32,
+    configured: bool,
+    name: &str,
+) -> Option<usize> {
+    match Registry::open(dir, uid, false) {
         Ok(r) => fullness(f, r.dir(), name),
-        Err(DirProblem::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => f.ok(
-            "registry",
-            format!(
-                "{name} {} does not exist yet; the guard creates it (0700) at the first export",
-                dir.display()
-            ),
-        ),
-        Err(problem) if configured.is_some() => f.problem(
-            "registry",
-            format!(
-                "{name}={} {problem}: the guard does not trust it, so every IPC import has unknown provenance \
-                 (R3 cannot tell one GPU from another); point RANKGUARD_REGISTRY at a directory you own with mode \
-                 0700 (not a symlink), or unset it",
-                dir.display()
-            ),
-        ),
+        Err(DirProblem::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            f.ok(
+                "registry",
+                format!(
+                    "{name} {} does not exist yet; the guard creates it (0700) at the first export",
+                    dir.display()
+                ),
+            );
+            Some(0)
+        }
+        Err(problem) if configured => {
+            f.problem(
+                "registry",
+                format!(
+                    "{name}={} {problem}: the guard does not trust it, so every IPC import has unknown provenance \
+                     (R3 cannot tell one GPU from another); point RANKGUARD_REGISTRY at a directory you own with \
+                     mode 0700 (not a symlink), or unset it",
+                    dir.display()
+                ),
+            );
+            None
+        }
         Err(problem) => {
             let host = job_summary::full_host();
             // The guard's private fallback lives under the user's home (it creates the
@@ -396,12 +531,13 @@ fn registry_check(f: &mut Findings) {
                     ),
                 ),
             }
+            None
         }
     }
 }
 
 /// How full a trusted registry is: its entries against [`MAX_RECORDS`].
-fn fullness(f: &mut Findings, dir: &Path, name: &str) {
+fn fullness(f: &mut Findings, dir: &Path, name: &str) -> Option<usize> {
     let n = match std::fs::read_dir(dir) {
         Ok(rd) => rd.count(),
         Err(e) => {
@@ -409,7 +545,7 @@ fn fullness(f: &mut Findings, dir: &Path, name: &str) {
                 "registry",
                 format!("{name} {} cannot be listed ({e})", dir.display()),
             );
-            return;
+            return None;
         }
     };
     let pct = n * 100 / MAX_RECORDS;
@@ -428,6 +564,7 @@ fn fullness(f: &mut Findings, dir: &Path, name: &str) {
     } else {
         f.ok("registry", text);
     }
+    Some(n)
 }
 
 /// A private temporary directory, removed when dropped.

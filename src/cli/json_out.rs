@@ -1,6 +1,6 @@
-//! A minimal JSON writer for the stable `--json` outputs (`plan`, `check`). Hand-written
-//! because the crate set is fixed; objects keep insertion order so the documented field
-//! order is the printed one.
+//! A minimal JSON writer for the stable `--json` outputs (`plan`, `check`, `doctor`,
+//! `report`). Hand-written because the crate set is fixed; objects keep insertion order
+//! so the documented field order is the printed one.
 
 use std::fmt::Write;
 
