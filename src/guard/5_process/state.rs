@@ -10,14 +10,12 @@
 //! reports carry its own pid.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use crate::config::{Config, Mode};
 use crate::guard::output::debug_log;
 use crate::guard::output::line;
 use crate::guard::output::sink;
 use crate::guard::resolve::real;
-use crate::guard::sys::once::ForkSafeCell;
+use crate::guard::sys::once::{ForkSafeCell, PerProcess};
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::{Id, TABLE};
 
@@ -171,15 +169,15 @@ fn warn_once_config(var: &str, value: &str, what: &str) {
     signal_safe::write_all(2, b.as_bytes());
 }
 
-static CONFIG_WARNED: AtomicU32 = AtomicU32::new(0);
+static CONFIG_WARNED: PerProcess = PerProcess::new();
 
 /// Say each invalid configuration value once per process.
 pub fn report_config_errors() {
-    // A load first: the violation path calls this each time, a swap would be a locked write.
-    if CONFIG_WARNED.load(Ordering::Relaxed) != 0 || CONFIG_WARNED.swap(1, Ordering::Relaxed) != 0 {
+    // Nothing to say, the usual case, first: the violation path calls this each time.
+    let cfg = &get().config;
+    if (cfg.errors.is_empty() && cfg.job_notice.is_none()) || !CONFIG_WARNED.first() {
         return;
     }
-    let cfg = &get().config;
     for e in &cfg.errors {
         warn_once_config(
             e.var,

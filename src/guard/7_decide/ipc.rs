@@ -29,7 +29,6 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::Mode;
 use crate::guard::audit::decision_record::Extra;
@@ -45,6 +44,7 @@ use crate::guard::sys::ffi::{
     CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
     EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
+use crate::guard::sys::once::{PerProcess, PidValue};
 use crate::guard::sys::signal_safe;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
@@ -225,10 +225,10 @@ unsafe fn shareable_key(
 // ---------------------------------------------------------------------------------------
 // The registry, as this process sees it
 
-static SAID_SKIP: AtomicBool = AtomicBool::new(false);
-static SAID_PANIC: AtomicBool = AtomicBool::new(false);
-/// The pid that last swept the registry (a forked child sweeps again).
-static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
+static SAID_SKIP: PerProcess = PerProcess::new();
+static SAID_PANIC: PerProcess = PerProcess::new();
+/// Whether this process swept the registry at its first export (a forked child sweeps again).
+static SWEPT: PerProcess = PerProcess::new();
 
 /// Whether this user has no registry it can trust because the default one is taken (see
 /// [`Untrusted::DefaultTaken`]). A panic counts as "no" (said once by `shielded`).
@@ -242,7 +242,7 @@ fn default_registry_taken() -> bool {
     .unwrap_or(false)
 }
 
-static SAID_OVERFLOW: AtomicBool = AtomicBool::new(false);
+static SAID_OVERFLOW: PerProcess = PerProcess::new();
 
 /// Whether the registry has lost records of a live exporter (its overflow mark,
 /// [`registry::Registry::overflow`]); said once per process with the mark's path. Asked
@@ -288,17 +288,15 @@ fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
 }
 
 /// This process's start time, read once per process (PyTorch exports at every share of a
-/// tensor): `OWN_START_PID` names the process it was read in, so a forked child reads its own.
-static OWN_START: AtomicU64 = AtomicU64::new(0);
-static OWN_START_PID: AtomicU32 = AtomicU32::new(0);
+/// tensor), for this pid only: a forked child reads its own.
+static OWN_START: PidValue = PidValue::new();
 
 fn own_start(pid: u32) -> Option<u64> {
-    if OWN_START_PID.load(Ordering::Acquire) == pid {
-        return Some(OWN_START.load(Ordering::Relaxed));
+    if let Some(start) = OWN_START.get(pid) {
+        return Some(start);
     }
     let start = registry::own_start_time()?;
-    OWN_START.store(start, Ordering::Relaxed);
-    OWN_START_PID.store(pid, Ordering::Release);
+    OWN_START.set(pid, start);
     Some(start)
 }
 
@@ -307,7 +305,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
     let _ = shielded("writing", || {
         let reg = open_registry()?;
         let pid = signal_safe::pid();
-        if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
+        if SWEPT.first_in(pid) {
             let swept = reg.sweep(&ProcFs, registry::SWEEP_BUDGET);
             debug_log::log!(
                 Debug,

@@ -3,10 +3,10 @@
 #![allow(unsafe_code)]
 
 use std::fmt::Write;
-use std::sync::atomic::Ordering;
 
 use crate::guard::audit::decision_record::prefix;
 use crate::guard::decide::verdict::Code;
+use crate::guard::sys::once::PerProcess;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::TABLE;
 
@@ -51,8 +51,8 @@ pub fn not_found<R: Code>(id: usize) -> R {
 /// we know: say so (once per process) and refuse it.
 #[cold]
 pub fn unknown_variant(symbol: *const std::ffi::c_char) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if SAID.swap(true, Ordering::Relaxed) {
+    static SAID: PerProcess = PerProcess::new();
+    if !SAID.first() {
         return;
     }
     let name = if symbol.is_null() {
