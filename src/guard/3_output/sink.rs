@@ -26,14 +26,13 @@
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use crate::config;
 use crate::guard::output::line;
 use crate::guard::sys::once::{PerProcess, PidLock};
 use crate::guard::sys::sigmask;
-use crate::guard::sys::signal_safe::{self, Mid, StackBuf};
+use crate::guard::sys::signal_safe::{self, Mid};
 
 pub struct Sink {
     /// Which file: its variable, what it holds and what happens instead are `kind`'s texts
@@ -173,18 +172,16 @@ impl Sink {
         } else {
             "free space on that file system or point"
         };
-        let mut b = StackBuf::<1024>::new();
-        line::prefix(&mut b, "WARN");
-        let _ = writeln!(
-            b,
-            "{}=\"{}\": a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: {fix} {} elsewhere",
-            self.kind.var(),
-            Mid(&self.path(template), signal_safe::VALUE_MAX),
-            self.kind.what(),
-            self.kind.var()
+        line::say(
+            "WARN",
+            format_args!(
+                "{}=\"{}\": a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: {fix} {} elsewhere",
+                self.kind.var(),
+                Mid(&self.path(template), signal_safe::VALUE_MAX),
+                self.kind.what(),
+                self.kind.var()
+            ),
         );
-        b.end_line();
-        signal_safe::write_all(2, b.as_bytes());
     }
 
     fn path(&self, template: &str) -> String {
@@ -260,17 +257,15 @@ impl Sink {
                 euid()
             ),
         };
-        let mut b = StackBuf::<1024>::new();
-        line::prefix(&mut b, "WARN");
-        let _ = writeln!(
-            b,
-            "{}=\"{}\" {what}; {}",
-            self.kind.var(),
-            Mid(path, signal_safe::VALUE_MAX),
-            self.kind.instead()
+        line::say(
+            "WARN",
+            format_args!(
+                "{}=\"{}\" {what}; {}",
+                self.kind.var(),
+                Mid(path, signal_safe::VALUE_MAX),
+                self.kind.instead()
+            ),
         );
-        b.end_line();
-        signal_safe::write_all(2, b.as_bytes());
     }
 }
 

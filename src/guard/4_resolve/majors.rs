@@ -132,7 +132,7 @@ static UNKNOWN_PATH: AtomicPtr<c_char> = AtomicPtr::new(ptr::null_mut());
 /// `cuInit` (every runtime initialises the driver) and when `dlsym` hands out a runtime
 /// function of such a major. Loads nothing, allocates nothing.
 pub fn notice_unknown() {
-    let pid = crate::guard::sys::signal_safe::pid();
+    let pid = signal_safe::pid();
     if UNKNOWN_SAID.done_in(pid) {
         return;
     }
@@ -147,21 +147,18 @@ pub fn notice_unknown() {
             continue;
         }
         UNKNOWN_PATH.store(path.cast_mut(), Ordering::Relaxed);
-        let mut b = StackBuf::<768>::new();
-        crate::guard::output::line::prefix(&mut b, "WARN");
         let shown = std::str::from_utf8(bytes).unwrap_or("libcudart (name not UTF-8)");
-        let _ = write!(
-            b,
-            "{shown} is a CUDA runtime of a major this guard has no wrappers for (it wraps "
-        );
+        let mut wrapped = StackBuf::<64>::new();
         for (i, m) in table::RUNTIME_MAJORS.iter().enumerate() {
-            let _ = write!(b, "{}{m}", if i > 0 { " and " } else { "" });
+            let _ = write!(wrapped, "{}{m}", if i > 0 { " and " } else { "" });
         }
-        let _ = writeln!(
-            b,
-            "): its runtime calls pass untouched; the driver layer (cuInit, device ordinals, peer access, IPC) still enforces the contract. Upgrade rankguard."
+        crate::guard::output::line::say(
+            "WARN",
+            format_args!(
+                "{shown} is a CUDA runtime of a major this guard has no wrappers for (it wraps {}): its runtime calls pass untouched; the driver layer (cuInit, device ordinals, peer access, IPC) still enforces the contract. Upgrade rankguard.",
+                std::str::from_utf8(wrapped.as_bytes()).unwrap_or("")
+            ),
         );
-        signal_safe::write_all(2, b.as_bytes());
         return;
     }
 }

@@ -3,14 +3,13 @@
 //! The rank root (`rank_root`) and R3 (`decide::ipc`) both read and write through it.
 #![allow(unsafe_code)]
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::path::PathBuf;
 
 use crate::guard::output::debug_log;
-use crate::guard::output::line::prefix;
+use crate::guard::output::line::say;
 use crate::guard::process::state;
 use crate::guard::sys::once::PerProcess;
-use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::registry::{self, ProcFs, Registry};
 
 static SAID_DIR: PerProcess = PerProcess::new();
@@ -22,11 +21,7 @@ pub(crate) fn say_once(flag: &PerProcess, args: fmt::Arguments<'_>) {
         debug_log::log!(Debug, "{args}");
         return;
     }
-    let mut b = StackBuf::<1024>::new();
-    prefix(&mut b, "WARN");
-    let _ = b.write_fmt(args);
-    b.end_line();
-    signal_safe::write_all(2, b.as_bytes());
+    say("WARN", args);
 }
 
 pub(crate) fn euid() -> u32 {

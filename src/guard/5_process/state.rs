@@ -16,7 +16,7 @@ use crate::guard::output::line;
 use crate::guard::output::sink;
 use crate::guard::resolve::real;
 use crate::guard::sys::once::{ForkSafeCell, PerProcess};
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::signal_safe;
 use crate::guard::table::{Id, TABLE};
 
 pub struct State {
@@ -71,13 +71,10 @@ fn init() -> &'static State {
         // them would be a false promise. Stay inert and say so once (issue 14, item 12).
         let dlopened = !secure && !interposing();
         if dlopened {
-            let mut b = StackBuf::<512>::new();
-            line::prefix(&mut b, "WARN");
-            let _ = std::fmt::Write::write_str(
-                &mut b,
-                "librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)\n",
+            line::say(
+                "WARN",
+                format_args!("librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)"),
             );
-            signal_safe::write_all(2, b.as_bytes());
         }
         let inert = secure || dlopened;
         // A value that is not UTF-8 is read lossily: an invalid mode is then reported as
@@ -156,17 +153,13 @@ pub fn audit_on() -> bool {
 
 /// A configuration problem, said on stderr.
 fn warn_once_config(var: &str, value: &str, what: &str) {
-    let mut b = StackBuf::<768>::new();
-    line::prefix(&mut b, "WARN");
-    let _ = std::fmt::Write::write_fmt(
-        &mut b,
+    line::say(
+        "WARN",
         format_args!(
-            "{var}=\"{}\" {what}\n",
+            "{var}=\"{}\" {what}",
             signal_safe::Mid(value, signal_safe::VALUE_MAX)
         ),
     );
-    b.end_line();
-    signal_safe::write_all(2, b.as_bytes());
 }
 
 static CONFIG_WARNED: PerProcess = PerProcess::new();
@@ -186,11 +179,7 @@ pub fn report_config_errors() {
         );
     }
     if let Some(notice) = cfg.job_notice {
-        let mut b = StackBuf::<768>::new();
-        line::prefix(&mut b, "WARN");
-        let _ = std::fmt::Write::write_str(&mut b, notice);
-        b.end_line();
-        signal_safe::write_all(2, b.as_bytes());
+        line::say("WARN", format_args!("{notice}"));
     }
 }
 
