@@ -37,13 +37,14 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::config::Mode;
+use crate::guard::audit::decision_record::process_record;
 use crate::guard::audit::site::{self, Capture, SITE_MAX};
 use crate::guard::output::debug_log;
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::TABLE;
 use crate::policy::Rule;
-use rankguard_core::record::{Action, AuditRecord, FixedWriter, RuleId, Summary, FIXED_MAX};
+use rankguard_core::record::{Action, AuditRecord, FixedWriter, Summary, FIXED_MAX};
 use std::borrow::Cow;
 
 /// Occurrences per (rule, call, site) and process written as full records.
@@ -691,31 +692,21 @@ fn flush_slot(s: &Slot) {
     let e = TABLE.get(id);
     let mut host = [0u8; 64];
     let host = signal_safe::hostname(&mut host);
+    let action = if meta & 1 != 0 {
+        Action::Deny
+    } else {
+        Action::Warn
+    };
+    let mode = if st.inert { Mode::Off } else { st.config.mode };
+    let rule = rule_of((meta >> 1) & 0x7f);
+    // The same process facts as its full records (the rank root: an atomic load).
     let rec = AuditRecord {
-        ts_us: Some(until),
         summary: Some(Summary {
             count: d,
             since_us: (since != 0).then_some(since),
         }),
-        call: Cow::Borrowed(e.map_or("?", |e| e.call())),
-        abi: Some(Cow::Borrowed(e.map_or("?", |e| e.abi()))),
-        action: Some(if meta & 1 != 0 {
-            Action::Deny
-        } else {
-            Action::Warn
-        }),
-        rule: Some(RuleId::Known(rule_of((meta >> 1) & 0x7f))),
-        mode: Some(if st.inert { Mode::Off } else { st.config.mode }),
-        pid: Some(signal_safe::pid()),
-        host: Some(Cow::Borrowed(host)),
-        rank: st.config.rank,
-        local_rank: st.config.local_rank,
-        job: st.config.job.as_deref().map(Cow::Borrowed),
-        // the rank root the full records of this process named (an atomic load)
-        rank_root: crate::guard::process::rank_root::current()
-            .map(crate::guard::process::rank_root::as_ref),
         site: site_text.map(Cow::Borrowed),
-        ..AuditRecord::default()
+        ..process_record(e, action, rule, mode, until, host, &st.config)
     };
     // A summary has no stacks: it always fits FIXED_MAX (every field is capped).
     let mut buf = [0u8; FIXED_MAX];
