@@ -2,7 +2,7 @@
 //! `host:pid:tid [rank N] RANKGUARD LEVEL `, the NCCL line shape users grep.
 //!
 //! The rank it names is handed down by the layers that know it (the configuration,
-//! `process::state`; the rank root, `process::rank_root`) when they learn it, so that this
+//! `process::state`; the rank root, `process::root_walk`) when they learn it, so that this
 //! layer, which everything above writes through, imports none of them. Both are plain
 //! atomics: a forked child inherits them, as it inherits the configuration and the rank root
 //! they come from.

@@ -1,6 +1,6 @@
 //! The IPC provenance registry as this process opens it: which directory (configured,
 //! default, or the private fallback under the user's home), and its problems said once.
-//! The rank root (`rank_root`) and R3 (`decide::ipc`) both read and write through it.
+//! The rank root (`root_walk`) and R3 (`decide::ipc`) both read and write through it.
 #![allow(unsafe_code)]
 
 use std::fmt;
@@ -79,7 +79,7 @@ static SWEPT_AT_START: PerProcess = PerProcess::new();
 /// The first registry a process opens is swept once, at most [`registry::SWEEP_BUDGET`]
 /// entries within [`registry::START_SWEEP_TIME`]: the records of processes that died
 /// without removing theirs go (an untrusted record is left for the look-up that says so), so the registry stays bounded by what is alive (each
-/// process removes its own rank record when it ends: `rank_root::drop_record`).
+/// process removes its own rank record when it ends: `root_walk::drop_record`).
 fn swept_at_start(reg: Registry) -> Registry {
     if SWEPT_AT_START.first() {
         let s = reg.sweep_dead_within(&ProcFs, registry::SWEEP_BUDGET, registry::START_SWEEP_TIME);

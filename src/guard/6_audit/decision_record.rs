@@ -8,7 +8,7 @@ use std::fmt::{self, Write};
 use crate::config::{Config, Mode};
 use crate::guard::audit::site;
 use crate::guard::output::debug_log;
-use crate::guard::process::rank_root;
+use crate::guard::process::root_walk;
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::{Entry, TABLE};
@@ -77,7 +77,7 @@ pub fn record_decision_at(
     let e = &TABLE[id];
     let st = state::get();
     let cfg = &st.config;
-    let _ = rank_root::ensure(cfg);
+    let _ = root_walk::ensure(cfg);
     let extra = extra.unwrap_or_default();
     // A value that is not UTF-8 is shown with its bytes escaped (`\xff`), never as unset.
     let mut cvd_buf = StackBuf::<512>::new();
@@ -99,7 +99,7 @@ pub fn record_decision_at(
         rank_gpu: cfg
             .rank_gpu
             .as_deref()
-            .or(rank_root::rank_gpu())
+            .or(root_walk::rank_gpu())
             .or(state::start_gpu())
             .map(b),
         rank_gpu_uuid: cfg.rank_gpu_uuid.as_deref().map(b),
@@ -154,7 +154,7 @@ pub fn process_record<'a>(
         rank: cfg.rank,
         local_rank: cfg.local_rank,
         job: cfg.job.as_deref().map(b),
-        rank_root: rank_root::current().map(rank_root::as_ref),
+        rank_root: root_walk::current().map(root_walk::as_ref),
         ..AuditRecord::default()
     }
 }

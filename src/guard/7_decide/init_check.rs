@@ -13,7 +13,7 @@ use crate::guard::decide::verdict::abort_now;
 use crate::guard::output::debug_log;
 use crate::guard::output::line::say;
 use crate::guard::process::driver_query::{self, device_uuid, driver_count};
-use crate::guard::process::rank_root;
+use crate::guard::process::root_walk;
 use crate::guard::process::start_env;
 use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
@@ -100,14 +100,14 @@ fn check_init(rc: CuResult) {
     // The raw values: an empty, non-UTF-8 or unverifiable rank GPU fails closed, exactly
     // as `rankguard check` decides it (one shared function).
     let rank_uuid = signal_safe::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
-    // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
+    // No rank variables: the rank is the outermost ancestor that is one (root_walk.rs).
     let cfg = &state::get().config;
     // A walk that could not read /proc (the fd table full) fails closed (policy::init).
-    let walk = rank_root::ensure_checked(cfg);
+    let walk = root_walk::ensure_checked(cfg);
     let by_root = matches!(walk, Ok(Some(_)));
     let is_rank_gpu = match signal_safe::getenv_bytes("RANKGUARD_RANK_GPU") {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
-        None => rank_root::is_rank_gpu(own_uuid, &vis),
+        None => root_walk::is_rank_gpu(own_uuid, &vis),
     };
     let start = start_env::cvd();
     let kept_start_gpu = start_gpu_kept(&start, own_uuid, &vis);
@@ -130,7 +130,7 @@ fn check_init(rc: CuResult) {
             .as_ref()
             .err()
             .copied()
-            .filter(|_| entries == 1 && rank_root::applies(cfg))),
+            .filter(|_| entries == 1 && root_walk::applies(cfg))),
         kept_start_gpu,
         node_gpus,
     };
@@ -155,7 +155,7 @@ fn check_init(rc: CuResult) {
     if by_root && (verdict.is_allow() || mode == Mode::Warn) {
         // A process that sees exactly one GPU records its rank for its descendants.
         let sees_rank_gpu = entries == 1 && devices == 1 && is_rank_gpu != Some(false);
-        rank_root::publish(cfg, own_uuid, sees_rank_gpu);
+        root_walk::publish(cfg, own_uuid, sees_rank_gpu);
     }
     let Verdict::Violation(v) = verdict else {
         if mode == Mode::Enforce {

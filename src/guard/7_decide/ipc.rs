@@ -34,10 +34,10 @@ use crate::config::Mode;
 use crate::guard::audit::decision_record::Extra;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::output::debug_log;
-use crate::guard::process::rank_root;
 use crate::guard::process::registry_io::{
     open_registry, open_registry_or_why, said_write_problem, say_once, Untrusted, SAID_WRITE,
 };
+use crate::guard::process::root_walk;
 use crate::guard::process::state;
 use crate::guard::resolve::internal;
 use crate::guard::sys::ffi::{
@@ -336,7 +336,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
             time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            root: rank_root::id(),
+            root: root_walk::id(),
         };
         match reg.write(&rec, &ProcFs) {
             Ok(()) => debug_log::log!(
@@ -607,7 +607,7 @@ pub fn check_import<R: Code>(
         job: job.as_deref(),
         rank: cfg.rank,
         gpu: gpu.as_deref(),
-        root: rank_root::id(),
+        root: root_walk::id(),
     };
     let mut d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
     if matches!(d, Decision::Unknown | Decision::UnknownStrict) {
