@@ -20,7 +20,7 @@
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicPtr, AtomicU64};
 
-use crate::guard::sys::once::PerProcess;
+use crate::guard::sys::lifecycle::PerProcess;
 
 /// Which library a guarded function belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use crate::config;
 use crate::guard::output::line;
-use crate::guard::sys::once::{PerProcess, PidLock};
+use crate::guard::sys::lifecycle::{PerProcess, PidLock};
 use crate::guard::sys::sigmask;
 use crate::guard::sys::signal_safe::{self, Mid};
 

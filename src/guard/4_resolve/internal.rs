@@ -100,7 +100,7 @@ fn runtime_slot(
     let p = crate::guard::resolve::majors::in_major(name, major);
     if !p.is_null() {
         return match slot {
-            Some(s) => crate::guard::sys::once::keep_first(s, p),
+            Some(s) => crate::guard::sys::lifecycle::keep_first(s, p),
             None => p,
         };
     }

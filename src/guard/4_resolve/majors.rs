@@ -30,8 +30,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::guard::resolve::dl;
+use crate::guard::sys::lifecycle::PerProcess;
 use crate::guard::sys::loaded;
-use crate::guard::sys::once::PerProcess;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::{self, Entry};
 

@@ -20,7 +20,7 @@ use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
-use crate::guard::sys::once::{keep_first, ForkSafeOnce};
+use crate::guard::sys::lifecycle::{keep_first, ForkSafeOnce};
 use crate::guard::sys::signal_safe;
 use crate::guard::table::SLOTS;
 use crate::guard::table::{Lib, TABLE};

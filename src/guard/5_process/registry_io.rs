@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use crate::guard::output::debug_log;
 use crate::guard::output::line::say;
 use crate::guard::process::state;
-use crate::guard::sys::once::PerProcess;
+use crate::guard::sys::lifecycle::PerProcess;
 use crate::registry::{self, ProcFs, Registry};
 
 static SAID_DIR: PerProcess = PerProcess::new();

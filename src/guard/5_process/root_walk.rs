@@ -33,7 +33,7 @@ use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::output::{debug_log, line};
 use crate::guard::process::registry_io;
-use crate::guard::sys::once::{Latch, PerProcess};
+use crate::guard::sys::lifecycle::{Latch, PerProcess};
 use crate::guard::sys::signal_safe;
 use crate::policy::Unreadable;
 use crate::rank_root::{

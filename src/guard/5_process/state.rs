@@ -2,7 +2,7 @@
 //! constructor: the only load-time code is `decide::narrow`'s), the audit and debug sinks,
 //! and the identity the R1 check established.
 //!
-//! All of it lives in fork-safe one-time cells ([`crate::guard::sys::once`]): set once, read
+//! All of it lives in fork-safe one-time cells ([`crate::guard::sys::lifecycle`]): set once, read
 //! lock-free afterwards, and a child forked while another thread of its parent was setting
 //! one up does the set-up itself instead of waiting forever for a thread it does not have.
 //! Nothing depends on the pid (reports call getpid each time; the sinks check their
@@ -15,7 +15,7 @@ use crate::guard::output::debug_log;
 use crate::guard::output::line;
 use crate::guard::output::sink;
 use crate::guard::resolve::real;
-use crate::guard::sys::once::{ForkSafeCell, PerProcess};
+use crate::guard::sys::lifecycle::{ForkSafeCell, PerProcess};
 use crate::guard::sys::signal_safe;
 use crate::guard::table::{Id, TABLE};
 

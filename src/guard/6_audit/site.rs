@@ -24,7 +24,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::guard::resolve::real;
-use crate::guard::sys::once::ForkSafeCell;
+use crate::guard::sys::lifecycle::ForkSafeCell;
 use crate::guard::sys::signal_safe::StackBuf;
 
 /// Most Python frames kept in a record (`py_stack`), innermost ones, printed outermost first.

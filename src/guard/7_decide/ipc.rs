@@ -44,7 +44,7 @@ use crate::guard::sys::ffi::{
     CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
     EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
-use crate::guard::sys::once::{PerProcess, PidValue};
+use crate::guard::sys::lifecycle::{PerProcess, PidValue};
 use crate::guard::sys::signal_safe;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{

@@ -4,7 +4,7 @@
 
 use crate::guard::decide::verdict::Code;
 use crate::guard::output::line::say;
-use crate::guard::sys::once::PerProcess;
+use crate::guard::sys::lifecycle::PerProcess;
 use crate::guard::sys::signal_safe;
 use crate::guard::table::TABLE;
 

@@ -37,7 +37,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use crate::config::Mode;
 use crate::guard::output::line::say;
 use crate::guard::resolve::dl;
-use crate::guard::sys::once::ForkSafeCell;
+use crate::guard::sys::lifecycle::ForkSafeCell;
 use rankguard_core::narrow;
 
 type Init = extern "C" fn(c_int, *const *const c_char, *const *const c_char);

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 
 use crate::guard::output::debug_log;
 use crate::guard::resolve::real;
-use crate::guard::sys::once::ForkSafeOnce;
+use crate::guard::sys::lifecycle::ForkSafeOnce;
 use crate::guard::table::{self, TABLE};
 
 /// The outcome of routing one pointer.
