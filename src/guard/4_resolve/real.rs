@@ -132,9 +132,9 @@ pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_v
     keep_first(slot, p)
 }
 
-/// Record `p` as entry `id`'s real function unless one is recorded already; returns the
-/// recorded one.
-pub fn record(id: usize, p: *mut c_void) -> *mut c_void {
+/// Keep `p` as entry `id`'s found real function unless one is kept already (found, not
+/// yet published for [`get`]: [`published`]); returns the kept one.
+pub fn keep_found(id: usize, p: *mut c_void) -> *mut c_void {
     if is_own(p) {
         return TABLE[id].found().load(Ordering::Acquire);
     }

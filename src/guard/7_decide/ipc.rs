@@ -300,8 +300,9 @@ fn own_start(pid: u32) -> Option<u64> {
     Some(start)
 }
 
-/// Record an export. Never fails the export: a problem is said once.
-fn record(key: Key, gpu: Option<String>, location: Location) {
+/// Register an export in the provenance registry (its record). Never fails the export: a
+/// problem is said once.
+fn register_export(key: Key, gpu: Option<String>, location: Location) {
     let _ = shielded("writing", || {
         let reg = open_registry()?;
         let pid = signal_safe::pid();
@@ -409,7 +410,7 @@ pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    record(
+    register_export(
         Key::from_bytes(Kind::Mem, &h.reserved),
         gpu,
         Location::Device,
@@ -428,7 +429,7 @@ pub unsafe fn exported_event(handle: *const IpcHandle) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
     let gpu = current_device().and_then(device_uuid).or_else(own_gpu);
-    record(
+    register_export(
         Key::from_bytes(Kind::Event, &h.reserved),
         gpu,
         Location::Device,
@@ -460,7 +461,7 @@ pub unsafe fn exported_allocation(shareable: *const c_void, alloc: u64, htype: u
         }
         None => (Location::Unknown, own_gpu()),
     };
-    record(key, gpu, location);
+    register_export(key, gpu, location);
 }
 
 /// After a successful `cuMemPoolExportToShareableHandle`.
@@ -477,7 +478,7 @@ pub unsafe fn exported_pool(shareable: *const c_void, htype: u32) {
     else {
         return;
     };
-    record(
+    register_export(
         key,
         current_device().and_then(device_uuid).or_else(own_gpu),
         Location::Unknown,
@@ -495,7 +496,7 @@ pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *data };
     let gpu = pointer_device(ptr).and_then(device_uuid).or_else(own_gpu);
-    record(
+    register_export(
         Key::from_bytes(Kind::PoolPtr, &h.reserved),
         gpu,
         Location::Device,
@@ -521,7 +522,7 @@ pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
         return;
     };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    record(key, gpu, Location::Device);
+    register_export(key, gpu, Location::Device);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ pub fn dlvsym_decide(
     let Some(id) = route::entry_for(entries, || node_major(cversion.to_bytes())) else {
         return std::ptr::null_mut();
     };
-    real::record(id, found);
+    real::keep_found(id, found);
     TABLE[id].wrapper() as *mut c_void
 }
 
