@@ -42,6 +42,19 @@ def test_forked_child_initialises_cuda_itself(tmp_path):
     assert f":{parent}:" in r.err and f":{child}:" in r.err
 
 
+def test_a_forked_child_says_its_own_once_per_process_lines(tmp_path):
+    """"Said once per process" is once per pid (src/guard/1_sys/once.rs, `PerProcess`): a
+    child forked after its parent said a configuration warning says it again at its own
+    first violation, with its own pid, instead of inheriting the parent's "said"."""
+    r = guarded([prog("guard_fork")], tmp_path, cvd="3", timeout=20, RANKGUARD_IPC="bogus")
+    assert r.rc == 0, r.out + r.err
+    parent = int(re.search(r"parent pid=(\d+)", r.out).group(1))
+    child = int(re.search(r"child pid=(\d+)", r.out).group(1))
+    said = [ln for ln in r.err.splitlines() if 'RANKGUARD_IPC="bogus" is not valid' in ln]
+    pids = [int(ln.split(":")[1]) for ln in said]
+    assert pids == [parent, child], r.err
+
+
 def test_audit_appends_from_many_processes_never_interleave(tmp_path):
     import subprocess, json
     from conftest import GUARD, clean_env

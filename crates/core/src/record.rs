@@ -98,7 +98,7 @@ impl RuleId<'_> {
     }
 }
 
-/// A rank root as a record names it (`src/guard/5_process/rank_root.rs`, crate::rank_root).
+/// A rank root as a record names it (`src/guard/5_process/root_walk.rs`, crate::rank_root).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootRef<'a> {
     pub pid: u32,

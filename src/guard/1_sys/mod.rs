@@ -1,14 +1,15 @@
 //! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, the thread's
-//! signal mask by system call, fork-safe one-time cells, the loaded objects (`loaded`), symbol lookup in ELF files and the
-//! C library, and the two linker-level pieces (lazy libc binding, page-aligned data).
+//! signal mask by system call, the lifecycle map of process-lifetime state (`lifecycle`),
+//! the loaded objects (`loaded`), symbol lookup in ELF files and the C library, and the two
+//! linker-level pieces (lazy libc binding, page-aligned data).
 
 pub mod elfsym;
 pub mod ffi;
 pub mod layout;
 pub mod lazy_libc;
 pub mod libcsym;
+pub mod lifecycle;
 pub mod loaded;
-pub mod once;
 pub mod pyframes;
 pub mod sigmask;
 pub mod signal_safe;

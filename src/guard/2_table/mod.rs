@@ -18,7 +18,9 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicPtr, AtomicU64};
+
+use crate::guard::sys::lifecycle::PerProcess;
 
 /// Which library a guarded function belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,10 +55,10 @@ pub struct Slot {
     /// The real function once found (routing compares with it, the guard's own queries
     /// call it), published or not.
     pub found: AtomicPtr<c_void>,
-    /// The pid that last said this symbol's first violation on stderr: later ones in the
-    /// same process go to the audit file and the debug log only, so a loop cannot flood the
-    /// terminal; a forked child says its own first one.
-    pub said: AtomicU32,
+    /// This symbol's first violation was said on stderr in this process: later ones go to
+    /// the audit file and the debug log only, so a loop cannot flood the terminal; a forked
+    /// child says its own first one.
+    pub said: PerProcess,
     /// Ordinals (0..63) whose queries were already recorded in warn mode.
     pub queried: AtomicU64,
 }
@@ -66,7 +68,7 @@ impl Slot {
     pub const ZERO: Slot = Slot {
         real: AtomicPtr::new(std::ptr::null_mut()),
         found: AtomicPtr::new(std::ptr::null_mut()),
-        said: AtomicU32::new(0),
+        said: PerProcess::new(),
         queried: AtomicU64::new(0),
     };
 }
@@ -145,10 +147,7 @@ impl Entry {
 
     /// True the first time this process says something about this symbol.
     pub fn first_said(&self, pid: u32) -> bool {
-        self.slot()
-            .said
-            .swap(pid, std::sync::atomic::Ordering::Relaxed)
-            != pid
+        self.slot().said.first_in(pid)
     }
 
     /// The exported wrapper's address: the offsets' own address plus this entry's offset.

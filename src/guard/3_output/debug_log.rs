@@ -13,7 +13,7 @@
 
 use crate::guard::output::line;
 use crate::guard::output::sink;
-use crate::guard::sys::once::ForkSafeCell;
+use crate::guard::sys::lifecycle::ForkSafeCell;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use rankguard_core::config::Level;
 use std::fmt::{self, Write};

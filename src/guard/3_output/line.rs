@@ -2,15 +2,15 @@
 //! `host:pid:tid [rank N] RANKGUARD LEVEL `, the NCCL line shape users grep.
 //!
 //! The rank it names is handed down by the layers that know it (the configuration,
-//! `process::state`; the rank root, `process::rank_root`) when they learn it, so that this
+//! `process::state`; the rank root, `process::root_walk`) when they learn it, so that this
 //! layer, which everything above writes through, imports none of them. Both are plain
 //! atomics: a forked child inherits them, as it inherits the configuration and the rank root
 //! they come from.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::guard::sys::signal_safe;
+use crate::guard::sys::signal_safe::{self, StackBuf};
 
 /// The configured rank (`RANKGUARD_RANK` and the like), or [`NO_RANK`].
 static RANK: AtomicU64 = AtomicU64::new(NO_RANK);
@@ -49,4 +49,19 @@ pub fn prefix<W: Write>(w: &mut W, level: &str) {
         }
     }
     let _ = write!(w, "RANKGUARD {level} ");
+}
+
+/// The longest line [`say`] writes (a longer text is cut before its newline, ` [...]`).
+pub const SAY_MAX: usize = 1024;
+
+/// Say one line on stderr: the prefix with `level`, `text`, one newline, in one `write(2)`
+/// (no allocation: the line is built on the stack). Every line the guard says on stderr
+/// but a decision record (`audit::decision_record`) and the end-of-rank handler's goes
+/// through here.
+pub fn say(level: &str, text: fmt::Arguments<'_>) {
+    let mut b = StackBuf::<SAY_MAX>::new();
+    prefix(&mut b, level);
+    let _ = b.write_fmt(text);
+    b.end_line();
+    signal_safe::write_all(2, b.as_bytes());
 }

@@ -26,14 +26,13 @@
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use crate::config;
 use crate::guard::output::line;
-use crate::guard::sys::once::PidLock;
+use crate::guard::sys::lifecycle::{PerProcess, PidLock};
 use crate::guard::sys::sigmask;
-use crate::guard::sys::signal_safe::{self, Mid, StackBuf};
+use crate::guard::sys::signal_safe::{self, Mid};
 
 pub struct Sink {
     /// Which file: its variable, what it holds and what happens instead are `kind`'s texts
@@ -44,15 +43,15 @@ pub struct Sink {
     fd: AtomicI32,
     dev: AtomicU64,
     ino: AtomicU64,
-    /// The pid for which opening failed (not retried, said once), or 0.
-    refused: AtomicU32,
-    /// The pid that last said that records are being lost.
-    lost_said: AtomicU32,
+    /// Opening failed in this process (not retried, said once).
+    refused: PerProcess,
+    /// This process said that records are being lost.
+    lost_said: PerProcess,
     /// Records that could not be written (all processes sharing this memory).
     lost: AtomicU64,
-    /// The pid whose last write was cut short (the file ends in its fragment, with no
-    /// newline), or 0: its next record starts with a newline.
-    torn: AtomicU32,
+    /// This process's last write was cut short (the file ends in its fragment, with no
+    /// newline): its next record starts with a newline.
+    torn: PerProcess,
 }
 
 pub static AUDIT: Sink = Sink::new(Kind::Audit);
@@ -102,10 +101,10 @@ impl Sink {
             fd: AtomicI32::new(-1),
             dev: AtomicU64::new(0),
             ino: AtomicU64::new(0),
-            refused: AtomicU32::new(0),
-            lost_said: AtomicU32::new(0),
+            refused: PerProcess::new(),
+            lost_said: PerProcess::new(),
             lost: AtomicU64::new(0),
-            torn: AtomicU32::new(0),
+            torn: PerProcess::new(),
         }
     }
 
@@ -125,8 +124,7 @@ impl Sink {
             return false;
         };
         // Only after a cut-short write is the pid asked for (a system call).
-        let torn = self.torn.load(Ordering::Relaxed);
-        let resync = torn != 0 && torn == signal_safe::pid();
+        let resync = self.torn.done_here();
         let want = bytes.len() + usize::from(resync);
         loop {
             let (n, err) = if resync {
@@ -136,7 +134,7 @@ impl Sink {
             };
             if n >= 0 && n as usize == want {
                 if resync {
-                    self.torn.store(0, Ordering::Relaxed);
+                    self.torn.clear();
                 }
                 return true;
             }
@@ -147,9 +145,9 @@ impl Sink {
             // way; never retry a partial record (it would tear the line). A short write
             // that got past the leading newline left a fragment of this record.
             if n > isize::from(resync) {
-                self.torn.store(signal_safe::pid(), Ordering::Relaxed);
+                self.torn.mark(signal_safe::pid());
             } else if n == 1 {
-                self.torn.store(0, Ordering::Relaxed);
+                self.torn.clear();
             }
             self.lose(template, if n >= 0 { libc::ENOSPC } else { err });
             return true;
@@ -159,7 +157,7 @@ impl Sink {
     fn lose(&self, template: &str, err: i32) {
         let total = self.lost.fetch_add(1, Ordering::Relaxed) + 1;
         let pid = signal_safe::pid();
-        if self.lost_said.swap(pid, Ordering::Relaxed) == pid {
+        if !self.lost_said.first_in(pid) {
             return;
         }
         let why = if err == libc::EAGAIN {
@@ -174,18 +172,16 @@ impl Sink {
         } else {
             "free space on that file system or point"
         };
-        let mut b = StackBuf::<1024>::new();
-        line::prefix(&mut b, "WARN");
-        let _ = writeln!(
-            b,
-            "{}=\"{}\": a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: {fix} {} elsewhere",
-            self.kind.var(),
-            Mid(&self.path(template), signal_safe::VALUE_MAX),
-            self.kind.what(),
-            self.kind.var()
+        line::say(
+            "WARN",
+            format_args!(
+                "{}=\"{}\": a write failed ({why}); {} are being lost ({total} so far; said once per process). Fix: {fix} {} elsewhere",
+                self.kind.var(),
+                Mid(&self.path(template), signal_safe::VALUE_MAX),
+                self.kind.what(),
+                self.kind.var()
+            ),
         );
-        b.end_line();
-        signal_safe::write_all(2, b.as_bytes());
     }
 
     fn path(&self, template: &str) -> String {
@@ -199,7 +195,7 @@ impl Sink {
     /// its own descriptor table). None when it cannot be opened (said once).
     fn descriptor(&self, template: &str) -> Option<i32> {
         let pid = signal_safe::pid();
-        if self.refused.load(Ordering::Relaxed) == pid {
+        if self.refused.done_in(pid) {
             return None;
         }
         let _guard = self.lock.lock();
@@ -218,7 +214,7 @@ impl Sink {
             }
             Err(problem) => {
                 self.fd.store(-1, Ordering::Relaxed);
-                if self.refused.swap(pid, Ordering::Relaxed) != pid {
+                if self.refused.first_in(pid) {
                     self.say_refused(&path, problem);
                 }
                 None
@@ -261,17 +257,15 @@ impl Sink {
                 euid()
             ),
         };
-        let mut b = StackBuf::<1024>::new();
-        line::prefix(&mut b, "WARN");
-        let _ = writeln!(
-            b,
-            "{}=\"{}\" {what}; {}",
-            self.kind.var(),
-            Mid(path, signal_safe::VALUE_MAX),
-            self.kind.instead()
+        line::say(
+            "WARN",
+            format_args!(
+                "{}=\"{}\" {what}; {}",
+                self.kind.var(),
+                Mid(path, signal_safe::VALUE_MAX),
+                self.kind.instead()
+            ),
         );
-        b.end_line();
-        signal_safe::write_all(2, b.as_bytes());
     }
 }
 

@@ -8,6 +8,8 @@ use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+use crate::guard::sys::lifecycle::keep_first;
+
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
@@ -112,10 +114,7 @@ pub fn driver_handle() -> *mut c_void {
     // SAFETY: the name is NUL-terminated; RTLD_LAZY|RTLD_LOCAL adds no symbols to the global
     // scope. The handle is kept for the life of the process (never dlclose'd).
     let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
-    if !h.is_null() {
-        DRIVER.store(h, Ordering::Release);
-    }
-    h
+    keep_first(&DRIVER, h)
 }
 
 /// True if `p` is one of this library's wrappers.

@@ -100,15 +100,7 @@ fn runtime_slot(
     let p = crate::guard::resolve::majors::in_major(name, major);
     if !p.is_null() {
         return match slot {
-            Some(s) => match s.compare_exchange(
-                std::ptr::null_mut(),
-                p,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => p,
-                Err(existing) => existing,
-            },
+            Some(s) => crate::guard::sys::lifecycle::keep_first(s, p),
             None => p,
         };
     }

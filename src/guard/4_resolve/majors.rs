@@ -27,9 +27,10 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::fmt::Write;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::guard::resolve::dl;
+use crate::guard::sys::lifecycle::PerProcess;
 use crate::guard::sys::loaded;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::{self, Entry};
@@ -122,7 +123,7 @@ pub fn major_at(handle: *mut c_void, name: &CStr, found: *mut c_void) -> Option<
         .find(|&m| table::runtime_node(m).is_some_and(|node| dlvsym(handle, name, node) == found))
 }
 
-static UNKNOWN_SAID: AtomicBool = AtomicBool::new(false);
+static UNKNOWN_SAID: PerProcess = PerProcess::new();
 /// The first unknown runtime's path, for tests of the line.
 static UNKNOWN_PATH: AtomicPtr<c_char> = AtomicPtr::new(ptr::null_mut());
 
@@ -131,7 +132,8 @@ static UNKNOWN_PATH: AtomicPtr<c_char> = AtomicPtr::new(ptr::null_mut());
 /// `cuInit` (every runtime initialises the driver) and when `dlsym` hands out a runtime
 /// function of such a major. Loads nothing, allocates nothing.
 pub fn notice_unknown() {
-    if UNKNOWN_SAID.load(Ordering::Relaxed) {
+    let pid = signal_safe::pid();
+    if UNKNOWN_SAID.done_in(pid) {
         return;
     }
     let mut names = [ptr::null(); MAX_RUNTIMES];
@@ -141,25 +143,22 @@ pub fn notice_unknown() {
         let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
         let known = major_of(bytes)
             .is_some_and(|m| table::RUNTIME_MAJORS.iter().any(|&k| u32::from(k) == m));
-        if known || UNKNOWN_SAID.swap(true, Ordering::Relaxed) {
+        if known || !UNKNOWN_SAID.first_in(pid) {
             continue;
         }
         UNKNOWN_PATH.store(path.cast_mut(), Ordering::Relaxed);
-        let mut b = StackBuf::<768>::new();
-        crate::guard::output::line::prefix(&mut b, "WARN");
         let shown = std::str::from_utf8(bytes).unwrap_or("libcudart (name not UTF-8)");
-        let _ = write!(
-            b,
-            "{shown} is a CUDA runtime of a major this guard has no wrappers for (it wraps "
-        );
+        let mut wrapped = StackBuf::<64>::new();
         for (i, m) in table::RUNTIME_MAJORS.iter().enumerate() {
-            let _ = write!(b, "{}{m}", if i > 0 { " and " } else { "" });
+            let _ = write!(wrapped, "{}{m}", if i > 0 { " and " } else { "" });
         }
-        let _ = writeln!(
-            b,
-            "): its runtime calls pass untouched; the driver layer (cuInit, device ordinals, peer access, IPC) still enforces the contract. Upgrade rankguard."
+        crate::guard::output::line::say(
+            "WARN",
+            format_args!(
+                "{shown} is a CUDA runtime of a major this guard has no wrappers for (it wraps {}): its runtime calls pass untouched; the driver layer (cuInit, device ordinals, peer access, IPC) still enforces the contract. Upgrade rankguard.",
+                std::str::from_utf8(wrapped.as_bytes()).unwrap_or("")
+            ),
         );
-        signal_safe::write_all(2, b.as_bytes());
         return;
     }
 }

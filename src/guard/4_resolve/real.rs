@@ -20,7 +20,7 @@ use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
-use crate::guard::sys::once::ForkSafeOnce;
+use crate::guard::sys::lifecycle::{keep_first, ForkSafeOnce};
 use crate::guard::sys::signal_safe;
 use crate::guard::table::SLOTS;
 use crate::guard::table::{Lib, TABLE};
@@ -103,15 +103,7 @@ pub fn find(id: usize) -> *mut c_void {
             if p.is_null() || is_own(p) {
                 return ptr::null_mut();
             }
-            match e.found().compare_exchange(
-                ptr::null_mut(),
-                p,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => p,
-                Err(existing) => existing,
-            }
+            keep_first(e.found(), p)
         }
     }
 }
@@ -137,27 +129,16 @@ pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_v
     if p.is_null() {
         return p;
     }
-    match slot.compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => p,
-        Err(existing) => existing,
-    }
+    keep_first(slot, p)
 }
 
-/// Record `p` as entry `id`'s real function unless one is recorded already; returns the
-/// recorded one.
-pub fn record(id: usize, p: *mut c_void) -> *mut c_void {
-    if p.is_null() || is_own(p) {
+/// Keep `p` as entry `id`'s found real function unless one is kept already (found, not
+/// yet published for [`get`]: [`published`]); returns the kept one.
+pub fn keep_found(id: usize, p: *mut c_void) -> *mut c_void {
+    if is_own(p) {
         return TABLE[id].found().load(Ordering::Acquire);
     }
-    match TABLE[id].found().compare_exchange(
-        ptr::null_mut(),
-        p,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        Ok(_) => p,
-        Err(existing) => existing,
-    }
+    keep_first(TABLE[id].found(), p)
 }
 
 /// Find every driver entry (once, before routing by pointer); publishes nothing.

@@ -1,31 +1,27 @@
 //! The IPC provenance registry as this process opens it: which directory (configured,
 //! default, or the private fallback under the user's home), and its problems said once.
-//! The rank root (`rank_root`) and R3 (`decide::ipc`) both read and write through it.
+//! The rank root (`root_walk`) and R3 (`decide::ipc`) both read and write through it.
 #![allow(unsafe_code)]
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::guard::output::debug_log;
-use crate::guard::output::line::prefix;
+use crate::guard::output::line::say;
 use crate::guard::process::state;
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::lifecycle::PerProcess;
 use crate::registry::{self, ProcFs, Registry};
 
-static SAID_DIR: AtomicBool = AtomicBool::new(false);
-pub(crate) static SAID_WRITE: AtomicBool = AtomicBool::new(false);
+static SAID_DIR: PerProcess = PerProcess::new();
+pub(crate) static SAID_WRITE: PerProcess = PerProcess::new();
 
-pub(crate) fn say_once(flag: &AtomicBool, args: fmt::Arguments<'_>) {
-    if flag.swap(true, Ordering::Relaxed) {
+/// Say `args` once per process under `flag` (later ones go to the debug log).
+pub(crate) fn say_once(flag: &PerProcess, args: fmt::Arguments<'_>) {
+    if !flag.first() {
         debug_log::log!(Debug, "{args}");
         return;
     }
-    let mut b = StackBuf::<1024>::new();
-    prefix(&mut b, "WARN");
-    let _ = b.write_fmt(args);
-    b.end_line();
-    signal_safe::write_all(2, b.as_bytes());
+    say("WARN", args);
 }
 
 pub(crate) fn euid() -> u32 {
@@ -77,16 +73,15 @@ pub(crate) fn open_registry_or_why() -> Result<Registry, Untrusted> {
     }
 }
 
-/// The pid that swept the registry at its start (a forked child sweeps again).
-static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
+/// Whether this process swept the registry at its start (a forked child sweeps again).
+static SWEPT_AT_START: PerProcess = PerProcess::new();
 
 /// The first registry a process opens is swept once, at most [`registry::SWEEP_BUDGET`]
 /// entries within [`registry::START_SWEEP_TIME`]: the records of processes that died
 /// without removing theirs go (an untrusted record is left for the look-up that says so), so the registry stays bounded by what is alive (each
-/// process removes its own rank record when it ends: `rank_root::drop_record`).
+/// process removes its own rank record when it ends: `root_walk::drop_record`).
 fn swept_at_start(reg: Registry) -> Registry {
-    let me = signal_safe::pid();
-    if SWEPT_BY.swap(me, Ordering::Relaxed) != me {
+    if SWEPT_AT_START.first() {
         let s = reg.sweep_dead_within(&ProcFs, registry::SWEEP_BUDGET, registry::START_SWEEP_TIME);
         debug_log::log!(
             Debug,

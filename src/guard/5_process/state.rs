@@ -2,7 +2,7 @@
 //! constructor: the only load-time code is `decide::narrow`'s), the audit and debug sinks,
 //! and the identity the R1 check established.
 //!
-//! All of it lives in fork-safe one-time cells ([`crate::guard::sys::once`]): set once, read
+//! All of it lives in fork-safe one-time cells ([`crate::guard::sys::lifecycle`]): set once, read
 //! lock-free afterwards, and a child forked while another thread of its parent was setting
 //! one up does the set-up itself instead of waiting forever for a thread it does not have.
 //! Nothing depends on the pid (reports call getpid each time; the sinks check their
@@ -10,15 +10,13 @@
 //! reports carry its own pid.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use crate::config::{Config, Mode};
 use crate::guard::output::debug_log;
 use crate::guard::output::line;
 use crate::guard::output::sink;
 use crate::guard::resolve::real;
-use crate::guard::sys::once::ForkSafeCell;
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::lifecycle::{ForkSafeCell, PerProcess};
+use crate::guard::sys::signal_safe;
 use crate::guard::table::{Id, TABLE};
 
 pub struct State {
@@ -73,13 +71,10 @@ fn init() -> &'static State {
         // them would be a false promise. Stay inert and say so once (issue 14, item 12).
         let dlopened = !secure && !interposing();
         if dlopened {
-            let mut b = StackBuf::<512>::new();
-            line::prefix(&mut b, "WARN");
-            let _ = std::fmt::Write::write_str(
-                &mut b,
-                "librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)\n",
+            line::say(
+                "WARN",
+                format_args!("librankguard.so was loaded with dlopen(), not preloaded: it cannot see this program's CUDA calls, so it stays inert (checks nothing, passes calls through). Preload it instead: LD_PRELOAD=$(rankguard lib)"),
             );
-            signal_safe::write_all(2, b.as_bytes());
         }
         let inert = secure || dlopened;
         // A value that is not UTF-8 is read lossily: an invalid mode is then reported as
@@ -158,28 +153,24 @@ pub fn audit_on() -> bool {
 
 /// A configuration problem, said on stderr.
 fn warn_once_config(var: &str, value: &str, what: &str) {
-    let mut b = StackBuf::<768>::new();
-    line::prefix(&mut b, "WARN");
-    let _ = std::fmt::Write::write_fmt(
-        &mut b,
+    line::say(
+        "WARN",
         format_args!(
-            "{var}=\"{}\" {what}\n",
+            "{var}=\"{}\" {what}",
             signal_safe::Mid(value, signal_safe::VALUE_MAX)
         ),
     );
-    b.end_line();
-    signal_safe::write_all(2, b.as_bytes());
 }
 
-static CONFIG_WARNED: AtomicU32 = AtomicU32::new(0);
+static CONFIG_WARNED: PerProcess = PerProcess::new();
 
 /// Say each invalid configuration value once per process.
 pub fn report_config_errors() {
-    // A load first: the violation path calls this each time, a swap would be a locked write.
-    if CONFIG_WARNED.load(Ordering::Relaxed) != 0 || CONFIG_WARNED.swap(1, Ordering::Relaxed) != 0 {
+    // Nothing to say, the usual case, first: the violation path calls this each time.
+    let cfg = &get().config;
+    if (cfg.errors.is_empty() && cfg.job_notice.is_none()) || !CONFIG_WARNED.first() {
         return;
     }
-    let cfg = &get().config;
     for e in &cfg.errors {
         warn_once_config(
             e.var,
@@ -188,11 +179,7 @@ pub fn report_config_errors() {
         );
     }
     if let Some(notice) = cfg.job_notice {
-        let mut b = StackBuf::<768>::new();
-        line::prefix(&mut b, "WARN");
-        let _ = std::fmt::Write::write_str(&mut b, notice);
-        b.end_line();
-        signal_safe::write_all(2, b.as_bytes());
+        line::say("WARN", format_args!("{notice}"));
     }
 }
 

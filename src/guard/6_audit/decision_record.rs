@@ -5,13 +5,13 @@
 
 use std::fmt::{self, Write};
 
-use crate::config::Mode;
+use crate::config::{Config, Mode};
 use crate::guard::audit::site;
 use crate::guard::output::debug_log;
-use crate::guard::process::rank_root;
+use crate::guard::process::root_walk;
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
-use crate::guard::table::TABLE;
+use crate::guard::table::{Entry, TABLE};
 use crate::policy::{Rule, Violation};
 use rankguard_core::record::{
     Action, AuditRecord, FixedWriter, RuleFields, RuleId, Text, CUT_MARK, FIXED_MAX, RECORD_MAX,
@@ -77,7 +77,7 @@ pub fn record_decision_at(
     let e = &TABLE[id];
     let st = state::get();
     let cfg = &st.config;
-    let _ = rank_root::ensure(cfg);
+    let _ = root_walk::ensure(cfg);
     let extra = extra.unwrap_or_default();
     // A value that is not UTF-8 is shown with its bytes escaped (`\xff`), never as unset.
     let mut cvd_buf = StackBuf::<512>::new();
@@ -91,29 +91,15 @@ pub fn record_decision_at(
     let _ = args_buf.write_fmt(args);
     let mut detail_buf = StackBuf::<256>::new();
     let _ = write!(detail_buf, "{}", v.detail);
-    let root = rank_root::current();
     let rec = AuditRecord {
-        ts_us: Some(signal_safe::now_us()),
-        summary: None,
-        call: b(e.call()),
-        abi: Some(b(e.abi())),
-        action: Some(action),
-        rule: Some(RuleId::Known(v.rule)),
-        mode: Some(mode),
-        pid: Some(signal_safe::pid()),
         tid: Some(signal_safe::tid()),
-        host: Some(b(host)),
-        rank: cfg.rank,
-        local_rank: cfg.local_rank,
-        job: cfg.job.as_deref().map(b),
-        rank_root: root.map(rank_root::as_ref),
         ordinal: v.ordinal(),
         cvd: cvd_now.map(b),
         gpu: extra.gpu.or(state::owned_gpu()).map(b),
         rank_gpu: cfg
             .rank_gpu
             .as_deref()
-            .or(rank_root::rank_gpu())
+            .or(root_walk::rank_gpu())
             .or(state::start_gpu())
             .map(b),
         rank_gpu_uuid: cfg.rank_gpu_uuid.as_deref().map(b),
@@ -125,12 +111,51 @@ pub fn record_decision_at(
         py_stack_cut: cap.py_cut,
         native_stack: Cow::Borrowed(&cap.native_stack),
         native_stack_cut: cap.native_cut,
+        ..process_record(
+            Some(e),
+            action,
+            v.rule,
+            mode,
+            signal_safe::now_us(),
+            host,
+            cfg,
+        )
     };
 
     let loud = first || mode == Mode::Abort || v.rule == Rule::R1;
     match signal_safe::Scratch::new(LINE_MAX + RECORD_MAX) {
         Some(mut page) => say_and_write(&rec, page.bytes(), loud),
         None => say_and_write_on_stack(&rec, loud),
+    }
+}
+
+/// The part of a record every record of this process carries, a decision's
+/// ([`record_decision_at`]) and a repeat summary's (`tally`): the call, the verdict, when,
+/// and the process (pid, host, rank, job, the rank root it found). `entry`: None for a
+/// summary whose entry is unknown (`?`).
+pub fn process_record<'a>(
+    entry: Option<&Entry>,
+    action: Action,
+    rule: Rule,
+    mode: Mode,
+    ts_us: u64,
+    host: &'a str,
+    cfg: &'a Config,
+) -> AuditRecord<'a> {
+    AuditRecord {
+        ts_us: Some(ts_us),
+        call: b(entry.map_or("?", Entry::call)),
+        abi: Some(b(entry.map_or("?", Entry::abi))),
+        action: Some(action),
+        rule: Some(RuleId::Known(rule)),
+        mode: Some(mode),
+        pid: Some(signal_safe::pid()),
+        host: Some(b(host)),
+        rank: cfg.rank,
+        local_rank: cfg.local_rank,
+        job: cfg.job.as_deref().map(b),
+        rank_root: root_walk::current().map(root_walk::as_ref),
+        ..AuditRecord::default()
     }
 }
 

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use crate::config::{Level, Mode};
 use crate::guard::output::debug_log;
-use crate::guard::process::rank_root;
+use crate::guard::process::root_walk;
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use rankguard_core::record::{FixedWriter, MapR1, MapRecord, MAP_MAX};
@@ -50,7 +50,7 @@ pub fn write(f: &MapFacts<'_>) {
         rank: cfg.rank,
         local_rank: cfg.local_rank,
         job: cfg.job.as_deref().map(Cow::Borrowed),
-        rank_root: rank_root::current().map(rank_root::as_ref),
+        rank_root: root_walk::current().map(root_walk::as_ref),
         mode: Some(f.mode),
         cvd: cvd.map(Cow::Borrowed),
         cvd_start: f.cvd_start.map(Cow::Borrowed),
@@ -59,7 +59,7 @@ pub fn write(f: &MapFacts<'_>) {
         rank_gpu: cfg
             .rank_gpu
             .as_deref()
-            .or(rank_root::rank_gpu())
+            .or(root_walk::rank_gpu())
             .or(f.start_gpu)
             .map(Cow::Borrowed),
         rank_gpu_uuid: cfg.rank_gpu_uuid.as_deref().map(Cow::Borrowed),

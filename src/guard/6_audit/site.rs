@@ -24,6 +24,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::guard::resolve::real;
+use crate::guard::sys::lifecycle::ForkSafeCell;
 use crate::guard::sys::signal_safe::StackBuf;
 
 /// Most Python frames kept in a record (`py_stack`), innermost ones, printed outermost first.
@@ -95,8 +96,7 @@ static PY_DUMP: AtomicUsize = AtomicUsize::new(0);
 static PY_INIT: AtomicUsize = AtomicUsize::new(0);
 
 /// CPython 3.13's frame layout, when `_Py_DumpTraceback` is not exported (`pyframes.rs`).
-static PY_OFFSETS: std::sync::OnceLock<crate::guard::sys::pyframes::Offsets> =
-    std::sync::OnceLock::new();
+static PY_OFFSETS: ForkSafeCell<crate::guard::sys::pyframes::Offsets> = ForkSafeCell::new();
 
 #[cold]
 fn py_lookup() {
@@ -112,7 +112,7 @@ fn py_lookup() {
         // version before reading the offsets table it starts with).
         if let Some(o) = unsafe { crate::guard::sys::pyframes::load(runtime, code_type, get_line) }
         {
-            let _ = PY_OFFSETS.set(o);
+            PY_OFFSETS.set(o);
         }
     }
     if get.is_null() || init.is_null() || (dump.is_null() && PY_OFFSETS.get().is_none()) {

@@ -37,13 +37,14 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::config::Mode;
+use crate::guard::audit::decision_record::process_record;
 use crate::guard::audit::site::{self, Capture, SITE_MAX};
 use crate::guard::output::debug_log;
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
 use crate::guard::table::TABLE;
 use crate::policy::Rule;
-use rankguard_core::record::{Action, AuditRecord, FixedWriter, RuleId, Summary, FIXED_MAX};
+use rankguard_core::record::{Action, AuditRecord, FixedWriter, Summary, FIXED_MAX};
 use std::borrow::Cow;
 
 /// Occurrences per (rule, call, site) and process written as full records.
@@ -183,15 +184,14 @@ fn rule_code(r: Rule) -> u32 {
     u32::from(r.number())
 }
 
+/// The inverse of [`rule_code`]: both are the core's one numbering (`Rule::ALL`, an array
+/// of one-byte values, no pointers: nothing relocated at load, `test_startup_cost.py`). A
+/// code is only ever one that `rule_code` wrote.
 fn rule_of(code: u32) -> Rule {
-    // The inverse of `rule_code` (the core's `Rule::number`), kept a match: the guard's
-    // build is checked for relocations, and `Rule::from_number` was not measured there.
-    match code {
-        1 => Rule::R1,
-        2 => Rule::R2,
-        3 => Rule::R3,
-        _ => Rule::R4,
-    }
+    u8::try_from(code)
+        .ok()
+        .and_then(Rule::from_number)
+        .unwrap_or(Rule::R4)
 }
 
 /// The key of (meta, tag, value): a bijection of `value` for each (meta, tag) (odd
@@ -692,31 +692,21 @@ fn flush_slot(s: &Slot) {
     let e = TABLE.get(id);
     let mut host = [0u8; 64];
     let host = signal_safe::hostname(&mut host);
+    let action = if meta & 1 != 0 {
+        Action::Deny
+    } else {
+        Action::Warn
+    };
+    let mode = if st.inert { Mode::Off } else { st.config.mode };
+    let rule = rule_of((meta >> 1) & 0x7f);
+    // The same process facts as its full records (the rank root: an atomic load).
     let rec = AuditRecord {
-        ts_us: Some(until),
         summary: Some(Summary {
             count: d,
             since_us: (since != 0).then_some(since),
         }),
-        call: Cow::Borrowed(e.map_or("?", |e| e.call())),
-        abi: Some(Cow::Borrowed(e.map_or("?", |e| e.abi()))),
-        action: Some(if meta & 1 != 0 {
-            Action::Deny
-        } else {
-            Action::Warn
-        }),
-        rule: Some(RuleId::Known(rule_of((meta >> 1) & 0x7f))),
-        mode: Some(if st.inert { Mode::Off } else { st.config.mode }),
-        pid: Some(signal_safe::pid()),
-        host: Some(Cow::Borrowed(host)),
-        rank: st.config.rank,
-        local_rank: st.config.local_rank,
-        job: st.config.job.as_deref().map(Cow::Borrowed),
-        // the rank root the full records of this process named (an atomic load)
-        rank_root: crate::guard::process::rank_root::current()
-            .map(crate::guard::process::rank_root::as_ref),
         site: site_text.map(Cow::Borrowed),
-        ..AuditRecord::default()
+        ..process_record(e, action, rule, mode, until, host, &st.config)
     };
     // A summary has no stacks: it always fits FIXED_MAX (every field is capped).
     let mut buf = [0u8; FIXED_MAX];
@@ -729,6 +719,14 @@ fn flush_slot(s: &Slot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rule_survives_its_code_in_a_summary_key() {
+        for r in Rule::ALL {
+            let meta = meta_of(7, r, true);
+            assert_eq!(rule_of((meta >> 1) & 0x7f), r);
+        }
+    }
 
     #[test]
     fn keys_are_never_zero_and_differ_by_every_part() {

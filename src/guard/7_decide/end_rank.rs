@@ -22,8 +22,8 @@ use std::fmt::Write;
 use crate::config::Mode;
 use crate::guard::audit::decision_record::prefix;
 use crate::guard::audit::site;
-use crate::guard::process::rank_root::{self, ProcFsView};
 use crate::guard::process::registry_io;
+use crate::guard::process::root_walk::{self, ProcFsView};
 use crate::guard::process::state;
 use crate::guard::sys::sigmask;
 use crate::guard::sys::signal_safe::{self, StackBuf};
@@ -61,7 +61,7 @@ fn end(mode: Mode, rule: Rule, why: &str) {
     let marks =
         marks_of(|n| signal_safe::getenv_bytes(n).map(|v| String::from_utf8_lossy(v).into_owned()));
     // Without rank marks: the rank root, when it is an ancestor (not this process).
-    let root = rank_root::ensure(cfg)
+    let root = root_walk::ensure(cfg)
         .filter(|r| r.gpu.is_some())
         .map(|r| r.id);
     let top = rank_top(me, uid, &marks, root, &mut ProcFsView::new());

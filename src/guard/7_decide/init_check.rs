@@ -2,22 +2,22 @@
 //! process sees exactly one GPU, the rank's, and stops it (enforce) or records it (warn).
 #![allow(unsafe_code)]
 
-use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use crate::config::Mode;
 use crate::cvd;
-use crate::guard::audit::decision_record::{prefix, record_decision, Extra};
+use crate::guard::audit::decision_record::{record_decision, Extra};
 use crate::guard::audit::map_record::{self, MapFacts};
 use crate::guard::decide::end_rank;
 use crate::guard::decide::verdict::abort_now;
 use crate::guard::output::debug_log;
+use crate::guard::output::line::say;
 use crate::guard::process::driver_query::{self, device_uuid, driver_count};
-use crate::guard::process::rank_root;
+use crate::guard::process::root_walk;
 use crate::guard::process::start_env;
 use crate::guard::process::state;
 use crate::guard::sys::ffi::CuResult;
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::signal_safe;
 use crate::guard::table::Id;
 use crate::policy::{self, InitFacts, Rule, Unreadable, Verdict};
 use crate::rankgpu;
@@ -53,10 +53,7 @@ pub fn around_init(real_init: impl Fn() -> CuResult) -> CuResult {
         // could not finish fails closed: in enforce mode the process is stopped as for
         // any R1 violation, since its visibility was not verified.
         if std::panic::catch_unwind(|| check_init(rc)).is_err() && state::mode() == Mode::Enforce {
-            let mut b = StackBuf::<256>::new();
-            prefix(&mut b, "DENY");
-            let _ = writeln!(b, "terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})");
-            signal_safe::write_all(2, b.as_bytes());
+            say("DENY", format_args!("terminating: the R1 check at CUDA initialisation could not finish (exit status {EXIT_R1})"));
             end_rank::end_rank(Mode::Enforce, Rule::R1, "the R1 check at CUDA initialisation could not finish");
             // SAFETY: _exit has no preconditions (see check_init for why not exit()).
             unsafe { libc::_exit(EXIT_R1) }
@@ -80,10 +77,10 @@ fn check_init(rc: CuResult) {
     // Entries CUDA does not read (`0,-1`): R1 is decided on those it reads, as `rankguard
     // check` decides it; both say the rest in the same words (crate::cvd::unread).
     if let Some(u) = cvd_text.and_then(cvd::unread) {
-        let mut b = StackBuf::<768>::new();
-        prefix(&mut b, "WARN");
-        let _ = writeln!(b, "{}", u.describe(cvd_text.unwrap_or("")));
-        signal_safe::write_all(2, b.as_bytes());
+        say(
+            "WARN",
+            format_args!("{}", u.describe(cvd_text.unwrap_or(""))),
+        );
     }
 
     let mut devices = 0;
@@ -103,14 +100,14 @@ fn check_init(rc: CuResult) {
     // The raw values: an empty, non-UTF-8 or unverifiable rank GPU fails closed, exactly
     // as `rankguard check` decides it (one shared function).
     let rank_uuid = signal_safe::getenv_bytes("RANKGUARD_RANK_GPU_UUID");
-    // No rank variables: the rank is the outermost ancestor that is one (rank_root.rs).
+    // No rank variables: the rank is the outermost ancestor that is one (root_walk.rs).
     let cfg = &state::get().config;
     // A walk that could not read /proc (the fd table full) fails closed (policy::init).
-    let walk = rank_root::ensure_checked(cfg);
+    let walk = root_walk::ensure_checked(cfg);
     let by_root = matches!(walk, Ok(Some(_)));
     let is_rank_gpu = match signal_safe::getenv_bytes("RANKGUARD_RANK_GPU") {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
-        None => rank_root::is_rank_gpu(own_uuid, &vis),
+        None => root_walk::is_rank_gpu(own_uuid, &vis),
     };
     let start = start_env::cvd();
     let kept_start_gpu = start_gpu_kept(&start, own_uuid, &vis);
@@ -133,7 +130,7 @@ fn check_init(rc: CuResult) {
             .as_ref()
             .err()
             .copied()
-            .filter(|_| entries == 1 && rank_root::applies(cfg))),
+            .filter(|_| entries == 1 && root_walk::applies(cfg))),
         kept_start_gpu,
         node_gpus,
     };
@@ -158,7 +155,7 @@ fn check_init(rc: CuResult) {
     if by_root && (verdict.is_allow() || mode == Mode::Warn) {
         // A process that sees exactly one GPU records its rank for its descendants.
         let sees_rank_gpu = entries == 1 && devices == 1 && is_rank_gpu != Some(false);
-        rank_root::publish(cfg, own_uuid, sees_rank_gpu);
+        root_walk::publish(cfg, own_uuid, sees_rank_gpu);
     }
     let Verdict::Violation(v) = verdict else {
         if mode == Mode::Enforce {
@@ -186,10 +183,7 @@ fn check_init(rc: CuResult) {
         }
         Mode::Enforce | Mode::Off => {
             record_decision(id, &v, Action::Deny, mode, format_args!("flags=0"), extra());
-            let mut b = StackBuf::<256>::new();
-            prefix(&mut b, "DENY");
-            let _ = writeln!(b, "terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)");
-            signal_safe::write_all(2, b.as_bytes());
+            say("DENY", format_args!("terminating: this process breaks rule R1 at CUDA initialisation (exit status {EXIT_R1}; RANKGUARD_MODE=warn lets it run for debugging)"));
             end_rank::refused(mode, &v);
             // SAFETY: _exit has no preconditions. It skips atexit handlers on purpose:
             // we are inside a CUDA call on an arbitrary thread of someone else's process,
@@ -220,14 +214,13 @@ fn start_gpu_kept(
 /// The start environment could not be read and nothing failed closed on it (a rank variable
 /// names the rank): say what was not checked, once (the R1 check runs once per process).
 fn start_unread(u: &Unreadable) {
-    let mut b = StackBuf::<512>::new();
-    prefix(&mut b, "WARN");
-    let _ = writeln!(
-        b,
-        "/proc/{}/{} could not be read (OS error {}): whether this process re-pointed the CUDA_VISIBLE_DEVICES it was started with is not checked; fix: leave fds free at the first cuInit (ulimit -n)",
-        u.pid, u.file, u.errno
+    say(
+        "WARN",
+        format_args!(
+            "/proc/{}/{} could not be read (OS error {}): whether this process re-pointed the CUDA_VISIBLE_DEVICES it was started with is not checked; fix: leave fds free at the first cuInit (ulimit -n)",
+            u.pid, u.file, u.errno
+        ),
     );
-    signal_safe::write_all(2, b.as_bytes());
 }
 
 /// The R1 check's facts as a sentence in the debug log (DEBUG).

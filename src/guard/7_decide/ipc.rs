@@ -29,22 +29,22 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::Mode;
 use crate::guard::audit::decision_record::Extra;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::output::debug_log;
-use crate::guard::process::rank_root;
 use crate::guard::process::registry_io::{
     open_registry, open_registry_or_why, said_write_problem, say_once, Untrusted, SAID_WRITE,
 };
+use crate::guard::process::root_walk;
 use crate::guard::process::state;
 use crate::guard::resolve::internal;
 use crate::guard::sys::ffi::{
     CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
     EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
+use crate::guard::sys::lifecycle::{PerProcess, PidValue};
 use crate::guard::sys::signal_safe;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
@@ -231,10 +231,10 @@ unsafe fn shareable_key(
 // ---------------------------------------------------------------------------------------
 // The registry, as this process sees it
 
-static SAID_SKIP: AtomicBool = AtomicBool::new(false);
-static SAID_PANIC: AtomicBool = AtomicBool::new(false);
-/// The pid that last swept the registry (a forked child sweeps again).
-static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
+static SAID_SKIP: PerProcess = PerProcess::new();
+static SAID_PANIC: PerProcess = PerProcess::new();
+/// Whether this process swept the registry at its first export (a forked child sweeps again).
+static SWEPT: PerProcess = PerProcess::new();
 
 /// Whether this user has no registry it can trust because the default one is taken (see
 /// [`Untrusted::DefaultTaken`]). A panic counts as "no" (said once by `shielded`).
@@ -248,7 +248,7 @@ fn default_registry_taken() -> bool {
     .unwrap_or(false)
 }
 
-static SAID_OVERFLOW: AtomicBool = AtomicBool::new(false);
+static SAID_OVERFLOW: PerProcess = PerProcess::new();
 
 /// Whether the registry has lost records of a live exporter (its overflow mark,
 /// [`registry::Registry::overflow`]); said once per process with the mark's path. Asked
@@ -294,26 +294,25 @@ fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
 }
 
 /// This process's start time, read once per process (PyTorch exports at every share of a
-/// tensor): `OWN_START_PID` names the process it was read in, so a forked child reads its own.
-static OWN_START: AtomicU64 = AtomicU64::new(0);
-static OWN_START_PID: AtomicU32 = AtomicU32::new(0);
+/// tensor), for this pid only: a forked child reads its own.
+static OWN_START: PidValue = PidValue::new();
 
 fn own_start(pid: u32) -> Option<u64> {
-    if OWN_START_PID.load(Ordering::Acquire) == pid {
-        return Some(OWN_START.load(Ordering::Relaxed));
+    if let Some(start) = OWN_START.get(pid) {
+        return Some(start);
     }
     let start = registry::own_start_time()?;
-    OWN_START.store(start, Ordering::Relaxed);
-    OWN_START_PID.store(pid, Ordering::Release);
+    OWN_START.set(pid, start);
     Some(start)
 }
 
-/// Record an export. Never fails the export: a problem is said once.
-fn record(key: Key, gpu: Option<String>, location: Location) {
+/// Register an export in the provenance registry (its record). Never fails the export: a
+/// problem is said once.
+fn register_export(key: Key, gpu: Option<String>, location: Location) {
     let _ = shielded("writing", || {
         let reg = open_registry()?;
         let pid = signal_safe::pid();
-        if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
+        if SWEPT.first_in(pid) {
             let swept = reg.sweep(&ProcFs, registry::SWEEP_BUDGET);
             debug_log::log!(
                 Debug,
@@ -344,7 +343,7 @@ fn record(key: Key, gpu: Option<String>, location: Location) {
             time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            root: rank_root::id(),
+            root: root_walk::id(),
         };
         match reg.write(&rec, &ProcFs) {
             Ok(()) => debug_log::log!(
@@ -417,7 +416,7 @@ pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    record(
+    register_export(
         Key::from_bytes(Kind::Mem, &h.reserved),
         gpu,
         Location::Device,
@@ -436,7 +435,7 @@ pub unsafe fn exported_event(handle: *const IpcHandle) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
     let gpu = current_device().and_then(device_uuid).or_else(own_gpu);
-    record(
+    register_export(
         Key::from_bytes(Kind::Event, &h.reserved),
         gpu,
         Location::Device,
@@ -468,7 +467,7 @@ pub unsafe fn exported_allocation(shareable: *const c_void, alloc: u64, htype: u
         }
         None => (Location::Unknown, own_gpu()),
     };
-    record(key, gpu, location);
+    register_export(key, gpu, location);
 }
 
 /// After a successful `cuMemPoolExportToShareableHandle`.
@@ -485,7 +484,7 @@ pub unsafe fn exported_pool(shareable: *const c_void, htype: u32) {
     else {
         return;
     };
-    record(
+    register_export(
         key,
         current_device().and_then(device_uuid).or_else(own_gpu),
         Location::Unknown,
@@ -503,7 +502,7 @@ pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *data };
     let gpu = pointer_device(ptr).and_then(device_uuid).or_else(own_gpu);
-    record(
+    register_export(
         Key::from_bytes(Kind::PoolPtr, &h.reserved),
         gpu,
         Location::Device,
@@ -529,7 +528,7 @@ pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
         return;
     };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    record(key, gpu, Location::Device);
+    register_export(key, gpu, Location::Device);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -615,7 +614,7 @@ pub fn check_import<R: Code>(
         job: job.as_deref(),
         rank: cfg.rank,
         gpu: gpu.as_deref(),
-        root: rank_root::id(),
+        root: root_walk::id(),
     };
     let mut d = registry::decide(&me, rec.as_ref(), location, cfg.ipc);
     if matches!(d, Decision::Unknown | Decision::UnknownStrict) {

@@ -2,12 +2,10 @@
 //! from the CUDA library, or an entry point came back as an ABI variant it does not know.
 #![allow(unsafe_code)]
 
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
-
-use crate::guard::audit::decision_record::prefix;
 use crate::guard::decide::verdict::Code;
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::output::line::say;
+use crate::guard::sys::lifecycle::PerProcess;
+use crate::guard::sys::signal_safe;
 use crate::guard::table::TABLE;
 
 /// The real function of entry `id` is missing: say so once, return the defined error.
@@ -15,22 +13,23 @@ use crate::guard::table::TABLE;
 pub fn not_found<R: Code>(id: usize) -> R {
     let e = &TABLE[id];
     if e.first_said(signal_safe::pid()) {
-        let mut b = StackBuf::<512>::new();
-        prefix(&mut b, "WARN");
         match e.lib {
             crate::guard::table::Lib::Driver => {
-                let _ = writeln!(
-                    b,
-                    "{}: the real function was not found in libcuda.so.1; returning error 500 (not found). Is the CUDA library installed and on the library path?",
-                    e.abi()
+                say(
+                    "WARN",
+                    format_args!(
+                        "{}: the real function was not found in libcuda.so.1; returning error 500 (not found). Is the CUDA library installed and on the library path?",
+                        e.abi()
+                    ),
                 );
             }
             // Each major's wrapper has that major's parameters (guard/majors.rs): one whose
             // parameters differ between majors never calls another major's runtime.
             crate::guard::table::Lib::Runtime => {
-                let _ = writeln!(
-                    b,
-                    "{}: the real function was not found in a CUDA {} runtime (libcudart.so.{}){}; returning error 500 (not found). Is the CUDA library installed and on the library path?",
+                say(
+                    "WARN",
+                    format_args!(
+                        "{}: the real function was not found in a CUDA {} runtime (libcudart.so.{}){}; returning error 500 (not found). Is the CUDA library installed and on the library path?",
                     e.abi(),
                     e.major,
                     e.major,
@@ -39,10 +38,10 @@ pub fn not_found<R: Code>(id: usize) -> R {
                     } else {
                         ", and its parameters differ in the other CUDA majors, whose runtimes it never calls"
                     }
+                    ),
                 );
             }
         }
-        signal_safe::write_all(2, b.as_bytes());
     }
     R::missing()
 }
@@ -51,8 +50,8 @@ pub fn not_found<R: Code>(id: usize) -> R {
 /// we know: say so (once per process) and refuse it.
 #[cold]
 pub fn unknown_variant(symbol: *const std::ffi::c_char) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if SAID.swap(true, Ordering::Relaxed) {
+    static SAID: PerProcess = PerProcess::new();
+    if !SAID.first() {
         return;
     }
     let name = if symbol.is_null() {
@@ -63,11 +62,10 @@ pub fn unknown_variant(symbol: *const std::ffi::c_char) {
             .to_str()
             .unwrap_or("?")
     };
-    let mut b = StackBuf::<512>::new();
-    prefix(&mut b, "WARN");
-    let _ = writeln!(
-        b,
-        "entry point for {name} is an ABI variant this guard does not know (newer driver?); refusing it (pointer NULL, status not found) rather than handing out an unguarded function. Upgrade rankguard."
+    say(
+        "WARN",
+        format_args!(
+            "entry point for {name} is an ABI variant this guard does not know (newer driver?); refusing it (pointer NULL, status not found) rather than handing out an unguarded function. Upgrade rankguard."
+        ),
     );
-    signal_safe::write_all(2, b.as_bytes());
 }

@@ -33,13 +33,11 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::fmt::Write;
 
 use crate::config::Mode;
-use crate::guard::output::line::prefix;
+use crate::guard::output::line::say;
 use crate::guard::resolve::dl;
-use crate::guard::sys::once::ForkSafeCell;
-use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::lifecycle::ForkSafeCell;
 use rankguard_core::narrow;
 
 type Init = extern "C" fn(c_int, *const *const c_char, *const *const c_char);
@@ -163,15 +161,15 @@ fn narrow_now() {
 /// fail closed, it was never given its rank's GPU).
 pub fn report_at_init(mode: Mode, status: i32) {
     let Some(e) = ERROR.get() else { return };
-    let mut b = StackBuf::<1024>::new();
-    prefix(&mut b, "WARN");
     let stop = mode != Mode::Warn;
-    let _ = if stop {
-        writeln!(b, "{e} (terminating, exit status {status})")
+    if stop {
+        say(
+            "WARN",
+            format_args!("{e} (terminating, exit status {status})"),
+        );
     } else {
-        writeln!(b, "{e}")
-    };
-    signal_safe::write_all(2, b.as_bytes());
+        say("WARN", format_args!("{e}"));
+    }
     if stop {
         // SAFETY: _exit has no preconditions (init_check says why not exit()).
         unsafe { libc::_exit(status) }

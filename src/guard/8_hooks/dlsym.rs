@@ -28,6 +28,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::guard::hooks::route;
+use crate::guard::hooks::trampoline::{ask_then_forward, no_real};
 use crate::guard::resolve::real::{init_real_dlsym, REAL_DLSYM};
 #[cfg(test)]
 use crate::guard::table;
@@ -60,11 +61,8 @@ extern "C" fn rg_dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mu
         real = init_real_dlsym();
     }
     if real == 0 {
-        // No real dlsym to jump to: glibc without versioned dlsym is not supported, and
-        // jumping to 0 would crash. Say so and abort with a clear reason instead.
-        crate::guard::sys::signal_safe::write_all(2, b"RANKGUARD: cannot find the real dlsym (the C library's dlvsym found no dlsym at GLIBC_2.34 or the base version); librankguard.so needs glibc\n");
-        // SAFETY: abort has no preconditions.
-        unsafe { libc::abort() }
+        // glibc without versioned dlsym is not supported.
+        no_real(b"RANKGUARD: cannot find the real dlsym (the C library's dlvsym found no dlsym at GLIBC_2.34 or the base version); librankguard.so needs glibc\n");
     }
     if FORWARD.load(Ordering::Relaxed) as usize != real {
         FORWARD.store(real as *mut c_void, Ordering::Release);
@@ -115,29 +113,10 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 
 /// The slow path, reached by a jump from [`dlsym`] (names of the guarded shape) or through
 /// [`FORWARD`] before the real `dlsym` is known: asks [`rg_dlsym_decide`], then returns
-/// its wrapper or tail-jumps to the real `dlsym`.
-#[cfg(target_arch = "x86_64")]
+/// its wrapper or tail-jumps to the real `dlsym` (the body `dlvsym` has too).
 #[unsafe(naked)]
 unsafe extern "C" fn rg_dlsym_slow(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // At entry rsp = 8 mod 16 (the caller's return address, reached by jumps only); two
-    // pushes and 8 bytes of padding bring it to 0 mod 16 for the call, as the SysV ABI
-    // requires.
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {decide}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 2f",
-        "ret",
-        "2:",
-        "jmp qword ptr [rip + {real}]",
-        decide = sym rg_dlsym_decide,
-        real = sym REAL_DLSYM,
-    )
+    ask_then_forward!(rg_dlsym_decide, REAL_DLSYM)
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -179,32 +158,6 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "b {slow}",
         forward = sym FORWARD,
         slow = sym rg_dlsym_slow,
-    )
-}
-
-/// The slow path (see the x86_64 one).
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-unsafe extern "C" fn rg_dlsym_slow(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // Save x0, x1 and the link register (x30) in a 32-byte frame, call the decision
-    // function, restore, then return its answer or branch (not call) to the real dlsym,
-    // so x30 still holds the caller's return address.
-    core::arch::naked_asm!(
-        "stp x0, x1, [sp, #-32]!",
-        "str x30, [sp, #16]",
-        "bl {decide}",
-        "mov x16, x0",
-        "ldr x30, [sp, #16]",
-        "ldp x0, x1, [sp], #32",
-        "cbz x16, 2f",
-        "mov x0, x16",
-        "ret",
-        "2:",
-        "adrp x16, {real}",
-        "ldr x16, [x16, :lo12:{real}]",
-        "br x16",
-        decide = sym rg_dlsym_decide,
-        real = sym REAL_DLSYM,
     )
 }
 

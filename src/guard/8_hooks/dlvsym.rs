@@ -24,6 +24,7 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use crate::guard::hooks::route;
+use crate::guard::hooks::trampoline::{ask_then_forward, no_real};
 use crate::guard::resolve::real::{self, REAL_DLVSYM};
 use crate::guard::table::{self, TABLE};
 
@@ -35,10 +36,7 @@ extern "C" fn rg_dlvsym_decide(
     version: *const c_char,
 ) -> *mut c_void {
     if real::real_dlvsym_addr() == 0 {
-        // No real dlvsym to jump to (not glibc): jumping to 0 would crash. Say why.
-        crate::guard::sys::signal_safe::write_all(2, b"RANKGUARD: cannot find the real dlvsym in the C library (libc.so.6, libdl.so.2); librankguard.so needs glibc\n");
-        // SAFETY: abort has no preconditions.
-        unsafe { libc::abort() }
+        no_real(b"RANKGUARD: cannot find the real dlvsym in the C library (libc.so.6, libdl.so.2); librankguard.so needs glibc\n");
     }
     dlvsym_decide(handle, symbol, version)
 }
@@ -81,7 +79,7 @@ pub fn dlvsym_decide(
     let Some(id) = route::entry_for(entries, || node_major(cversion.to_bytes())) else {
         return std::ptr::null_mut();
     };
-    real::record(id, found);
+    real::keep_found(id, found);
     TABLE[id].wrapper() as *mut c_void
 }
 
@@ -97,7 +95,6 @@ pub fn node_major(node: &[u8]) -> Option<u8> {
     u8::try_from(n).ok()
 }
 
-#[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[cfg_attr(not(test), no_mangle)]
 /// # Safety
@@ -107,56 +104,7 @@ pub unsafe extern "C" fn dlvsym(
     symbol: *const c_char,
     version: *const c_char,
 ) -> *mut c_void {
-    // rdi = handle, rsi = symbol, rdx = version. At entry rsp = 8 mod 16 (the return
-    // address); three pushes bring it to 0 mod 16 for the call, as the SysV ABI requires.
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {decide}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 2f",
-        "ret",
-        "2:",
-        "jmp qword ptr [rip + {real}]",
-        decide = sym rg_dlvsym_decide,
-        real = sym REAL_DLVSYM,
-    )
-}
-
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-#[cfg_attr(not(test), no_mangle)]
-/// # Safety
-/// Same contract as glibc's `dlvsym`.
-pub unsafe extern "C" fn dlvsym(
-    handle: *mut c_void,
-    symbol: *const c_char,
-    version: *const c_char,
-) -> *mut c_void {
-    // Save x0-x2 and the link register (x30) in a 32-byte frame, call the decision
-    // function, restore, then return its answer or branch (not call) to the real dlvsym,
-    // so x30 still holds the caller's return address.
-    core::arch::naked_asm!(
-        "stp x0, x1, [sp, #-32]!",
-        "stp x2, x30, [sp, #16]",
-        "bl {decide}",
-        "mov x16, x0",
-        "ldp x2, x30, [sp, #16]",
-        "ldp x0, x1, [sp], #32",
-        "cbz x16, 2f",
-        "mov x0, x16",
-        "ret",
-        "2:",
-        "adrp x16, {real}",
-        "ldr x16, [x16, :lo12:{real}]",
-        "br x16",
-        decide = sym rg_dlvsym_decide,
-        real = sym REAL_DLVSYM,
-    )
+    ask_then_forward!(rg_dlvsym_decide, REAL_DLVSYM)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! `exec*` replaces the process image and with it the counts of violations not yet written
-//! (`tally.rs`) and the image that wrote the process's rank record (`rank_root.rs`: the new
+//! (`tally.rs`) and the image that wrote the process's rank record (`root_walk.rs`: the new
 //! program, guarded or not, cannot know it has one to remove at its end, so it goes now;
 //! a guarded program records again at its own first `cuInit`). These exports do both
 //! first, then jump to the real function with the caller's registers and stack untouched
@@ -18,7 +18,7 @@ mod x86 {
     use std::ffi::c_int;
 
     use crate::guard::audit::tally;
-    use crate::guard::process::rank_root;
+    use crate::guard::process::root_walk;
     use crate::guard::resolve::exec_real;
 
     /// A real function that cannot be found: fail the call the way exec fails.
@@ -32,7 +32,7 @@ mod x86 {
     /// remove the rank record, return the real function. Never unwinds into the caller.
     extern "C" fn rg_exec_hook(which: usize) -> usize {
         let _ = std::panic::catch_unwind(tally::before_exec);
-        rank_root::drop_record();
+        root_walk::drop_record();
         match exec_real::get(which) {
             0 => missing as *const () as usize,
             p => p,

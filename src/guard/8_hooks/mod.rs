@@ -4,4 +4,5 @@ pub mod dlsym;
 pub mod dlvsym;
 pub mod exec;
 pub mod route;
+pub mod trampoline;
 pub mod wrappers;

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 
 use crate::guard::output::debug_log;
 use crate::guard::resolve::real;
-use crate::guard::sys::once::ForkSafeOnce;
+use crate::guard::sys::lifecycle::ForkSafeOnce;
 use crate::guard::table::{self, TABLE};
 
 /// The outcome of routing one pointer.
@@ -116,7 +116,7 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
                 for &i in entries.iter().rev().skip(1) {
                     let p = crate::guard::resolve::majors::in_major(cname, TABLE[i as usize].major);
                     if !p.is_null() {
-                        real::record(i as usize, p);
+                        real::keep_found(i as usize, p);
                         return TABLE[i as usize].wrapper() as *mut c_void;
                     }
                 }
@@ -131,7 +131,7 @@ pub fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     }) else {
         return std::ptr::null_mut();
     };
-    real::record(id, found);
+    real::keep_found(id, found);
     debug_log::log!(
         Trace,
         "dlsym: handing out the guard's wrapper symbol={}",

@@ -27,12 +27,13 @@ use std::os::unix::fs::MetadataExt;
 
 use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::output::{debug_log, line};
 use crate::guard::process::registry_io;
+use crate::guard::sys::lifecycle::{Latch, PerProcess};
 use crate::guard::sys::signal_safe;
 use crate::policy::Unreadable;
 use crate::rank_root::{
@@ -404,16 +405,18 @@ pub fn as_ref(r: &Root) -> RootRef<'_> {
 /// allocate (an exit handler, an `exec` shim in a `vfork` child or a signal handler).
 struct RecordPath(UnsafeCell<[u8; RECORD_PATH_MAX]>);
 
-// SAFETY: written only by `drop_at_end` while RECORD_PID is 0 (no reader looks at it then),
-// read only after an Acquire load of a RECORD_PID that the writer's Release store published.
+// SAFETY: written only by `drop_at_end` while RECORD_OWNER is clear (no reader looks at it
+// then), read only after an Acquire load saw it marked by the writer's Release store.
 unsafe impl Sync for RecordPath {}
 
 const RECORD_PATH_MAX: usize = 4096;
 static RECORD_PATH: RecordPath = RecordPath(UnsafeCell::new([0; RECORD_PATH_MAX]));
-/// The pid that wrote the record at RECORD_PATH (0: none). A forked child inherits the
-/// parent's value and so never removes the parent's record; its own `cuInit` records its own.
-static RECORD_PID: AtomicU32 = AtomicU32::new(0);
-static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
+/// The process that wrote the record at RECORD_PATH (none: no record). A forked child
+/// finds it marked by another pid and so never removes the parent's record; its own
+/// `cuInit` records its own.
+static RECORD_OWNER: PerProcess = PerProcess::new();
+/// The `atexit` handler is registered (once per image: a fork child inherits it).
+static EXIT_HOOK: Latch = Latch::new();
 
 /// Remember the record just written so that it goes when this process ends: at `exit`
 /// (an `atexit` handler, registered once per image) or before an `exec` (`hooks::exec`
@@ -425,16 +428,16 @@ fn drop_at_end(path: &std::path::Path) {
     if bytes.len() >= RECORD_PATH_MAX || bytes.contains(&0) {
         return;
     }
-    RECORD_PID.store(0, Ordering::Release);
-    // SAFETY: RECORD_PID is 0, so no remover reads the buffer now (see RecordPath); this is
+    RECORD_OWNER.clear();
+    // SAFETY: RECORD_OWNER is clear, so no remover reads the buffer now (see RecordPath); this is
     // the R1 check's thread, the only writer (once per process, under INIT_CHECK).
     unsafe {
         let buf = &mut *RECORD_PATH.0.get();
         buf[..bytes.len()].copy_from_slice(bytes);
         buf[bytes.len()] = 0;
     }
-    RECORD_PID.store(signal_safe::pid(), Ordering::Release);
-    if !EXIT_HOOK.swap(true, Ordering::AcqRel) {
+    RECORD_OWNER.mark(signal_safe::pid());
+    if EXIT_HOOK.first() {
         // SAFETY: `at_exit` is a plain extern "C" function of this library, which stays
         // loaded (it interposes the process's CUDA calls); it only calls unlink(2).
         unsafe { libc::atexit(at_exit) };
@@ -448,15 +451,8 @@ extern "C" fn at_exit() {
 /// Remove this process's rank record now, if this process wrote one. Async-signal-safe:
 /// two atomic operations, `getpid` and `unlink`, nothing allocated or locked.
 pub fn drop_record() {
-    let pid = RECORD_PID.load(Ordering::Acquire);
-    if pid == 0 || pid != signal_safe::pid() {
-        return;
-    }
-    if RECORD_PID
-        .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed)
-        .is_ok()
-    {
-        // SAFETY: the buffer holds a NUL-terminated path, published with RECORD_PID.
+    if RECORD_OWNER.take_in(signal_safe::pid()) {
+        // SAFETY: the buffer holds a NUL-terminated path, published with RECORD_OWNER.
         unsafe { libc::unlink(RECORD_PATH.0.get().cast()) };
     }
 }

@@ -1,4 +1,32 @@
-//! One-time set-up that a forked child can never wait on forever.
+//! The lifecycle map: every kind of process-lifetime state the guard keeps, each with its
+//! one meaning after `fork` (docs/design.md §2, "Lifecycle"). All of them are atomics in
+//! statics: no allocation, no lock a thread can hold across a fork, nothing a signal
+//! handler cannot touch (a wait happens only in [`ForkSafeOnce`] and [`PidLock`], and only
+//! on another thread *of this process*).
+//!
+//! **The one rule after `fork`.** A child inherits what the parent did to its own memory,
+//! which stays true in the child (a set-up done, a value kept, a real function found, an
+//! `atexit` handler registered), and does again whatever is *about the process itself*
+//! (a line said once per process, a registry swept by it, a value only its pid may use, a
+//! lock or a set-up another thread was in the middle of: that thread is not in the child).
+//! Which of the two a static is follows from its kind:
+//!
+//! | kind | holds | a fork child |
+//! | --- | --- | --- |
+//! | [`ForkSafeOnce`] | a one-time set-up: not started, done, or the pid doing it | keeps "done"; takes over one left in progress |
+//! | [`ForkSafeCell`] | a value set once, read lock-free | keeps the value; takes over a write left in progress |
+//! | [`keep_first`] on an `AtomicPtr` | a value recorded unless one is (a real function) | keeps it |
+//! | [`Latch`] | done once per process image (an `atexit` registration) | keeps it: the child inherits what it did |
+//! | [`PerProcess`] | said or done once per process: the pid that did it | does it once again (another pid) |
+//! | [`PidValue`] | a value only the pid that computed it may use (its start time) | computes its own |
+//! | [`PidLock`] | a short critical section's holder | never waits on the parent's holder |
+//!
+//! Two kinds are kept by their owners, as their data needs: the tally's counters are
+//! emptied in the child by its `pthread_atfork` handler (`audit::tally`, the child counts
+//! its own violations), and the pool table of `decide::reach` is inherited (a pool the
+//! parent created is the child's to use too). Plain atomics elsewhere are facts the process
+//! learned (a mode, a rank handed down, a Python symbol found), inherited as they are.
+//! `elfsym`'s cache of one object's symbols is the one lock, taken only with `try_lock`.
 //!
 //! `once_cell`/`std::sync::Once` park a second caller until the first one finishes. In a
 //! child forked while another thread of the parent was inside the set-up, that thread does
@@ -6,13 +34,11 @@
 //! atomic word: `0` not started, [`DONE`], or the pid of the process whose thread is doing
 //! the set-up. A caller that finds the set-up in progress under *its own* pid waits (another
 //! thread of this process will finish it); one that finds another pid was forked in the
-//! middle of it, so it takes the set-up over and does it itself. No lock, no allocation.
-//!
-//! The same word serves as a fork-safe spin lock ([`PidLock`]) for the short critical
-//! sections of the audit and debug sinks.
+//! middle of it, so it takes the set-up over and does it itself.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::guard::sys::signal_safe;
 
@@ -197,6 +223,121 @@ impl<T> ForkSafeCell<T> {
     }
 }
 
+/// Record `p` in `slot` unless a value is recorded already; returns the recorded one (the
+/// compare-and-swap every "found once, kept" pointer uses). A null `p` records nothing.
+#[inline]
+pub fn keep_first(slot: &AtomicPtr<c_void>, p: *mut c_void) -> *mut c_void {
+    if p.is_null() {
+        return slot.load(Ordering::Acquire);
+    }
+    match slot.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => p,
+        Err(existing) => existing,
+    }
+}
+
+/// Done once per process image, and inherited by a fork child with what was done (an
+/// `atexit` registration is inherited too: doing it again would run the handler twice).
+pub struct Latch(AtomicBool);
+
+impl Latch {
+    pub const fn new() -> Self {
+        Latch(AtomicBool::new(false))
+    }
+
+    /// True for the first caller in this image. A load first: asking again is no locked write.
+    #[inline]
+    pub fn first(&self) -> bool {
+        !self.0.load(Ordering::Relaxed) && !self.0.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Said (or done) once per process: the word holds the pid of the process that did it, `0`
+/// none. A fork child, another pid, does it once again (its line names its own pid). A
+/// `vfork` child shares the parent's memory: what it marks, the parent finds marked by
+/// another pid, so the parent does it again rather than never.
+pub struct PerProcess(AtomicU32);
+
+impl PerProcess {
+    pub const fn new() -> Self {
+        PerProcess(AtomicU32::new(0))
+    }
+
+    /// True for the first caller in this process: it says (or does) the thing.
+    #[inline]
+    pub fn first(&self) -> bool {
+        self.first_in(signal_safe::pid())
+    }
+
+    /// [`first`](Self::first) for a caller that has this process's pid at hand. A load
+    /// first: asking again costs no locked write.
+    #[inline]
+    pub fn first_in(&self, pid: u32) -> bool {
+        self.0.load(Ordering::Relaxed) != pid && self.0.swap(pid, Ordering::AcqRel) != pid
+    }
+
+    /// Whether process `pid` did it already (claims nothing).
+    #[inline]
+    pub fn done_in(&self, pid: u32) -> bool {
+        self.0.load(Ordering::Acquire) == pid
+    }
+
+    /// Whether this process did it; asks for the pid (a system call) only when some
+    /// process did.
+    #[inline]
+    pub fn done_here(&self) -> bool {
+        let p = self.0.load(Ordering::Acquire);
+        p != 0 && p == signal_safe::pid()
+    }
+
+    /// Mark it done by process `pid`, publishing what was written before (Release).
+    pub fn mark(&self, pid: u32) {
+        self.0.store(pid, Ordering::Release);
+    }
+
+    /// Mark it not done (by any process).
+    pub fn clear(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+
+    /// Undo it once, if process `pid` did it: true for the one caller that takes it back.
+    pub fn take_in(&self, pid: u32) -> bool {
+        pid != 0
+            && self
+                .0
+                .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// A value only the process that computed it may use (its own start time): a fork child
+/// computes its own.
+pub struct PidValue {
+    value: AtomicU64,
+    pid: AtomicU32,
+}
+
+impl PidValue {
+    pub const fn new() -> Self {
+        PidValue {
+            value: AtomicU64::new(0),
+            pid: AtomicU32::new(0),
+        }
+    }
+
+    /// The value, when process `pid` computed it.
+    #[inline]
+    pub fn get(&self, pid: u32) -> Option<u64> {
+        (self.pid.load(Ordering::Acquire) == pid).then(|| self.value.load(Ordering::Relaxed))
+    }
+
+    /// Keep `v` as process `pid`'s value (threads of one process compute the same value).
+    pub fn set(&self, pid: u32, v: u64) {
+        self.value.store(v, Ordering::Relaxed);
+        self.pid.store(pid, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +395,39 @@ mod tests {
         assert!(vals.iter().all(|&v| v == vals[0]));
         CELL.set(99);
         assert_eq!(CELL.get(), Some(&vals[0]));
+    }
+
+    #[test]
+    fn per_process_is_once_per_pid_and_rearms_in_another() {
+        let said = PerProcess::new();
+        let me = signal_safe::pid();
+        assert!(said.first() && !said.first() && !said.first_in(me));
+        assert!(said.done_in(me));
+        let child = me.wrapping_add(1).max(1);
+        assert!(
+            said.first_in(child),
+            "a fork child (another pid) says it again"
+        );
+        assert!(!said.first_in(child));
+        assert!(!said.take_in(me) && said.take_in(child) && !said.take_in(child));
+        said.mark(me);
+        assert!(said.done_in(me));
+        said.clear();
+        assert!(!said.done_in(me));
+    }
+
+    #[test]
+    fn latches_and_kept_values() {
+        let l = Latch::new();
+        assert!(l.first() && !l.first());
+        let slot = AtomicPtr::new(std::ptr::null_mut());
+        let (a, b) = (8usize as *mut c_void, 16usize as *mut c_void);
+        assert!(keep_first(&slot, std::ptr::null_mut()).is_null());
+        assert_eq!(keep_first(&slot, a), a);
+        assert_eq!(keep_first(&slot, b), a, "the first value is kept");
+        let v = PidValue::new();
+        assert_eq!(v.get(7), None);
+        v.set(7, 42);
+        assert_eq!((v.get(7), v.get(8)), (Some(42), None));
     }
 }
