@@ -2,7 +2,7 @@
 
 - The first cuInit without rank variables reads two files of each guarded ancestor
   (`/proc/<pid>/stat` and `/proc/<pid>/environ`) and two of the first unguarded one, where
-  the walk ends (docs/design.md §1, "The walk's cost"): counted with strace at ancestor
+  the walk ends, and looks up each one's rank record once (docs/design.md §1, "The walk's cost"): counted with strace at ancestor
   depths 1 and 8, whatever the tree above the test.
 - A guarded process's rank record (`rank-<pid>`) is removed when it exits or execs, and
   the registry of a run of 1,000 short processes holds only the live ones.
@@ -46,11 +46,12 @@ def guarded_env(tmp: pathlib.Path, **extra) -> dict[str, str]:
                      RANKGUARD_REGISTRY=str(registry(tmp)), CUDA_VISIBLE_DEVICES=None, **pad, **extra)
 
 
-def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], int]:
+def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], list[int], int, int]:
     """Run guard_init (CUDA_VISIBLE_DEVICES=0: its own rank root) under `depth` guarded
     ancestors with 64 KiB environments (depth - 1 chain levels, then strace, which traces
     it), below one unguarded process (the chain's top). Returns the other processes'
-    /proc files it opened, and the number of files it opened in all."""
+    /proc files it opened, the pids whose rank record it looked up and did not find, the
+    number of files it opened in all, and the number of opens that failed."""
     strace = shutil.which("strace")
     assert strace, "this test counts open(2) calls with strace: install it (apt-get install strace)"
     tmp = tmp / f"depth-{depth}"
@@ -64,23 +65,32 @@ def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], int
     p = run([PYTHON, chain, str(depth - 1), json.dumps(env), "--", *leaf], env=top, timeout=120)
     assert p.returncode == 0 and "cuInit=0" in p.stdout, p.stdout + p.stderr
     lines = [l for l in trace.read_text().splitlines() if re.match(r"open(at)?\(", l)]
-    procs = [m.group(0) for l in lines for m in [re.search(r'"/proc/\d+/[a-z]+"', l)] if m]
-    return procs, len(lines)
+    opened = [l for l in lines if re.search(r"\) = \d+$", l)]
+    procs = [m.group(0) for l in opened for m in [re.search(r'"/proc/\d+/[a-z]+"', l)] if m]
+    # the registry look-up of an ancestor's rank record: absent, one open that fails
+    probes = [int(m.group(1)) for l in lines if "ENOENT" in l
+              for m in [re.search(r'/registry/rank-(\d+)"', l)] if m]
+    return procs, probes, len(opened), len(lines) - len(opened)
 
 
 def test_the_first_cuinit_opens_two_files_per_guarded_ancestor(tmp_path):
     """At depth 1 and 8: exactly /proc/<pid>/stat and /proc/<pid>/environ of each guarded
-    ancestor and of the unguarded process above them, where the walk ends; nothing above it
-    (before the fix the walk went on to pid 1, through every process above the test)."""
+    ancestor and of the unguarded process above them, where the walk ends, and one look-up
+    of each one's rank record (absent here: one open that fails, nothing else); nothing
+    above it (before the fix the walk went on to pid 1, through every process above the
+    test)."""
     counts = {}
     for depth in (1, 8):
-        procs, total = opens_at_first_cuinit(tmp_path, depth)
+        procs, probes, opened, failed = opens_at_first_cuinit(tmp_path, depth)
         pids = sorted({int(re.search(r"/proc/(\d+)/", f).group(1)) for f in procs})
         assert len(pids) == depth + 1, (depth, procs)
         assert sorted(procs) == sorted(f'"/proc/{p}/{f}"' for p in pids for f in ("stat", "environ")), procs
-        counts[depth] = total
-    # everything else the first cuInit opens is the same at both depths
-    assert counts[8] - counts[1] == 2 * 7, counts
+        ancestors = [p for p in probes if p in pids]
+        assert sorted(ancestors) == pids, (depth, probes, pids)
+        counts[depth] = (opened, failed)
+    # everything else the first cuInit opens, or tries to, is the same at both depths
+    assert counts[8][0] - counts[1][0] == 2 * 7, counts
+    assert counts[8][1] - counts[1][1] == 1 * 7, counts
 
 
 # ------------------------------------------------------------------ records end with their process
