@@ -10,7 +10,7 @@
 //!   first, [`bump`]). A return address inside `libcudart` (the runtime
 //!   calling the driver for its caller) is remembered as such, and those violations are
 //!   keyed by the first frame outside the CUDA libraries (one bounded unwind each).
-//! - **Table.** [`SLOTS`] slots of atomics, open addressing; a slot is claimed with one
+//! - **Table.** [`SITES`] slots of atomics, open addressing; a slot is claimed with one
 //!   compare-and-swap and never freed. Sites beyond the table are still counted, under one
 //!   overflow slot with no site.
 //! - **Summaries.** `pending` holds the occurrences not yet written, and `owned` those of
@@ -52,7 +52,7 @@ pub const FULL_PER_SITE: u64 = 100;
 /// Longest time counted occurrences wait before a summary record.
 pub const INTERVAL_MS: u64 = 1000;
 /// Distinct sites a process can count separately.
-pub const SLOTS: usize = 512;
+pub const SITES: usize = 512;
 
 const SITE_WORDS: usize = SITE_MAX.div_ceil(8);
 const READY: u32 = 1;
@@ -64,14 +64,15 @@ const DIRECT: u32 = 4;
 /// The slot has had its full records: later occurrences are only counted.
 const SATURATED: u32 = 8;
 
-struct Slot {
+/// One call site's counts (one slot of [`SITE_COUNTS`]).
+struct SiteCount {
     key: AtomicU64,
     flags: AtomicU32,
     /// `id << 8 | rule << 1 | deny`.
     meta: AtomicU32,
     seen: AtomicU64,
     pending: AtomicU64,
-    /// The thread that counts this slot's repeated violations in [`Slot::owned`] (its
+    /// The thread that counts this slot's repeated violations in [`SiteCount::owned`] (its
     /// thread pointer; 0: none yet). See [`counted_again`].
     owner: AtomicUsize,
     /// Repeated violations counted by `owner` with a plain increment: only that thread
@@ -85,9 +86,9 @@ struct Slot {
     site: [AtomicU64; SITE_WORDS],
 }
 
-impl Slot {
-    const fn new() -> Slot {
-        Slot {
+impl SiteCount {
+    const fn new() -> SiteCount {
+        SiteCount {
             key: AtomicU64::new(0),
             flags: AtomicU32::new(0),
             meta: AtomicU32::new(0),
@@ -139,9 +140,9 @@ impl Slot {
     }
 }
 
-static SLOT_TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
+static SITE_COUNTS: [SiteCount; SITES] = [const { SiteCount::new() }; SITES];
 /// Sites that found the table full: counted here, summarised with no site.
-static OVERFLOW: Slot = Slot::new();
+static OVERFLOW: SiteCount = SiteCount::new();
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The mode for the repeated path: 1 warn, 2 enforce, 0 anything else (set at activation;
@@ -220,10 +221,10 @@ fn hash_bytes(b: &[u8]) -> u64 {
 
 /// The slot of `key`, if present.
 #[inline]
-fn find(key: u64) -> Option<&'static Slot> {
+fn find(key: u64) -> Option<&'static SiteCount> {
     let start = key as usize;
-    for i in 0..SLOTS {
-        let s = &SLOT_TABLE[(start.wrapping_add(i)) & (SLOTS - 1)];
+    for i in 0..SITES {
+        let s = &SITE_COUNTS[(start.wrapping_add(i)) & (SITES - 1)];
         match s.key.load(Ordering::Acquire) {
             k if k == key => return Some(s),
             0 => return None,
@@ -234,10 +235,10 @@ fn find(key: u64) -> Option<&'static Slot> {
 }
 
 /// The slot of `key`, claiming an empty one; `true` when this call claimed it.
-fn find_or_claim(key: u64) -> (&'static Slot, bool) {
+fn find_or_claim(key: u64) -> (&'static SiteCount, bool) {
     let start = key as usize;
-    for i in 0..SLOTS {
-        let s = &SLOT_TABLE[(start.wrapping_add(i)) & (SLOTS - 1)];
+    for i in 0..SITES {
+        let s = &SITE_COUNTS[(start.wrapping_add(i)) & (SITES - 1)];
         loop {
             match s.key.load(Ordering::Acquire) {
                 k if k == key => return (s, false),
@@ -277,7 +278,7 @@ pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
     };
     let k = key(meta_of(id, rule, deny), TAG_RA, ra as u64);
     // First probe inline; a collision walks the table out of line.
-    let first = &SLOT_TABLE[k as usize & (SLOTS - 1)];
+    let first = &SITE_COUNTS[k as usize & (SITES - 1)];
     let slot = if first.key.load(Ordering::Acquire) == k {
         first
     } else {
@@ -303,7 +304,7 @@ pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
 /// told apart by its thread pointer (`fs:0`), which no two live threads share; a thread
 /// that reuses an exited owner's becomes the owner, alone as the exited one was.
 #[inline(always)]
-fn bump(slot: &Slot) {
+fn bump(slot: &SiteCount) {
     #[cfg(target_arch = "x86_64")]
     {
         let tp = thread_pointer();
@@ -352,7 +353,7 @@ fn thread_pointer() -> usize {
 
 /// What the owner counted that no summary has taken yet, taken: `owned_taken` only moves
 /// forward, by compare-and-swap, so each count is taken once whoever takes it.
-fn take(slot: &Slot) -> u64 {
+fn take(slot: &SiteCount) -> u64 {
     let mut taken = slot.owned_taken.load(Ordering::Acquire);
     loop {
         let now = slot.owned.load(Ordering::Acquire);
@@ -446,7 +447,7 @@ fn cut(b: &[u8]) -> &[u8] {
     &b[..n]
 }
 
-fn publish(slot: &Slot, meta: u32, site_text: &[u8], flags: u32) {
+fn publish(slot: &SiteCount, meta: u32, site_text: &[u8], flags: u32) {
     slot.meta.store(meta, Ordering::Relaxed);
     slot.set_site(site_text);
     slot.flags.store(READY | flags, Ordering::Release);
@@ -454,7 +455,7 @@ fn publish(slot: &Slot, meta: u32, site_text: &[u8], flags: u32) {
 
 /// The repeated path: one load and one increment once the site has had its full records.
 #[inline]
-fn count(slot: &'static Slot, capture: impl FnOnce() -> Capture) -> Occ {
+fn count(slot: &'static SiteCount, capture: impl FnOnce() -> Capture) -> Occ {
     if slot.seen.load(Ordering::Relaxed) < FULL_PER_SITE {
         let n = slot.seen.fetch_add(1, Ordering::Relaxed);
         if n < FULL_PER_SITE {
@@ -482,7 +483,7 @@ fn count(slot: &'static Slot, capture: impl FnOnce() -> Capture) -> Occ {
 }
 
 #[inline]
-fn after_count(slot: &'static Slot) {
+fn after_count(slot: &'static SiteCount) {
     if FLUSHER.load(Ordering::Relaxed) == 0 {
         start_flusher();
     }
@@ -506,7 +507,7 @@ fn now_us() -> u64 {
 /// last time.
 #[cold]
 #[inline(never)]
-fn late(slot: &'static Slot) {
+fn late(slot: &'static SiteCount) {
     let late = LATE.load(Ordering::SeqCst);
     if late & LATE_EXIT != 0 {
         flush_slot(slot);
@@ -571,7 +572,7 @@ extern "C" fn at_exit() {
 }
 
 extern "C" fn after_fork_child() {
-    for s in SLOT_TABLE.iter() {
+    for s in SITE_COUNTS.iter() {
         if s.key.load(Ordering::Relaxed) != 0 {
             s.reset();
         }
@@ -652,7 +653,7 @@ fn lock() -> bool {
 /// waits for a flusher that took counts and has not written them yet.
 fn flush_all() {
     let locked = lock();
-    for s in SLOT_TABLE.iter() {
+    for s in SITE_COUNTS.iter() {
         let f = s.flags.load(Ordering::Acquire);
         if f & READY != 0 && f & CLASSIFY == 0 {
             flush_slot(s);
@@ -664,7 +665,7 @@ fn flush_all() {
     }
 }
 
-fn flush_slot(s: &Slot) {
+fn flush_slot(s: &SiteCount) {
     if s.pending.load(Ordering::Relaxed) == 0
         && s.owned.load(Ordering::Relaxed) == s.owned_taken.load(Ordering::Relaxed)
     {
@@ -744,7 +745,7 @@ mod tests {
 
     #[test]
     fn slots_keep_their_site_text() {
-        let s = Slot::new();
+        let s = SiteCount::new();
         s.set_site("legacy_cfg.py:7 in place_learner".as_bytes());
         let mut b = StackBuf::<SITE_MAX>::new();
         s.site_into(&mut b);
@@ -783,7 +784,7 @@ mod tests {
     fn owner_and_other_threads_are_counted_exactly_while_summaries_take() {
         // The first thread to count owns the slot (plain increments), the others count
         // atomically; takers running meanwhile take every count once.
-        static S: Slot = Slot::new();
+        static S: SiteCount = SiteCount::new();
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let taker = {
             let stop = stop.clone();
