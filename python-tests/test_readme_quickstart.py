@@ -116,8 +116,7 @@ def test_slurm_sbatch(slurm, tmp_path):  # noqa: F811
     (cwd / "train.sbatch").write_text(body)
     env = slurm.env(RANKGUARD_AUDIT=str(audit / "%p.jsonl"),
                     PATH=f"{CLI.parent}:{pathlib.Path(PYTHON).parent}:{os.environ.get('PATH', '')}")
-    p = run(["sbatch", "--wait", "--output", cwd / "job.out", "train.sbatch"], env=env, timeout=180, cwd=cwd)
-    job_out = (cwd / "job.out").read_text(errors="replace") if (cwd / "job.out").exists() else ""
+    p, job_out = slurm.sbatch("train.sbatch", env=env, cwd=cwd, timeout=180)
     out = p.stdout + p.stderr + job_out
     assert p.returncode == 0, out + slurm.logs()
     got = reports(job_out)

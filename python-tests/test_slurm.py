@@ -159,6 +159,23 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
                                              start_new_session=True, preexec_fn=_die_with_parent))
         log.close()
 
+    @contextlib.contextmanager
+    def running(self):
+        """The cluster up for the with-block and down after it, whatever happened."""
+        try:
+            self.write_config()
+            self.up()
+            yield self
+        finally:
+            self.down()
+
+    def sbatch(self, script: str, *, env, cwd: pathlib.Path, timeout: int, runner=run):
+        """`sbatch --wait` of `script` in `cwd` (slurmd runs it there); the finished sbatch
+        and what the job wrote to its output file (cwd/job.out; "" if it wrote none)."""
+        out = cwd / "job.out"
+        p = runner(["sbatch", "--wait", "--output", out, script], env=env, timeout=timeout, cwd=cwd)
+        return p, out.read_text(errors="replace") if out.exists() else ""
+
     def logs(self) -> str:
         return "".join(f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}" for f in sorted((self.tmp / "log").iterdir()))
 
@@ -203,13 +220,8 @@ def slurm(tmp_path_factory):
     assert not missing, f"{missing} not found: scripts/setup installs Slurm (slurm-wlm) and munge"
     assert os.geteuid() == 0, "the Slurm suite runs slurmd as root and makes device nodes (mknod); run it as root"
     # A short path: munge's socket path must fit in sun_path (108 bytes).
-    c = Cluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        c.write_config()
-        c.up()
+    with Cluster(tmp_path_factory.mktemp("slurm")).running() as c:
         yield c
-    finally:
-        c.down()
 
 
 def tasks(stdout: str, tag: str = "CHILD") -> list[dict]:

@@ -63,13 +63,8 @@ def slurm(tmp_path_factory):
     assert os.geteuid() == 0, "the Slurm suite runs slurmd as root and makes device nodes (mknod); run it as root"
     assert (CGROUP / "devices" / "devices.allow").exists() and (CGROUP / "freezer" / "tasks").exists(), \
         "ConstrainDevices=yes needs the cgroup v1 devices and freezer controllers mounted under /sys/fs/cgroup"
-    c = CgroupCluster(tmp_path_factory.mktemp("slurmcg"))
-    try:
-        c.write_config()
-        c.up()
+    with CgroupCluster(tmp_path_factory.mktemp("slurmcg")).running() as c:
         yield c
-    finally:
-        c.down()
 
 
 def nodes(c: Cluster, *opts: str, cmd=()) -> tuple[list[dict], object]:

@@ -142,8 +142,7 @@ def test_readme_multinode_recipe_in_an_sbatch_job_has_the_jobs_run_id(slurm, tmp
                                     + block.replace(":29500", f":{port}"))
     env = slurm.env(RANKGUARD_AUDIT=str(audit / "%p.jsonl"),
                     PATH=f"{CLI.parent}:{os.environ.get('PATH', '')}")
-    p = fake_node(["sbatch", "--wait", "--output", cwd / "job.out", "job.sbatch"], env=env, timeout=240, cwd=cwd)
-    job_out = (cwd / "job.out").read_text(errors="replace") if (cwd / "job.out").exists() else ""
+    p, job_out = slurm.sbatch("job.sbatch", env=env, cwd=cwd, timeout=240, runner=fake_node)
     out = p.stdout + p.stderr + job_out
     assert p.returncode == 0, out + slurm.logs()
     job = re.search(r"Submitted batch job (\d+)", p.stdout).group(1)
