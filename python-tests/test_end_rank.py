@@ -90,13 +90,14 @@ def test_run_ends_the_ranks_process(tmp_path):
                          ids=["rank-no-cuda", "rank-uses-cuda"])
 def test_launch_stops_the_job_with_78_and_the_summary(tmp_path, parent_init, exitcode):
     """Rank 1's child is re-pointed to GPU 5 and refused; rank 0 would sleep for an hour.
-    The whole job ends (run's BOUND is the hang detector: a launch that waited for rank 0
+    The whole job ends at once (run's BOUND is the hang detector: a launch that waited for
+    rank 0, or waited out its grace period, set above BOUND here, before signalling it,
     would time out), with 78 and the torchrun-shaped box naming rank, pid, rule, call site
     and the why; no rank's process group is left."""
     e = env_for(tmp_path, None, LD_PRELOAD=None, TMPDIR=str(tmp_path), PIPE_PARENT_INIT=parent_init)
     script = 'if [ "$LOCAL_RANK" = 1 ]; then exec "$0" 5; else sleep 3600; fi'
-    p = run([CLI, "launch", "--nproc-per-node", "2", "--", "bash", "-c", script, str(PARENT)],
-            env=e, timeout=BOUND)
+    p = run([CLI, "launch", "--nproc-per-node", "2", "--grace-period", str(3 * BOUND), "--",
+             "bash", "-c", script, str(PARENT)], env=e, timeout=BOUND)
     assert p.returncode == 78, p.stdout + p.stderr
     assert "broke R1" in p.stderr, p.stderr
     # The failure box, then launch's end summary (issue 32) below it.

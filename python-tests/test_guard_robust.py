@@ -43,7 +43,7 @@ def test_forked_child_initialises_cuda_itself(tmp_path):
 
 
 def test_a_forked_child_says_its_own_once_per_process_lines(tmp_path):
-    """"Said once per process" is once per pid (src/guard/1_sys/once.rs, `PerProcess`): a
+    """"Said once per process" is once per pid (src/guard/1_sys/lifecycle.rs, `PerProcess`): a
     child forked after its parent said a configuration warning says it again at its own
     first violation, with its own pid, instead of inheriting the parent's "said"."""
     r = guarded([prog("guard_fork")], tmp_path, cvd="3", timeout=20, RANKGUARD_IPC="bogus")

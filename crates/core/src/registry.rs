@@ -1008,7 +1008,9 @@ impl Registry {
         }
         // A record is written whole into a file of its own and renamed into place, never
         // changed after: the size `fstat` gave is what one read gets (no read to see the
-        // end). A file that is shorter than it said is damaged.
+        // end). A file that is shorter than it said is damaged. One that grew after the
+        // `fstat` (only its owner, this user, can write it) is parsed by its first `st_size`
+        // bytes, which must still be a whole record ending in its `end` line.
         let mut buf = vec![0u8; md.len() as usize];
         match f.read_exact(&mut buf) {
             Ok(()) => {}
@@ -1839,6 +1841,10 @@ mod tests {
             Lookup::Skipped(Skip::Symlink)
         ));
         assert!(elsewhere.exists(), "the link's target is never touched");
+        assert!(
+            fs::symlink_metadata(&path).is_err(),
+            "the link itself is what is removed"
+        );
         let _ = fs::remove_file(&elsewhere);
         // a directory
         let _ = fs::remove_file(&path);

@@ -1,8 +1,12 @@
 //! The lifecycle map: every kind of process-lifetime state the guard keeps, each with its
 //! one meaning after `fork` (docs/design.md §2, "Lifecycle"). All of them are atomics in
-//! statics: no allocation, no lock a thread can hold across a fork, nothing a signal
-//! handler cannot touch (a wait happens only in [`ForkSafeOnce`] and [`PidLock`], and only
-//! on another thread *of this process*).
+//! statics: no allocation of their own and no lock a thread can hold across a fork.
+//! [`keep_first`], [`Latch`], [`PerProcess`], [`PidValue`] and [`ForkSafeCell::get`] are
+//! async-signal-safe (a load or one compare-and-swap). [`ForkSafeOnce::call`] and
+//! [`PidLock::lock`] are not: they wait for another thread of this process, so a signal
+//! handler that interrupted the holder and called the same one would wait on itself (no
+//! handler of the guard calls them), and `get_or_init`'s closure is the caller's to keep
+//! allocation-free where that matters.
 //!
 //! **The one rule after `fork`.** A child inherits what the parent did to its own memory,
 //! which stays true in the child (a set-up done, a value kept, a real function found, an
@@ -26,7 +30,9 @@
 //! its own violations), and the pool table of `decide::reach` is inherited (a pool the
 //! parent created is the child's to use too). Plain atomics elsewhere are facts the process
 //! learned (a mode, a rank handed down, a Python symbol found), inherited as they are.
-//! `elfsym`'s cache of one object's symbols is the one lock, taken only with `try_lock`.
+//! Two short locks are kept by their owners too: `elfsym`'s cache of one object's symbols,
+//! taken only with `try_lock`, and the tally's `FLUSH_LOCK`, a bounded spin that its
+//! `pthread_atfork` child handler releases.
 //!
 //! `once_cell`/`std::sync::Once` park a second caller until the first one finishes. In a
 //! child forked while another thread of the parent was inside the set-up, that thread does

@@ -56,8 +56,10 @@ pub const SAY_MAX: usize = 1024;
 
 /// Say one line on stderr: the prefix with `level`, `text`, one newline, in one `write(2)`
 /// (no allocation: the line is built on the stack). Every line the guard says on stderr
-/// but a decision record (`audit::decision_record`) and the end-of-rank handler's goes
-/// through here.
+/// goes through here but four: a decision record (`audit::decision_record`), the
+/// end-of-rank handler's (async-signal-safe, `decide::end_rank`), `hooks::trampoline`'s
+/// last words before `abort` when no real `dlsym` exists, and `debug_log`'s fallback
+/// to stderr.
 pub fn say(level: &str, text: fmt::Arguments<'_>) {
     let mut b = StackBuf::<SAY_MAX>::new();
     prefix(&mut b, level);

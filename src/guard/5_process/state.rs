@@ -5,9 +5,11 @@
 //! All of it lives in fork-safe one-time cells ([`crate::guard::sys::lifecycle`]): set once, read
 //! lock-free afterwards, and a child forked while another thread of its parent was setting
 //! one up does the set-up itself instead of waiting forever for a thread it does not have.
-//! Nothing depends on the pid (reports call getpid each time; the sinks check their
+//! Nothing else depends on the pid (reports call getpid each time; the sinks check their
 //! descriptor before each write), so a forked child inherits a finished state, and its
-//! reports carry its own pid.
+//! reports carry its own pid. The one per-process flag is `CONFIG_WARNED`, a
+//! [`crate::guard::sys::lifecycle::PerProcess`]: a forked child says its own configuration
+//! warnings once.
 #![allow(unsafe_code)]
 
 use crate::config::{Config, Mode};

@@ -86,7 +86,8 @@ thread_local! {
     static IN_RUNTIME: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Marks the thread while a runtime IPC wrapper runs the real runtime function.
+/// Marks the thread while a runtime wrapper that judged its call already (the IPC
+/// wrappers, and `cudaMemPoolSetAccess` for R4) runs the real runtime function.
 pub struct RuntimeScope(bool);
 
 impl RuntimeScope {
