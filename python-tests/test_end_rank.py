@@ -71,6 +71,33 @@ def test_a_rank_process_that_uses_cuda_ends_with_78_and_the_line(tmp_path):
     assert [r["rule"] for r in audit(tmp_path)] == ["R1"]
 
 
+def test_the_armed_signal_from_anyone_else_does_its_default_action(tmp_path):
+    """The rank's process that caught the guard's signal at its cuInit (SigCgt) and then gets
+    that signal from someone else (a plain kill, not a refused descendant's queued one) dies
+    of it, as without the guard: the handler restores the default action, raises the signal
+    and returns, so the return from the handler (on x86_64 through the library's own
+    `rt_sigreturn` restorer, src/guard/1_sys/sigaction.rs) has to work."""
+    sig = signal.SIGRTMAX - 3
+    p = subprocess.Popen([str(PARENT), "0"], env=env_for(tmp_path, "0", PIPE_PARENT_INIT="1"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = parent_pid(p.stdout.readline())
+        # The child's line comes once the parent's cuInit let it go: the parent is armed and
+        # then only waits (the child, on the same GPU, passes and exits).
+        assert p.stdout.readline().strip() == "parent cuInit=0"
+        assert p.stdout.readline().strip() == "child cuInit=0"
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(l for l in status.splitlines() if l.startswith("SigCgt:")).split()[1], 16)
+        assert caught & (1 << (sig - 1)), f"signal {sig} not caught after cuInit: {status}"
+        os.kill(pid, sig)
+        _, err = p.communicate(timeout=BOUND)
+        assert p.returncode == -sig, err
+        assert "ending this process" not in err, err
+    finally:
+        p.kill()
+        p.communicate()
+
+
 def test_run_ends_the_ranks_process(tmp_path):
     e = env_for(tmp_path, None, LOCAL_RANK="0", LD_PRELOAD=None)
     p = run([CLI, "run", "--narrow-by", "LOCAL_RANK", "--", PARENT, "5"], env=e, timeout=BOUND)

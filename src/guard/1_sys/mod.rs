@@ -1,6 +1,6 @@
 //! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, the thread's
-//! signal mask by system call, the lifecycle map of process-lifetime state (`lifecycle`),
-//! the loaded objects (`loaded`), symbol lookup in ELF files and the C library, and the two
+//! signal mask and a signal's action by system call, the lifecycle map of process-lifetime
+//! state (`lifecycle`), the loaded objects (`loaded`), symbol lookup in ELF files and the C library, and the two
 //! linker-level pieces (lazy libc binding, page-aligned data).
 
 pub mod elfsym;
@@ -11,5 +11,6 @@ pub mod libcsym;
 pub mod lifecycle;
 pub mod loaded;
 pub mod pyframes;
+pub mod sigaction;
 pub mod sigmask;
 pub mod signal_safe;

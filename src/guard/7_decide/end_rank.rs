@@ -4,7 +4,7 @@
 //! started, or the rank root without rank variables), so that a parent which never
 //! watches its children (a learner reading a pipe it holds open itself) does not wait
 //! forever. Cold paths: [`end_rank`] runs once, in a process about to exit; [`arm`] is one
-//! `sigaction` pair at a `cuInit` that passed R1.
+//! `rt_sigaction` pair at a `cuInit` that passed R1.
 //!
 //! No thread is started anywhere: the refused process, which is ending anyway, finds the
 //! rank's process and signals it. A process that passed R1 in enforce mode (any rank's
@@ -25,8 +25,8 @@ use crate::guard::audit::site;
 use crate::guard::process::registry_io;
 use crate::guard::process::root_walk::{self, ProcFsView};
 use crate::guard::process::state;
-use crate::guard::sys::sigmask;
 use crate::guard::sys::signal_safe::{self, StackBuf};
+use crate::guard::sys::{sigaction, sigmask};
 use crate::policy::{Rule, Violation};
 use crate::rank_root::{marks_of, parse_stat, rank_top, RootId};
 
@@ -283,7 +283,7 @@ fn send(fd: i32, sig: i32, queued: Option<(u32, u32, Rule)>) -> bool {
 /// (`SigCgt` in `/proc/<pid>/status`): one of the real-time signals, which nothing sends
 /// by default and few programs use.
 pub fn end_signal() -> libc::c_int {
-    libc::SIGRTMAX() - 3
+    sigaction::SIGRTMAX - 3
 }
 
 /// What a queued [`end_signal`] carries above the rule's index ("RGEN").
@@ -329,26 +329,12 @@ fn catches(pid: u32, sig: i32) -> bool {
 /// mode: the process a refused descendant will end. A child forked from it inherits the
 /// handler, an `exec` drops it (then SIGTERM is what the rank's process gets).
 pub fn arm() {
+    // By system call (`sys::sigaction`): the C library's signal functions would be imports
+    // the loader relocates in every process (test_startup_cost.py).
     let sig = end_signal();
-    // SAFETY: sigaction with a NULL new action only writes the current one into `old`, a
-    // zeroed sigaction we own (all-zero is a valid value of that C struct).
-    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0
-        || old.sa_sigaction != libc::SIG_DFL
-    {
-        return;
-    }
-    // SAFETY: all-zero is a valid sigaction; the fields that matter are set below.
-    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction =
-        on_end as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
-    act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-    // SAFETY: act is a valid sigaction whose handler is on_end, an extern "C" function
-    // that lives as long as this library (it is never unloaded: -z nodelete).
-    unsafe {
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(sig, &act, std::ptr::null_mut());
+    if sigaction::handler_of(sig) == Some(libc::SIG_DFL) {
+        // on_end lives as long as this library (it is never unloaded: -z nodelete).
+        sigaction::catch(sig, on_end);
     }
 }
 
@@ -363,12 +349,11 @@ extern "C" fn on_end(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc:
         (i.si_code, i.si_pid(), i.si_value().sival_ptr as usize)
     };
     if code != libc::SI_QUEUE || value >> 8 != MAGIC {
-        // SAFETY: signal and raise are async-signal-safe; SIG_DFL for a real-time signal
-        // terminates the process once the handler returns and the signal is unblocked.
-        unsafe {
-            libc::signal(sig, libc::SIG_DFL);
-            libc::raise(sig);
-        }
+        // Both system calls (async-signal-safe); SIG_DFL for a real-time signal terminates
+        // the process once the handler returns and the signal, blocked while it runs, is
+        // unblocked.
+        sigaction::default_action(sig);
+        sigaction::raise(sig);
         return;
     }
     let rule = RULES.get(value & 0xff).copied().unwrap_or(Rule::R1);
