@@ -14,6 +14,8 @@
 
 use std::fmt;
 
+use crate::strtab::StrTable;
+
 /// What the guard does with a violation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -44,12 +46,10 @@ impl Mode {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Enforce => "enforce",
-            Mode::Warn => "warn",
-            Mode::Abort => "abort",
-            Mode::Off => "off",
-        }
+        // By index into one joined string, not a `match` of literals: that is a table of
+        // string pointers, relocated by the loader at every start of the guard (strtab).
+        const NAMES: StrTable<4> = crate::str_table!("enforce", "warn", "abort", "off");
+        NAMES.get(self as usize)
     }
 }
 

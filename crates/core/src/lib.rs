@@ -11,7 +11,8 @@
 //! - [`rank_root`]: the rank root's identity (the pure part; the guard finds it);
 //! - [`registry`]: the IPC provenance registry's records and files;
 //! - [`record`]: the one typed audit record, rendered as the stderr line and as JSON;
-//! - [`audit`]: reading audit files back and aggregating them (`rankguard report`).
+//! - [`audit`]: reading audit files back and aggregating them (`rankguard report`);
+//! - [`strtab`]: strings picked by index without a table of pointers (the loader's work).
 //!
 //! Pure and safe: no `unsafe`, no exported symbols, nothing that runs at load time.
 #![forbid(unsafe_code)]
@@ -27,4 +28,5 @@ pub mod rank_root;
 pub mod rankgpu;
 pub mod record;
 pub mod registry;
+pub mod strtab;
 pub mod uuid;

@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use crate::strtab::StrTable;
+
 /// A rule of the contract, in the order of its number (`R1` is 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
@@ -63,22 +65,27 @@ impl Rule {
 
     /// The rule's human name, as the stderr line and `rankguard report` print it.
     pub fn name(self) -> &'static str {
-        match self {
-            Rule::R1 => "one GPU per rank",
-            Rule::R2 => "cuda:0 only",
-            Rule::R3 => "no cross-device IPC inside a rank",
-            Rule::R4 => "no peer access inside a rank",
-        }
+        // By index into one joined string, not a `match` of literals: that is a table of
+        // string pointers, relocated by the loader at every start of the guard (strtab).
+        const NAMES: StrTable<4> = crate::str_table!(
+            "one GPU per rank",
+            "cuda:0 only",
+            "no cross-device IPC inside a rank",
+            "no peer access inside a rank",
+        );
+        NAMES.get(self as usize)
     }
 
     /// What the user should do, in one sentence.
     pub fn fix(self) -> &'static str {
-        match self {
-            Rule::R1 => "give each rank exactly one GPU: CUDA_VISIBLE_DEVICES=<one index or GPU-uuid>, e.g. `rankguard launch` or `rankguard run --narrow-by LOCAL_RANK`, and do not rewrite CUDA_VISIBLE_DEVICES inside the rank",
-            Rule::R2 => "use device 0 (cuda:0): the rank sees exactly one GPU; choose GPUs with CUDA_VISIBLE_DEVICES before the process starts, never with device ordinals inside it",
-            Rule::R3 => "keep every process of a rank on the rank's GPU; exchange tensors between GPUs through the inter-rank collectives (NCCL), not CUDA IPC inside one rank",
-            Rule::R4 => "peer access crosses GPUs inside one rank; move data between GPUs through the inter-rank collectives (NCCL) instead",
-        }
+        // As `name`.
+        const FIXES: StrTable<4> = crate::str_table!(
+            "give each rank exactly one GPU: CUDA_VISIBLE_DEVICES=<one index or GPU-uuid>, e.g. `rankguard launch` or `rankguard run --narrow-by LOCAL_RANK`, and do not rewrite CUDA_VISIBLE_DEVICES inside the rank",
+            "use device 0 (cuda:0): the rank sees exactly one GPU; choose GPUs with CUDA_VISIBLE_DEVICES before the process starts, never with device ordinals inside it",
+            "keep every process of a rank on the rank's GPU; exchange tensors between GPUs through the inter-rank collectives (NCCL), not CUDA IPC inside one rank",
+            "peer access crosses GPUs inside one rank; move data between GPUs through the inter-rank collectives (NCCL) instead",
+        );
+        FIXES.get(self as usize)
     }
 }
 

@@ -16,6 +16,7 @@ use std::fmt::{self, Write};
 use crate::config::Mode;
 use crate::json::{parse_json, Json};
 use crate::policy::{Detail, Rule};
+use crate::strtab::StrTable;
 
 /// A text field: borrowed when the guard builds a record, owned when the report parses one.
 pub type Text<'a> = Cow<'a, str>;
@@ -656,11 +657,9 @@ pub enum MapR1 {
 
 impl MapR1 {
     pub fn as_str(self) -> &'static str {
-        match self {
-            MapR1::Ok => "ok",
-            MapR1::Deny => "deny",
-            MapR1::Warn => "warn",
-        }
+        // As `Mode::as_str`: no table of string pointers.
+        const NAMES: StrTable<3> = crate::str_table!("ok", "deny", "warn");
+        NAMES.get(self as usize)
     }
     pub fn parse(s: &str) -> Option<MapR1> {
         match s {
@@ -718,9 +717,11 @@ impl MapRecord<'_> {
     }
 
     fn json<W: Write>(&self, w: &mut W) -> fmt::Result {
+        // Locals: `{FORMAT}` would be a relocated constant (narrow.rs).
+        let (format, kind) = (FORMAT, MAP_KIND);
         write!(
             w,
-            "{{\"format\":\"{FORMAT}\",\"version\":{VERSION},\"kind\":\"{MAP_KIND}\",\"ts\":"
+            "{{\"format\":\"{format}\",\"version\":{VERSION},\"kind\":\"{kind}\",\"ts\":"
         )?;
         match self.ts_us {
             Some(us) => write_ts(w, us)?,

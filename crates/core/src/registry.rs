@@ -589,11 +589,13 @@ fn read_proc_file(path: &Path) -> Option<String> {
             }
             buf.resize(len * 2, 0);
         }
-        match f.read(&mut buf[len..]) {
+        // `get`: an index keeps a panic location, a relocation (stat_start_time).
+        let rest = buf.get_mut(len..)?; // never None: len <= buf.len()
+        match f.read(rest) {
             Ok(0) => break,
             Ok(n) => {
                 len += n;
-                if buf[len - 1] == b'\n' {
+                if len.checked_sub(1).and_then(|last| buf.get(last)) == Some(&b'\n') {
                     break;
                 }
             }
@@ -609,7 +611,8 @@ fn read_proc_file(path: &Path) -> Option<String> {
 /// parentheses and may contain spaces and parentheses itself, so fields are counted after
 /// the last `)`.
 pub fn stat_start_time(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
+    // `get`: an index keeps a panic location, a relocation (crate::strtab).
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
     // After ")" come field 3 (state) onwards: starttime is the 20th of those.
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
@@ -1388,7 +1391,9 @@ impl Decision {
 pub fn same_gpu(a: &str, b: &str) -> bool {
     fn body(s: &str) -> &str {
         match s.get(..4) {
-            Some(p) if p.eq_ignore_ascii_case("GPU-") || p.eq_ignore_ascii_case("MIG-") => &s[4..],
+            Some(p) if p.eq_ignore_ascii_case("GPU-") || p.eq_ignore_ascii_case("MIG-") => {
+                s.get(4..).unwrap_or(s) // `get`: no panic location (stat_start_time)
+            }
             _ => s,
         }
     }

@@ -328,7 +328,9 @@ pub fn thread_count() -> Option<u32> {
 /// 2) may hold spaces and parentheses: fields are counted after its last `)`.
 fn stat_threads(stat: &[u8]) -> Option<u32> {
     let close = stat.iter().rposition(|&b| b == b')')?;
-    let field = stat[close + 1..]
+    // `get`: an index keeps a panic location, a relocation (test_startup_cost.py).
+    let field = stat
+        .get(close + 1..)?
         .split(|&b| b == b' ')
         .filter(|f| !f.is_empty())
         .nth(20 - 3)?;

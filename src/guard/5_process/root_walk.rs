@@ -170,7 +170,9 @@ impl ProcFsView {
             let kept = buf.len();
             buf.resize(kept + ENVIRON_PIECE, 0);
             let n = loop {
-                match f.read(&mut buf[kept..]) {
+                // `get` (never None: the buffer was just grown): an index keeps a panic
+                // location, a relocation (test_startup_cost.py).
+                match f.read(buf.get_mut(kept..).unwrap_or_default()) {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     r => break r?,
                 }
@@ -211,7 +213,7 @@ impl ProcView for ProcFsView {
         let r = Self::stat_line(&format!("/proc/{pid}/stat"), &mut line);
         let (n, uid) = self.read(pid, "stat", r)?;
         self.owner = Some((pid, uid));
-        rank_root::parse_stat(std::str::from_utf8(&line[..n]).ok()?)
+        rank_root::parse_stat(std::str::from_utf8(line.get(..n)?).ok()?)
     }
     fn uid(&mut self, pid: u32) -> Option<u32> {
         match self.owner {
@@ -282,7 +284,7 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
         let mut line = [0u8; 1024];
         let own = ProcFsView::stat_line("/proc/self/stat", &mut line);
         let own = view.read(me, "stat", own);
-        let own = own.and_then(|(n, _)| std::str::from_utf8(&line[..n]).ok());
+        let own = own.and_then(|(n, _)| std::str::from_utf8(line.get(..n)?).ok());
         let Some(start) = own.and_then(registry::stat_start_time) else {
             return view.failed.map_or(Ok(None), Err);
         };

@@ -102,7 +102,8 @@ fn end(mode: Mode, rule: Rule, why: &str) {
     );
     match outcome {
         Ok(_) => {
-            let _ = write!(line, "ending the rank's process ({sig_name}) so the job does not wait on it ({ENDS_VAR}=process leaves it running)");
+            let ends_var = ENDS_VAR; // a local: `{ENDS_VAR}` would be a relocated constant
+            let _ = write!(line, "ending the rank's process ({sig_name}) so the job does not wait on it ({ends_var}=process leaves it running)");
         }
         Err(e) => {
             let _ = write!(line, "it could not be ended ({e}): stop the job yourself");
@@ -361,9 +362,10 @@ extern "C" fn on_end(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc:
     let comm = comm_of(pid as u32, &mut comm);
     let mut b = StackBuf::<1024>::new();
     prefix(&mut b, "DENY");
+    let ends_var = ENDS_VAR; // as in `end`
     let _ = writeln!(
         b,
-        "ending this process, the rank's process, with status {EXIT_ENDED}: its descendant {pid} ('{comm}') broke {rule:?} ({}) and was terminated by the guard (its own line names the call site), so the job must not wait on this rank ({ENDS_VAR}=process leaves it running); fix: {}",
+        "ending this process, the rank's process, with status {EXIT_ENDED}: its descendant {pid} ('{comm}') broke {rule:?} ({}) and was terminated by the guard (its own line names the call site), so the job must not wait on this rank ({ends_var}=process leaves it running); fix: {}",
         rule.name(),
         rule.fix(),
     );
@@ -392,7 +394,10 @@ fn comm_of(pid: u32, out: &mut [u8; 32]) -> &str {
         n
     };
     let n = usize::try_from(n).unwrap_or(0);
-    std::str::from_utf8(&out[..n]).map_or("?", str::trim_end)
+    // `get`: an index keeps a panic location, a relocation (test_startup_cost.py).
+    out.get(..n)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .map_or("?", str::trim_end)
 }
 
 /// After SIGTERM: SIGKILL when the rank's process has not exited within the grace (it
