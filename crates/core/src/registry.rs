@@ -18,7 +18,10 @@
 //! started at the recorded time (pid reuse and forged pids fail that). Anything else is
 //! skipped ([`Skip`]) and removed, never trusted. Pids are compared in the registry's pid
 //! namespace: processes sharing a registry must share a pid namespace (one node or one
-//! container); across namespaces records look forged and provenance is unknown.
+//! container); across namespaces records look forged and provenance is unknown. Two caches
+//! make repeated shares cheaper without skipping a check: a re-export of a record this
+//! process found in place costs one `lstat` of it ([`Known`]), and an import reuses a
+//! liveness verdict of the same `(pid, start time)` for 5 ms ([`RecentlyAlive`]).
 //!
 //! Writes are atomic: a record is written to a fresh `O_EXCL` temporary file and renamed
 //! over its final name, so a reader sees a whole record or none, and concurrent writers of
@@ -555,6 +558,22 @@ pub struct ProcInfo {
 pub trait Procs {
     /// None when no process `pid` exists.
     fn info(&self, pid: u32) -> Option<ProcInfo>;
+
+    /// This process's pid and the monotonic time, for reusing a liveness verdict of the
+    /// last [`RECENTLY_ALIVE_US`] ([`RecentlyAlive`]); None (the default): every look-up
+    /// asks [`info`](Self::info).
+    fn now(&self) -> Option<Now> {
+        None
+    }
+}
+
+/// Who asks and when ([`Procs::now`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// The asking process's pid (a fork child never reuses its parent's verdicts).
+    pub me: u32,
+    /// Microseconds on a monotonic clock (`CLOCK_MONOTONIC`).
+    pub us: u64,
 }
 
 /// The real `/proc`.
@@ -621,6 +640,272 @@ pub fn stat_start_time(stat: &str) -> Option<u64> {
 pub fn own_start_time() -> Option<u64> {
     stat_start_time(&read_proc_file(Path::new("/proc/self/stat"))?)
 }
+
+// ---------------------------------------------------------------------------------------
+// Caches of the export and import paths
+//
+// PyTorch's caching allocator exports the same segment's handle at every share of a tensor
+// in it, and an importer checks the exporter of every handle it opens, so a share's cost is
+// the registry's system calls. Two small caches cut the repeated ones without skipping a
+// check. Both are fixed arrays of atomics in statics: no allocation, no lock. A slot is
+// guarded by a sequence word (odd while a writer fills it): a reader that sees it odd or
+// changed misses, a writer that finds it odd (another thread, or a signal handler's
+// interrupted caller, is filling it) does not wait and keeps nothing. A fork child inherits
+// the slots but never uses what another pid kept: each entry names the process it is about
+// (the record's writer, [`Known`]) or the process that asked ([`RecentlyAlive`]), and a slot
+// a parent left half-written (odd) is only a miss. (docs/design.md §2, "Lifecycle": keyed by
+// pid, like `PidValue`.)
+
+/// Slots of each cache (direct-mapped: a new entry replaces the slot's old one).
+pub const CACHE_SLOTS: usize = 16;
+/// How long a liveness verdict is reused ([`RecentlyAlive`]), in microseconds.
+pub const RECENTLY_ALIVE_US: u64 = 5_000;
+
+/// The words of one slot, behind a sequence word.
+struct Slot<const N: usize> {
+    seq: AtomicU64,
+    words: [AtomicU64; N],
+}
+
+impl<const N: usize> Slot<N> {
+    const fn new() -> Self {
+        Slot {
+            seq: AtomicU64::new(0),
+            words: [const { AtomicU64::new(0) }; N],
+        }
+    }
+
+    /// A consistent copy of the words, or None (being written, or changed meanwhile).
+    fn load(&self) -> Option<[u64; N]> {
+        let s1 = self.seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 || s1 == 0 {
+            return None;
+        }
+        let mut out = [0u64; N];
+        for (o, w) in out.iter_mut().zip(&self.words) {
+            *o = w.load(Ordering::Relaxed);
+        }
+        std::sync::atomic::fence(Ordering::Acquire);
+        (self.seq.load(Ordering::Relaxed) == s1).then_some(out)
+    }
+
+    /// Replace the words, unless another writer is at it (then nothing is kept).
+    fn store(&self, words: [u64; N]) {
+        let s = self.seq.load(Ordering::Relaxed);
+        if s & 1 == 1
+            || self
+                .seq
+                .compare_exchange(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        for (w, v) in self.words.iter().zip(words) {
+            w.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(s + 2, Ordering::Release);
+    }
+
+    /// Empty the slot: all zero words, which no look-up matches (pids are never 0).
+    fn clear(&self) {
+        self.store([0; N]);
+    }
+}
+
+/// A 128-bit FNV-1a digest of `parts` (each followed by a 0 byte): a record's path and
+/// text stand in a [`Known`] slot by it. Two different records of one process having one
+/// digest is a 2^-128 chance, not something an exporter's own handles can arrange.
+fn digest(parts: &[&[u8]]) -> u128 {
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    for p in parts {
+        for &b in p.iter().chain(&[0u8]) {
+            h ^= u128::from(b);
+            h = h.wrapping_mul(PRIME);
+        }
+    }
+    h
+}
+
+/// What a record file was when it was read: its identity and the times only a change of
+/// the file moves (`st_ctime` the kernel sets at any write, rename, link or chmod of it,
+/// and no user can set back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(md: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.len(),
+            mtime: (md.mtime(), md.mtime_nsec()),
+            ctime: (md.ctime(), md.ctime_nsec()),
+        }
+    }
+
+    fn ident(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+}
+
+/// The records this process found in place, as it would write them ([`Registry::write`]):
+/// a re-export of the same handle whose record is still that file, unchanged, costs one
+/// `lstat` of it instead of an open, a read and a parse. The `lstat` checks what the read
+/// would (a regular file, not a link, the user's, not group/other-writable, at most
+/// [`MAX_RECORD_BYTES`]) and that it is the same file, unchanged since it was read: same
+/// `(st_dev, st_ino)`, size, mtime and ctime. A removed record (no file), a replaced one
+/// (another inode) or one changed in place (another ctime) is read again, and rewritten
+/// where it differs. Entries are about the record's writer (its pid is in the record and in
+/// the entry): a fork child writes records with its own pid and never matches its parent's.
+///
+/// File times move in ticks of the kernel's coarse clock, so a change in place that keeps
+/// the size within one tick of the read is not seen. Only this user can write the file, and
+/// such a writer could change it just after a rewrite as well: the re-export's rewrite never
+/// defended against it. What an importer trusts is decided by its own read of the file, with
+/// every check ([`Registry::lookup`]), cache or none.
+pub struct Known {
+    /// `[pid, digest lo, digest hi, dev, ino, size, mtime s, mtime ns, ctime s, ctime ns]`.
+    slots: [Slot<10>; CACHE_SLOTS],
+}
+
+impl Known {
+    pub const fn new() -> Self {
+        Known {
+            slots: [const { Slot::new() }; CACHE_SLOTS],
+        }
+    }
+
+    fn slot(&self, digest: u128) -> &Slot<10> {
+        &self.slots[(digest as usize) % CACHE_SLOTS]
+    }
+
+    fn words(pid: u32, digest: u128, st: &Stamp) -> [u64; 10] {
+        [
+            u64::from(pid),
+            digest as u64,
+            (digest >> 64) as u64,
+            st.dev,
+            st.ino,
+            st.size,
+            st.mtime.0 as u64,
+            st.mtime.1 as u64,
+            st.ctime.0 as u64,
+            st.ctime.1 as u64,
+        ]
+    }
+
+    /// Remember that process `pid`'s record of `digest` is the file `st` describes.
+    pub fn keep(&self, pid: u32, digest: u128, st: &Stamp) {
+        self.slot(digest).store(Known::words(pid, digest, st));
+    }
+
+    /// The stamp kept for `pid`'s record of `digest`, if any.
+    fn kept(&self, pid: u32, digest: u128) -> Option<[u64; 10]> {
+        let w = self.slot(digest).load()?;
+        (w[0] == u64::from(pid) && w[1] == digest as u64 && w[2] == (digest >> 64) as u64)
+            .then_some(w)
+    }
+
+    /// Whether `path` is still the unchanged, trusted file kept for `pid`'s `digest`
+    /// (one `lstat` when an entry is kept, none otherwise).
+    fn holds(&self, pid: u32, digest: u128, path: &Path, uid: u32) -> bool {
+        let Some(w) = self.kept(pid, digest) else {
+            return false;
+        };
+        let Ok(md) = fs::symlink_metadata(path) else {
+            return false;
+        };
+        let trusted = md.file_type().is_file()
+            && md.uid() == uid
+            && md.permissions().mode() & 0o022 == 0
+            && md.len() <= MAX_RECORD_BYTES;
+        trusted && Known::words(pid, digest, &Stamp::of(&md)) == w
+    }
+}
+
+impl Default for Known {
+    fn default() -> Self {
+        Known::new()
+    }
+}
+
+/// Liveness verdicts of the last [`RECENTLY_ALIVE_US`]: a burst of imports from one exporter
+/// (PyTorch opens a tensor's event and memory handles together) reads its `/proc` stat once.
+/// Only a positive verdict is kept, for exactly the `(pid, start time, owner)` that was seen
+/// alive, by the process that saw it; a verdict that finds the pid dead or another process
+/// empties its slot.
+///
+/// Why pid reuse cannot be exploited: a verdict is reused only for a record naming the same
+/// pid *and start time*, and a process that takes over a reused pid has another start time
+/// (it started after the exporter it replaces was seen alive), so its records never match
+/// the entry. What the window allows is trusting, for at most 5 ms after the exporter was
+/// last seen alive, a record the exporter itself wrote while alive: its content is what the
+/// import would have been decided by a moment earlier, and a dead exporter's handles no
+/// longer open (its memory went with it). Wrapping the pid space (up to 2^22 pids) within the
+/// window to put another process at that pid buys nothing, as its start time differs; and a
+/// record naming a live process's `(pid, start)` is trusted without the cache too.
+pub struct RecentlyAlive {
+    /// `[asking pid, pid, start, uid, seen at (us)]`.
+    slots: [Slot<5>; CACHE_SLOTS],
+}
+
+impl RecentlyAlive {
+    pub const fn new() -> Self {
+        RecentlyAlive {
+            slots: [const { Slot::new() }; CACHE_SLOTS],
+        }
+    }
+
+    fn slot(&self, pid: u32) -> &Slot<5> {
+        &self.slots[pid as usize % CACHE_SLOTS]
+    }
+
+    /// Whether `now.me` saw `(pid, start, uid)` alive within the last [`RECENTLY_ALIVE_US`].
+    pub fn holds(&self, now: Now, pid: u32, start: u64, uid: u32) -> bool {
+        self.slot(pid).load().is_some_and(|w| {
+            w[..4] == [u64::from(now.me), u64::from(pid), start, u64::from(uid)]
+                && now.us >= w[4]
+                && now.us - w[4] < RECENTLY_ALIVE_US
+        })
+    }
+
+    /// `now.me` saw `(pid, start, uid)` alive at `now.us`.
+    pub fn keep(&self, now: Now, pid: u32, start: u64, uid: u32) {
+        self.slot(pid).store([
+            u64::from(now.me),
+            u64::from(pid),
+            start,
+            u64::from(uid),
+            now.us,
+        ]);
+    }
+
+    /// `pid` was seen dead, or not the process a record names: no verdict about it stays.
+    pub fn forget(&self, pid: u32) {
+        let s = self.slot(pid);
+        if s.load().is_some_and(|w| w[1] == u64::from(pid)) {
+            s.clear();
+        }
+    }
+}
+
+impl Default for RecentlyAlive {
+    fn default() -> Self {
+        RecentlyAlive::new()
+    }
+}
+
+/// This process's caches (the guard's one registry user).
+static KNOWN: Known = Known::new();
+static RECENTLY_ALIVE: RecentlyAlive = RecentlyAlive::new();
 
 // ---------------------------------------------------------------------------------------
 // The directory
@@ -785,6 +1070,9 @@ pub struct Registry {
     max: usize,
     /// [`COUNT_EVERY`] (1 in unit tests: every new record counts).
     every: u64,
+    /// The process's caches (their own in unit tests).
+    known: &'static Known,
+    recently_alive: &'static RecentlyAlive,
 }
 
 /// Where the registry lives when `RANKGUARD_REGISTRY` is unset: `/dev/shm` is a tmpfs every
@@ -876,6 +1164,8 @@ impl Registry {
             uid,
             max: MAX_RECORDS,
             every: COUNT_EVERY,
+            known: &KNOWN,
+            recently_alive: &RECENTLY_ALIVE,
         })
     }
 
@@ -883,7 +1173,8 @@ impl Registry {
         &self.dir
     }
 
-    /// Write (or replace) the record of `rec.key`. A full registry is swept first.
+    /// Write (or replace) the record of `rec.key`. A full registry is swept first. The
+    /// record's pid is its writer's, this process's (it names the temporary file).
     pub fn write(&self, rec: &ProvenanceRecord, procs: &dyn Procs) -> Result<(), WriteProblem> {
         let text = rec.render();
         if text.len() as u64 > MAX_RECORD_BYTES {
@@ -894,9 +1185,22 @@ impl Registry {
         // The same record again (PyTorch exports a segment's handle, the same bytes, at every
         // share of a tensor in it) stays as it is: only its time would change, and that says
         // when it was first written. Reading it costs no create and no rename (a rename over
-        // a file starts its writeback on ext4).
+        // a file starts its writeback on ext4); once read, a `lstat` says it is still that
+        // file ([`Known`]).
+        let timeless = ProvenanceRecord {
+            time: 0,
+            ..rec.clone()
+        }
+        .render();
+        let digest = digest(&[target.as_os_str().as_encoded_bytes(), timeless.as_bytes()]);
+        if self.known.holds(rec.pid, digest, &target, self.uid) {
+            return Ok(());
+        }
         let existing = match self.read(&target, &rec.key) {
-            Ok(Some((old, _))) if old.same_but_time(rec) => return Ok(()),
+            Ok(Some((old, stamp))) if old.same_but_time(rec) => {
+                self.known.keep(rec.pid, digest, &stamp);
+                return Ok(());
+            }
             Ok(None) => false,
             _ => true,
         };
@@ -917,7 +1221,8 @@ impl Registry {
                 }
             }
         }
-        self.replace(&target, &text).map_err(WriteProblem::Io)
+        self.replace(&target, &text, rec.pid)
+            .map_err(WriteProblem::Io)
     }
 
     /// Whether this new record's write counts the directory ([`COUNT_EVERY`]).
@@ -939,7 +1244,7 @@ impl Registry {
     pub fn lookup(&self, key: &Key, procs: &dyn Procs) -> Lookup {
         let path = self.dir.join(key.file_name());
         let (rec, ident) = match self.read(&path, key) {
-            Ok(Some(x)) => x,
+            Ok(Some((rec, stamp))) => (rec, stamp.ident()),
             Ok(None) => return Lookup::Missing,
             Err((skip, ident)) => {
                 if let Some(ident) = ident {
@@ -957,15 +1262,26 @@ impl Registry {
         }
     }
 
-    /// Whether the record's exporter is the live process it names.
+    /// Whether the record's exporter is the live process it names: the same pid, start
+    /// time and owner this process saw alive in the last [`RECENTLY_ALIVE_US`], or now.
     fn alive(&self, rec: &ProvenanceRecord, procs: &dyn Procs) -> Result<(), Skip> {
-        match procs.info(rec.pid) {
+        let now = procs.now();
+        if now.is_some_and(|n| self.recently_alive.holds(n, rec.pid, rec.start, self.uid)) {
+            return Ok(());
+        }
+        let verdict = match procs.info(rec.pid) {
             None => Err(Skip::Dead { pid: rec.pid }),
             Some(p) if p.start != rec.start || p.uid != self.uid => {
                 Err(Skip::Forged { pid: rec.pid })
             }
             Some(_) => Ok(()),
+        };
+        match (now, &verdict) {
+            (Some(n), Ok(())) => self.recently_alive.keep(n, rec.pid, rec.start, self.uid),
+            (_, Err(_)) => self.recently_alive.forget(rec.pid),
+            (None, Ok(())) => {}
         }
+        verdict
     }
 
     /// Read and parse one record file. `Ok(None)`: no such file. On a bad file, the
@@ -975,7 +1291,7 @@ impl Registry {
         &self,
         path: &Path,
         key: &Key,
-    ) -> Result<Option<(ProvenanceRecord, (u64, u64))>, (Skip, Option<(u64, u64)>)> {
+    ) -> Result<Option<(ProvenanceRecord, Stamp)>, (Skip, Option<(u64, u64)>)> {
         // O_NOFOLLOW: a symbolic link fails with ELOOP (then looked at, so that this link
         // is what is removed); O_NONBLOCK: a FIFO cannot block the open. No `lstat` first:
         // the descriptor's `fstat` below says what was opened.
@@ -1025,7 +1341,7 @@ impl Registry {
         let text =
             std::str::from_utf8(&buf).map_err(|_| (Skip::Corrupt(Corrupt("not UTF-8")), ident))?;
         let rec = ProvenanceRecord::parse(text, key).map_err(|c| (Skip::Corrupt(c), ident))?;
-        Ok(Some((rec, (md.dev(), md.ino()))))
+        Ok(Some((rec, Stamp::of(&md))))
     }
 
     /// Remove `path` if it is still the file examined (a writer may have renamed a fresh
@@ -1069,7 +1385,7 @@ impl Registry {
                 text.push_str("more\n");
             }
             text.push_str("end\n");
-            self.replace(&path, &text)?;
+            self.replace(&path, &text, pid)?;
         }
         Ok(())
     }
@@ -1159,11 +1475,11 @@ impl Registry {
         Err(bad())
     }
 
-    /// Write `text` to `path` by a fresh temporary file renamed over it.
-    fn replace(&self, path: &Path, text: &str) -> io::Result<()> {
+    /// Write `text` to `path` by a fresh temporary file renamed over it; `pid` is this
+    /// process's (it names the temporary file, for a sweep to see whose it is).
+    fn replace(&self, path: &Path, text: &str, pid: u32) -> io::Result<()> {
         let tmp = self.dir.join(format!(
-            ".tmp.{}.{}.{}",
-            std::process::id(),
+            ".tmp.{pid}.{}.{}",
             TMP_SEQ.fetch_add(1, Ordering::Relaxed),
             now_secs()
         ));
@@ -1259,8 +1575,8 @@ impl Registry {
             };
             if deadline.is_some() {
                 match self.read(&path, &key) {
-                    Ok(Some((rec, ident))) if procs.info(rec.pid).is_none() => {
-                        self.remove_if(&path, ident);
+                    Ok(Some((rec, stamp))) if procs.info(rec.pid).is_none() => {
+                        self.remove_if(&path, stamp.ident());
                         out.removed += 1;
                     }
                     Ok(None) => {}
@@ -2350,5 +2666,266 @@ mod tests {
         fs::write(t.0.join(OVERFLOW_MARK), "garbage\n").unwrap();
         assert_eq!(reg.overflow(&procs).map(|o| o.sticky), Some(true));
         assert!(t.0.join(OVERFLOW_MARK).exists());
+    }
+
+    // ---- the caches ------------------------------------------------------------------
+
+    impl Registry {
+        /// Caches of its own, so that tests running at once do not share the process's.
+        fn own_caches(mut self) -> Registry {
+            self.known = Box::leak(Box::new(Known::new()));
+            self.recently_alive = Box::leak(Box::new(RecentlyAlive::new()));
+            self
+        }
+
+        /// The digest `write` keeps `rec` under.
+        fn digest_of(&self, rec: &ProvenanceRecord) -> u128 {
+            let timeless = ProvenanceRecord {
+                time: 0,
+                ..rec.clone()
+            }
+            .render();
+            digest(&[
+                self.dir
+                    .join(rec.key.file_name())
+                    .as_os_str()
+                    .as_encoded_bytes(),
+                timeless.as_bytes(),
+            ])
+        }
+    }
+
+    /// Fake processes with a clock, counting the look-ups that reach them.
+    struct Clocked<'a> {
+        procs: &'a FakeProcs,
+        now: std::cell::Cell<Now>,
+        asked: std::cell::Cell<u32>,
+    }
+
+    impl<'a> Clocked<'a> {
+        fn new(procs: &'a FakeProcs, me: u32) -> Clocked<'a> {
+            Clocked {
+                procs,
+                now: std::cell::Cell::new(Now { me, us: 1_000_000 }),
+                asked: std::cell::Cell::new(0),
+            }
+        }
+        fn advance(&self, us: u64) {
+            let n = self.now.get();
+            self.now.set(Now { us: n.us + us, ..n });
+        }
+    }
+
+    impl Procs for Clocked<'_> {
+        fn info(&self, pid: u32) -> Option<ProcInfo> {
+            self.asked.set(self.asked.get() + 1);
+            self.procs.info(pid)
+        }
+        fn now(&self) -> Option<Now> {
+            Some(self.now.get())
+        }
+    }
+
+    #[test]
+    fn a_slot_being_written_is_a_miss_and_is_not_written_over() {
+        let slot: Slot<2> = Slot::new();
+        assert_eq!(slot.load(), None, "never written");
+        slot.store([7, 8]);
+        assert_eq!(slot.load(), Some([7, 8]));
+        // A writer in the middle (another thread, an interrupted caller, or a parent that
+        // forked meanwhile): readers miss, other writers keep nothing and do not wait.
+        let s = slot.seq.load(Ordering::Relaxed);
+        slot.seq.store(s + 1, Ordering::Relaxed);
+        assert_eq!(slot.load(), None);
+        slot.store([9, 9]);
+        assert_eq!(slot.words[0].load(Ordering::Relaxed), 7);
+        slot.seq.store(s + 2, Ordering::Relaxed);
+        assert_eq!(slot.load(), Some([7, 8]));
+        slot.clear();
+        assert_eq!(
+            slot.load(),
+            Some([0, 0]),
+            "cleared: zeros, which no entry matches"
+        );
+    }
+
+    #[test]
+    fn a_re_export_trusts_its_record_only_while_it_is_the_same_unchanged_file() {
+        let t = TempDir::new("known");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap().own_caches();
+        let procs = FakeProcs::default();
+        let r = rec(mem_key(1), Some(0), Some(G0));
+        let path = t.0.join(r.key.file_name());
+        let d = reg.digest_of(&r);
+        reg.write(&r, &procs).unwrap();
+        assert!(
+            !reg.known.holds(r.pid, d, &path, u),
+            "a fresh write keeps nothing: the first re-export reads the file"
+        );
+        reg.write(&r, &procs).unwrap();
+        assert!(
+            reg.known.holds(r.pid, d, &path, u),
+            "read and found the same: kept"
+        );
+        // Another process (a fork child writes its own pid) never matches the entry.
+        assert!(!reg.known.holds(r.pid + 1, d, &path, u));
+        // Another record of the same key (another GPU) is another digest.
+        let other = rec(mem_key(1), Some(0), Some(G1));
+        assert!(!reg.known.holds(r.pid, reg.digest_of(&other), &path, u));
+
+        // Removed: not trusted, and the re-export writes it again.
+        fs::remove_file(&path).unwrap();
+        assert!(!reg.known.holds(r.pid, d, &path, u));
+        reg.write(&r, &procs).unwrap();
+        assert!(ProvenanceRecord::parse(&fs::read_to_string(&path).unwrap(), &r.key).is_ok());
+        reg.write(&r, &procs).unwrap();
+        assert!(reg.known.holds(r.pid, d, &path, u));
+
+        // Replaced by another file (a rename over it): another inode, read again, rewritten.
+        let forged = rec(mem_key(1), Some(0), Some(G1)).render();
+        let tmp = t.0.join("other");
+        fs::write(&tmp, &forged).unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::rename(&tmp, &path).unwrap();
+        assert!(!reg.known.holds(r.pid, d, &path, u));
+        reg.write(&r, &procs).unwrap();
+        let now = fs::read_to_string(&path).unwrap();
+        assert!(now.contains(G0) && !now.contains(G1), "{now}");
+
+        // Changed in place (another size): not the file that was read.
+        reg.write(&r, &procs).unwrap();
+        assert!(reg.known.holds(r.pid, d, &path, u));
+        fs::write(&path, rec(mem_key(1), Some(10), Some(G0)).render()).unwrap();
+        assert!(!reg.known.holds(r.pid, d, &path, u));
+        reg.write(&r, &procs).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), r.render());
+
+        // Group-writable, or a symbolic link to the very file: not trusted either.
+        reg.write(&r, &procs).unwrap();
+        assert!(reg.known.holds(r.pid, d, &path, u));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o620)).unwrap();
+        assert!(!reg.known.holds(r.pid, d, &path, u));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        reg.write(&r, &procs).unwrap();
+        assert!(reg.known.holds(r.pid, d, &path, u));
+        let real = t.0.join("real");
+        fs::rename(&path, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &path).unwrap();
+        assert!(!reg.known.holds(r.pid, d, &path, u));
+    }
+
+    #[test]
+    fn a_liveness_verdict_is_reused_only_for_the_same_exporter_and_only_briefly() {
+        let t = TempDir::new("alive");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap().own_caches();
+        let fake = FakeProcs::with(4242, 777, u);
+        let procs = Clocked::new(&fake, 10);
+        let r = rec(mem_key(2), Some(0), Some(G0));
+        reg.write(&r, &fake).unwrap();
+        // Hit: a second look-up inside the window asks /proc nothing.
+        assert!(matches!(reg.lookup(&r.key, &procs), Lookup::Found(_)));
+        assert_eq!(procs.asked.get(), 1);
+        procs.advance(RECENTLY_ALIVE_US - 1);
+        assert!(matches!(reg.lookup(&r.key, &procs), Lookup::Found(_)));
+        assert_eq!(procs.asked.get(), 1, "hit");
+        // Expiry: the window is counted from when it was seen, not renewed by a hit.
+        procs.advance(1);
+        assert!(matches!(reg.lookup(&r.key, &procs), Lookup::Found(_)));
+        assert_eq!(procs.asked.get(), 2, "expired: asked again");
+        // Another process (a fork child) does not reuse this one's verdict.
+        let child = Clocked::new(&fake, 11);
+        child.now.set(Now {
+            me: 11,
+            ..procs.now.get()
+        });
+        assert!(matches!(reg.lookup(&r.key, &child), Lookup::Found(_)));
+        assert_eq!(child.asked.get(), 1);
+        // A clock that went back (another clock, never the same one) is a miss.
+        let back = Clocked::new(&fake, 10);
+        assert!(matches!(reg.lookup(&r.key, &back), Lookup::Found(_)));
+        assert_eq!(back.asked.get(), 1);
+
+        // The pid reused by another process: a record naming its start time is checked,
+        // while the old verdict for (4242, 777) is still in the window.
+        procs.advance(RECENTLY_ALIVE_US);
+        assert!(matches!(reg.lookup(&r.key, &procs), Lookup::Found(_)));
+        fake.0
+            .borrow_mut()
+            .insert(4242, ProcInfo { start: 999, uid: u });
+        let reused = ProvenanceRecord {
+            start: 999,
+            ..rec(mem_key(3), Some(0), Some(G1))
+        };
+        reg.write(&reused, &fake).unwrap();
+        let asked = procs.asked.get();
+        assert!(matches!(reg.lookup(&reused.key, &procs), Lookup::Found(_)));
+        assert_eq!(procs.asked.get(), asked + 1, "another start time: a miss");
+        // That look-up saw 4242 alive with start 999 (and kept that), so a record still
+        // naming the old start is forged now, whatever was kept before.
+        assert!(matches!(
+            reg.lookup(&r.key, &procs),
+            Lookup::Skipped(Skip::Forged { pid: 4242 })
+        ));
+
+        // Any verdict against a pid empties its slot (here one still true: asked again).
+        let asked = procs.asked.get();
+        assert!(matches!(reg.lookup(&reused.key, &procs), Lookup::Found(_)));
+        assert_eq!(procs.asked.get(), asked + 1);
+
+        // Dead: a look-up that finds the pid dead empties its slot, so the verdict kept for
+        // (4242, 999) a moment ago is not reused after it, inside the window or not.
+        assert!(reg.recently_alive.holds(procs.now.get(), 4242, 999, u));
+        fake.0.borrow_mut().remove(&4242);
+        let stale = ProvenanceRecord {
+            start: 555,
+            ..rec(mem_key(4), Some(0), Some(G0))
+        };
+        reg.write(&stale, &fake).unwrap();
+        assert!(matches!(
+            reg.lookup(&stale.key, &procs),
+            Lookup::Skipped(Skip::Dead { pid: 4242 })
+        ));
+        assert!(!reg.recently_alive.holds(procs.now.get(), 4242, 999, u));
+        assert!(matches!(
+            reg.lookup(&reused.key, &procs),
+            Lookup::Skipped(Skip::Dead { pid: 4242 })
+        ));
+    }
+
+    #[test]
+    fn recently_alive_keys_every_field() {
+        let c = RecentlyAlive::new();
+        let now = Now { me: 5, us: 100 };
+        assert!(!c.holds(now, 7, 70, 1), "empty");
+        c.keep(now, 7, 70, 1);
+        assert!(c.holds(now, 7, 70, 1));
+        assert!(!c.holds(now, 7, 71, 1), "another start time");
+        assert!(!c.holds(now, 7, 70, 2), "another owner");
+        assert!(
+            !c.holds(Now { me: 6, ..now }, 7, 70, 1),
+            "another asking process"
+        );
+        assert!(
+            !c.holds(now, 7 + CACHE_SLOTS as u32, 70, 1),
+            "another pid, same slot"
+        );
+        assert!(!c.holds(
+            Now {
+                us: 100 + RECENTLY_ALIVE_US,
+                ..now
+            },
+            7,
+            70,
+            1
+        ));
+        c.forget(7 + CACHE_SLOTS as u32);
+        assert!(
+            c.holds(now, 7, 70, 1),
+            "forgetting another pid keeps this one"
+        );
+        c.forget(7);
+        assert!(!c.holds(now, 7, 70, 1));
     }
 }

@@ -28,7 +28,10 @@
 //! Two kinds are kept by their owners, as their data needs: the tally's counters are
 //! emptied in the child by its `pthread_atfork` handler (`audit::tally`, the child counts
 //! its own violations), and the pool table of `decide::reach` is inherited (a pool the
-//! parent created is the child's to use too). Plain atomics elsewhere are facts the process
+//! parent created is the child's to use too). The IPC registry's caches (`registry::Known`,
+//! `registry::RecentlyAlive`, in the core crate) are keyed by pid like [`PidValue`]: each
+//! entry names the record's writer or the process that asked, so a child never uses its
+//! parent's. Plain atomics elsewhere are facts the process
 //! learned (a mode, a rank handed down, a Python symbol found), inherited as they are.
 //! Two short locks are kept by their owners too: `elfsym`'s cache of one object's symbols,
 //! taken only with `try_lock`, and the tally's `FLUSH_LOCK`, a bounded spin that its

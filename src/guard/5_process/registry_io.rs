@@ -10,6 +10,7 @@ use crate::guard::output::debug_log;
 use crate::guard::output::line::say;
 use crate::guard::process::state;
 use crate::guard::sys::lifecycle::PerProcess;
+use crate::guard::sys::signal_safe;
 use crate::registry::{self, ProcFs, Registry};
 
 static SAID_DIR: PerProcess = PerProcess::new();
@@ -34,6 +35,11 @@ pub(crate) fn open_registry() -> Option<Registry> {
     open_registry_or_why().ok()
 }
 
+/// [`open_registry`] for a caller that has this process's pid at hand.
+pub(crate) fn open_registry_in(pid: u32) -> Option<Registry> {
+    open_registry_or_why_in(pid).ok()
+}
+
 /// Why there is no registry to trust.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Untrusted {
@@ -48,16 +54,21 @@ pub(crate) enum Untrusted {
 
 /// The verified registry, or why there is none (said once).
 pub(crate) fn open_registry_or_why() -> Result<Registry, Untrusted> {
+    open_registry_or_why_in(signal_safe::pid())
+}
+
+/// [`open_registry_or_why`] in process `pid` (this one: asked once by the caller).
+pub(crate) fn open_registry_or_why_in(pid: u32) -> Result<Registry, Untrusted> {
     let uid = euid();
     let (dir, var) = match &state::get().config.registry {
         Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
         None => (registry::default_dir(uid), "the default registry"),
     };
     match Registry::open(&dir, uid, true) {
-        Ok(r) => Ok(swept_at_start(r)),
+        Ok(r) => Ok(swept_at_start(r, pid)),
         Err(problem) if state::get().config.registry.is_none() => {
             open_fallback(uid, &dir, &problem.to_string())
-                .map(swept_at_start)
+                .map(|r| swept_at_start(r, pid))
                 .ok_or(Untrusted::DefaultTaken)
         }
         Err(problem) => {
@@ -80,8 +91,8 @@ static SWEPT_AT_START: PerProcess = PerProcess::new();
 /// entries within [`registry::START_SWEEP_TIME`]: the records of processes that died
 /// without removing theirs go (an untrusted record is left for the look-up that says so), so the registry stays bounded by what is alive (each
 /// process removes its own rank record when it ends: `root_walk::drop_record`).
-fn swept_at_start(reg: Registry) -> Registry {
-    if SWEPT_AT_START.first() {
+fn swept_at_start(reg: Registry, pid: u32) -> Registry {
+    if SWEPT_AT_START.first_in(pid) {
         let s = reg.sweep_dead_within(&ProcFs, registry::SWEEP_BUDGET, registry::START_SWEEP_TIME);
         debug_log::log!(
             Debug,

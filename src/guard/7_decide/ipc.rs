@@ -35,7 +35,8 @@ use crate::guard::audit::decision_record::Extra;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::output::debug_log;
 use crate::guard::process::registry_io::{
-    open_registry, open_registry_or_why, said_write_problem, say_once, Untrusted, SAID_WRITE,
+    open_registry, open_registry_in, open_registry_or_why, said_write_problem, say_once, Untrusted,
+    SAID_WRITE,
 };
 use crate::guard::process::root_walk;
 use crate::guard::process::state;
@@ -48,8 +49,8 @@ use crate::guard::sys::lifecycle::{PerProcess, PidValue};
 use crate::guard::sys::signal_safe;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
-    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, ProcFs, ProvenanceRecord,
-    WriteProblem,
+    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, Now, ProcFs, ProcInfo, Procs,
+    ProvenanceRecord, WriteProblem,
 };
 use rankguard_core::record::{Exporter, RootRef, RuleFields};
 use std::borrow::Cow;
@@ -307,12 +308,33 @@ fn own_start(pid: u32) -> Option<u64> {
     Some(start)
 }
 
+/// The real `/proc`, as process `me` sees it now: a look-up reuses a liveness verdict this
+/// process reached in the last 5 ms (`registry::RecentlyAlive`, which says why that is safe).
+struct ProcNow {
+    me: u32,
+}
+
+impl Procs for ProcNow {
+    fn info(&self, pid: u32) -> Option<ProcInfo> {
+        ProcFs.info(pid)
+    }
+
+    fn now(&self) -> Option<Now> {
+        Some(Now {
+            me: self.me,
+            us: signal_safe::monotonic_us(),
+        })
+    }
+}
+
 /// Register an export in the provenance registry (its record). Never fails the export: a
 /// problem is said once.
 fn register_export(key: Key, gpu: Option<String>, location: Location) {
     let _ = shielded("writing", || {
-        let reg = open_registry()?;
+        // Asked once, passed down (the open's start-up sweep, this export's sweep, the
+        // record, its temporary file).
         let pid = signal_safe::pid();
+        let reg = open_registry_in(pid)?;
         if SWEPT.first_in(pid) {
             let swept = reg.sweep(&ProcFs, registry::SWEEP_BUDGET);
             debug_log::log!(
@@ -346,7 +368,7 @@ fn register_export(key: Key, gpu: Option<String>, location: Location) {
                 .map_or(0, |d| d.as_secs()),
             root: root_walk::id(),
         };
-        match reg.write(&rec, &ProcFs) {
+        match reg.write(&rec, &ProcNow { me: pid }) {
             Ok(()) => debug_log::log!(
                 Debug,
                 "recorded IPC export {} on {} ({} memory)",
@@ -381,8 +403,9 @@ fn register_export(key: Key, gpu: Option<String>, location: Location) {
 /// The trusted record of `key`, if any (problems said once).
 fn lookup(key: &Key) -> Option<ProvenanceRecord> {
     shielded("reading", || {
-        let reg = open_registry()?;
-        match reg.lookup(key, &ProcFs) {
+        let pid = signal_safe::pid();
+        let reg = open_registry_in(pid)?;
+        match reg.lookup(key, &ProcNow { me: pid }) {
             Lookup::Found(r) => Some(r),
             Lookup::Missing => None,
             Lookup::Skipped(skip) => {
