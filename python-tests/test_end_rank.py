@@ -166,7 +166,7 @@ def test_what_is_never_ended(tmp_path, cvd, mode, ends, status, parent_init):
     assert rules == (["R1"] if cvd == "1" else []), rules
 
 
-SHELL = ('echo "$$" > "$W/shell"; while [ ! -e "$W/go" ]; do sleep 0.02; done; '
+SHELL = ('echo "$$" > "$W/sh"; mv "$W/sh" "$W/shell"; while [ ! -e "$W/go" ]; do sleep 0.02; done; '
          'CUDA_VISIBLE_DEVICES=1 "$INIT"; echo "$?" > "$W/st"; mv "$W/st" "$W/status"')
 
 

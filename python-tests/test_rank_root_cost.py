@@ -3,7 +3,9 @@
 - The first cuInit without rank variables reads two files of each guarded ancestor
   (`/proc/<pid>/stat` and `/proc/<pid>/environ`) and two of the first unguarded one, where
   the walk ends, and looks up each one's rank record once (docs/design.md §1, "The walk's cost"): counted with strace at ancestor
-  depths 1 and 8, whatever the tree above the test.
+  depths 1 and 8, whatever the tree above the test. Of its own it opens its stat and its
+  start environment once each, and the registry directory once (the start-up sweep), and
+  writes its rank record without looking it up first.
 - A guarded process's rank record (`rank-<pid>`) is removed when it exits or execs, and
   the registry of a run of 1,000 short processes holds only the live ones.
 """
@@ -46,12 +48,13 @@ def guarded_env(tmp: pathlib.Path, **extra) -> dict[str, str]:
                      RANKGUARD_REGISTRY=str(registry(tmp)), CUDA_VISIBLE_DEVICES=None, **pad, **extra)
 
 
-def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], list[int], int, int]:
+def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], list[int], int, int, list[str]]:
     """Run guard_init (CUDA_VISIBLE_DEVICES=0: its own rank root) under `depth` guarded
     ancestors with 64 KiB environments (depth - 1 chain levels, then strace, which traces
     it), below one unguarded process (the chain's top). Returns the other processes'
     /proc files it opened, the pids whose rank record it looked up and did not find, the
-    number of files it opened in all, and the number of opens that failed."""
+    number of files it opened in all, the number of opens that failed, and the lines that
+    open its own /proc files or the registry directory itself."""
     strace = shutil.which("strace")
     assert strace, "this test counts open(2) calls with strace: install it (apt-get install strace)"
     tmp = tmp / f"depth-{depth}"
@@ -70,7 +73,9 @@ def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], lis
     # the registry look-up of an ancestor's rank record: absent, one open that fails
     probes = [int(m.group(1)) for l in lines if "ENOENT" in l
               for m in [re.search(r'/registry/rank-(\d+)"', l)] if m]
-    return procs, probes, len(opened), len(lines) - len(opened)
+    reg = str(registry(tmp))
+    own = [l for l in lines if '"/proc/self/' in l or f'"{reg}"' in l]
+    return procs, probes, len(opened), len(lines) - len(opened), own
 
 
 def test_the_first_cuinit_opens_two_files_per_guarded_ancestor(tmp_path):
@@ -78,15 +83,21 @@ def test_the_first_cuinit_opens_two_files_per_guarded_ancestor(tmp_path):
     ancestor and of the unguarded process above them, where the walk ends, and one look-up
     of each one's rank record (absent here: one open that fails, nothing else); nothing
     above it (before the fix the walk went on to pid 1, through every process above the
-    test)."""
+    test). Of its own: /proc/self/stat and /proc/self/environ once each (the walk's first
+    step and the start environment), the registry directory once (the start-up sweep, whose
+    count serves the rank record's write), and no look-up of its own rank record."""
     counts = {}
     for depth in (1, 8):
-        procs, probes, opened, failed = opens_at_first_cuinit(tmp_path, depth)
+        procs, probes, opened, failed, own = opens_at_first_cuinit(tmp_path, depth)
         pids = sorted({int(re.search(r"/proc/(\d+)/", f).group(1)) for f in procs})
         assert len(pids) == depth + 1, (depth, procs)
         assert sorted(procs) == sorted(f'"/proc/{p}/{f}"' for p in pids for f in ("stat", "environ")), procs
-        ancestors = [p for p in probes if p in pids]
-        assert sorted(ancestors) == pids, (depth, probes, pids)
+        # the failed rank look-ups are the ancestors', one each: none of its own record
+        assert sorted(probes) == pids, (depth, probes, pids)
+        files = sorted(re.search(r'"([^"]*)"', l).group(1) for l in own)
+        reg = str(registry(tmp_path / f"depth-{depth}"))
+        assert files == sorted(["/proc/self/stat", "/proc/self/environ", reg]), own
+        assert all(re.search(r"\) = \d+$", l) for l in own), own
         counts[depth] = (opened, failed)
     # everything else the first cuInit opens, or tries to, is the same at both depths
     assert counts[8][0] - counts[1][0] == 2 * 7, counts

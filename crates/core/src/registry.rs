@@ -47,7 +47,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::config::IpcPolicy;
 use crate::policy::{self, DenyCode, Detail, Rule, Verdict, Violation};
@@ -63,7 +63,9 @@ pub const MAX_RECORDS: usize = crate::policy::REGISTRY_RECORDS;
 /// A process counts the directory at its first new record and at every `COUNT_EVERY`th
 /// after (each count reads up to [`MAX_RECORDS`] entries), and at every new record while
 /// its last count found the registry full: the bound is exceeded by at most this many
-/// records per concurrent writer.
+/// records per concurrent writer. The first count is the start-up sweep's, when it read the
+/// whole directory and the first write goes through the registry it swept
+/// ([`Registry::sweep_dead_within`]).
 pub const COUNT_EVERY: u64 = 256;
 /// Most directory entries one sweep examines. Each costs an open, a read and a `/proc`
 /// lookup (tens of microseconds), so a sweep at a process start or an export stays within
@@ -1073,7 +1075,13 @@ pub struct Registry {
     /// The process's caches (their own in unit tests).
     known: &'static Known,
     recently_alive: &'static RecentlyAlive,
+    /// The entries the start-up sweep of this registry left, when it read the whole
+    /// directory, for its first write (taken by it); [`NOT_COUNTED`] otherwise.
+    swept_count: AtomicUsize,
 }
+
+/// [`Registry::swept_count`]: no count to use.
+const NOT_COUNTED: usize = usize::MAX;
 
 /// Where the registry lives when `RANKGUARD_REGISTRY` is unset: `/dev/shm` is a tmpfs every
 /// process of the node shares (NCCL's SHM transport lives there too); `/tmp` otherwise.
@@ -1166,6 +1174,7 @@ impl Registry {
             every: COUNT_EVERY,
             known: &KNOWN,
             recently_alive: &RECENTLY_ALIVE,
+            swept_count: AtomicUsize::new(NOT_COUNTED),
         })
     }
 
@@ -1182,6 +1191,18 @@ impl Registry {
         }
         let name = rec.key.file_name();
         let target = self.dir.join(&name);
+        // The first write after this registry's complete start-up sweep (the process's first
+        // record: a rank record at the first `cuInit`, or a first export) has that sweep's
+        // count. Below the bound a new record and a replaced one are written alike, and a
+        // process's first record cannot repeat one it wrote: no probe of its name, no count.
+        if self.swept_count.swap(NOT_COUNTED, Ordering::Relaxed) < self.max {
+            if self.must_count() {
+                LAST_FULL.store(false, Ordering::Relaxed);
+            }
+            return self
+                .replace(&target, &text, rec.pid)
+                .map_err(WriteProblem::Io);
+        }
         // The same record again (PyTorch exports a segment's handle, the same bytes, at every
         // share of a tensor in it) stays as it is: only its time would change, and that says
         // when it was first written. Reading it costs no create and no rename (a rename over
@@ -1518,7 +1539,12 @@ impl Registry {
         budget: usize,
         within: std::time::Duration,
     ) -> Swept {
-        self.sweep_until(procs, budget, Some(std::time::Instant::now() + within))
+        let swept = self.sweep_until(procs, budget, Some(std::time::Instant::now() + within));
+        if swept.complete {
+            // what is left, for the first write's count (`write`)
+            self.swept_count.store(swept.kept, Ordering::Relaxed);
+        }
+        swept
     }
 
     /// The sweep; with a deadline, the start-up sweep (dead writers only).
@@ -2218,6 +2244,60 @@ mod tests {
         assert_eq!((s.removed, s.complete), (1, true));
         assert!(!t.0.join(mem_key(7).file_name()).exists());
         assert!(t.0.join(mem_key(8).file_name()).exists());
+    }
+
+    #[test]
+    fn the_first_write_after_a_start_up_sweep_decides_with_its_count() {
+        // The first write through a registry whose start-up sweep read the whole directory
+        // uses that sweep's count: the same decisions as a count of its own, once.
+        let t = TempDir::new("swept-count");
+        let u = uid();
+        let procs = FakeProcs::with(4242, 777, u);
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(3);
+        for b in 0..2 {
+            reg.write(&rec(mem_key(b), Some(0), Some(G0)), &procs)
+                .unwrap();
+        }
+        let dead = ProvenanceRecord {
+            pid: 5001,
+            ..rec(mem_key(9), Some(0), Some(G0))
+        };
+        reg.write(&dead, &procs).unwrap();
+        // below the bound after the sweep (two live records left): written
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(3);
+        let s = reg.sweep_dead_within(&procs, SWEEP_BUDGET, std::time::Duration::from_secs(60));
+        assert_eq!((s.kept, s.removed, s.complete), (2, 1, true));
+        reg.write(&rec(mem_key(2), Some(0), Some(G0)), &procs)
+            .unwrap();
+        assert!(matches!(
+            reg.lookup(&mem_key(2), &procs),
+            Lookup::Found(r) if r.gpu.as_deref() == Some(G0)
+        ));
+        // the count was the first write's alone: the next one counts three, full
+        assert!(matches!(
+            reg.write(&rec(mem_key(3), Some(0), Some(G0)), &procs),
+            Err(WriteProblem::Full(_))
+        ));
+        // at the bound after the sweep: full, as a count of its own says
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(3);
+        let s = reg.sweep_dead_within(&procs, SWEEP_BUDGET, std::time::Duration::from_secs(60));
+        assert_eq!((s.kept, s.complete), (3, true));
+        assert!(matches!(
+            reg.write(&rec(mem_key(4), Some(0), Some(G0)), &procs),
+            Err(WriteProblem::Full(_))
+        ));
+        // ... and a replacement of a record there is written (it does not grow the directory)
+        let again = ProvenanceRecord {
+            gpu: Some(G1.to_string()),
+            ..rec(mem_key(2), Some(0), Some(G0))
+        };
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(3);
+        reg.sweep_dead_within(&procs, SWEEP_BUDGET, std::time::Duration::from_secs(60));
+        reg.write(&again, &procs).unwrap();
+        assert!(matches!(
+            reg.lookup(&mem_key(2), &procs),
+            Lookup::Found(r) if r.gpu.as_deref() == Some(G1)
+        ));
     }
 
     #[test]

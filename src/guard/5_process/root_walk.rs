@@ -125,7 +125,8 @@ pub(crate) struct ProcFsView {
     marks: bool,
 }
 
-/// Bytes asked of `/proc/<pid>/environ` per read: a typical environment in one read, a large
+/// Bytes asked of `/proc/<pid>/environ` per read (at most: an entry cut by the last read is
+/// kept at the buffer's front): a typical environment in one read, a large
 /// one in a few (the scan stops reading once its variables are seen).
 const ENVIRON_PIECE: usize = 32 << 10;
 
@@ -147,45 +148,70 @@ impl ProcFsView {
     }
 
     /// `/proc/<pid>/stat` in one read (a stat line is far shorter than the buffer), and
-    /// the file's owner.
-    fn stat_line(path: &str, out: &mut [u8; 1024]) -> std::io::Result<(usize, u32)> {
+    /// the file's owner when `owner` (0 when not asked: this process's own stat, whose
+    /// owner the walk never asks).
+    fn stat_line(path: &str, out: &mut [u8; 1024], owner: bool) -> std::io::Result<(usize, u32)> {
         let mut f = File::open(path)?;
-        let uid = f.metadata()?.uid();
+        let uid = if owner { f.metadata()?.uid() } else { 0 };
         let n = f.read(out)?;
         Ok((n, uid))
     }
 
     /// Scan `/proc/<pid>/environ` piece by piece until its variables are seen or it ends.
     fn scan_environ(&mut self, pid: u32) -> std::io::Result<EnvFacts> {
-        let mut f = File::open(format!("/proc/{pid}/environ"))?;
-        let mut scan = if self.marks {
+        let scan = if self.marks {
             EnvScan::with_marks()
         } else {
             EnvScan::default()
         };
-        let buf = &mut self.buf;
-        buf.clear();
-        let mut total = 0u64;
-        loop {
-            let kept = buf.len();
-            buf.resize(kept + ENVIRON_PIECE, 0);
-            let n = loop {
-                // `get` (never None: the buffer was just grown): an index keeps a panic
-                // location, a relocation (test_startup_cost.py).
-                match f.read(buf.get_mut(kept..).unwrap_or_default()) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    r => break r?,
-                }
-            };
-            buf.truncate(kept + n);
-            total += n as u64;
-            // The kernel fills a read of environ up to its end: a short read is the end.
-            let last = n < ENVIRON_PIECE || total >= MAX_ENVIRON;
-            let used = scan.feed(buf, last);
-            if last || scan.done() {
-                return Ok(scan.finish());
+        scan_environ_file(&format!("/proc/{pid}/environ"), scan, &mut self.buf)
+    }
+}
+
+/// Scan an environment file (`/proc/<pid>/environ`) with `scan`, in reads of up to
+/// [`ENVIRON_PIECE`] into `buf`, until the scan is done or the file ends (at most
+/// [`MAX_ENVIRON`] bytes). The start environment (`start_env`) is read this way too, up to
+/// its first CVD. `buf` is zeroed once, when it is first sized (later reads overwrite it):
+/// an entry cut by a read moves to its front; one longer than it doubles it.
+pub(crate) fn scan_environ_file(
+    path: &str,
+    mut scan: EnvScan,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<EnvFacts> {
+    let mut f = File::open(path)?;
+    if buf.len() < ENVIRON_PIECE {
+        *buf = vec![0; ENVIRON_PIECE];
+    }
+    let mut kept = 0;
+    let mut total = 0u64;
+    loop {
+        if kept == buf.len() {
+            buf.resize(2 * kept, 0);
+        }
+        let want = buf.len() - kept;
+        let n = loop {
+            // `get` (never None: kept < len): an index keeps a panic location, a relocation
+            // (test_startup_cost.py); so below.
+            match f.read(buf.get_mut(kept..).unwrap_or_default()) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r?,
             }
-            buf.drain(..used);
+        };
+        let end = kept + n;
+        total += n as u64;
+        // The kernel fills a read of environ up to its end: a short read is the end.
+        let last = n < want || total >= MAX_ENVIRON;
+        let used = scan.feed(buf.get(..end).unwrap_or_default(), last);
+        if last || scan.done() {
+            return Ok(scan.finish());
+        }
+        // the entry the read cut (shorter than one entry) to the front
+        kept = end.saturating_sub(used);
+        for i in 0..kept {
+            let b = buf.get(used + i).copied().unwrap_or(0);
+            if let Some(d) = buf.get_mut(i) {
+                *d = b;
+            }
         }
     }
 }
@@ -210,7 +236,7 @@ impl ProcView for ProcFsView {
             return Some(st);
         }
         let mut line = [0u8; 1024];
-        let r = Self::stat_line(&format!("/proc/{pid}/stat"), &mut line);
+        let r = Self::stat_line(&format!("/proc/{pid}/stat"), &mut line, true);
         let (n, uid) = self.read(pid, "stat", r)?;
         self.owner = Some((pid, uid));
         rank_root::parse_stat(std::str::from_utf8(line.get(..n)?).ok()?)
@@ -261,17 +287,32 @@ pub fn ensure(cfg: &Config) -> Option<&'static Root> {
 /// [`ensure`], saying when the walk could not read `/proc` (the R1 check fails closed
 /// then: issue 29, item 2). Not kept: a later call walks again.
 pub fn ensure_checked(cfg: &Config) -> Result<Option<&'static Root>, Unreadable> {
-    if let Some(r) = mine() {
-        return Ok(Some(r));
-    }
-    if !applies(cfg) {
-        return Ok(None);
-    }
-    establish()
+    ensure_at_init(cfg).0
 }
 
-fn establish() -> Result<Option<&'static Root>, Unreadable> {
-    let found = std::panic::catch_unwind(|| {
+/// The registry a walk opened (verified and swept at its start by `registry_io`), handed
+/// from the R1 check's walk to its [`publish`], which writes through it instead of verifying
+/// the directory a second time within the same check (docs/design.md §1, "The walk's cost").
+/// Empty when no walk ran or it opened none (then `publish` opens the registry itself).
+pub struct Opened(Option<Registry>);
+
+/// [`ensure_checked`] for the R1 check, with the registry the walk opened for its
+/// [`publish`].
+pub fn ensure_at_init(cfg: &Config) -> (Result<Option<&'static Root>, Unreadable>, Opened) {
+    if let Some(r) = mine() {
+        return (Ok(Some(r)), Opened(None));
+    }
+    if !applies(cfg) {
+        return (Ok(None), Opened(None));
+    }
+    let mut reg = None;
+    let root = establish(&mut reg);
+    (root, Opened(reg))
+}
+
+/// Walk, and keep in `opened` the registry the walk opened and verified (if it did).
+fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unreadable> {
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let me = signal_safe::pid();
         let mut view = ProcFsView {
             reg: None,
@@ -282,7 +323,7 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
             marks: false,
         };
         let mut line = [0u8; 1024];
-        let own = ProcFsView::stat_line("/proc/self/stat", &mut line);
+        let own = ProcFsView::stat_line("/proc/self/stat", &mut line, false);
         let own = view.read(me, "stat", own);
         let own = own.and_then(|(n, _)| std::str::from_utf8(line.get(..n)?).ok());
         let Some(start) = own.and_then(registry::stat_start_time) else {
@@ -290,6 +331,7 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
         };
         view.own = own.and_then(rank_root::parse_stat).map(|st| (me, st));
         let ancestor = rank_root::find(me, registry_io::euid(), &mut view);
+        *opened = view.reg.take().flatten();
         say_walk(ancestor.as_ref());
         if let Some(u) = view.failed {
             return Err(u);
@@ -312,7 +354,7 @@ fn establish() -> Result<Option<&'static Root>, Unreadable> {
                 by_start: start,
             },
         }))
-    });
+    }));
     let r = match found {
         Ok(Ok(Some(r))) => r,
         Ok(Err(u)) => return Err(u),
@@ -355,7 +397,7 @@ pub fn rank_gpu() -> Option<&'static str> {
 /// Leave this process's rank record for its descendants: its root and the rank GPU's UUID
 /// (`own_uuid` when this process sees the rank's GPU, else the root's recorded one).
 /// Problems with the registry are said once (`registry_io`); never fails the caller.
-pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
+pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool, opened: Opened) {
     let Some(root) = mine() else { return };
     let gpu = match (&root.gpu, sees_rank_gpu) {
         (_, true) if !own_uuid.is_empty() => own_uuid.to_string(),
@@ -363,7 +405,10 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool) {
         _ => return,
     };
     let _ = std::panic::catch_unwind(|| {
-        let reg = registry_io::open_registry()?;
+        let reg = match opened.0 {
+            Some(reg) => reg,
+            None => registry_io::open_registry()?,
+        };
         let rec = ProvenanceRecord {
             key: Key::rank(signal_safe::pid()),
             job: cfg.job.as_deref().map(registry::job_token),

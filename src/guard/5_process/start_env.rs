@@ -8,26 +8,21 @@
 //! A forked child shares it, as it shares its parent's start. Cold path only: read once, at
 //! the first `cuInit` (the R1 check), never at load time.
 
-use std::fs::File;
-use std::io::Read;
-
+use crate::guard::process::root_walk;
 use crate::guard::sys::signal_safe;
 use crate::policy::Unreadable;
-use crate::rank_root;
-
-/// Largest environment read (ARG_MAX-sized environments fit).
-const MAX_ENVIRON: u64 = 8 << 20;
+use crate::rank_root::EnvScan;
 
 /// `CUDA_VISIBLE_DEVICES` as this process was started with it (None: unset, or not UTF-8);
 /// Err when `/proc/self/environ` could not be read for lack of resources (the R1 check
 /// fails closed then, as for the rank root's walk). Gone or forbidden (a `/proc` mounted
-/// with `hidepid`) reads as "started with no CVD".
+/// with `hidepid`) reads as "started with no CVD". Read as the walk reads an ancestor's, in
+/// 32 KiB pieces, and only up to the first definition (the one `getenv` returns), at most
+/// 8 MiB (ARG_MAX-sized environments fit): the rest cannot change it.
 pub fn cvd() -> Result<Option<String>, Unreadable> {
     let mut buf = Vec::new();
-    let read =
-        File::open("/proc/self/environ").and_then(|f| f.take(MAX_ENVIRON).read_to_end(&mut buf));
-    match read {
-        Ok(_) => Ok(rank_root::scan_environ(&buf).cvd),
+    match root_walk::scan_environ_file("/proc/self/environ", EnvScan::cvd_only(), &mut buf) {
+        Ok(facts) => Ok(facts.cvd),
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(0);
             if [libc::ENOENT, libc::ESRCH, libc::EACCES, libc::EPERM].contains(&errno) {

@@ -103,7 +103,7 @@ fn check_init(rc: CuResult) {
     // No rank variables: the rank is the outermost ancestor that is one (root_walk.rs).
     let cfg = &state::get().config;
     // A walk that could not read /proc (the fd table full) fails closed (policy::init).
-    let walk = root_walk::ensure_checked(cfg);
+    let (walk, opened) = root_walk::ensure_at_init(cfg);
     let by_root = matches!(walk, Ok(Some(_)));
     let is_rank_gpu = match signal_safe::getenv_bytes("RANKGUARD_RANK_GPU") {
         Some(entry) => Some(rankgpu::decide(entry, rank_uuid, own_uuid, vis.entries()).is_same()),
@@ -155,7 +155,7 @@ fn check_init(rc: CuResult) {
     if by_root && (verdict.is_allow() || mode == Mode::Warn) {
         // A process that sees exactly one GPU records its rank for its descendants.
         let sees_rank_gpu = entries == 1 && devices == 1 && is_rank_gpu != Some(false);
-        root_walk::publish(cfg, own_uuid, sees_rank_gpu);
+        root_walk::publish(cfg, own_uuid, sees_rank_gpu, opened);
     }
     let Verdict::Violation(v) = verdict else {
         if mode == Mode::Enforce {
