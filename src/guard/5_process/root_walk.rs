@@ -125,9 +125,15 @@ pub(crate) struct ProcFsView {
     marks: bool,
 }
 
-/// Bytes asked of `/proc/<pid>/environ` per read (at most: an entry cut by the last read is
-/// kept at the buffer's front): a typical environment in one read, a large
-/// one in a few (the scan stops reading once its variables are seen).
+/// Bytes asked of `/proc/<pid>/environ` by the first read: one page, which the kernel
+/// copies (a 64 KiB environment asked whole is sixteen pages copied, and as many pages of a
+/// fresh buffer zeroed and faulted in). The variables the scan wants are often among the
+/// first entries (a launcher's own, or a shell's `export` of them, come early), and the scan
+/// stops reading once they are seen; when it goes on, later reads ask [`ENVIRON_PIECE`].
+const FIRST_PIECE: usize = 4 << 10;
+
+/// Bytes asked of `/proc/<pid>/environ` by each read after the first (at most: an entry
+/// cut by the last read is kept at the buffer's front): a large environment in a few reads.
 const ENVIRON_PIECE: usize = 32 << 10;
 
 impl ProcFsView {
@@ -168,19 +174,31 @@ impl ProcFsView {
     }
 }
 
-/// Scan an environment file (`/proc/<pid>/environ`) with `scan`, in reads of up to
-/// [`ENVIRON_PIECE`] into `buf`, until the scan is done or the file ends (at most
-/// [`MAX_ENVIRON`] bytes). The start environment (`start_env`) is read this way too, up to
-/// its first CVD. `buf` is zeroed once, when it is first sized (later reads overwrite it):
-/// an entry cut by a read moves to its front; one longer than it doubles it.
+/// Scan an environment file (`/proc/<pid>/environ`) with `scan`, in reads into `buf` of
+/// up to [`FIRST_PIECE`] and then [`ENVIRON_PIECE`] bytes, until the scan is done or the
+/// file ends (at most [`MAX_ENVIRON`] bytes). The start environment (`start_env`) is read
+/// this way too, up to its first CVD. `buf` is zeroed when it is sized (later reads
+/// overwrite it) and kept by the caller for the next file (the walk reads one per
+/// ancestor): an entry cut by a read moves to its front; one longer than it doubles it.
 pub(crate) fn scan_environ_file(
     path: &str,
-    mut scan: EnvScan,
+    scan: EnvScan,
     buf: &mut Vec<u8>,
 ) -> std::io::Result<EnvFacts> {
-    let mut f = File::open(path)?;
-    if buf.len() < ENVIRON_PIECE {
-        *buf = vec![0; ENVIRON_PIECE];
+    let f = File::open(path)?;
+    scan_environ_reads(f, scan, buf, FIRST_PIECE)
+}
+
+/// [`scan_environ_file`]'s reads of an open file `f` (any reader, for the unit tests), the
+/// first of at most `first` bytes.
+fn scan_environ_reads(
+    mut f: impl Read,
+    mut scan: EnvScan,
+    buf: &mut Vec<u8>,
+    first: usize,
+) -> std::io::Result<EnvFacts> {
+    if buf.len() < first {
+        *buf = vec![0; first];
     }
     let mut kept = 0;
     let mut total = 0u64;
@@ -188,11 +206,16 @@ pub(crate) fn scan_environ_file(
         if kept == buf.len() {
             buf.resize(2 * kept, 0);
         }
-        let want = buf.len() - kept;
+        // The first read asks `first` bytes even of a buffer a previous file grew.
+        let want = if total == 0 {
+            first.min(buf.len())
+        } else {
+            buf.len() - kept
+        };
         let n = loop {
             // `get` (never None: kept < len): an index keeps a panic location, a relocation
             // (test_startup_cost.py); so below.
-            match f.read(buf.get_mut(kept..).unwrap_or_default()) {
+            match f.read(buf.get_mut(kept..kept + want).unwrap_or_default()) {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 r => break r?,
             }
@@ -212,6 +235,10 @@ pub(crate) fn scan_environ_file(
             if let Some(d) = buf.get_mut(i) {
                 *d = b;
             }
+        }
+        // The environment goes on past the first read: read on in larger pieces.
+        if buf.len() < ENVIRON_PIECE {
+            buf.resize(ENVIRON_PIECE, 0);
         }
     }
 }
@@ -501,5 +528,119 @@ pub fn drop_record() {
     if RECORD_OWNER.take_in(signal_safe::pid()) {
         // SAFETY: the buffer holds a NUL-terminated path, published with RECORD_OWNER.
         unsafe { libc::unlink(RECORD_PATH.0.get().cast()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that gives what it is asked for, as procfs does for environ (a short read is
+    /// the end), and remembers the size of each request.
+    struct Procfs<'a> {
+        left: &'a [u8],
+        asked: Vec<usize>,
+    }
+
+    impl Read for Procfs<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            self.asked.push(out.len());
+            let n = out.len().min(self.left.len());
+            out[..n].copy_from_slice(&self.left[..n]);
+            self.left = &self.left[n..];
+            Ok(n)
+        }
+    }
+
+    fn environ(entries: &[String]) -> Vec<u8> {
+        entries.iter().flat_map(|e| e.bytes().chain([0])).collect()
+    }
+
+    /// `pad` entries of `len` bytes, then CUDA_VISIBLE_DEVICES, LD_PRELOAD and the marks,
+    /// then `tail` more padding.
+    fn env_with(pad: usize, len: usize, tail: usize) -> Vec<u8> {
+        let mut e: Vec<String> = (0..pad)
+            .map(|i| format!("P{i:03}={}", "x".repeat(len)))
+            .collect();
+        e.push("CUDA_VISIBLE_DEVICES=GPU-1234".into());
+        e.push("LD_PRELOAD=/opt/librankguard.so".into());
+        e.push("RANK=3".into());
+        e.extend((0..tail).map(|i| format!("T{i:03}={}", "y".repeat(len))));
+        environ(&e)
+    }
+
+    fn scan(
+        bytes: &[u8],
+        kind: fn() -> EnvScan,
+        first: usize,
+        buf: &mut Vec<u8>,
+    ) -> (EnvFacts, Vec<usize>) {
+        let mut f = Procfs {
+            left: bytes,
+            asked: Vec::new(),
+        };
+        let facts = scan_environ_reads(&mut f, kind(), buf, first).expect("reads never fail here");
+        (facts, f.asked)
+    }
+
+    #[test]
+    fn pieces_give_what_one_whole_read_gives() {
+        // Entries cut by the first read and by later ones, entries longer than a piece,
+        // variables early, late and after the first piece; small `first` sizes cut often.
+        let envs = [
+            env_with(0, 10, 0),
+            env_with(3, 10, 50),
+            env_with(40, 100, 40),
+            env_with(70, 1000, 10),
+            env_with(2, 40_000, 2),
+            environ(&[]),
+            environ(&["A=1".into()]),
+        ];
+        // (the scan, whether it reads LD_PRELOAD, whether it reads the marks)
+        type Kind = (fn() -> EnvScan, bool, bool);
+        let kinds: [Kind; 3] = [
+            (EnvScan::default, true, false),
+            (EnvScan::cvd_only, false, false),
+            (EnvScan::with_marks, true, true),
+        ];
+        for bytes in &envs {
+            let whole = rank_root::scan_environ(bytes);
+            for (kind, preload, marks) in kinds {
+                for first in [1, 7, 64, FIRST_PIECE, ENVIRON_PIECE] {
+                    let (facts, _) = scan(bytes, kind, first, &mut Vec::new());
+                    let at = format!("first read {first}, {} bytes", bytes.len());
+                    assert_eq!(facts.cvd, whole.cvd, "{at}");
+                    if preload {
+                        assert_eq!(facts.guarded, whole.guarded, "{at}");
+                    }
+                    if marks {
+                        assert_eq!(facts, whole, "{at}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_first_read_asks_one_page_and_the_scan_stops_there_when_it_can() {
+        // The variables in the first page of a 64 KiB environment: one read of one page.
+        let early = env_with(5, 100, 64);
+        let (facts, asked) = scan(&early, EnvScan::cvd_only, FIRST_PIECE, &mut Vec::new());
+        assert_eq!(facts.cvd.as_deref(), Some("GPU-1234"));
+        assert_eq!(asked, vec![FIRST_PIECE]);
+        // Late: one page, then larger pieces (an entry cut by a read is kept at the front).
+        let late = env_with(64, 1000, 0);
+        let (facts, asked) = scan(&late, EnvScan::cvd_only, FIRST_PIECE, &mut Vec::new());
+        assert_eq!(facts.cvd.as_deref(), Some("GPU-1234"));
+        assert_eq!(asked.first(), Some(&FIRST_PIECE));
+        assert!(
+            asked.len() >= 3 && asked[1..].iter().all(|&n| n > FIRST_PIECE),
+            "{asked:?}"
+        );
+        // A buffer a previous file grew (the walk keeps one for every ancestor) still asks
+        // one page first.
+        let mut buf = vec![0; 2 * ENVIRON_PIECE];
+        let (_, asked) = scan(&early, EnvScan::cvd_only, FIRST_PIECE, &mut buf);
+        assert_eq!(asked, vec![FIRST_PIECE]);
     }
 }
