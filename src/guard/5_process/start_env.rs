@@ -16,9 +16,10 @@ use crate::rank_root::EnvScan;
 /// `CUDA_VISIBLE_DEVICES` as this process was started with it (None: unset, or not UTF-8);
 /// Err when `/proc/self/environ` could not be read for lack of resources (the R1 check
 /// fails closed then, as for the rank root's walk). Gone or forbidden (a `/proc` mounted
-/// with `hidepid`) reads as "started with no CVD". Read as the walk reads an ancestor's, in
-/// 32 KiB pieces, and only up to the first definition (the one `getenv` returns), at most
-/// 8 MiB (ARG_MAX-sized environments fit): the rest cannot change it.
+/// with `hidepid`) reads as "started with no CVD". Read as the walk reads an ancestor's (a
+/// first read of one page, then 32 KiB pieces), and only up to the first definition (the
+/// one `getenv` returns), at most 8 MiB (ARG_MAX-sized environments fit): the rest cannot
+/// change it.
 pub fn cvd() -> Result<Option<String>, Unreadable> {
     let mut buf = Vec::new();
     match root_walk::scan_environ_file("/proc/self/environ", EnvScan::cvd_only(), &mut buf) {
