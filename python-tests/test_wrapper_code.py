@@ -77,6 +77,14 @@ def code(request):
 def hot_half(code, ident):
     body = code.get(ident)
     assert body, f"{ident}: no such function in the library (not exported under its own name?)"
+    # The stripped build labels only exported functions, and the hot section
+    # (src/guard/hot_text.ld) puts unexported ones after some of them: a body ends at the
+    # linker's fill between functions (int3) or at the next function's frame-pointer
+    # prologue (every function has one: force-frame-pointers).
+    for i, (op, args) in enumerate(body):
+        if op == "int3" or (i > 0 and op == "push" and args == "%rbp"):
+            body = body[:i]
+            break
     # Up to the padding the assembler puts after the last instruction.
     while body and body[-1][0] in ("int3", "nop", "nopw", "nopl", "cs", "xchg"):
         body = body[:-1]

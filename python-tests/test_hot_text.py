@@ -1,0 +1,113 @@
+"""The first cuInit's code lies together (issue 33, figure 7; docs/benchmarks.md, "The first
+cuInit's text pages").
+
+A first touch of the library's text maps the pages around it (the kernel's fault-around, or
+the whole page-cache folio), and each page mapped costs a guarded process time at its start.
+src/guard/hot_text.ld (written by scripts/gen_hot_text.py from callgrind runs) gathers the
+functions that a guarded process runs at its load and first `cuInit` into the section
+`.text.rankguard_hot`. These tests hold the layout (the functions named below are in the
+section, and the script's patterns still name the library's functions) and its effect (a
+first `cuInit` leaves fewer than half of the text's pages mapped; 157 of 157 before).
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import FAKE, GUARD, NATIVE_GUARD, ROOT, clean_env, run
+from _guard import prog
+from test_startup_cost import sections
+
+SCRIPT = ROOT / "src" / "guard" / "hot_text.ld"
+
+# Functions each first cuInit runs (the RANK-set case and the walk without rank variables)
+# and at the library's load: demangled name prefixes, as `nm -C` prints them.
+FIRST_INIT = [
+    "cuInit",
+    "cuDeviceGet",
+    "rankguard::guard::decide::narrow::at_load",
+    "rankguard::guard::process::state::init",
+    "rankguard::guard::resolve::real::resolve_slot",
+    "rankguard::guard::resolve::real::find",
+    "rankguard::guard::process::root_walk::ensure_at_init",
+    "rankguard::guard::process::root_walk::scan_environ_file",
+    "rankguard::guard::process::driver_query::device_uuid",
+    "rankguard_core::config::Config::from_lookup",
+    "rankguard_core::rankgpu::decide",
+    "rankguard_core::registry::Registry::write",
+]
+
+
+def functions(lib, demangle: bool) -> dict[str, list[int]]:
+    """name -> addresses of the library's function symbols (the unstripped build's)."""
+    out = subprocess.run(["nm", *(["-C"] if demangle else []), str(lib)], capture_output=True,
+                         text=True, check=True).stdout
+    names: dict[str, list[int]] = {}
+    for line in out.splitlines():
+        p = line.split(" ", 2)
+        if len(p) == 3 and p[0] and p[1] in "tTwW":
+            names.setdefault(p[2], []).append(int(p[0], 16))
+    return names
+
+
+def test_the_first_cuinits_functions_are_in_the_hot_section():
+    secs = sections(GUARD)
+    assert ".text.rankguard_hot" in secs, \
+        f"{GUARD} has no .text.rankguard_hot: build.rs did not link with {SCRIPT}"
+    lo, size = secs[".text.rankguard_hot"]
+    names = functions(GUARD, demangle=True)
+    outside = []
+    for want in FIRST_INIT:
+        addrs = [a for n, v in names.items() if n == want or n.startswith(want + "::")
+                 or n.startswith(want + "<") for a in v]
+        assert addrs, f"no function {want} in {GUARD}: renamed? update FIRST_INIT"
+        outside += [f"{want} at {a:#x}" for a in addrs if not lo <= a < lo + size]
+    assert not outside, (f"outside .text.rankguard_hot [{lo:#x}, {lo + size:#x}): {outside}; "
+                         "rerun scripts/gen_hot_text.py")
+
+
+def test_the_scripts_patterns_name_the_librarys_functions():
+    # A pattern that matches nothing is no link error: a rename makes the script stale
+    # silently. Every pattern but a few (code a later change dropped) must still match.
+    pats = re.findall(r"\*\(\.text\.(\S+) \.text\.unlikely\.\S+\)", SCRIPT.read_text())
+    assert len(pats) > 50, f"{SCRIPT}: {len(pats)} patterns: the parse is wrong"
+    names = list(functions(GUARD, demangle=False))
+    # The script writes characters other than [A-Za-z0-9_.*] as `?`.
+    stale = [p for p in pats if not fnmatch.filter(names, p)]
+    assert len(stale) <= len(pats) // 20, \
+        f"{len(stale)} of {len(pats)} patterns match no function: rerun scripts/gen_hot_text.py: {stale[:10]}"
+
+
+@pytest.mark.parametrize("lib", [pytest.param(GUARD, id="glibc-2.28-build"),
+                                 pytest.param(NATIVE_GUARD, id="glibc-2.34-build")])
+@pytest.mark.parametrize("rank", ["0", None], ids=["RANK-set", "no-rank-variables"])
+def test_a_first_cuinit_maps_less_than_half_the_text(lib, rank, tmp_path):
+    # hot_pages runs scripts/bench's figure 7 program, then lists the present pages of the
+    # library's executable mapping. How many a touch maps depends on the page cache's folio
+    # sizes, so the bound is loose: before the section, every one of the text's pages was
+    # mapped (157 of 157; 28-43 with it, docs/benchmarks.md).
+    # Drop the file's pages from the page cache first, so that the run maps pages of the
+    # folios a read of the file makes (as a library installed long ago is), not of those
+    # the linker's write left.
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    reg = tmp_path / "reg"
+    reg.mkdir(mode=0o700)
+    p = run([prog("hot_pages")], env=clean_env(LD_PRELOAD=str(lib), LD_LIBRARY_PATH=str(FAKE),
+                                               FAKECUDA_GPUS="2", CUDA_VISIBLE_DEVICES="0",
+                                               RANK=rank, RANKGUARD_REGISTRY=str(reg)))
+    assert p.returncode == 0 and p.stdout.endswith("done\n"), p.stdout + p.stderr
+    present = [int(x, 16) for x in re.findall(r"^present (0x[0-9a-f]+)$", p.stdout, re.M)]
+    secs = sections(lib)
+    text_pages = sum((secs[n][1] + 4095) // 4096 for n in (".text", ".text.rankguard_hot", ".plt"))
+    assert present, p.stdout
+    assert len(present) < text_pages // 2, \
+        f"{len(present)} of the text's {text_pages} pages mapped after a first cuInit"

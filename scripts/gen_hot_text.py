@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Write src/guard/hot_text.ld: the linker script that gathers the code a guarded process runs
+at its start and first `cuInit` into one output section, `.text.rankguard_hot`
+(docs/benchmarks.md, "The first cuInit's text pages").
+
+Why: each first touch of a 64 KiB window of the library's text is a page fault that maps the
+window's 16 pages (the kernel's fault-around), and on the hosts measured here each page
+mapped costs about half a microsecond. Left where the linker puts them, the ~50 KiB of code
+a first `cuInit` runs lie in 9 of the text's 10 windows, so the process maps all of it.
+
+How: every scenario below runs under callgrind with the unstripped build
+(target/release/librankguard.so); each function of the library that executed is named in
+the script by its mangled name with the hash made a wildcard (rustc puts each function in a
+section `.text.<symbol>`), so a rebuild with other hashes still matches. Scenarios come in
+the order their code is placed; the `RANK`-set case (a launcher's rank, the common one)
+comes last, next to the PLT that the linker places after the section.
+
+Needs valgrind (not installed by scripts/setup: only this generator uses it). Run it after
+changing what the start or the first cuInit runs; python-tests/test_hot_text.py fails when
+a first cuInit maps a text window outside the section.
+
+Usage: scripts/gen_hot_text.py [--check]   (--check: exit 1 if the script would change)
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB = ROOT / "target" / "release" / "librankguard.so"
+FAKE = ROOT / "c-tests" / "build" / "fakecuda"
+BENCH = ROOT / "c-tests" / "build" / "bench"
+OUT = ROOT / "src" / "guard" / "hot_text.ld"
+PAD = {f"RG_HOT_PAD_{i:03d}": "x" * 1000 for i in range(66)}
+
+
+def scenarios(reg: str) -> list[tuple[str, dict[str, str], list[str]]]:
+    """(name, environment, argv) in placement order; the last is placed next to the PLT."""
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
+            "LD_LIBRARY_PATH": str(FAKE), "FAKECUDA_GPUS": "2", "RANKGUARD_REGISTRY": reg, **PAD}
+    py = ROOT / ".venv" / "bin" / "python3"
+    prog = ("from cuda.bindings import driver as d; d.cuInit(0); d.cuDeviceGet(0); "
+            "import ctypes; c = ctypes.CDLL('libcuda.so.1'); c.cuInit(0)")
+
+    def under_sh(argv: list[str], preload_tree: bool) -> list[str]:
+        # A parent shell: the walk's reads of an unguarded (or, exported, guarded) parent.
+        cmd = "CUDA_VISIBLE_DEVICES=0 " + ("" if preload_tree else f"LD_PRELOAD={LIB} ") + \
+              " ".join(argv)
+        return ["/bin/sh", "-c", cmd]
+
+    cg = lambda name: ["valgrind", "--tool=callgrind", "--demangle=no",  # noqa: E731
+                       f"--callgrind-out-file={reg}/cg.{name}"]
+    return [
+        ("python", base, under_sh(cg("python") + [str(py), "-c", f'"{prog}"'], False)),
+        ("runtime", base, under_sh(cg("runtime") + [str(BENCH / "bench_calls"), "rt-set", "10"], False)),
+        ("exported", dict(base, LD_PRELOAD=str(LIB)),
+         under_sh(cg("exported") + [str(BENCH / "bench_calls"), "drv-link", "10"], True)),
+        ("no-rank", base, under_sh(cg("no-rank") + [str(BENCH / "bench_calls"), "drv-link", "10"], False)),
+        ("rank", dict(base, RANK="0"), under_sh(cg("rank") + [str(BENCH / "bench_calls"), "drv-link", "10"], False)),
+    ]
+
+
+def executed(path: str) -> list[str]:
+    """The library's functions that executed, in callgrind's order of first mention."""
+    names: dict[str, None] = {}
+    ob_names: dict[str, str] = {}
+    fn_names: dict[str, str] = {}
+    ob = ""
+    for line in Path(path).read_text(errors="replace").splitlines():
+        m = re.match(r"^(c?ob)=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            if m.group(3):
+                ob_names[m.group(2)] = m.group(3)
+            if m.group(1) == "ob":
+                ob = ob_names.get(m.group(2), "")
+            continue
+        m = re.match(r"^fn=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            if m.group(2):
+                fn_names[m.group(1)] = m.group(2)
+            # valgrind names no object for code in a section it does not know (the hot
+            # section itself, once built): "???".
+            if ob.endswith("/librankguard.so") or ob == "???":
+                names.setdefault(re.sub(r"'\d+$", "", fn_names.get(m.group(1), "")), None)
+            continue
+        m = re.match(r"^c?fn=\((\d+)\) (.*)$", line)
+        if m:
+            fn_names[m.group(1)] = m.group(2)
+    return [n for n in names if n in own_symbols()]
+
+
+_OWN: set[str] = set()
+
+
+def own_symbols() -> set[str]:
+    """The library's function symbols (`nm`), so that no other object's name is taken."""
+    if not _OWN:
+        out = subprocess.run(["nm", str(LIB)], capture_output=True, text=True, check=True).stdout
+        _OWN.update(p[2] for p in (line.split() for line in out.splitlines())
+                    if len(p) == 3 and p[1] in "tTwW")
+    return _OWN
+
+
+def pattern(sym: str) -> str | None:
+    """The input-section patterns of a function: its section with the hash a wildcard."""
+    if sym.startswith("__wrap_") or sym.startswith("0x"):
+        return None  # the lazy-libc stubs are placed as one group below; 0x...: no symbol
+    if sym.startswith("_ZN"):
+        sym = re.sub(r"17h[0-9a-f]{16}E$", "17h*", sym)   # legacy mangling: the hash
+    elif sym.startswith("_R"):
+        sym = re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", sym)     # v0 mangling: crate disambiguators
+    # `$` and the like are not plain pattern characters in every linker's script lexer.
+    # A `#[cold]` function's section is `.text.unlikely.<symbol>` (LLVM's prefix).
+    sym = re.sub(r"[^A-Za-z0-9_.*]", "?", sym)
+    return f".text.{sym} .text.unlikely.{sym}"
+
+
+def render(groups: list[tuple[str, list[str]]]) -> str:
+    lines = [
+        "/* Generated by scripts/gen_hot_text.py: do not edit. The code a guarded process runs",
+        "   at its start and first cuInit, gathered into one section so that a first cuInit maps",
+        "   one or two 64 KiB windows of the library's text instead of nine (docs/benchmarks.md,",
+        "   \"The first cuInit's text pages\"; python-tests/test_hot_text.py). Patterns are",
+        "   mangled names with the hash a wildcard. An INSERT script: the default layout stays. */",
+        "SECTIONS",
+        "{",
+        "  .text.rankguard_hot :",
+        "  {",
+        "    *(.text.rankguard_lazy_libc.*)",
+    ]
+    # Each function goes with the last scenario that runs it, so the last scenario's code
+    # (the RANK-set first cuInit) lies together, next to the PLT.
+    seen: set[str] = set()
+    placed = []
+    for name, pats in reversed(groups):
+        fresh = [p for p in dict.fromkeys(pats) if p not in seen]
+        seen.update(fresh)
+        placed.append((name, fresh))
+    for name, fresh in reversed(placed):
+        lines.append(f"    /* {name}: {len(fresh)} functions */")
+        lines += [f"    *({p})" for p in fresh]
+    lines += ["  }", "}", "INSERT AFTER .text;", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    check = "--check" in sys.argv[1:]
+    if not LIB.exists():
+        print(f"gen_hot_text: {LIB} is missing: run `cargo build --release` first", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as reg:
+        os.chmod(reg, 0o700)
+        groups = []
+        for name, env, argv in scenarios(reg):
+            r = subprocess.run(argv, env=env, capture_output=True, text=True)
+            out = Path(reg) / f"cg.{name}"
+            if r.returncode != 0 or not out.exists():
+                print(f"gen_hot_text: scenario {name} failed ({r.returncode}): {r.stderr[-2000:]}",
+                      file=sys.stderr)
+                return 1
+            pats = [p for p in map(pattern, executed(str(out))) if p]
+            groups.append((name, pats))
+    text = render(groups)
+    if check:
+        same = OUT.exists() and OUT.read_text() == text
+        print(f"gen_hot_text: {OUT} is {'current' if same else 'stale: rerun scripts/gen_hot_text.py'}")
+        return 0 if same else 1
+    OUT.write_text(text)
+    print(f"gen_hot_text: wrote {OUT} ({sum(len(p) for _, p in groups)} patterns)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
