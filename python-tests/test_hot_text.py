@@ -7,7 +7,8 @@ src/guard/hot_text.ld (written by scripts/gen_hot_text.py from callgrind runs) g
 functions that a guarded process runs at its load and first `cuInit` into the section
 `.text.rankguard_hot`. These tests hold the layout (the functions named below are in the
 section, and the script's patterns still name the library's functions) and its effect (a
-first `cuInit` leaves fewer than half of the text's pages mapped; 157 of 157 before).
+first `cuInit` leaves fewer than half of the text's pages mapped; 157 of 157 before). The
+same script puts the statics a first `cuInit` writes on the PLT slots' page.
 """
 from __future__ import annotations
 
@@ -111,3 +112,31 @@ def test_a_first_cuinit_maps_less_than_half_the_text(lib, rank, tmp_path):
     assert present, p.stdout
     assert len(present) < text_pages // 2, \
         f"{len(present)} of the text's {text_pages} pages mapped after a first cuInit"
+
+
+@pytest.mark.parametrize("lib", [pytest.param(GUARD, id="glibc-2.28-build"),
+                                 pytest.param(NATIVE_GUARD, id="glibc-2.34-build")])
+def test_the_first_cuinits_statics_share_the_plt_slots_page(lib):
+    # The loader writes .got.plt's page at every start; the statics a first cuInit writes
+    # lie on it too, so they cost no page fault of their own (two pages, four faults before).
+    secs = sections(lib)
+    assert ".bss.rankguard_hot" in secs, f"{lib} has no .bss.rankguard_hot: linked without {SCRIPT}"
+    got, got_size = secs[".got.plt"]
+    hot, hot_size = secs[".bss.rankguard_hot"]
+    assert got >> 12 == hot >> 12 == (hot + hot_size - 1) >> 12, \
+        f".bss.rankguard_hot [{hot:#x}, {hot + hot_size:#x}) is not on .got.plt's page {got:#x}"
+    if lib == GUARD:  # the unstripped build names them
+        names = functions_and_data(lib)
+        for want in ("rankguard::guard::process::state::STATE", "rankguard::guard::resolve::dl::DRIVER"):
+            addrs = names.get(want, [])
+            assert addrs and all(hot <= a < hot + hot_size for a in addrs), (want, [hex(a) for a in addrs])
+
+
+def functions_and_data(lib) -> dict[str, list[int]]:
+    out = subprocess.run(["nm", "-C", str(lib)], capture_output=True, text=True, check=True).stdout
+    names: dict[str, list[int]] = {}
+    for line in out.splitlines():
+        p = line.split(" ", 2)
+        if len(p) == 3 and p[0]:
+            names.setdefault(p[2], []).append(int(p[0], 16))
+    return names
