@@ -335,17 +335,20 @@ fn library_link_args() {
 
 /// `src/guard/hot_text.ld` (written by `scripts/gen_hot_text.py`): an `INSERT` linker script
 /// that gathers the functions a guarded process runs at its start and first `cuInit` into one
-/// section after `.text`, next to the PLT. A first touch of a 64 KiB window of text maps its
-/// 16 pages (the kernel's fault-around), and those ~50 KiB of code were spread over 9 of the
+/// section after `.text`, next to the PLT, and the statics it writes onto the PLT slots' page.
+/// A first touch of text maps the pages around it (the kernel's fault-around: a 64 KiB
+/// window; or a whole page-cache folio), and those ~50 KiB of code were spread over 9 of the
 /// text's 10 windows (docs/benchmarks.md, "The first cuInit's text pages"). Both linkers the
 /// build uses (zig's lld, the system `ld`) take an `INSERT` script without replacing their
-/// default layout; a pattern that matches nothing is no error.
+/// default layout; a pattern that matches nothing is no error. `-T` and the path are two
+/// arguments of the compiler driver, so a checkout path with a comma or a space links too.
 fn hot_text() {
     let script =
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
             .join("src/guard/hot_text.ld");
     println!("cargo:rerun-if-changed={}", script.display());
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+    println!("cargo:rustc-cdylib-link-arg=-T");
+    println!("cargo:rustc-cdylib-link-arg={}", script.display());
 }
 
 /// The C library functions that std's precompiled code calls through the GOT (its bitcode's
