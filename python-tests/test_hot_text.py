@@ -43,14 +43,15 @@ FIRST_INIT = [
 ]
 
 
-def functions(lib, demangle: bool) -> dict[str, list[int]]:
-    """name -> addresses of the library's function symbols (the unstripped build's)."""
+def functions(lib, demangle: bool, kinds: str = "tTwW") -> dict[str, list[int]]:
+    """name -> addresses of the library's symbols of the `nm` kinds given (functions by
+    default; the unstripped build's)."""
     out = subprocess.run(["nm", *(["-C"] if demangle else []), str(lib)], capture_output=True,
                          text=True, check=True).stdout
     names: dict[str, list[int]] = {}
     for line in out.splitlines():
         p = line.split(" ", 2)
-        if len(p) == 3 and p[0] and p[1] in "tTwW":
+        if len(p) == 3 and p[0] and p[1] in kinds:
             names.setdefault(p[2], []).append(int(p[0], 16))
     return names
 
@@ -126,17 +127,8 @@ def test_the_first_cuinits_statics_share_the_plt_slots_page(lib):
     assert got >> 12 == hot >> 12 == (hot + hot_size - 1) >> 12, \
         f".bss.rankguard_hot [{hot:#x}, {hot + hot_size:#x}) is not on .got.plt's page {got:#x}"
     if lib == GUARD:  # the unstripped build names them
-        names = functions_and_data(lib)
+        names = functions(lib, demangle=True, kinds="bBdD")
         for want in ("rankguard::guard::process::state::STATE", "rankguard::guard::resolve::dl::DRIVER"):
             addrs = names.get(want, [])
             assert addrs and all(hot <= a < hot + hot_size for a in addrs), (want, [hex(a) for a in addrs])
 
-
-def functions_and_data(lib) -> dict[str, list[int]]:
-    out = subprocess.run(["nm", "-C", str(lib)], capture_output=True, text=True, check=True).stdout
-    names: dict[str, list[int]] = {}
-    for line in out.splitlines():
-        p = line.split(" ", 2)
-        if len(p) == 3 and p[0]:
-            names.setdefault(p[2], []).append(int(p[0], 16))
-    return names

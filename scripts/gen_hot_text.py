@@ -5,7 +5,7 @@ at its start and first `cuInit` into one output section, `.text.rankguard_hot`
 
 Why: each first touch of the library's text is a page fault that maps the pages around it
 (the kernel's fault-around: the 64 KiB window's 16 pages; or a whole page-cache folio), and
-on the hosts measured here each page mapped costs about half a microsecond. Left where the
+the cost grows with the pages mapped (docs/benchmarks.md). Left where the
 linker puts them, the ~50 KiB of code a first `cuInit` runs lie in 9 of the text's 10
 windows, so the process maps all of it. The same script puts the small statics a first
 `cuInit` writes on the page of the PLT slots (`HOT_STATICS`), which the loader writes anyway.
@@ -110,8 +110,8 @@ def own_symbols() -> set[str]:
 
 def pattern(sym: str) -> str | None:
     """The input-section patterns of a function: its section with the hash a wildcard."""
-    if sym.startswith("__wrap_") or sym.startswith("0x"):
-        return None  # the lazy-libc stubs are placed as one group below; 0x...: no symbol
+    if sym.startswith("__wrap_"):
+        return None  # the lazy-libc stubs are placed as one group (render)
     if sym.startswith("_ZN"):
         sym = re.sub(r"17h[0-9a-f]{16}E$", "17h*", sym)   # legacy mangling: the hash
     elif sym.startswith("_R"):
