@@ -28,4 +28,6 @@ def report() -> dict:
 
 
 if __name__ == "__main__":
-    print("TRAIN " + json.dumps(report()), flush=True)
+    # One write of the whole line: torchrun's ranks share the job's output file, and
+    # print() under PYTHONUNBUFFERED writes the text and its newline apart.
+    os.write(1, ("TRAIN " + json.dumps(report()) + "\n").encode())

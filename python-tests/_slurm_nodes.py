@@ -23,8 +23,9 @@ for name in sorted(os.listdir(devdir), key=lambda n: int(n.removeprefix("nvidia"
             allowed.append(i)
         elif e.errno != errno.EPERM:
             other[i] = errno.errorcode.get(e.errno, str(e.errno))
-print("NODES " + json.dumps({"rank": int(os.environ["SLURM_PROCID"]),
-                             "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                             "allowed": allowed, "other": other}), flush=True)
+# One write of the whole line (the tasks of a job share its output).
+os.write(1, ("NODES " + json.dumps({"rank": int(os.environ["SLURM_PROCID"]),
+                                    "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                    "allowed": allowed, "other": other}) + "\n").encode())
 if rest and rest[0] == "--":
     os.execvp(rest[1], rest[1:])

@@ -85,3 +85,15 @@ def fake_node(cmd, env=None, timeout=120, **kw) -> subprocess.CompletedProcess:
     assert (TORCH_VENV / ".requirements-torch.sha256").exists(), \
         f"{TORCH_VENV} missing: run scripts/setup (it installs the pinned torch)"
     return run([FAKE_NODE, *cmd], env=env, timeout=timeout, **kw)
+
+
+# The longest files, first: scripts/test hands whole files to its workers in collection
+# order (pytest-xdist --dist loadfile), so the PyTorch suites (10-75 s each on 2 CPUs) start
+# at once instead of ending the run alone on one worker.
+_FIRST = ("test_torch_rl_job.py", "test_torchrun.py", "test_torch_allocators.py",
+          "test_end_rank.py", "test_demo.py", "test_readme_quickstart.py", "test_numba_cuda.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(_FIRST)))  # stable: file order kept

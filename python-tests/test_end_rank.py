@@ -187,6 +187,15 @@ def _file(path: pathlib.Path) -> str:
 AS_NOBODY = "setpriv --reuid=65534 --regid=65534 --clear-groups"
 
 
+def _became(pid: int, comm: str) -> None:
+    """Wait until process `pid` runs `comm` (its exec done: for `setpriv ... sleep`, the
+    change of user before it too); a hang detector, not a timing assertion."""
+    end = time.monotonic() + BOUND
+    while pathlib.Path(f"/proc/{pid}/comm").read_text().strip() != comm:
+        assert time.monotonic() < end, f"process {pid} never became {comm!r}"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("case", ["other-user", "reused-pid", "unrelated", "the-rank-root"])
 def test_a_recorded_root_outside_the_rank_is_never_signalled(tmp_path, case):
     """A guarded shell's rank record names its root; its child on GPU 1 is refused (R1).
@@ -212,6 +221,10 @@ def test_a_recorded_root_outside_the_rank_is_never_signalled(tmp_path, case):
         shell = None
     try:
         pid = int(_file(w / "shell"))
+        if case != "unrelated":
+            # On a busy machine the shell can be up before its parent's exec: the victim
+            # must be `sleep` (another user's, for other-user) when the child asks.
+            _became(victim.pid, "sleep")
         vstart = _start(victim.pid) + (1 if case == "reused-pid" else 0)
         if case != "unrelated":
             assert int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == victim.pid
