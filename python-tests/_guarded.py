@@ -138,6 +138,8 @@ GUARDED = [
     ('runtime', 'cudaIpcGetMemHandle', 'hook', [('cudaIpcGetMemHandle', 12, ''), ('cudaIpcGetMemHandle', 13, '')]),
     ('driver', 'cuIpcGetEventHandle', 'hook', [('cuIpcGetEventHandle', 4010, '')]),
     ('runtime', 'cudaIpcGetEventHandle', 'hook', [('cudaIpcGetEventHandle', 12, ''), ('cudaIpcGetEventHandle', 13, '')]),
+    ('driver', 'cuEventDestroy', 'hook', [('cuEventDestroy', 2000, ''), ('cuEventDestroy_v2', 4000, '')]),
+    ('runtime', 'cudaEventDestroy', 'hook', [('cudaEventDestroy', 12, ''), ('cudaEventDestroy', 13, '')]),
     ('driver', 'cuMemExportToShareableHandle', 'hook', [('cuMemExportToShareableHandle', 10020, '')]),
     ('driver', 'cuMemPoolExportToShareableHandle', 'hook', [('cuMemPoolExportToShareableHandle', 11020, '')]),
     ('driver', 'cuMemPoolExportPointer', 'hook', [('cuMemPoolExportPointer', 11020, '')]),

@@ -100,10 +100,12 @@ def own_suites(hooks):
     """Hand-written bodies tested by their own suites: initialisation (test_guard_init),
     entry points (test_guard_entry*), IPC, shareable handles, dma-buf and external memory
     (test_ipc), the pool-device memory of cuMemPoolCreate (test_guard_coverage's
-    pool-access tests)."""
+    pool-access tests), an exported event's record removed at its destroy
+    (test_event_records: cuda-bindings, and every ABI symbol by dlsym)."""
     return {"cuInit", "cuGetProcAddress", "cudaGetDriverEntryPoint",
             "cudaGetDriverEntryPointByVersion", "cuMemPoolCreate", "cuImportExternalMemory",
-            "cudaImportExternalMemory", "cuMemGetHandleForAddressRange"} | {
+            "cudaImportExternalMemory", "cuMemGetHandleForAddressRange", "cuEventDestroy",
+            "cudaEventDestroy"} | {
         a for a in hooks if "Ipc" in a or "Shareable" in a or "PoolExport" in a or "PoolImport" in a}
 
 

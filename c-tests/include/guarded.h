@@ -119,6 +119,8 @@
     X(cuImportExternalMemory, cuImportExternalMemory, 10000, "") \
     X(cuIpcGetMemHandle, cuIpcGetMemHandle, 4010, "") \
     X(cuIpcGetEventHandle, cuIpcGetEventHandle, 4010, "") \
+    X(cuEventDestroy, cuEventDestroy, 2000, "") \
+    X(cuEventDestroy, cuEventDestroy_v2, 4000, "") \
     X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, "") \
     X(cuMemPoolExportToShareableHandle, cuMemPoolExportToShareableHandle, 11020, "") \
     X(cuMemPoolExportPointer, cuMemPoolExportPointer, 11020, "") \
@@ -176,6 +178,7 @@
     X(cudaImportExternalMemory, cudaImportExternalMemory, 12, "") \
     X(cudaIpcGetMemHandle, cudaIpcGetMemHandle, 12, "") \
     X(cudaIpcGetEventHandle, cudaIpcGetEventHandle, 12, "") \
+    X(cudaEventDestroy, cudaEventDestroy, 12, "") \
 
 #define GUARDED_RUNTIME13_VARIANTS(X) \
     X(cudaSetDevice, cudaSetDevice, 13, "") \
@@ -240,5 +243,6 @@
     X(cudaImportExternalMemory, cudaImportExternalMemory, 13, "") \
     X(cudaIpcGetMemHandle, cudaIpcGetMemHandle, 13, "") \
     X(cudaIpcGetEventHandle, cudaIpcGetEventHandle, 13, "") \
+    X(cudaEventDestroy, cudaEventDestroy, 13, "") \
 
 #endif

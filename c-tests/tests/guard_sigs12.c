@@ -30,6 +30,7 @@ SAME(cudaDeviceGetTexture1DLinearMaxWidth, cudaError_t (*)(size_t*, const struct
 SAME(cudaDeviceGraphMemTrim, cudaError_t (*)(int));
 SAME(cudaDeviceSetGraphMemAttribute, cudaError_t (*)(int, enum cudaGraphMemAttributeType, void*));
 SAME(cudaDeviceSetMemPool, cudaError_t (*)(int, cudaMemPool_t));
+SAME(cudaEventDestroy, cudaError_t (*)(cudaEvent_t));
 SAME(cudaGetDeviceProperties_v2, cudaError_t (*)(struct cudaDeviceProp*, int));
 SAME(cudaGetDriverEntryPoint, cudaError_t (*)(const char*, void**, unsigned long long, enum cudaDriverEntryPointQueryResult*));
 SAME(cudaGetDriverEntryPointByVersion, cudaError_t (*)(const char*, void**, unsigned int, unsigned long long, enum cudaDriverEntryPointQueryResult*));
@@ -62,6 +63,6 @@ SAME(cudaSetValidDevices, cudaError_t (*)(int*, int));
 
 int main(void)
 {
-    printf("guard_sigs12: 43 wrappers\n");
+    printf("guard_sigs12: 44 wrappers\n");
     return 0;
 }

@@ -1260,6 +1260,15 @@ impl Registry {
         Ok(rd.take(self.max + 1).count())
     }
 
+    /// Remove the record of `key` (its handle can no longer be opened: a destroyed event).
+    /// No record is no error.
+    pub fn remove(&self, key: &Key) -> io::Result<()> {
+        match fs::remove_file(self.dir.join(key.file_name())) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Look up the record of `key`. An untrusted record is removed (its exporter is dead,
     /// or it cannot be trusted in a directory only this user writes).
     pub fn lookup(&self, key: &Key, procs: &dyn Procs) -> Lookup {

@@ -46,6 +46,8 @@ guarded_table! {
     Driver 0 "cuDeviceSetMemPool" "cuDeviceSetMemPool" same true cuDeviceSetMemPool;
     Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem" same true cuDeviceTotalMem;
     Driver 0 "cuDeviceTotalMem" "cuDeviceTotalMem_v2" same true cuDeviceTotalMem_v2;
+    Driver 0 "cuEventDestroy" "cuEventDestroy" same true cuEventDestroy;
+    Driver 0 "cuEventDestroy" "cuEventDestroy_v2" same true cuEventDestroy_v2;
     Driver 0 "cuFabricCpyBatchAsync" "cuFabricCpyBatchAsync" same true cuFabricCpyBatchAsync;
     Driver 0 "cuFabricCpyBatchAsync" "cuFabricCpyBatchAsync_ptsz" same true cuFabricCpyBatchAsync_ptsz;
     Driver 0 "cuGetProcAddress" "cuGetProcAddress" same true cuGetProcAddress;
@@ -135,6 +137,7 @@ guarded_table! {
     Runtime 12 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true cudaDeviceGraphMemTrim_cu12;
     Runtime 12 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true cudaDeviceSetGraphMemAttribute_cu12;
     Runtime 12 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true cudaDeviceSetMemPool_cu12;
+    Runtime 12 "cudaEventDestroy" "cudaEventDestroy" same true cudaEventDestroy_cu12;
     Runtime 12 "cudaGetDeviceProperties" "cudaGetDeviceProperties_v2" same false cudaGetDeviceProperties_v2_cu12;
     Runtime 12 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true cudaGetDriverEntryPoint_cu12;
     Runtime 12 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true cudaGetDriverEntryPointByVersion_cu12;
@@ -190,6 +193,7 @@ guarded_table! {
     Runtime 13 "cudaDeviceGraphMemTrim" "cudaDeviceGraphMemTrim" same true cudaDeviceGraphMemTrim_cu13;
     Runtime 13 "cudaDeviceSetGraphMemAttribute" "cudaDeviceSetGraphMemAttribute" same true cudaDeviceSetGraphMemAttribute_cu13;
     Runtime 13 "cudaDeviceSetMemPool" "cudaDeviceSetMemPool" same true cudaDeviceSetMemPool_cu13;
+    Runtime 13 "cudaEventDestroy" "cudaEventDestroy" same true cudaEventDestroy_cu13;
     Runtime 13 "cudaGetDeviceProperties" "cudaGetDeviceProperties" same false cudaGetDeviceProperties_cu13;
     Runtime 13 "cudaGetDriverEntryPoint" "cudaGetDriverEntryPoint" same true cudaGetDriverEntryPoint_cu13;
     Runtime 13 "cudaGetDriverEntryPointByVersion" "cudaGetDriverEntryPointByVersion" same true cudaGetDriverEntryPointByVersion_cu13;
@@ -250,7 +254,7 @@ pub fn runtime_node(major: u8) -> Option<&'static ::std::ffi::CStr> {
 
 /// Every guarded ABI name's entries (a runtime name: one per major, in major order),
 /// sorted by ABI name (binary search: `table::abi_entries`).
-pub static BY_ABI: [u16; 231] = [
+pub static BY_ABI: [u16; 235] = [
     Id::cuCheckpointProcessRestore as u16,
     Id::cuCtxCreate as u16,
     Id::cuCtxCreate_v2 as u16,
@@ -294,6 +298,8 @@ pub static BY_ABI: [u16; 231] = [
     Id::cuDeviceSetMemPool as u16,
     Id::cuDeviceTotalMem as u16,
     Id::cuDeviceTotalMem_v2 as u16,
+    Id::cuEventDestroy as u16,
+    Id::cuEventDestroy_v2 as u16,
     Id::cuFabricCpyBatchAsync as u16,
     Id::cuFabricCpyBatchAsync_ptsz as u16,
     Id::cuGetProcAddress as u16,
@@ -401,6 +407,8 @@ pub static BY_ABI: [u16; 231] = [
     Id::cudaDeviceSetGraphMemAttribute_cu13 as u16,
     Id::cudaDeviceSetMemPool_cu12 as u16,
     Id::cudaDeviceSetMemPool_cu13 as u16,
+    Id::cudaEventDestroy_cu12 as u16,
+    Id::cudaEventDestroy_cu13 as u16,
     Id::cudaGetDeviceProperties_cu13 as u16,
     Id::cudaGetDeviceProperties_v2_cu12 as u16,
     Id::cudaGetDriverEntryPoint_cu12 as u16,
@@ -487,7 +495,7 @@ pub static BY_ABI: [u16; 231] = [
 /// Every guarded driver API, sorted by name, as the start and length of its ABI variants'
 /// entries in [`DRIVER_VARIANTS`]; its name is the first variant's `call`
 /// (`cuGetProcAddress` routing: `table::driver_variants`).
-pub static DRIVER_APIS: [(u16, u16); 84] = [
+pub static DRIVER_APIS: [(u16, u16); 85] = [
     (0, 1), // cuCheckpointProcessRestore
     (1, 4), // cuCtxCreate
     (5, 1), // cuCtxEnablePeerAccess
@@ -523,59 +531,60 @@ pub static DRIVER_APIS: [(u16, u16); 84] = [
     (39, 1), // cuDeviceSetGraphMemAttribute
     (40, 1), // cuDeviceSetMemPool
     (41, 2), // cuDeviceTotalMem
-    (43, 2), // cuFabricCpyBatchAsync
-    (45, 2), // cuGetProcAddress
-    (47, 1), // cuGraphAddMemAllocNode
-    (48, 3), // cuGraphAddNode
-    (51, 1), // cuGraphExecNodeSetParams
-    (52, 2), // cuGraphNodeSetParams
-    (54, 1), // cuGreenCtxCreate
-    (55, 1), // cuImportExternalMemory
-    (56, 1), // cuInit
-    (57, 1), // cuIpcGetEventHandle
-    (58, 1), // cuIpcGetMemHandle
-    (59, 1), // cuIpcOpenEventHandle
-    (60, 2), // cuIpcOpenMemHandle
-    (62, 1), // cuKernelSetAttribute
-    (63, 1), // cuLaunchCooperativeKernelMultiDevice
-    (64, 1), // cuLogicalEndpointAddDevice
-    (65, 1), // cuLogicalEndpointBindAddr
-    (66, 1), // cuLogicalEndpointBindMem
-    (67, 1), // cuLogicalEndpointUnbind
-    (68, 2), // cuMemAdvise
-    (70, 1), // cuMemCreate
-    (71, 2), // cuMemDiscardAndPrefetchBatchAsync
-    (73, 1), // cuMemExportToShareableHandle
-    (74, 1), // cuMemGetDefaultMemPool
-    (75, 1), // cuMemGetHandleForAddressRange
-    (76, 1), // cuMemGetMemPool
-    (77, 1), // cuMemImportFromShareableHandle
-    (78, 1), // cuMemPoolCreate
-    (79, 1), // cuMemPoolExportPointer
-    (80, 1), // cuMemPoolExportToShareableHandle
-    (81, 1), // cuMemPoolImportFromShareableHandle
-    (82, 1), // cuMemPoolImportPointer
-    (83, 1), // cuMemPoolSetAccess
-    (84, 4), // cuMemPrefetchAsync
-    (88, 2), // cuMemPrefetchBatchAsync
-    (90, 1), // cuMemSetAccess
-    (91, 1), // cuMemSetMemPool
-    (92, 4), // cuMemcpy3DBatchAsync
-    (96, 2), // cuMemcpy3DPeer
-    (98, 2), // cuMemcpy3DPeerAsync
-    (100, 2), // cuMemcpy3DWithAttributesAsync
-    (102, 4), // cuMemcpyBatchAsync
-    (106, 2), // cuMemcpyPeer
-    (108, 2), // cuMemcpyPeerAsync
-    (110, 2), // cuMemcpyWithAttributesAsync
-    (112, 1), // cuMulticastAddDevice
-    (113, 2), // cuMulticastBindAddr
-    (115, 2), // cuMulticastBindMem
-    (117, 1), // cuMulticastUnbind
+    (43, 2), // cuEventDestroy
+    (45, 2), // cuFabricCpyBatchAsync
+    (47, 2), // cuGetProcAddress
+    (49, 1), // cuGraphAddMemAllocNode
+    (50, 3), // cuGraphAddNode
+    (53, 1), // cuGraphExecNodeSetParams
+    (54, 2), // cuGraphNodeSetParams
+    (56, 1), // cuGreenCtxCreate
+    (57, 1), // cuImportExternalMemory
+    (58, 1), // cuInit
+    (59, 1), // cuIpcGetEventHandle
+    (60, 1), // cuIpcGetMemHandle
+    (61, 1), // cuIpcOpenEventHandle
+    (62, 2), // cuIpcOpenMemHandle
+    (64, 1), // cuKernelSetAttribute
+    (65, 1), // cuLaunchCooperativeKernelMultiDevice
+    (66, 1), // cuLogicalEndpointAddDevice
+    (67, 1), // cuLogicalEndpointBindAddr
+    (68, 1), // cuLogicalEndpointBindMem
+    (69, 1), // cuLogicalEndpointUnbind
+    (70, 2), // cuMemAdvise
+    (72, 1), // cuMemCreate
+    (73, 2), // cuMemDiscardAndPrefetchBatchAsync
+    (75, 1), // cuMemExportToShareableHandle
+    (76, 1), // cuMemGetDefaultMemPool
+    (77, 1), // cuMemGetHandleForAddressRange
+    (78, 1), // cuMemGetMemPool
+    (79, 1), // cuMemImportFromShareableHandle
+    (80, 1), // cuMemPoolCreate
+    (81, 1), // cuMemPoolExportPointer
+    (82, 1), // cuMemPoolExportToShareableHandle
+    (83, 1), // cuMemPoolImportFromShareableHandle
+    (84, 1), // cuMemPoolImportPointer
+    (85, 1), // cuMemPoolSetAccess
+    (86, 4), // cuMemPrefetchAsync
+    (90, 2), // cuMemPrefetchBatchAsync
+    (92, 1), // cuMemSetAccess
+    (93, 1), // cuMemSetMemPool
+    (94, 4), // cuMemcpy3DBatchAsync
+    (98, 2), // cuMemcpy3DPeer
+    (100, 2), // cuMemcpy3DPeerAsync
+    (102, 2), // cuMemcpy3DWithAttributesAsync
+    (104, 4), // cuMemcpyBatchAsync
+    (108, 2), // cuMemcpyPeer
+    (110, 2), // cuMemcpyPeerAsync
+    (112, 2), // cuMemcpyWithAttributesAsync
+    (114, 1), // cuMulticastAddDevice
+    (115, 2), // cuMulticastBindAddr
+    (117, 2), // cuMulticastBindMem
+    (119, 1), // cuMulticastUnbind
 ];
 
 /// The entries of each guarded driver API's ABI variants, in [`DRIVER_APIS`]' order.
-pub static DRIVER_VARIANTS: [u16; 118] = [
+pub static DRIVER_VARIANTS: [u16; 120] = [
     Id::cuCheckpointProcessRestore as u16,
     Id::cuCtxCreate as u16, Id::cuCtxCreate_v2 as u16, Id::cuCtxCreate_v3 as u16, Id::cuCtxCreate_v4 as u16,
     Id::cuCtxEnablePeerAccess as u16,
@@ -611,6 +620,7 @@ pub static DRIVER_VARIANTS: [u16; 118] = [
     Id::cuDeviceSetGraphMemAttribute as u16,
     Id::cuDeviceSetMemPool as u16,
     Id::cuDeviceTotalMem as u16, Id::cuDeviceTotalMem_v2 as u16,
+    Id::cuEventDestroy as u16, Id::cuEventDestroy_v2 as u16,
     Id::cuFabricCpyBatchAsync as u16, Id::cuFabricCpyBatchAsync_ptsz as u16,
     Id::cuGetProcAddress as u16, Id::cuGetProcAddress_v2 as u16,
     Id::cuGraphAddMemAllocNode as u16,

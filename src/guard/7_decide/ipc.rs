@@ -32,6 +32,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::config::Mode;
 use crate::guard::audit::decision_record::Extra;
+use crate::guard::decide::event_records;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::output::debug_log;
 use crate::guard::process::registry_io::{
@@ -42,8 +43,8 @@ use crate::guard::process::root_walk;
 use crate::guard::process::state;
 use crate::guard::resolve::internal;
 use crate::guard::sys::ffi::{
-    CUdevice, CUmemAllocationPropHead, CUmemLocation, CuResult, ExternalMemoryHandleDescHead,
-    EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+    CUdevice, CUevent, CUmemAllocationPropHead, CUmemLocation, CuResult,
+    ExternalMemoryHandleDescHead, EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
 use crate::guard::sys::lifecycle::{PerProcess, PidValue};
 use crate::guard::sys::signal_safe;
@@ -450,9 +451,12 @@ pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
 /// After a successful `cuIpcGetEventHandle`/`cudaIpcGetEventHandle`: the event lives in the
 /// current context's device.
 ///
+/// The event is remembered ([`event_records`]) so that its record goes when it is
+/// destroyed ([`destroyed_event`]).
+///
 /// # Safety
 /// `handle` points to the 64 bytes the real call just wrote.
-pub unsafe fn exported_event(handle: *const IpcHandle) {
+pub unsafe fn exported_event(handle: *const IpcHandle, event: CUevent) {
     if handle.is_null() || !active() {
         return;
     }
@@ -464,6 +468,35 @@ pub unsafe fn exported_event(handle: *const IpcHandle) {
         gpu,
         Location::Device,
     );
+    // No room: the record stays until its exporter has exited (the sweeps).
+    let _ = event_records::remember(event as usize, signal_safe::pid(), &h.reserved);
+}
+
+/// After a successful `cuEventDestroy`/`cudaEventDestroy`: the record of an event this
+/// process exported goes with it (its handle cannot be opened any more). Whatever the
+/// mode: it removes only this process's own record.
+pub fn destroyed_event(event: CUevent) {
+    let pid = signal_safe::pid();
+    let Some(handle) = event_records::take(event as usize, pid) else {
+        return;
+    };
+    let _ = shielded("removing", || {
+        let reg = open_registry_in(pid)?;
+        let key = Key::from_bytes(Kind::Event, &handle);
+        match reg.remove(&key) {
+            Ok(()) => debug_log::log!(
+                Debug,
+                "removed the record of destroyed event {}",
+                key.short()
+            ),
+            Err(e) => debug_log::log!(
+                Debug,
+                "cannot remove the record of destroyed event {}: {e}",
+                key.short()
+            ),
+        }
+        Some(())
+    });
 }
 
 /// After a successful `cuMemExportToShareableHandle`.

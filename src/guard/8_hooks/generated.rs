@@ -530,6 +530,36 @@ guarded! {
             real(bytes, dev)
         }
     }
+    // cuEventDestroy v2000: hook
+    Driver 0 "cuEventDestroy" "cuEventDestroy" same true fn cuEventDestroy(hEvent: CUevent) -> CuResult |real| {
+        // SAFETY: `real` is libcuda's `cuEventDestroy`, the ABI version of cuda.h's cuEventDestroy
+        // v2000, resolved by that name and version (its symbol, or the driver's entry-point answer
+        // for it), so it has exactly this signature; the pointer arguments are the caller's, valid
+        // as the CUDA API requires for this call, read only as it defines them and passed to
+        // `real` unchanged.
+        unsafe {
+            let rc = real(hEvent);
+            if rc == CuResult::SUCCESS {
+                crate::guard::decide::ipc::destroyed_event(hEvent);
+            }
+            rc
+        }
+    }
+    // cuEventDestroy v4000: hook
+    Driver 0 "cuEventDestroy" "cuEventDestroy_v2" same true fn cuEventDestroy_v2(hEvent: CUevent) -> CuResult |real| {
+        // SAFETY: `real` is libcuda's `cuEventDestroy_v2`, the ABI version of cuda.h's
+        // cuEventDestroy v4000, resolved by that name and version (its symbol, or the driver's
+        // entry-point answer for it), so it has exactly this signature; the pointer arguments are
+        // the caller's, valid as the CUDA API requires for this call, read only as it defines them
+        // and passed to `real` unchanged.
+        unsafe {
+            let rc = real(hEvent);
+            if rc == CuResult::SUCCESS {
+                crate::guard::decide::ipc::destroyed_event(hEvent);
+            }
+            rc
+        }
+    }
     // cuFabricCpyBatchAsync v13050: hook
     Driver 0 "cuFabricCpyBatchAsync" "cuFabricCpyBatchAsync" same true fn cuFabricCpyBatchAsync(numOps: usize, opList: *mut FabricCopyBatchOp, flags: u64, hStream: CUstream) -> CuResult |real| {
         // SAFETY: `real` is libcuda's `cuFabricCpyBatchAsync`, the ABI version of cuda.h's
@@ -721,7 +751,7 @@ guarded! {
         unsafe {
             let rc = real(pHandle, event);
             if rc == CuResult::SUCCESS {
-                crate::guard::decide::ipc::exported_event(pHandle);
+                crate::guard::decide::ipc::exported_event(pHandle, event);
             }
             rc
         }
@@ -1730,6 +1760,24 @@ guarded! {
             real(device, memPool)
         }
     }
+    // cudaEventDestroy, cuda_runtime_api.h 12: hook
+    Runtime 12 "cudaEventDestroy" "cudaEventDestroy" same true symver "cudaEventDestroy@libcudart.so.12" fallback "cudaEventDestroy" fn cudaEventDestroy_cu12(event: CUevent) -> CudaError |real| {
+        // SAFETY: `real` is libcudart.so.12's own `cudaEventDestroy` (cuda_runtime_api.h 12),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = {
+                let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
+                real(event)
+            };
+            if rc == CudaError::SUCCESS {
+                crate::guard::decide::ipc::destroyed_event(event);
+            }
+            rc
+        }
+    }
     // cudaGetDeviceProperties, cuda_runtime_api.h 12: query(device)
     Runtime 12 "cudaGetDeviceProperties" "cudaGetDeviceProperties_v2" same false symver "cudaGetDeviceProperties_v2@libcudart.so.12" fallback "cudaGetDeviceProperties_v2" fn cudaGetDeviceProperties_v2_cu12(prop: *mut c_void, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.12's own `cudaGetDeviceProperties_v2` (cuda_runtime_api.h
@@ -1901,7 +1949,7 @@ guarded! {
                 real(handle, event)
             };
             if rc == CudaError::SUCCESS {
-                crate::guard::decide::ipc::exported_event(handle);
+                crate::guard::decide::ipc::exported_event(handle, event);
             }
             rc
         }
@@ -2444,6 +2492,24 @@ guarded! {
             real(device, memPool)
         }
     }
+    // cudaEventDestroy, cuda_runtime_api.h 13: hook
+    Runtime 13 "cudaEventDestroy" "cudaEventDestroy" same true symver "cudaEventDestroy@@libcudart.so.13" fn cudaEventDestroy_cu13(event: CUevent) -> CudaError |real| {
+        // SAFETY: `real` is libcudart.so.13's own `cudaEventDestroy` (cuda_runtime_api.h 13),
+        // resolved by that name and major or, `same true`, another major's, which
+        // cuda_runtime_api.h declares the same, so it has exactly this signature; the pointer
+        // arguments are the caller's, valid as the CUDA API requires for this call, read only as
+        // it defines them and passed to `real` unchanged.
+        unsafe {
+            let rc = {
+                let _nested = crate::guard::decide::ipc::RuntimeScope::enter();
+                real(event)
+            };
+            if rc == CudaError::SUCCESS {
+                crate::guard::decide::ipc::destroyed_event(event);
+            }
+            rc
+        }
+    }
     // cudaGetDeviceProperties, cuda_runtime_api.h 13: query(device)
     Runtime 13 "cudaGetDeviceProperties" "cudaGetDeviceProperties" same false symver "cudaGetDeviceProperties@@libcudart.so.13" fn cudaGetDeviceProperties_cu13(prop: *mut c_void, device: c_int) -> CudaError |real| hot { policy::query(device).is_allow() } {
         // SAFETY: `real` is libcudart.so.13's own `cudaGetDeviceProperties` (cuda_runtime_api.h
@@ -2615,7 +2681,7 @@ guarded! {
                 real(handle, event)
             };
             if rc == CudaError::SUCCESS {
-                crate::guard::decide::ipc::exported_event(handle);
+                crate::guard::decide::ipc::exported_event(handle, event);
             }
             rc
         }
