@@ -87,11 +87,16 @@ def fake_node(cmd, env=None, timeout=120, **kw) -> subprocess.CompletedProcess:
     return run([FAKE_NODE, *cmd], env=env, timeout=timeout, **kw)
 
 
-# The longest files, first: scripts/test hands whole files to its workers in collection
-# order (pytest-xdist --dist loadfile), so the PyTorch suites (10-75 s each on 2 CPUs) start
-# at once instead of ending the run alone on one worker.
+# The longest files, first (those over 5 s with two workers on 2 CPUs, longest first):
+# scripts/test hands whole files to its workers in collection order (pytest-xdist
+# --dist loadfile), so the PyTorch suites (60-75 s each) start at once and short files fill
+# in at the end, instead of a long one ending the run alone on one worker.
 _FIRST = ("test_torch_rl_job.py", "test_torchrun.py", "test_torch_allocators.py",
-          "test_end_rank.py", "test_demo.py", "test_readme_quickstart.py", "test_numba_cuda.py")
+          "test_end_rank.py", "test_demo.py", "test_readme_quickstart.py", "test_numba_cuda.py",
+          "test_rank_root.py", "test_rank_root_ray.py", "test_install.py", "test_fake_frameworks.py",
+          "test_ipc_python.py", "test_registry_stale.py", "test_guard_paths.py", "test_report.py",
+          "test_cli_launch.py", "test_slurm.py", "test_guard_volume.py", "test_guard_coverage.py",
+          "test_ipc.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
