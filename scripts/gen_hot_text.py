@@ -116,6 +116,9 @@ def pattern(sym: str) -> str | None:
         sym = re.sub(r"17h[0-9a-f]{16}E$", "17h*", sym)   # legacy mangling: the hash
     elif sym.startswith("_R"):
         sym = re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", sym)     # v0 mangling: crate disambiguators
+    # LLVM numbers a function's local copies (`...kind.684`); another build numbers them
+    # anew (adding code elsewhere moved three of them out of the section once): every copy.
+    sym = re.sub(r"\.\d+$", ".*", sym)
     # `$` and the like are not plain pattern characters in every linker's script lexer.
     # A `#[cold]` function's section is `.text.unlikely.<symbol>` (LLVM's prefix).
     sym = re.sub(r"[^A-Za-z0-9_.*]", "?", sym)

@@ -79,10 +79,16 @@ pub fn remember(event: usize, pid: u32, handle: &[u8; 64]) -> bool {
     false
 }
 
+/// Whether this process (or the one it was forked from) ever remembered an event: where
+/// not, a destroy costs one load (not even the `getpid` that [`take`] needs).
+pub fn any() -> bool {
+    ANY.load(Ordering::Relaxed) != 0
+}
+
 /// The handle process `pid` exported `event` with, if it is remembered: the slot is
 /// freed (an event is destroyed once).
 pub fn take(event: usize, pid: u32) -> Option<[u8; 64]> {
-    if event <= BUSY || ANY.load(Ordering::Relaxed) == 0 {
+    if event <= BUSY || !any() {
         return None;
     }
     let first = start(event);

@@ -476,6 +476,9 @@ pub unsafe fn exported_event(handle: *const IpcHandle, event: CUevent) {
 /// process exported goes with it (its handle cannot be opened any more). Whatever the
 /// mode: it removes only this process's own record.
 pub fn destroyed_event(event: CUevent) {
+    if !event_records::any() {
+        return;
+    }
     let pid = signal_safe::pid();
     let Some(handle) = event_records::take(event as usize, pid) else {
         return;
