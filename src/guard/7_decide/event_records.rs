@@ -2,9 +2,9 @@
 //! destroyed. PyTorch exports a new interprocess event at every share of a CUDA tensor
 //! (`torch.multiprocessing`: the producer's stream event), so a long-lived learner writes a
 //! record per share; an event handle can be opened only while its event exists, so the
-//! record of a destroyed event is dead weight, and kept it would fill the registry (65,536
-//! records: about 131,000 shares of one tensor) and turn a long job's later exports into
-//! lost records (docs/design.md, "The provenance registry's bounds").
+//! record of a destroyed event is dead weight, and kept, such records would fill the
+//! registry (65,536) and turn a long job's later exports into lost records (docs/design.md,
+//! "The provenance registry's bounds").
 //!
 //! A fixed table of atomics, as `reach.rs` keeps pools: no allocation, no lock, safe in a
 //! forked child and under re-entry. A slot holds the event (its `CUevent`, which the runtime's
@@ -46,8 +46,10 @@ fn start(event: usize) -> usize {
     h >> (usize::BITS - SLOTS.trailing_zeros())
 }
 
-/// Remember that process `pid` exported `event` with `handle`. The same event exported
-/// again keeps its slot (its handle is the same). False when the table had no room.
+/// Remember that process `pid` exported `event` with `handle`. An event already in the
+/// table takes the new handle in its slot: exported again, it is the same; at an address
+/// reused after its event went without a destroy the guard saw (its context destroyed),
+/// it is the new event's. False when the table had no room.
 pub fn remember(event: usize, pid: u32, handle: &[u8; 64]) -> bool {
     if event <= BUSY {
         return false;
@@ -55,7 +57,13 @@ pub fn remember(event: usize, pid: u32, handle: &[u8; 64]) -> bool {
     let first = start(event);
     for i in 0..PROBES {
         let s = &TABLE[(first + i) % SLOTS];
-        if s.event.load(Ordering::Acquire) == event && s.pid.load(Ordering::Relaxed) == pid {
+        if s.event.load(Ordering::Acquire) == event
+            && s.pid.load(Ordering::Relaxed) == pid
+            && s.event
+                .compare_exchange(event, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            fill(s, event, pid, handle);
             return true;
         }
     }
@@ -65,18 +73,23 @@ pub fn remember(event: usize, pid: u32, handle: &[u8; 64]) -> bool {
             .compare_exchange(0, BUSY, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
-            s.pid.store(pid, Ordering::Relaxed);
-            for (i, w) in s.handle.iter().enumerate() {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(&handle[i * 8..i * 8 + 8]);
-                w.store(u64::from_ne_bytes(word), Ordering::Relaxed);
-            }
-            s.event.store(event, Ordering::Release);
+            fill(s, event, pid, handle);
             ANY.store(1, Ordering::Relaxed);
             return true;
         }
     }
     false
+}
+
+/// Write a slot this thread holds BUSY, then publish it.
+fn fill(s: &Slot, event: usize, pid: u32, handle: &[u8; 64]) {
+    s.pid.store(pid, Ordering::Relaxed);
+    for (i, w) in s.handle.iter().enumerate() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&handle[i * 8..i * 8 + 8]);
+        w.store(u64::from_ne_bytes(word), Ordering::Relaxed);
+    }
+    s.event.store(event, Ordering::Release);
 }
 
 /// Whether this process (or the one it was forked from) ever remembered an event: where
@@ -139,6 +152,11 @@ mod tests {
         );
         assert_eq!(take(ev, 41), Some(handle(1)));
         assert_eq!(take(ev, 41), None, "destroyed once");
+        // An address reused by a new event after one the guard never saw destroyed.
+        assert!(remember(ev, 41, &handle(2)));
+        assert!(remember(ev, 41, &handle(3)));
+        assert_eq!(take(ev, 41), Some(handle(3)), "the newest event's handle");
+        assert_eq!(take(ev, 41), None, "one slot for the address");
 
         // Events that share a start slot: the first PROBES fit, the next does not.
         let base = 0x5500_0000_0000usize;
