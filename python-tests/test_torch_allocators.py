@@ -153,7 +153,7 @@ ALLOCATORS = {"default": (None, "tensor", "cudaIpcOpenMemHandle"),
 
 def _pair(tmp_path, mode: str, allocator: str):
     """(the learner's line, the collector's stderr, the audit records, the fake runtime's
-    call log of both processes)."""
+    call log of both processes); the registry is empty after both have exited."""
     conf, what, _ = ALLOCATORS[allocator]
     reg = tmp_path / "registry"
     reg.mkdir(mode=0o700)
@@ -181,6 +181,9 @@ def _pair(tmp_path, mode: str, allocator: str):
     records = [r for f in sorted(audit.glob("*.jsonl"))
                for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "map"]
     calls = (tmp_path / "calls.log").read_text().splitlines()
+    # Both have exited: what they recorded for their exports went with them (issue 33).
+    left = sorted(f.name for f in reg.iterdir())
+    assert left == [], left
     return json.loads(out.splitlines()[-1]), coll.stderr, records, calls
 
 

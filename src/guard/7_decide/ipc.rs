@@ -32,8 +32,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::config::Mode;
 use crate::guard::audit::decision_record::Extra;
-use crate::guard::decide::event_records;
 use crate::guard::decide::verdict::{self, Code};
+use crate::guard::decide::{event_records, own_records};
 use crate::guard::output::debug_log;
 use crate::guard::process::registry_io::{
     open_registry, open_registry_in, open_registry_or_why, said_write_problem, say_once, Untrusted,
@@ -370,13 +370,17 @@ fn register_export(key: Key, gpu: Option<String>, location: Location) {
             root: root_walk::id(),
         };
         match reg.write(&rec, &ProcNow { me: pid }) {
-            Ok(()) => debug_log::log!(
-                Debug,
-                "recorded IPC export {} on {} ({} memory)",
-                rec.key.short(),
-                rec.gpu.as_deref().unwrap_or("an unknown GPU"),
-                rec.location.as_str()
-            ),
+            Ok(()) => {
+                // It goes when this process ends (no room: at a sweep after).
+                let _ = own_records::remember(reg.dir(), pid, &rec.key);
+                debug_log::log!(
+                    Debug,
+                    "recorded IPC export {} on {} ({} memory)",
+                    rec.key.short(),
+                    rec.gpu.as_deref().unwrap_or("an unknown GPU"),
+                    rec.location.as_str()
+                )
+            }
             Err(problem) => {
                 // The record is lost: mark the registry, so that importers inside a rank
                 // refuse unknown provenance while this process lives (`check_import`).
@@ -487,11 +491,14 @@ pub fn destroyed_event(event: CUevent) {
         let reg = open_registry_in(pid)?;
         let key = Key::from_bytes(Kind::Event, &handle);
         match reg.remove(&key) {
-            Ok(()) => debug_log::log!(
-                Debug,
-                "removed the record of destroyed event {}",
-                key.short()
-            ),
+            Ok(()) => {
+                own_records::forget(pid, &key);
+                debug_log::log!(
+                    Debug,
+                    "removed the record of destroyed event {}",
+                    key.short()
+                )
+            }
             Err(e) => debug_log::log!(
                 Debug,
                 "cannot remove the record of destroyed event {}: {e}",

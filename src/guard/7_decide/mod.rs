@@ -6,5 +6,6 @@ pub mod init_check;
 pub mod ipc;
 pub mod missing;
 pub mod narrow;
+pub mod own_records;
 pub mod reach;
 pub mod verdict;

@@ -18,6 +18,7 @@ mod x86 {
     use std::ffi::c_int;
 
     use crate::guard::audit::tally;
+    use crate::guard::decide::own_records;
     use crate::guard::process::root_walk;
     use crate::guard::resolve::exec_real;
 
@@ -33,6 +34,7 @@ mod x86 {
     extern "C" fn rg_exec_hook(which: usize) -> usize {
         let _ = std::panic::catch_unwind(tally::before_exec);
         root_walk::drop_record();
+        own_records::drop_all();
         match exec_real::get(which) {
             0 => missing as *const () as usize,
             p => p,
