@@ -17,8 +17,8 @@ section `.text.<symbol>`), so a rebuild with other hashes still matches. Scenari
 the order their code is placed; the `RANK`-set case (a launcher's rank, the common one)
 comes last, next to the PLT that the linker places after the section.
 
-Needs valgrind (not installed by scripts/setup: only this generator uses it). Run it after
-changing what the start or the first cuInit runs; python-tests/test_hot_text.py fails when
+Needs valgrind (scripts/setup installs it where it is missing). Run it after changing what
+the start or the first cuInit runs; scripts/test runs `--check`, and python-tests/test_hot_text.py fails when
 a named function of the first cuInit lies outside the section, when the script's patterns
 go stale, or when a first cuInit maps half the text.
 
