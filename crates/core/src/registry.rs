@@ -191,9 +191,13 @@ pub enum NoKey {
 impl Key {
     /// A handle passed by value: its bytes, never parsed.
     pub fn from_bytes(kind: Kind, bytes: &[u8]) -> Key {
+        // By table, not `write!` per byte: PyTorch makes two or three keys per share of a
+        // tensor, and 64 formatter calls a key were most of the guard's own time in it.
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut ident = String::with_capacity(bytes.len() * 2);
-        for b in bytes {
-            let _ = write!(ident, "{b:02x}");
+        for &b in bytes {
+            ident.push(char::from(DIGITS[usize::from(b >> 4)]));
+            ident.push(char::from(DIGITS[usize::from(b & 0xf)]));
         }
         Key { kind, ident }
     }
@@ -224,7 +228,18 @@ impl Key {
 
     /// The record's file name: `<tag>-<ident>` (at most 11 + 128 bytes).
     pub fn file_name(&self) -> String {
-        format!("{}-{}", self.kind.tag(), self.ident)
+        let tag = self.kind.tag();
+        let mut name = String::with_capacity(tag.len() + 1 + self.ident.len());
+        name.push_str(tag);
+        name.push('-');
+        name.push_str(&self.ident);
+        name
+    }
+
+    /// The identity part of the name: the handle's bytes in lowercase hex, or a file's
+    /// `<dev>.<ino>` in hex, or a rank record's pid.
+    pub fn ident(&self) -> &str {
+        &self.ident
     }
 
     /// A short form for reports: the kind and the identity's first 16 hex digits.
@@ -407,9 +422,18 @@ impl ProvenanceRecord {
     /// The record's file content.
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(320);
-        let _ = writeln!(s, "{MAGIC}");
-        let _ = writeln!(s, "key {}", self.key.file_name());
-        let _ = writeln!(s, "job {}", self.job.as_deref().unwrap_or("-"));
+        for part in [
+            MAGIC,
+            "\nkey ",
+            self.key.kind.tag(),
+            "-",
+            &self.key.ident,
+            "\njob ",
+        ] {
+            s.push_str(part);
+        }
+        s.push_str(self.job.as_deref().unwrap_or("-"));
+        s.push('\n');
         match self.rank {
             Some(r) => {
                 let _ = writeln!(s, "rank {r}");
@@ -418,8 +442,11 @@ impl ProvenanceRecord {
         }
         let _ = writeln!(s, "pid {}", self.pid);
         let _ = writeln!(s, "start {}", self.start);
-        let _ = writeln!(s, "gpu {}", self.gpu.as_deref().unwrap_or("-"));
-        let _ = writeln!(s, "location {}", self.location.as_str());
+        for part in ["gpu ", self.gpu.as_deref().unwrap_or("-"), "\nlocation "] {
+            s.push_str(part);
+        }
+        s.push_str(self.location.as_str());
+        s.push('\n');
         let _ = writeln!(s, "time {}", self.time);
         if let Some(r) = self.root {
             let _ = writeln!(s, "root {r}");

@@ -95,8 +95,7 @@ const HEX: u32 = 1 << 16;
 
 fn pack(key: &Key) -> Option<Packed> {
     let kind = KINDS.iter().position(|&k| k == key.kind())? as u32 + 1;
-    let name = key.file_name();
-    let ident = name.strip_prefix(key.kind().as_str())?.strip_prefix('-')?;
+    let ident = key.ident();
     let mut out = [0u8; IDENT_MAX];
     let hex = |c: u8| match c {
         b'0'..=b'9' => Some(c - b'0'),
@@ -104,7 +103,7 @@ fn pack(key: &Key) -> Option<Packed> {
         _ => None,
     };
     let b = ident.as_bytes();
-    if b.len() % 2 == 0 && b.len() <= 2 * IDENT_MAX && b.iter().all(|&c| hex(c).is_some()) {
+    if b.len().is_multiple_of(2) && b.len() <= 2 * IDENT_MAX && b.iter().all(|&c| hex(c).is_some()) {
         for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
             *o = (hex(pair[0])? << 4) | hex(pair[1])?;
         }
