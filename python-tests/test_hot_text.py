@@ -39,7 +39,7 @@ FIRST_INIT = [
     "rankguard::guard::process::driver_query::device_uuid",
     "rankguard_core::config::Config::from_lookup",
     "rankguard_core::rankgpu::decide",
-    "rankguard_core::registry::Registry::write",
+    "rankguard_core::registry::Registry::write_probed",
 ]
 
 

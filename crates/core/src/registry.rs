@@ -1212,6 +1212,28 @@ impl Registry {
     /// Write (or replace) the record of `rec.key`. A full registry is swept first. The
     /// record's pid is its writer's, this process's (it names the temporary file).
     pub fn write(&self, rec: &ProvenanceRecord, procs: &dyn Procs) -> Result<(), WriteProblem> {
+        self.write_probed(rec, procs, true)
+    }
+
+    /// [`write`](Self::write) for a record this process knows it has not written before
+    /// (an event it exports for the first time: PyTorch exports a new one at every share),
+    /// with no probe of its name: a file already there (only a dead exporter's, of the same
+    /// handle bytes) is replaced, as `write` would replace a record that differs. Counted
+    /// as a new record.
+    pub fn write_fresh(
+        &self,
+        rec: &ProvenanceRecord,
+        procs: &dyn Procs,
+    ) -> Result<(), WriteProblem> {
+        self.write_probed(rec, procs, false)
+    }
+
+    fn write_probed(
+        &self,
+        rec: &ProvenanceRecord,
+        procs: &dyn Procs,
+        probe: bool,
+    ) -> Result<(), WriteProblem> {
         let text = rec.render();
         if text.len() as u64 > MAX_RECORD_BYTES {
             return Err(WriteProblem::TooLarge);
@@ -1235,22 +1257,24 @@ impl Registry {
         // when it was first written. Reading it costs no create and no rename (a rename over
         // a file starts its writeback on ext4); once read, a `lstat` says it is still that
         // file ([`Known`]).
-        let timeless = ProvenanceRecord {
-            time: 0,
-            ..rec.clone()
-        }
-        .render();
-        let digest = digest(&[target.as_os_str().as_encoded_bytes(), timeless.as_bytes()]);
-        if self.known.holds(rec.pid, digest, &target, self.uid) {
-            return Ok(());
-        }
-        let existing = match self.read(&target, &rec.key) {
-            Ok(Some((old, stamp))) if old.same_but_time(rec) => {
-                self.known.keep(rec.pid, digest, &stamp);
+        let existing = probe && {
+            let timeless = ProvenanceRecord {
+                time: 0,
+                ..rec.clone()
+            }
+            .render();
+            let digest = digest(&[target.as_os_str().as_encoded_bytes(), timeless.as_bytes()]);
+            if self.known.holds(rec.pid, digest, &target, self.uid) {
                 return Ok(());
             }
-            Ok(None) => false,
-            _ => true,
+            match self.read(&target, &rec.key) {
+                Ok(Some((old, stamp))) if old.same_but_time(rec) => {
+                    self.known.keep(rec.pid, digest, &stamp);
+                    return Ok(());
+                }
+                Ok(None) => false,
+                _ => true,
+            }
         };
         // Replacing an existing record does not grow the directory.
         // A sweep that freed an entry made room for this one (a concurrent writer may take
@@ -2179,6 +2203,31 @@ mod tests {
         let s = reg.lookup(&k, &FakeProcs::default());
         assert!(matches!(&s, Lookup::Skipped(sk @ Skip::Dead { .. }) if !sk.is_suspicious()));
         assert_eq!(fs::read_dir(&t.0).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_fresh_write_replaces_what_is_there_and_is_read_back() {
+        let t = TempDir::new("fresh");
+        let u = uid();
+        let reg = Registry::open(&t.0, u, false).unwrap().bounded(SMALL);
+        let procs = FakeProcs::with(4242, 777, u);
+        let k = Key::from_bytes(Kind::Event, &[3; 64]);
+        // A dead exporter's record of the same handle bytes, and a hostile file there: a
+        // fresh write replaces either (it never reads them), and what it wrote is trusted.
+        for planted in ["rankguard-ipc-record 1\nkey x\nend\n", "garbage"] {
+            fs::write(t.0.join(k.file_name()), planted).unwrap();
+            let r = rec(k.clone(), Some(1), Some(G0));
+            reg.write_fresh(&r, &procs).unwrap();
+            match reg.lookup(&k, &procs) {
+                Lookup::Found(got) => assert_eq!(got, r),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            fs::read_dir(&t.0).unwrap().count(),
+            1,
+            "no temporaries left"
+        );
     }
 
     #[test]

@@ -81,6 +81,24 @@ pub fn remember(event: usize, pid: u32, handle: &[u8; 64]) -> bool {
     false
 }
 
+/// Whether process `pid` remembered `event` with `handle` (exported it before, and has
+/// not destroyed it since): its record was written then.
+pub fn holds(event: usize, pid: u32, handle: &[u8; 64]) -> bool {
+    if event <= BUSY || !any() {
+        return false;
+    }
+    let first = start(event);
+    (0..PROBES).any(|i| {
+        let s = &TABLE[(first + i) % SLOTS];
+        s.event.load(Ordering::Acquire) == event
+            && s.pid.load(Ordering::Relaxed) == pid
+            && s.handle
+                .iter()
+                .zip(handle.chunks_exact(8))
+                .all(|(w, c)| w.load(Ordering::Relaxed).to_ne_bytes() == c)
+    })
+}
+
 /// Write a slot this thread holds BUSY, then publish it.
 fn fill(s: &Slot, event: usize, pid: u32, handle: &[u8; 64]) {
     s.pid.store(pid, Ordering::Relaxed);
@@ -140,7 +158,11 @@ mod tests {
     #[test]
     fn remembered_events_are_taken_once_and_a_full_neighbourhood_refuses() {
         let ev = 0x7f00_dead_0000;
+        assert!(!holds(ev, 41, &handle(1)), "not exported yet");
         assert!(remember(ev, 41, &handle(1)));
+        assert!(holds(ev, 41, &handle(1)));
+        assert!(!holds(ev, 42, &handle(1)), "another process's");
+        assert!(!holds(ev, 41, &handle(2)), "another handle at the address");
         assert!(
             remember(ev, 41, &handle(1)),
             "exported again: the same slot"
@@ -151,6 +173,7 @@ mod tests {
             "another process's (a forked child's) event"
         );
         assert_eq!(take(ev, 41), Some(handle(1)));
+        assert!(!holds(ev, 41, &handle(1)), "destroyed");
         assert_eq!(take(ev, 41), None, "destroyed once");
         // An address reused by a new event after one the guard never saw destroyed.
         assert!(remember(ev, 41, &handle(2)));

@@ -329,8 +329,9 @@ impl Procs for ProcNow {
 }
 
 /// Register an export in the provenance registry (its record). Never fails the export: a
-/// problem is said once.
-fn register_export(key: Key, gpu: Option<String>, location: Location) {
+/// problem is said once. `fresh`: this process has not recorded this key before (its name
+/// is not probed first, `Registry::write_fresh`).
+fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: bool) {
     let _ = shielded("writing", || {
         // Asked once, passed down (the open's start-up sweep, this export's sweep, the
         // record, its temporary file).
@@ -369,7 +370,13 @@ fn register_export(key: Key, gpu: Option<String>, location: Location) {
                 .map_or(0, |d| d.as_secs()),
             root: root_walk::id(),
         };
-        match reg.write(&rec, &ProcNow { me: pid }) {
+        let procs = ProcNow { me: pid };
+        let written = if fresh {
+            reg.write_fresh(&rec, &procs)
+        } else {
+            reg.write(&rec, &procs)
+        };
+        match written {
             Ok(()) => {
                 // It goes when this process ends (no room: at a sweep after).
                 let _ = own_records::remember(reg.dir(), pid, &rec.key);
@@ -449,6 +456,7 @@ pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
         Key::from_bytes(Kind::Mem, &h.reserved),
         gpu,
         Location::Device,
+        false,
     );
 }
 
@@ -467,13 +475,18 @@ pub unsafe fn exported_event(handle: *const IpcHandle, event: CUevent) {
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
     let gpu = current_device().and_then(device_uuid).or_else(own_gpu);
+    let pid = signal_safe::pid();
+    // An event this process exports for the first time (PyTorch: one per share) has no
+    // record of its to look for.
+    let fresh = !event_records::holds(event as usize, pid, &h.reserved);
     register_export(
         Key::from_bytes(Kind::Event, &h.reserved),
         gpu,
         Location::Device,
+        fresh,
     );
-    // No room: the record stays until its exporter has exited (the sweeps).
-    let _ = event_records::remember(event as usize, signal_safe::pid(), &h.reserved);
+    // No room: the record stays until its exporter has exited.
+    let _ = event_records::remember(event as usize, pid, &h.reserved);
 }
 
 /// After a successful `cuEventDestroy`/`cudaEventDestroy`: the record of an event this
@@ -534,7 +547,7 @@ pub unsafe fn exported_allocation(shareable: *const c_void, alloc: u64, htype: u
         }
         None => (Location::Unknown, own_gpu()),
     };
-    register_export(key, gpu, location);
+    register_export(key, gpu, location, false);
 }
 
 /// After a successful `cuMemPoolExportToShareableHandle`.
@@ -555,6 +568,7 @@ pub unsafe fn exported_pool(shareable: *const c_void, htype: u32) {
         key,
         current_device().and_then(device_uuid).or_else(own_gpu),
         Location::Unknown,
+        false,
     );
 }
 
@@ -573,6 +587,7 @@ pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
         Key::from_bytes(Kind::PoolPtr, &h.reserved),
         gpu,
         Location::Device,
+        false,
     );
 }
 
@@ -595,7 +610,7 @@ pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
         return;
     };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    register_export(key, gpu, Location::Device);
+    register_export(key, gpu, Location::Device, false);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -103,7 +103,8 @@ fn pack(key: &Key) -> Option<Packed> {
         _ => None,
     };
     let b = ident.as_bytes();
-    if b.len().is_multiple_of(2) && b.len() <= 2 * IDENT_MAX && b.iter().all(|&c| hex(c).is_some()) {
+    if b.len().is_multiple_of(2) && b.len() <= 2 * IDENT_MAX && b.iter().all(|&c| hex(c).is_some())
+    {
         for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
             *o = (hex(pair[0])? << 4) | hex(pair[1])?;
         }
