@@ -131,6 +131,7 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, in declaration order (so `ALL[k as usize] == k`).
     const ALL: [Kind; 9] = [
         Kind::Mem,
         Kind::Event,
@@ -160,6 +161,17 @@ impl Kind {
     /// The handle type, as reports name it.
     pub fn as_str(self) -> &'static str {
         self.tag()
+    }
+
+    /// The kind's place in a fixed order, a compact form for tables of atomics
+    /// ([`Kind::from_index`] is its inverse).
+    pub fn index(self) -> u8 {
+        self as u8
+    }
+
+    /// The kind at `index` in [`Kind::index`]'s order.
+    pub fn from_index(index: u8) -> Option<Kind> {
+        Kind::ALL.get(usize::from(index)).copied()
     }
 }
 
@@ -2203,6 +2215,15 @@ mod tests {
         let s = reg.lookup(&k, &FakeProcs::default());
         assert!(matches!(&s, Lookup::Skipped(sk @ Skip::Dead { .. }) if !sk.is_suspicious()));
         assert_eq!(fs::read_dir(&t.0).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_kinds_index_is_its_place() {
+        for (i, k) in Kind::ALL.into_iter().enumerate() {
+            assert_eq!(usize::from(k.index()), i);
+            assert_eq!(Kind::from_index(k.index()), Some(k));
+        }
+        assert_eq!(Kind::from_index(Kind::ALL.len() as u8), None);
     }
 
     #[test]

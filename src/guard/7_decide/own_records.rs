@@ -72,18 +72,6 @@ const WRITING: u32 = u32::MAX;
 /// The `atexit` handler is registered (once per image: a fork child inherits it).
 static EXIT_HOOK: Latch = Latch::new();
 
-/// The kinds a slot can name (a rank record has its own removal, `root_walk`).
-const KINDS: [Kind; 8] = [
-    Kind::Mem,
-    Kind::Event,
-    Kind::VmmFd,
-    Kind::Fabric,
-    Kind::PoolFd,
-    Kind::PoolFabric,
-    Kind::PoolPtr,
-    Kind::DmaBuf,
-];
-
 /// A record's name as a slot holds it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Packed {
@@ -94,7 +82,11 @@ struct Packed {
 const HEX: u32 = 1 << 16;
 
 fn pack(key: &Key) -> Option<Packed> {
-    let kind = KINDS.iter().position(|&k| k == key.kind())? as u32 + 1;
+    // A rank record has its own removal (`root_walk`).
+    if key.kind() == Kind::Rank {
+        return None;
+    }
+    let kind = u32::from(key.kind().index()) + 1;
     let ident = key.ident();
     let mut out = [0u8; IDENT_MAX];
     let hex = |c: u8| match c {
@@ -329,7 +321,7 @@ impl<const N: usize> Path<N> {
 /// Push `<tag>-<ident>` onto `out`; None for a slot that names no kind, or no room.
 fn name_into<const N: usize>(out: &mut Path<N>, meta: u32, ident: &[u8; IDENT_MAX]) -> Option<()> {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let kind = KINDS.get(((meta & 0xff) as usize).checked_sub(1)?)?;
+    let kind = Kind::from_index(((meta & 0xff) as u8).checked_sub(1)?)?;
     out.push(kind.as_str().as_bytes())?;
     out.push(b"-")?;
     let ident = ident.get(..((meta >> 8) & 0xff) as usize)?;
