@@ -259,6 +259,12 @@ impl Latch {
     pub fn first(&self) -> bool {
         !self.0.load(Ordering::Relaxed) && !self.0.swap(true, Ordering::AcqRel)
     }
+
+    /// Whether a caller has been first (one load; claims nothing).
+    #[inline]
+    pub fn done(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 /// Said (or done) once per process: the word holds the pid of the process that did it, `0`

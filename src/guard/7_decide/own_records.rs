@@ -69,7 +69,9 @@ static DIR: DirBuf = DirBuf(UnsafeCell::new([0; DIR_MAX]));
 static DIR_LEN: AtomicUsize = AtomicUsize::new(0);
 static DIR_PID: AtomicU32 = AtomicU32::new(0);
 const WRITING: u32 = u32::MAX;
-/// The `atexit` handler is registered (once per image: a fork child inherits it).
+/// The `atexit` handler is registered (once per image: a fork child inherits it). Also
+/// what [`drop_all`] asks first: where no record was ever remembered (every exec of a
+/// guarded process that exported nothing) it costs that one load.
 static EXIT_HOOK: Latch = Latch::new();
 
 /// A record's name as a slot holds it.
@@ -251,7 +253,7 @@ extern "C" fn at_exit() {
 /// allocated or locked, and no panicking path (no index unchecked). Returns how many it
 /// removed.
 pub fn drop_all() -> usize {
-    if MARKED.iter().all(|w| w.load(Ordering::Relaxed) == 0) {
+    if !EXIT_HOOK.done() || MARKED.iter().all(|w| w.load(Ordering::Relaxed) == 0) {
         return 0;
     }
     let pid = signal_safe::pid();

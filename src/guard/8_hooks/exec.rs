@@ -1,10 +1,11 @@
 //! `exec*` replaces the process image and with it the counts of violations not yet written
-//! (`tally.rs`) and the image that wrote the process's rank record (`root_walk.rs`: the new
-//! program, guarded or not, cannot know it has one to remove at its end, so it goes now;
-//! a guarded program records again at its own first `cuInit`). These exports do both
-//! first, then jump to the real function with the caller's registers and stack untouched
-//! (the `execl` family is variadic, so the shims are naked trampolines, like our `dlsym`).
-//! When the process never violated and wrote no rank record, a shim costs two atomic loads
+//! (`tally.rs`) and the image that wrote the process's rank record (`root_walk.rs`) and its
+//! export records (`decide::own_records`): the new program, guarded or not, cannot know it
+//! has them to remove at its end, so they go now (a guarded program records again at its
+//! own first `cuInit` and exports). These exports do all three first, then jump to the real
+//! function with the caller's registers and stack untouched (the `execl` family is
+//! variadic, so the shims are naked trampolines, like our `dlsym`). When the process never
+//! violated, wrote no rank record and exported nothing, a shim costs three atomic loads
 //! and, once per function, a `dlsym(RTLD_NEXT)`.
 //!
 //! x86-64 only; on other architectures nothing is interposed and an `exec` after
