@@ -42,25 +42,32 @@ pub const FRAME_MAX: usize = rankguard_core::record::caps::FRAME;
 // ---------------------------------------------------------------------------------------
 // The cheap key: the wrapper's return address
 
-/// The return address of the function this is expanded into (the exported wrapper), read
-/// from its frame record; 0 when this build has no frame pointers or the frame looks wrong.
-/// Must be expanded directly in the wrapper's body (`gate!`), not in a nested function.
+/// The return address of the function this is expanded into (the exported wrapper, or its
+/// cold half, reached by a jump: the program's call site either way), read from its frame
+/// record; 0 when this build has no frame pointers. Must be expanded directly in the
+/// wrapper's body (`gate!`), not in a nested function.
+///
+/// `rbp` is that function's own frame record and needs no plausibility test: the library
+/// is built with frame pointers (`rankguard_frame_pointers`, from `.cargo/config.toml`'s
+/// `force-frame-pointers`; without it this is 0), so every function's prologue points
+/// `rbp` at the saved `rbp` and return address it pushed, and the compiler never uses the
+/// register for anything else. A test of it against the stack pointer was six of the
+/// repeated violation's instructions (docs/benchmarks.md, "The repeated violation's poll").
 #[macro_export]
 macro_rules! caller_address {
     () => {{
         #[cfg(all(target_arch = "x86_64", rankguard_frame_pointers))]
         {
             let fp: usize;
-            let sp: usize;
             // Expanded inside a wrapper body's own `unsafe {}` block (gate!), where this one
             // is nested: it stays so that the macro's one unsafe operation is documented here.
             #[allow(unused_unsafe)]
-            // SAFETY: reads two registers, touches no memory and no flags.
+            // SAFETY: reads one register, touches no memory and no flags.
             unsafe {
-                ::core::arch::asm!("mov {}, rbp", "mov {}, rsp", out(reg) fp, out(reg) sp,
+                ::core::arch::asm!("mov {}, rbp", out(reg) fp,
                     options(nomem, nostack, preserves_flags));
             }
-            $crate::guard::audit::site::frame_return_address(fp, sp)
+            $crate::guard::audit::site::frame_return_address(fp)
         }
         #[cfg(not(all(target_arch = "x86_64", rankguard_frame_pointers)))]
         {
@@ -69,16 +76,15 @@ macro_rules! caller_address {
     }};
 }
 
-/// `[fp + 8]` when `fp` is a plausible frame of the current thread (at or above `sp`, within
-/// 1 MiB: one unsigned compare); else 0 (the caller then unwinds instead).
+/// `[fp + 8]`: the return address in the frame record at `fp`.
+///
+/// # Safety
+/// `fp` is the frame pointer of a function that is running on this thread (its frame
+/// record: saved `rbp`, then the return address), as [`caller_address`] reads it.
 #[inline(always)]
-pub fn frame_return_address(fp: usize, sp: usize) -> usize {
-    if fp.wrapping_sub(sp) > (1 << 20) {
-        return 0;
-    }
-    // SAFETY: `fp` lies between the stack pointer and 1 MiB above it, on this thread's
-    // stack, where the function's frame record (saved rbp, return address) was pushed by
-    // its prologue; the read is a plain (unaligned-tolerant) load of mapped stack memory.
+pub unsafe fn frame_return_address(fp: usize) -> usize {
+    // SAFETY: per the contract, `fp + 8` is the return address slot of a live frame on
+    // this thread's stack: mapped, and a plain (unaligned-tolerant) load.
     unsafe { ((fp + 8) as *const usize).read_unaligned() }
 }
 
@@ -660,11 +666,32 @@ mod tests {
     }
 
     #[test]
-    fn frame_return_address_rejects_implausible_frames() {
-        assert_eq!(frame_return_address(8, 16), 0);
-        assert_eq!(frame_return_address(16 + (2 << 20), 16), 0);
+    fn frame_return_address_reads_the_slot_above_the_saved_frame_pointer() {
         let slots = [0usize, 0xabcdef];
         let fp = slots.as_ptr() as usize;
-        assert_eq!(frame_return_address(fp, fp), 0xabcdef);
+        // SAFETY: `fp` points at two readable words laid out as a frame record.
+        assert_eq!(unsafe { frame_return_address(fp) }, 0xabcdef);
+    }
+
+    /// The address a function reads through its own frame pointer is where it returns to.
+    #[cfg(all(target_arch = "x86_64", rankguard_frame_pointers))]
+    #[test]
+    fn caller_address_is_the_functions_return_address() {
+        #[inline(never)]
+        fn callee() -> usize {
+            // SAFETY: expanded directly in this function's body, as in a wrapper's.
+            unsafe { crate::caller_address!() }
+        }
+        #[inline(never)]
+        fn caller() -> (usize, usize) {
+            let ra = callee();
+            (ra, caller as usize)
+        }
+        let (ra, start) = std::hint::black_box(caller());
+        // The return address lies in `caller`'s code, just after its call of `callee`.
+        assert!(
+            ra > start && ra < start + 256,
+            "ra {ra:#x}, caller at {start:#x}"
+        );
     }
 }

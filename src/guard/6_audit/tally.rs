@@ -64,20 +64,24 @@ const DIRECT: u32 = 4;
 /// The slot has had its full records: later occurrences are only counted.
 const SATURATED: u32 = 8;
 
-/// One call site's counts (one slot of [`SITE_COUNTS`]).
+/// One call site's counts (one slot of [`SITE_COUNTS`]). Laid out for the repeated path
+/// (`counted_again`): what it reads (`key`, `flags`, `owner`) and the count it bumps come
+/// first, in one cache line, and a slot is 512 bytes, so that its index is a shift, not a
+/// multiply, on the chain from the return address to the count.
+#[repr(C, align(512))]
 struct SiteCount {
     key: AtomicU64,
     flags: AtomicU32,
     /// `id << 8 | rule << 1 | deny`.
     meta: AtomicU32,
-    seen: AtomicU64,
-    pending: AtomicU64,
     /// The thread that counts this slot's repeated violations in [`SiteCount::owned`] (its
     /// thread pointer; 0: none yet). See [`counted_again`].
     owner: AtomicUsize,
     /// Repeated violations counted by `owner` with a plain increment: only that thread
     /// writes it, and it only grows.
     owned: AtomicU64,
+    seen: AtomicU64,
+    pending: AtomicU64,
     /// How much of `owned` summaries have taken (moved forward by compare-and-swap only).
     owned_taken: AtomicU64,
     /// Time (µs since the epoch) of the last record written for this slot.
@@ -200,14 +204,18 @@ fn rule_of(code: u32) -> Rule {
 /// empty slot).
 #[inline(always)]
 fn key(meta: u32, tag: u64, value: u64) -> u64 {
-    let mut h = value.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        ^ (u64::from(meta) << 3 | tag).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    let m = value.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut h = m ^ (u64::from(meta) << 3 | tag).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
     h ^= h >> 31;
-    if h == 0 {
-        1
-    } else {
-        h
-    }
+    // The low bits, which index the table, are the product's top bits: they depend on
+    // every bit of `value` (a return address), and the index is then one shift of one
+    // multiply from it, the shortest chain from the return address to the slot's load on
+    // the repeated path. The rest mixes in `meta` and `tag`: two sites alike in the index
+    // are told apart by the whole key, and found by probing (`find`).
+    let index = m >> (64 - SITES.trailing_zeros());
+    // Never 0 (an empty slot's key) by its top bit: one `or`, where a test for 0 took
+    // three instructions of the repeated path.
+    (h & !(SITES as u64 - 1)) | index | 1 << 63
 }
 
 fn hash_bytes(b: &[u8]) -> u64 {
@@ -288,9 +296,7 @@ pub fn counted_again(id: usize, rule: Rule, ra: usize) -> Option<bool> {
         return None;
     }
     bump(slot);
-    if LATE.load(Ordering::SeqCst) != 0 {
-        late(slot);
-    }
+    after_bump(slot);
     Some(deny)
 }
 
@@ -487,9 +493,7 @@ fn after_count(slot: &'static SiteCount) {
     if FLUSHER.load(Ordering::Relaxed) == 0 {
         start_flusher();
     }
-    if LATE.load(Ordering::SeqCst) != 0 {
-        late(slot);
-    }
+    after_bump(slot);
     debug_log::log!(
         Trace,
         "violation counted (site already recorded {FULL_PER_SITE} times) pending={}",
@@ -501,26 +505,41 @@ fn now_us() -> u64 {
     signal_safe::now_us()
 }
 
-/// After a counted violation, when [`LATE`] says so: once the exit flush ran (another
-/// atexit handler or destructor is violating), write this slot now; in a process without
-/// a flusher thread, write every pending summary once an interval has passed since the
-/// last time.
-#[cold]
-#[inline(never)]
-fn late(slot: &'static SiteCount) {
-    let late = LATE.load(Ordering::SeqCst);
-    if late & LATE_EXIT != 0 {
-        flush_slot(slot);
-    } else if late & LATE_POLL != 0 {
-        // The clock (a few dozen instructions through the vDSO) is read at every
-        // POLL_EVERY-th counted violation only: a loop of violations pays an increment
-        // and a test. A plain load and store: in a process without other threads nothing
-        // races, and where threads came later a lost tick only delays a summary.
+/// After a counted violation: what [`LATE`] asks. Always inlined, so that a process without
+/// a flusher thread (a single-threaded program: `LATE_POLL` alone) pays its tick in line,
+/// a load, an add, a store and a test, and calls out of line ([`late`]) only at every
+/// [`POLL_EVERY`]-th violation, to read the clock: the call and its frame had been a sixth
+/// of the repeated path (docs/benchmarks.md, "The repeated violation's poll").
+/// A plain load and store of the tick: in a process without other threads nothing races,
+/// and where threads came later a lost tick only delays a summary.
+#[inline(always)]
+fn after_bump(slot: &'static SiteCount) {
+    let asks = LATE.load(Ordering::SeqCst);
+    if asks == 0 {
+        return;
+    }
+    if asks == LATE_POLL {
         let tick = POLL_TICK.load(Ordering::Relaxed).wrapping_add(1);
         POLL_TICK.store(tick, Ordering::Relaxed);
         if !tick.is_multiple_of(POLL_EVERY) {
             return;
         }
+    }
+    late(slot, asks);
+}
+
+/// After a counted violation, when [`LATE`] says so ([`after_bump`] counted the poll's
+/// tick): once the exit flush ran (another atexit handler or destructor is violating),
+/// write this slot now; in a process without a flusher thread, at every
+/// [`POLL_EVERY`]-th counted violation, write every pending summary once an interval has
+/// passed since the last time.
+#[cold]
+#[inline(never)]
+fn late(slot: &'static SiteCount, asks: u8) {
+    if asks & LATE_EXIT != 0 {
+        flush_slot(slot);
+    } else if asks & LATE_POLL != 0 {
+        // The clock (a few dozen instructions through the vDSO) is read here only.
         let now = signal_safe::coarse_us();
         let last = POLLED_US.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= INTERVAL_MS * 1000
@@ -720,6 +739,37 @@ fn flush_slot(s: &SiteCount) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 0 is an empty slot's key: no site may have it, not even the one whose mix is 0
+    /// (meta 0, tag 0, value 0).
+    #[test]
+    fn no_key_is_an_empty_slots() {
+        assert_ne!(key(0, 0, 0), 0);
+        for (m, t, v) in [(0, 0, 0), (1, TAG_RA, 0x1000), (7, TAG_PY, u64::MAX)] {
+            assert_ne!(key(m, t, v), 0);
+        }
+    }
+
+    /// The index (the key's low bits) spreads return addresses a few bytes apart, as call
+    /// sites in one function are, over the table; the key still tells apart what shares
+    /// an index (another rule at the same site).
+    #[test]
+    fn keys_spread_nearby_return_addresses_and_keep_rules_apart() {
+        let slots: std::collections::HashSet<u64> = (0..256u64)
+            .map(|i| key(1, TAG_RA, 0x40_1000 + 5 * i) & (SITES as u64 - 1))
+            .collect();
+        assert!(
+            slots.len() > 150,
+            "{} distinct slots of 256 sites",
+            slots.len()
+        );
+        let (a, b) = (
+            key(1 << 1, TAG_RA, 0x40_1000),
+            key(2 << 1, TAG_RA, 0x40_1000),
+        );
+        assert_eq!(a & (SITES as u64 - 1), b & (SITES as u64 - 1));
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn a_rule_survives_its_code_in_a_summary_key() {
