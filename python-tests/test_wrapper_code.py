@@ -128,3 +128,32 @@ def test_a_pure_checks_allowed_path_calls_nothing_and_jumps_to_the_real_function
     # The whole hot half of the simplest checks: frame pointer in and out, the load, the
     # condition, two jumps. A spilled argument or saved registers would show here first.
     assert max(n for n, i in sizes if i == "cuDeviceGet") <= 12, sizes
+
+
+@pytest.mark.parametrize("lib", BUILDS, ids=lambda p: p.parent.name)
+def test_every_hot_half_starts_a_cache_line(lib):
+    """The allowed call is the hot half's ~30 bytes: where they straddle two 64-byte lines
+    the call costs more at the same instructions (docs/benchmarks.md, "Allowed calls: a line
+    each"); src/guard/hot_text.ld (scripts/gen_hot_text.py) starts each on a line."""
+    out = "".join(subprocess.run(["nm", *flag, "--defined-only", str(lib)], check=True,
+                                 capture_output=True, text=True, timeout=60).stdout
+                  for flag in ([], ["-D"]))
+    addr = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "tT":
+            addr[parts[2]] = int(parts[0], 16)
+    # Each hot half under its own symbol (`#[no_mangle]`, the ident: both builds define the
+    # runtime majors' version nodes, so a runtime wrapper's symbol is its ident too); the
+    # stripped build's runtime wrappers are found by their versioned names.
+    found, bad = 0, []
+    for ident, _, hot, _ in entries():
+        if not hot:
+            continue
+        names = [n for n in addr if n == ident or (
+            ident.endswith(("_cu12", "_cu13"))
+            and n == f"{ident[:-5]}@{'@' if ident.endswith('13') else ''}libcudart.so.{ident[-2:]}")]
+        found += bool(names)
+        bad += [f"{n} at {addr[n]:#x}" for n in names if addr[n] % 64]
+    assert found >= 100, found
+    assert not bad, "hot halves that do not start a 64-byte line:\n" + "\n".join(bad)
