@@ -3,9 +3,10 @@
 - The first cuInit without rank variables reads two files of each guarded ancestor
   (`/proc/<pid>/stat` and `/proc/<pid>/environ`) and two of the first unguarded one, where
   the walk ends, and looks up each one's rank record once (docs/design.md §1, "The walk's cost"): counted with strace at ancestor
-  depths 1 and 8, whatever the tree above the test. Of its own it opens its stat and its
-  start environment once each, and the registry directory once (the start-up sweep), and
-  writes its rank record without looking it up first.
+  depths 1 and 8, whatever the tree above the test. Of its own it opens its stat once and
+  the registry directory once (the start-up sweep), reads its start environment from its
+  memory (no file: test_start_env.py), and writes its rank record without looking it up
+  first.
 - A guarded process's rank record (`rank-<pid>`) is removed when it exits or execs, and
   the registry of a run of 1,000 short processes holds only the live ones.
 """
@@ -83,9 +84,9 @@ def test_the_first_cuinit_opens_two_files_per_guarded_ancestor(tmp_path):
     ancestor and of the unguarded process above them, where the walk ends, and one look-up
     of each one's rank record (absent here: one open that fails, nothing else); nothing
     above it (before the fix the walk went on to pid 1, through every process above the
-    test). Of its own: /proc/self/stat and /proc/self/environ once each (the walk's first
-    step and the start environment), the registry directory once (the start-up sweep, whose
-    count serves the rank record's write), and no look-up of its own rank record."""
+    test). Of its own: /proc/self/stat once (the walk's first step; the start environment is
+    read from memory), the registry directory once (the start-up sweep, whose count serves
+    the rank record's write), and no look-up of its own rank record."""
     counts = {}
     for depth in (1, 8):
         procs, probes, opened, failed, own = opens_at_first_cuinit(tmp_path, depth)
@@ -96,7 +97,7 @@ def test_the_first_cuinit_opens_two_files_per_guarded_ancestor(tmp_path):
         assert sorted(probes) == pids, (depth, probes, pids)
         files = sorted(re.search(r'"([^"]*)"', l).group(1) for l in own)
         reg = str(registry(tmp_path / f"depth-{depth}"))
-        assert files == sorted(["/proc/self/stat", "/proc/self/environ", reg]), own
+        assert files == sorted(["/proc/self/stat", reg]), own
         assert all(re.search(r"\) = \d+$", l) for l in own), own
         counts[depth] = (opened, failed)
     # everything else the first cuInit opens, or tries to, is the same at both depths

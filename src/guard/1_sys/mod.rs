@@ -1,6 +1,7 @@
 //! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, the thread's
 //! signal mask and a signal's action by system call, the lifecycle map of process-lifetime
-//! state (`lifecycle`), the loaded objects (`loaded`), symbol lookup in ELF files and the C library, and the two
+//! state (`lifecycle`), the loaded objects (`loaded`), the start environment in memory
+//! (`start_block`), symbol lookup in ELF files and the C library, and the two
 //! linker-level pieces (lazy libc binding, page-aligned data).
 
 pub mod elfsym;
@@ -14,3 +15,4 @@ pub mod pyframes;
 pub mod sigaction;
 pub mod sigmask;
 pub mod signal_safe;
+pub mod start_block;

@@ -186,16 +186,32 @@ pub(crate) fn scan_environ_file(
     buf: &mut Vec<u8>,
 ) -> std::io::Result<EnvFacts> {
     let f = File::open(path)?;
-    scan_environ_reads(f, scan, buf, FIRST_PIECE)
+    scan_environ_reads(f, scan, buf, FIRST_PIECE, ENVIRON_PIECE)
 }
 
+/// [`scan_environ_file`] of the start environment in this process's memory (`start_env`):
+/// copied out in pieces of [`MEMORY_PIECE`], each read a copy, not a system call, so a small
+/// buffer costs nothing more, and needs no fresh heap page (a 4 KiB one faulted one in).
+pub(crate) fn scan_environ_memory(
+    r: impl Read,
+    scan: EnvScan,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<EnvFacts> {
+    scan_environ_reads(r, scan, buf, MEMORY_PIECE, MEMORY_PIECE)
+}
+
+/// The pieces [`scan_environ_memory`] copies (an entry longer than one grows the buffer, as
+/// for a file).
+const MEMORY_PIECE: usize = 512;
+
 /// [`scan_environ_file`]'s reads of an open file `f` (any reader, for the unit tests), the
-/// first of at most `first` bytes.
+/// first of at most `first` bytes, the later ones into a buffer of at least `piece`.
 fn scan_environ_reads(
     mut f: impl Read,
     mut scan: EnvScan,
     buf: &mut Vec<u8>,
     first: usize,
+    piece: usize,
 ) -> std::io::Result<EnvFacts> {
     if buf.len() < first {
         *buf = vec![0; first];
@@ -237,8 +253,8 @@ fn scan_environ_reads(
             }
         }
         // The environment goes on past the first read: read on in larger pieces.
-        if buf.len() < ENVIRON_PIECE {
-            buf.resize(ENVIRON_PIECE, 0);
+        if buf.len() < piece {
+            buf.resize(piece, 0);
         }
     }
 }
@@ -575,11 +591,22 @@ mod tests {
         first: usize,
         buf: &mut Vec<u8>,
     ) -> (EnvFacts, Vec<usize>) {
+        scan_in(bytes, kind, first, ENVIRON_PIECE, buf)
+    }
+
+    fn scan_in(
+        bytes: &[u8],
+        kind: fn() -> EnvScan,
+        first: usize,
+        piece: usize,
+        buf: &mut Vec<u8>,
+    ) -> (EnvFacts, Vec<usize>) {
         let mut f = Procfs {
             left: bytes,
             asked: Vec::new(),
         };
-        let facts = scan_environ_reads(&mut f, kind(), buf, first).expect("reads never fail here");
+        let facts =
+            scan_environ_reads(&mut f, kind(), buf, first, piece).expect("reads never fail here");
         (facts, f.asked)
     }
 
@@ -606,9 +633,13 @@ mod tests {
         for bytes in &envs {
             let whole = rank_root::scan_environ(bytes);
             for (kind, preload, marks) in kinds {
-                for first in [1, 7, 64, FIRST_PIECE, ENVIRON_PIECE] {
-                    let (facts, _) = scan(bytes, kind, first, &mut Vec::new());
-                    let at = format!("first read {first}, {} bytes", bytes.len());
+                for (first, piece) in [1, 7, 64, FIRST_PIECE, ENVIRON_PIECE]
+                    .map(|f| (f, ENVIRON_PIECE))
+                    .into_iter()
+                    .chain([(MEMORY_PIECE, MEMORY_PIECE), (7, 7)])
+                {
+                    let (facts, _) = scan_in(bytes, kind, first, piece, &mut Vec::new());
+                    let at = format!("reads {first} then {piece}, {} bytes", bytes.len());
                     assert_eq!(facts.cvd, whole.cvd, "{at}");
                     if preload {
                         assert_eq!(facts.guarded, whole.guarded, "{at}");

@@ -2,14 +2,18 @@
 //! environment, for R1's rule that a process given one GPU keeps it
 //! (`crate::rankgpu::started_with`, docs/design.md §1).
 //!
-//! Read from `/proc/self/environ`, the environment block the kernel wrote at `exec`: `setenv`
-//! (Python's `os.environ[...] = ...` calls it) writes new strings elsewhere and may replace
-//! the pointers of `environ`, even of the loader's own `envp` array, but never this block.
-//! A forked child shares it, as it shares its parent's start. Cold path only: read once, at
-//! the first `cuInit` (the R1 check), never at load time.
+//! The environment block the kernel wrote at `exec`: `setenv` (Python's
+//! `os.environ[...] = ...` calls it) writes new strings elsewhere and may replace the
+//! pointers of `environ`, even of the loader's own `envp` array, but never this block. A
+//! forked child shares it, as it shares its parent's start. Read from this process's own
+//! memory where the initial stack is as the kernel laid it out
+//! ([`crate::guard::sys::start_block`]), else from `/proc/self/environ`, the same bytes
+//! through a file. Cold path only: read once, at the first `cuInit` (the R1 check), never
+//! at load time.
 
 use crate::guard::process::root_walk;
-use crate::guard::sys::signal_safe;
+use crate::guard::resolve::real;
+use crate::guard::sys::{signal_safe, start_block};
 use crate::policy::Unreadable;
 use crate::rank_root::EnvScan;
 
@@ -22,6 +26,12 @@ use crate::rank_root::EnvScan;
 /// change it.
 pub fn cvd() -> Result<Option<String>, Unreadable> {
     let mut buf = Vec::new();
+    if let Some(block) = in_memory() {
+        // A read of memory cannot fail: the result is the scan's.
+        if let Ok(facts) = root_walk::scan_environ_memory(block, EnvScan::cvd_only(), &mut buf) {
+            return Ok(facts.cvd);
+        }
+    }
     match root_walk::scan_environ_file("/proc/self/environ", EnvScan::cvd_only(), &mut buf) {
         Ok(facts) => Ok(facts.cvd),
         Err(e) => {
@@ -36,5 +46,41 @@ pub fn cvd() -> Result<Option<String>, Unreadable> {
                 })
             }
         }
+    }
+}
+
+/// The start environment in this process's memory, when its initial stack is as the
+/// kernel wrote it (`__libc_stack_end`, glibc's loader's, found with the real `dlsym`).
+fn in_memory() -> Option<start_block::Block> {
+    let stack_end = real::lookup(libc::RTLD_DEFAULT, c"__libc_stack_end");
+    start_block::find(stack_end.cast_const().cast())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// The block read from memory is, byte for byte, what the kernel answers for
+    /// /proc/self/environ (this test process was started by exec like any other).
+    #[test]
+    fn the_block_in_memory_is_proc_self_environ() {
+        let mut block = in_memory().expect("the test process's initial stack is as exec wrote it");
+        let mut mine = Vec::new();
+        block.read_to_end(&mut mine).unwrap();
+        let proc = std::fs::read("/proc/self/environ").unwrap();
+        assert!(!proc.is_empty());
+        assert_eq!(mine, proc);
+    }
+
+    /// Setting the variable changes `environ`, not what the process was started with.
+    #[test]
+    fn the_start_cvd_is_the_exec_ones() {
+        let proc = std::fs::read("/proc/self/environ").unwrap();
+        let started = proc
+            .split(|&b| b == 0)
+            .find_map(|e| e.strip_prefix(b"CUDA_VISIBLE_DEVICES="))
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        assert_eq!(cvd().unwrap(), started);
     }
 }

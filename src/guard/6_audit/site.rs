@@ -685,7 +685,7 @@ mod tests {
         #[inline(never)]
         fn caller() -> (usize, usize) {
             let ra = callee();
-            (ra, caller as usize)
+            (ra, caller as *const () as usize)
         }
         let (ra, start) = std::hint::black_box(caller());
         // The return address lies in `caller`'s code, just after its call of `callee`.

@@ -1,0 +1,144 @@
+//! The environment block this process was started with, read from its own memory.
+//!
+//! At `exec` the kernel writes the argument strings and then the environment strings, one
+//! after the other, at the top of the main thread's stack, and the executable's name right
+//! after the last environment string (its address is the auxiliary vector's `AT_EXECFN`).
+//! `/proc/self/environ` is those environment bytes, `[env_start, env_end)`, read back by the
+//! kernel from this process's memory; `setenv` writes new strings elsewhere and never
+//! changes them. Reading the same bytes here costs no file: the kernel's way took an `open`,
+//! a `read` that pins the stack's pages and a `close`, a quarter of the first `cuInit`'s
+//! added time in a process with `RANK` set (docs/benchmarks.md, "The start environment
+//! without a file").
+//!
+//! The block's start is found from the initial stack, which glibc's loader keeps the
+//! address of (`__libc_stack_end`: `argc`, then the `argv` array, then `envp`): the
+//! environment starts right after the last argument string. Every step is checked against
+//! the layout the kernel wrote (each argument string right after the one before, all
+//! between the stack's start and `AT_EXECFN`, the block ending in a NUL, and `envp[0]`,
+//! where it still points into the block, at its start), and anything else (a program that
+//! rewrote its `argv` array, an `unsetenv` that moved `envp[0]`, no `AT_EXECFN`) answers
+//! None: the caller then reads `/proc/self/environ` as before. A program that overwrote the
+//! strings themselves (`setproctitle`) reads here as the kernel would read it there.
+#![allow(unsafe_code)]
+
+use std::io;
+
+/// Most bytes of a start environment read here (`ARG_MAX`-sized environments fit; the
+/// `/proc` way's bound too).
+pub const MAX: usize = 8 << 20;
+
+/// Most bytes between the initial stack pointer and `AT_EXECFN`: the argument and
+/// environment arrays and strings are bounded by the stack's limit at `exec`.
+const MAX_SPAN: usize = 1 << 30;
+
+/// Most arguments believed (each a pointer between the stack's start and `AT_EXECFN`).
+const MAX_ARGS: usize = 1 << 20;
+
+/// The bytes of this process's start environment, `[at, end)` still to read.
+#[derive(Debug)]
+pub struct Block {
+    at: usize,
+    end: usize,
+}
+
+/// Reads the block from its start, like a read of `/proc/self/environ`.
+impl io::Read for Block {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.end - self.at);
+        // SAFETY: [at, at + n) lies inside the block `find` verified to be the environment
+        // strings the kernel wrote on the initial stack: mapped for the life of the process
+        // (the main thread's stack is never unmapped), and read as bytes, as the kernel's
+        // read of /proc/self/environ reads them; `buf` is ours and does not overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(self.at as *const u8, buf.as_mut_ptr(), n) };
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// The initial stack between its pointer at the program's entry and `AT_EXECFN`: the
+/// argument and environment arrays, then their strings.
+struct Stack {
+    sp: usize,
+    end: usize,
+}
+
+impl Stack {
+    fn inside(&self, p: usize) -> bool {
+        p > self.sp && p < self.end
+    }
+
+    /// The word at `p`, if `p` is 8-aligned and on the initial stack.
+    fn word(&self, p: usize) -> Option<usize> {
+        if !self.inside(p) || !p.is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: `p` is aligned and lies between the initial stack pointer and
+        // `AT_EXECFN`, mapped stack memory; volatile, as the program may rewrite its argv
+        // and envp arrays.
+        Some(unsafe { std::ptr::read_volatile(p as *const usize) })
+    }
+
+    /// The byte at `p`, if `p` is on the initial stack.
+    fn byte(&self, p: usize) -> Option<u8> {
+        if !self.inside(p) {
+            return None;
+        }
+        // SAFETY: `p` lies between the initial stack pointer and `AT_EXECFN`, mapped stack
+        // memory; volatile, as another thread may rewrite these strings.
+        Some(unsafe { std::ptr::read_volatile(p as *const u8) })
+    }
+
+    /// The end (one past the NUL) of the string at `p`, on the initial stack.
+    fn string_end(&self, mut p: usize) -> Option<usize> {
+        while self.byte(p)? != 0 {
+            p += 1;
+        }
+        Some(p + 1)
+    }
+}
+
+/// The start environment block, from `stack_end`, the address of glibc's
+/// `__libc_stack_end` (null: not found), when the initial stack is as the kernel wrote it;
+/// None otherwise (read `/proc/self/environ` instead).
+pub fn find(stack_end: *const usize) -> Option<Block> {
+    if stack_end.is_null() || !stack_end.is_aligned() {
+        return None;
+    }
+    // SAFETY: `stack_end` is the address of ld.so's `__libc_stack_end`, a pointer-sized
+    // variable set before any constructor ran and never changed after.
+    let sp = unsafe { stack_end.read() };
+    // SAFETY: getauxval has no preconditions.
+    let end = unsafe { libc::getauxval(libc::AT_EXECFN) } as usize;
+    if sp == 0 || !sp.is_multiple_of(8) || end <= sp || end - sp > MAX_SPAN {
+        return None;
+    }
+    // `argc` is the word at the stack pointer itself, the only read outside (sp, end).
+    let st = Stack { sp: sp - 8, end };
+    let argc = st.word(sp)?;
+    let argv = sp + 8;
+    let envp = argv.checked_add(argc.checked_add(1)?.checked_mul(8)?)?;
+    if argc == 0 || argc > MAX_ARGS || st.word(envp - 8)? != 0 {
+        return None;
+    }
+    // The argument strings, each right after the one before: the last one's end is the
+    // environment's start.
+    let mut at = st.word(argv)?;
+    for i in 0..argc {
+        if st.word(argv + 8 * i)? != at || !st.inside(at) {
+            return None;
+        }
+        at = st.string_end(at)?;
+    }
+    let start = at;
+    // `envp[0]`, where it still points into the block, is its start (an `unsetenv` that
+    // moved a later entry there says the array is not the kernel's any more).
+    let first = st.word(envp)?;
+    if (first >= start && first < end && first != start) || end - start > MAX {
+        return None;
+    }
+    // The block ends with its last string's NUL, right before the executable's name.
+    if start < end && st.byte(end - 1)? != 0 {
+        return None;
+    }
+    Some(Block { at: start, end })
+}
