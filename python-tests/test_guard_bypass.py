@@ -80,5 +80,11 @@ def test_item2_a_full_fd_table_on_the_rank_gpu_is_refused_too(tmp_path):
     p = descendant(tmp_path, f'RANK=0 "{prog("guard_fd_full")}"')
     assert p.stdout.splitlines()[-1] == "status 0", p.stdout + p.stderr
     assert "cuInit=0" in p.stdout
-    # ... and it is told what could not be checked (R1's "started with", issue 32)
+    # R1's "started with" (issue 32) is checked all the same: the start environment is
+    # read from the process's memory, which needs no descriptor ...
+    assert "could not be read" not in p.stderr, p.stderr
+    # ... and where it must be read through /proc/self/environ (a program that rewrote its
+    # argv array), the process is told what could not be checked
+    p = descendant(tmp_path, f'RANK=0 "{prog("guard_fd_full")}" argv')
+    assert p.stdout.splitlines()[-1] == "status 0", p.stdout + p.stderr
     assert "/environ could not be read" in p.stderr and "is not checked" in p.stderr, p.stderr
