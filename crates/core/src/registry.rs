@@ -944,9 +944,65 @@ impl Default for RecentlyAlive {
     }
 }
 
+/// The directory verdict of the last [`RECENTLY_ALIVE_US`] ([`Registry::open_recent`]): a
+/// share of a PyTorch tensor opens the registry four times, two exports and two imports in
+/// two processes, and each verified the directory with an `lstat` of its own.
+///
+/// What reusing it allows: the checks (a directory, not a symbolic link, this user's, mode
+/// 0700) are of a path, and each operation after them reaches the records by that path
+/// again, so a directory swapped after the check was never excluded by it; the reuse widens
+/// that window from the microseconds between an `lstat` and the `open` after it to 5 ms.
+/// Swapping it takes write permission on its parent: no other user has that on the
+/// default's parent (`/dev/shm` and `/tmp` are sticky). And what a swapped directory could
+/// do is the same either way: records found there are still checked one by one (this
+/// user's, not writable by others, not a link), so nothing another user wrote is trusted;
+/// at worst an import finds no record (unknown provenance) and an export's record is
+/// written where the importer does not look. A fork child (another pid) verifies again.
+pub struct RecentDir {
+    /// `[asking pid, uid, digest of the path (2 words), seen at (us)]`.
+    slot: Slot<5>,
+}
+
+impl RecentDir {
+    pub const fn new() -> Self {
+        RecentDir { slot: Slot::new() }
+    }
+
+    fn words(now: Now, uid: u32, path: u128) -> [u64; 4] {
+        [
+            u64::from(now.me),
+            u64::from(uid),
+            path as u64,
+            (path >> 64) as u64,
+        ]
+    }
+
+    /// Whether `now.me` verified the directory `path` (a digest) for `uid` within the last
+    /// [`RECENTLY_ALIVE_US`].
+    fn holds(&self, now: Now, uid: u32, path: u128) -> bool {
+        self.slot.load().is_some_and(|w| {
+            w[..4] == RecentDir::words(now, uid, path)
+                && now.us >= w[4]
+                && now.us - w[4] < RECENTLY_ALIVE_US
+        })
+    }
+
+    fn keep(&self, now: Now, uid: u32, path: u128) {
+        let [a, b, c, d] = RecentDir::words(now, uid, path);
+        self.slot.store([a, b, c, d, now.us]);
+    }
+}
+
+impl Default for RecentDir {
+    fn default() -> Self {
+        RecentDir::new()
+    }
+}
+
 /// This process's caches (the guard's one registry user).
 static KNOWN: Known = Known::new();
 static RECENTLY_ALIVE: RecentlyAlive = RecentlyAlive::new();
+static RECENT_DIR: RecentDir = RecentDir::new();
 
 // ---------------------------------------------------------------------------------------
 // The directory
@@ -1206,7 +1262,40 @@ impl Registry {
         if md.mode() & 0o077 != 0 {
             return Err(DirProblem::Mode { mode: md.mode() });
         }
-        Ok(Registry {
+        Ok(Registry::verified(dir, uid))
+    }
+
+    /// [`open`](Self::open), reusing the verdict `now.me` reached about `dir` for `uid` in
+    /// the last [`RECENTLY_ALIVE_US`] ([`RecentDir`], which says why that is safe): no system
+    /// call then. A verdict is kept only when the directory passed.
+    pub fn open_recent(
+        dir: &Path,
+        uid: u32,
+        create: bool,
+        now: Now,
+    ) -> Result<Registry, DirProblem> {
+        Registry::open_with(dir, uid, create, now, &RECENT_DIR)
+    }
+
+    fn open_with(
+        dir: &Path,
+        uid: u32,
+        create: bool,
+        now: Now,
+        recent: &RecentDir,
+    ) -> Result<Registry, DirProblem> {
+        let path = digest(&[dir.as_os_str().as_encoded_bytes()]);
+        if dir.is_absolute() && recent.holds(now, uid, path) {
+            return Ok(Registry::verified(dir, uid));
+        }
+        let reg = Registry::open(dir, uid, create)?;
+        recent.keep(now, uid, path);
+        Ok(reg)
+    }
+
+    /// The registry in `dir`, verified for `uid`.
+    fn verified(dir: &Path, uid: u32) -> Registry {
+        Registry {
             dir: dir.to_path_buf(),
             uid,
             max: MAX_RECORDS,
@@ -1214,7 +1303,7 @@ impl Registry {
             known: &KNOWN,
             recently_alive: &RECENTLY_ALIVE,
             swept_count: AtomicUsize::new(NOT_COUNTED),
-        })
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -2128,6 +2217,51 @@ mod tests {
         assert_eq!(read_proc_file(&f).as_deref(), Some(long.as_str()));
         let _ = fs::remove_file(&f);
         assert_eq!(read_proc_file(Path::new("/proc/self/no-such-file")), None);
+    }
+
+    /// A directory verdict is reused by the process that reached it, for the user it was
+    /// about, within the window; a failed check keeps nothing; a later time, another pid
+    /// (a fork child) or another user verifies again.
+    #[test]
+    fn a_directory_verdict_is_reused_for_five_ms_by_its_process_only() {
+        let t = TempDir::new("recent");
+        let u = uid();
+        let recent = RecentDir::new();
+        let at = |me, us| Now { me, us };
+        assert!(Registry::open_with(&t.0, u, false, at(7, 1_000), &recent).is_ok());
+        // Now not trusted by a fresh check, still by the kept verdict (no system call).
+        fs::set_permissions(&t.0, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Registry::open(&t.0, u, false).is_err());
+        assert!(Registry::open_with(
+            &t.0,
+            u,
+            false,
+            at(7, 1_000 + RECENTLY_ALIVE_US - 1),
+            &recent
+        )
+        .is_ok());
+        for (me, us, who) in [
+            (7, 1_000 + RECENTLY_ALIVE_US, "the window's end"),
+            (8, 1_001, "a fork child"),
+        ] {
+            assert!(
+                matches!(
+                    Registry::open_with(&t.0, u, false, at(me, us), &recent),
+                    Err(DirProblem::Mode { .. })
+                ),
+                "{who}"
+            );
+        }
+        assert!(Registry::open_with(&t.0, u + 1, false, at(7, 1_002), &recent).is_err());
+        // A failed check kept nothing: once fixed, verified again, then kept again.
+        let other = TempDir::new("recent-other");
+        fs::set_permissions(&other.0, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Registry::open_with(&other.0, u, false, at(7, 2_000), &recent).is_err());
+        assert!(Registry::open_with(&other.0, u, false, at(7, 2_001), &recent).is_err());
+        fs::set_permissions(&other.0, fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(Registry::open_with(&other.0, u, false, at(7, 2_002), &recent).is_ok());
+        // The verdict is about one path: the first directory is checked afresh.
+        assert!(Registry::open_with(&t.0, u, false, at(7, 2_003), &recent).is_err());
     }
 
     #[test]
