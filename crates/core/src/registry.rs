@@ -1209,8 +1209,8 @@ pub fn fallback_dir(home: &Path, host: &str) -> PathBuf {
         .join(format!("registry-{host}"))
 }
 
-/// The status of the directory `dir` itself, from `lstat` (one system call, made at every
-/// registry operation): the final component is examined, never followed (a symbolic link
+/// The status of the directory `dir` itself, from `lstat` (one system call, made at each
+/// verification: a process reuses its verdict for 5 ms, [`RecentDir`]): the final component is examined, never followed (a symbolic link
 /// is refused; anything else that is not a directory is "not a directory"). Opening it
 /// `O_DIRECTORY|O_NOFOLLOW` and `fstat`ing the descriptor says the same of the same
 /// component in three calls; the records are then reached by path either way.
