@@ -458,7 +458,9 @@ def test_lines_longer_than_a_record_are_skipped_in_bounded_memory(planted, tmp_p
 _PEAK_RSS = """
 import os, signal, subprocess, sys
 p = subprocess.Popen(sys.argv[2:], stdout=open(sys.argv[1], "wb"))
-signal.signal(signal.SIGALRM, lambda *_: p.kill())   # a hang fails the test, never blocks it
+# A hang fails the test, never blocks it. os.kill, not p.kill(): Popen.kill() polls first,
+# and a poll from the handler could reap the child that wait4 below is waiting for.
+signal.signal(signal.SIGALRM, lambda *_: os.kill(p.pid, signal.SIGKILL))
 signal.alarm(120)
 _, status, ru = os.wait4(p.pid, 0)
 print(os.waitstatus_to_exitcode(status), ru.ru_maxrss)
@@ -472,6 +474,9 @@ def _report_peak_rss(args, out_path):
     import sys
     r = run([sys.executable, "-I", "-S", "-c", _PEAK_RSS, out_path, CLI, "report", *args],
             env=clean_env(), timeout=150)
+    assert len(r.stdout.split()) == 2, (
+        f"the peak-RSS helper exited {r.returncode} without its two figures\n"
+        f"stdout: {r.stdout!r}\nstderr: {r.stderr[-2000:]}")
     status, rss = r.stdout.split()
     return int(status), int(rss)
 
