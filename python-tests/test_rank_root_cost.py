@@ -49,60 +49,103 @@ def guarded_env(tmp: pathlib.Path, **extra) -> dict[str, str]:
                      RANKGUARD_REGISTRY=str(registry(tmp)), CUDA_VISIBLE_DEVICES=None, **pad, **extra)
 
 
-def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> tuple[list[str], list[int], int, int, list[str]]:
+def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> dict:
     """Run guard_init (CUDA_VISIBLE_DEVICES=0: its own rank root) under `depth` guarded
     ancestors with 64 KiB environments (depth - 1 chain levels, then strace, which traces
-    it), below one unguarded process (the chain's top). Returns the other processes'
-    /proc files it opened, the pids whose rank record it looked up and did not find, the
-    number of files it opened in all, the number of opens that failed, and the lines that
-    open its own /proc files or the registry directory itself."""
+    it), below one unguarded process (the chain's top). Returns what its first cuInit read
+    of other processes (`procs`: the /proc files it opened, `vm`: the pids whose memory it
+    read with process_vm_readv), the rank records it looked up and did not find (`probes`),
+    the number of files it opened and of opens that failed, and the lines that open its own
+    /proc files or the registry directory itself (`own`)."""
     strace = shutil.which("strace")
     assert strace, "this test counts open(2) calls with strace: install it (apt-get install strace)"
     tmp = tmp / f"depth-{depth}"
     env = guarded_env(tmp)
     trace = tmp / "strace.txt"
-    leaf = [strace, "-qq", "-e", "trace=open,openat", "-o", trace, "-E", "CUDA_VISIBLE_DEVICES=0",
-            prog("guard_init")]
+    leaf = [strace, "-qq", "-e", "trace=open,openat,process_vm_readv", "-o", trace,
+            "-E", "CUDA_VISIBLE_DEVICES=0", prog("guard_init")]
     top = clean_env(LD_PRELOAD=None)        # the unguarded top of the tree
     chain = tmp / "chain.py"
     chain.write_text(CHAIN)
     p = run([PYTHON, chain, str(depth - 1), json.dumps(env), "--", *leaf], env=top, timeout=120)
     assert p.returncode == 0 and "cuInit=0" in p.stdout, p.stdout + p.stderr
-    lines = [l for l in trace.read_text().splitlines() if re.match(r"open(at)?\(", l)]
-    opened = [l for l in lines if re.search(r"\) = \d+$", l)]
-    procs = [m.group(0) for l in opened for m in [re.search(r'"/proc/\d+/[a-z]+"', l)] if m]
-    # the registry look-up of an ancestor's rank record: absent, one open that fails
-    probes = [int(m.group(1)) for l in lines if "ENOENT" in l
-              for m in [re.search(r'/registry/rank-(\d+)"', l)] if m]
+    lines = trace.read_text().splitlines()
+    opens = [l for l in lines if re.match(r"open(at)?\(", l)]
+    opened = [l for l in opens if re.search(r"\) = \d+$", l)]
     reg = str(registry(tmp))
-    own = [l for l in lines if '"/proc/self/' in l or f'"{reg}"' in l]
-    return procs, probes, len(opened), len(lines) - len(opened), own
+    return {
+        "procs": [m.group(0) for l in opened for m in [re.search(r'"/proc/\d+/[a-z]+"', l)] if m],
+        "vm": [int(m.group(1)) for l in lines for m in [re.match(r"process_vm_readv\((\d+),", l)] if m],
+        # the registry look-up of an ancestor's rank record: absent, one open that fails
+        "probes": [int(m.group(1)) for l in opens if "ENOENT" in l
+                   for m in [re.search(r'/registry/rank-(\d+)"', l)] if m],
+        "opened": len(opened),
+        "failed": len(opens) - len(opened),
+        "own": [l for l in opens if '"/proc/self/' in l or f'"{reg}"' in l],
+    }
 
 
-def test_the_first_cuinit_opens_two_files_per_guarded_ancestor(tmp_path):
-    """At depth 1 and 8: exactly /proc/<pid>/stat and /proc/<pid>/environ of each guarded
-    ancestor and of the unguarded process above them, where the walk ends, and one look-up
-    of each one's rank record (absent here: one open that fails, nothing else); nothing
-    above it (before the fix the walk went on to pid 1, through every process above the
-    test). Of its own: /proc/self/stat once (the walk's first step; the start environment is
-    read from memory), the registry directory once (the start-up sweep, whose count serves
-    the rank record's write), and no look-up of its own rank record."""
-    counts = {}
+def test_the_first_cuinit_reads_a_constant_of_the_tree_above_it(tmp_path):
+    """At depth 1 and 8 alike (docs/design.md §1, "The walk's cost" and "The lineage
+    note"): the guarded ancestors are named by the lineage note each guarded exec hands
+    down, so of other processes the first cuInit reads only the unguarded one above them,
+    where the walk ends: its /proc/<pid>/stat, and its environment by process_vm_readv (or
+    /proc/<pid>/environ where that is not allowed); no /proc file of any guarded ancestor
+    (before the note: its stat and its environment, 64 KiB each here). No rank record is
+    looked up: the start-up sweep read the registry whole and saw none. Of its own:
+    /proc/self/stat once, the registry directory once (the start-up sweep, whose count serves
+    the rank record's write)."""
+    seen = {}
     for depth in (1, 8):
-        procs, probes, opened, failed, own = opens_at_first_cuinit(tmp_path, depth)
-        pids = sorted({int(re.search(r"/proc/(\d+)/", f).group(1)) for f in procs})
-        assert len(pids) == depth + 1, (depth, procs)
-        assert sorted(procs) == sorted(f'"/proc/{p}/{f}"' for p in pids for f in ("stat", "environ")), procs
-        # the failed rank look-ups are the ancestors', one each: none of its own record
-        assert sorted(probes) == pids, (depth, probes, pids)
-        files = sorted(re.search(r'"([^"]*)"', l).group(1) for l in own)
-        reg = str(registry(tmp_path / f"depth-{depth}"))
-        assert files == sorted(["/proc/self/stat", reg]), own
-        assert all(re.search(r"\) = \d+$", l) for l in own), own
-        counts[depth] = (opened, failed)
-    # everything else the first cuInit opens, or tries to, is the same at both depths
-    assert counts[8][0] - counts[1][0] == 2 * 7, counts
-    assert counts[8][1] - counts[1][1] == 1 * 7, counts
+        r = opens_at_first_cuinit(tmp_path, depth)
+        pids = {int(re.search(r"/proc/(\d+)/", f).group(1)) for f in r["procs"]} | set(r["vm"])
+        assert len(pids) == 1, (depth, r["procs"], r["vm"])
+        (top,) = pids
+        environ = [f for f in r["procs"] if f.endswith('/environ"')]
+        assert r["procs"] == [f'"/proc/{top}/stat"'] + environ, r["procs"]
+        assert r["vm"] or environ == [f'"/proc/{top}/environ"'], r
+        assert r["probes"] == [], r["probes"]
+        files = sorted(re.search(r'"([^"]*)"', l).group(1) for l in r["own"])
+        assert files == sorted(["/proc/self/stat", str(registry(tmp_path / f"depth-{depth}"))]), r["own"]
+        assert all(re.search(r"\) = \d+$", l) for l in r["own"]), r["own"]
+        seen[depth] = (r["opened"], r["failed"], len(r["vm"]))
+    # everything the first cuInit opens, or tries to, is the same at both depths: a constant
+    assert seen[8] == seen[1], seen
+
+
+# The chain, each level starting the next from a child it forked first (os.fork, then
+# subprocess): the exec happens in a grandchild of the level's image, which writes no note.
+FORKED_CHAIN = CHAIN.replace("sys.exit(subprocess.run(argv, env=env).returncode)", """import os
+pid = os.fork()
+if pid == 0:
+    os._exit(subprocess.run(argv, env=env).returncode)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))""")
+
+
+def test_without_the_note_the_walk_reads_each_guarded_ancestor(tmp_path):
+    """The lineage note is an economy, never a decision of its own: where no guarded exec
+    could write one (each level starts the next from a child it forked first, so the exec
+    runs in a grandchild of the level's image, which does not know the image's parent), the
+    walk reads each guarded ancestor's stat and environment as it did before the note, and
+    ends at the same unguarded process: strace (whose own exec writes the program a note
+    naming it), then the three levels' images and forked children, then the top's forked
+    child (unguarded) are read: 7 processes."""
+    strace = shutil.which("strace")
+    assert strace
+    tmp = tmp_path / "unnoted"
+    env = guarded_env(tmp)
+    trace = tmp / "strace.txt"
+    leaf = [strace, "-qq", "-e", "trace=open,openat,process_vm_readv", "-o", trace,
+            "-E", "CUDA_VISIBLE_DEVICES=0", prog("guard_init")]
+    chain = tmp / "chain.py"
+    chain.write_text(FORKED_CHAIN)
+    p = run([PYTHON, chain, "3", json.dumps(env), "--", *leaf], env=clean_env(LD_PRELOAD=None), timeout=120)
+    assert p.returncode == 0 and "cuInit=0" in p.stdout, p.stdout + p.stderr
+    lines = trace.read_text().splitlines()
+    stats = [int(m.group(1)) for l in lines for m in [re.search(r'"/proc/(\d+)/stat"', l)] if m]
+    envs = {int(m.group(1)) for l in lines for m in [re.match(r"process_vm_readv\((\d+),", l)] if m}
+    envs |= {int(m.group(1)) for l in lines for m in [re.search(r'"/proc/(\d+)/environ"', l)] if m}
+    assert len(stats) == 7 and set(stats) == envs, (stats, sorted(envs))
 
 
 # ------------------------------------------------------------------ records end with their process

@@ -22,6 +22,7 @@ pub mod config;
 pub mod cvd;
 pub mod jobid;
 pub mod json;
+pub mod lineage;
 pub mod narrow;
 pub mod policy;
 pub mod rank_root;

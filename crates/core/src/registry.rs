@@ -1173,6 +1173,17 @@ pub struct Registry {
     /// The entries the start-up sweep of this registry left, when it read the whole
     /// directory, for its first write (taken by it); [`NOT_COUNTED`] otherwise.
     swept_count: AtomicUsize,
+    /// The pids of the rank records (`rank-<pid>`) the start-up sweep of this registry left,
+    /// when it read the whole directory: the rank root's walk looks up no other pid's
+    /// ([`Registry::no_rank_record`]).
+    swept_ranks: std::sync::OnceLock<Vec<u32>>,
+}
+
+/// The pid of a rank record's file name (`rank-<pid>`).
+fn rank_pid(name: &str) -> Option<u32> {
+    name.strip_prefix("rank-")
+        .and_then(parse_dec)
+        .and_then(|p| u32::try_from(p).ok())
 }
 
 /// [`Registry::swept_count`]: no count to use.
@@ -1303,7 +1314,17 @@ impl Registry {
             known: &KNOWN,
             recently_alive: &RECENTLY_ALIVE,
             swept_count: AtomicUsize::new(NOT_COUNTED),
+            swept_ranks: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether `pid` certainly has no rank record here: this registry's start-up sweep read
+    /// the whole directory moments ago and left none of its. A record written since is as
+    /// much missed as by a look-up made just before it; a look-up decides everything else.
+    pub fn no_rank_record(&self, pid: u32) -> bool {
+        self.swept_ranks
+            .get()
+            .is_some_and(|pids| !pids.contains(&pid))
     }
 
     pub fn dir(&self) -> &Path {
@@ -1700,21 +1721,32 @@ impl Registry {
         budget: usize,
         within: std::time::Duration,
     ) -> Swept {
-        let swept = self.sweep_until(procs, budget, Some(std::time::Instant::now() + within));
+        let mut ranks = Vec::new();
+        let swept = self.sweep_until(
+            procs,
+            budget,
+            Some((std::time::Instant::now() + within, &mut ranks)),
+        );
         if swept.complete {
-            // what is left, for the first write's count (`write`)
+            // what is left, for the first write's count (`write`) and the walk's look-ups
             self.swept_count.store(swept.kept, Ordering::Relaxed);
+            let _ = self.swept_ranks.set(ranks);
         }
         swept
     }
 
-    /// The sweep; with a deadline, the start-up sweep (dead writers only).
+    /// The sweep; with a deadline, the start-up sweep (dead writers only), which lists the
+    /// pids of the rank records it leaves in the vector given with it.
     fn sweep_until(
         &self,
         procs: &dyn Procs,
         budget: usize,
-        deadline: Option<std::time::Instant>,
+        start_up: Option<(std::time::Instant, &mut Vec<u32>)>,
     ) -> Swept {
+        let (deadline, mut ranks) = match start_up {
+            Some((d, r)) => (Some(d), Some(r)),
+            None => (None, None),
+        };
         let mut out = Swept::default();
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return out;
@@ -1767,7 +1799,13 @@ impl Registry {
                         out.removed += 1;
                     }
                     Ok(None) => {}
-                    Ok(Some(_)) | Err(_) => out.kept += 1,
+                    Ok(Some(_)) | Err(_) => {
+                        out.kept += 1;
+                        // A rank record left (or one not read: looked up as before).
+                        if let (Some(ranks), Some(pid)) = (ranks.as_deref_mut(), rank_pid(name)) {
+                            ranks.push(pid);
+                        }
+                    }
                 }
                 continue;
             }

@@ -196,6 +196,56 @@ pub fn tid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// The index of the first NUL in `s` (None: there is none), sixteen bytes a step with the
+/// SSE2 compare every x86-64 processor has (elsewhere the core crate's safe scan, eight
+/// bytes a step). An environment read whole is mostly long values (docs/design.md §1, "The
+/// walk's cost"): 64 KiB of them took 6 us by the word. No C library call (`memchr` would be
+/// one more symbol for the loader to bind at every start). Async-signal-safe: it only
+/// reads.
+#[cfg(target_arch = "x86_64")]
+pub fn first_nul(s: &[u8]) -> Option<usize> {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_setzero_si128,
+    };
+    let mut at = 0;
+    while at + 16 <= s.len() {
+        // SAFETY: SSE2 is part of x86-64; bytes [at, at + 16) are inside `s` (the loop's
+        // condition), read unaligned.
+        let mask = unsafe {
+            let v = _mm_loadu_si128(s.as_ptr().add(at).cast::<__m128i>());
+            _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128()))
+        };
+        if mask != 0 {
+            return Some(at + mask.trailing_zeros() as usize);
+        }
+        at += 16;
+    }
+    s.get(at..)?.iter().position(|&b| b == 0).map(|i| at + i)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub use crate::rank_root::first_nul;
+
+/// This process's parent (a system call through `syscall`, a slot the library already has).
+pub fn ppid() -> u32 {
+    // SAFETY: getppid has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_getppid) as u32 }
+}
+
+/// This process's pid by the `syscall` instruction itself: at load (the constructor), where
+/// a C library call would be one more symbol bound at every process start.
+#[cfg(target_arch = "x86_64")]
+pub fn pid_at_load() -> u32 {
+    let pid: u64;
+    // SAFETY: getpid (39) takes no arguments and cannot fail; the kernel clobbers rcx and
+    // r11 only, and touches no memory of ours.
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") libc::SYS_getpid as u64 => pid,
+            out("rcx") _, out("r11") _, options(nostack, preserves_flags, readonly));
+    }
+    pid as u32
+}
+
 /// The current value of an environment variable, without allocating or taking std's
 /// environment lock (which a forked child may find held).
 pub fn getenv(name: &CStr) -> Option<&'static str> {
@@ -360,6 +410,30 @@ fn stat_threads(stat: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `first_nul` (libc's `memchr`) answers exactly as the core crate's safe scan, which
+    /// `EnvScan::finding_nul_with` requires: at every length and alignment, with the NUL
+    /// at every place a word scan could get wrong, and with none.
+    #[test]
+    fn first_nul_is_the_safe_scans_answer() {
+        let mut bytes = [b'x'; 80];
+        for at in 0..bytes.len() {
+            bytes[at] = 0;
+            for start in 0..9 {
+                for end in start..bytes.len() {
+                    let s = &bytes[start..end];
+                    assert_eq!(
+                        first_nul(s),
+                        crate::rank_root::first_nul(s),
+                        "{start}..{end}, NUL at {at}"
+                    );
+                }
+            }
+            bytes[at] = b'x';
+        }
+        assert_eq!(first_nul(&[]), None);
+        assert_eq!(first_nul(&[0x80, 0xff, 0x01, 0]), Some(3));
+    }
 
     #[test]
     fn thread_count_is_field_20_of_stat() {

@@ -21,7 +21,7 @@
 //! strings themselves (`setproctitle`) reads here as the kernel would read it there.
 #![allow(unsafe_code)]
 
-use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Most bytes of a start environment read here (`ARG_MAX`-sized environments fit; the
 /// `/proc` way's bound too).
@@ -41,17 +41,25 @@ pub struct Block {
     end: usize,
 }
 
-/// Reads the block from its start, like a read of `/proc/self/environ`.
-impl io::Read for Block {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = buf.len().min(self.end - self.at);
-        // SAFETY: [at, at + n) lies inside the block `find` verified to be the environment
+impl Block {
+    /// The block's bytes still to read, in place: scanned where the kernel wrote them (no
+    /// copy into a buffer, which cost more than the scan of a 64 KiB environment).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: [at, end) lies inside the block `find` verified to be the environment
         // strings the kernel wrote on the initial stack: mapped for the life of the process
-        // (the main thread's stack is never unmapped), and read as bytes, as the kernel's
-        // read of /proc/self/environ reads them; `buf` is ours and does not overlap it.
-        unsafe { std::ptr::copy_nonoverlapping(self.at as *const u8, buf.as_mut_ptr(), n) };
-        self.at += n;
-        Ok(n)
+        // (the main thread's stack is never unmapped) and initialised; the slice lives no
+        // longer than `self`, read as bytes as the kernel's read of /proc/self/environ
+        // reads them (a program that rewrites them, `setproctitle`, does so before any
+        // CUDA call, in the thread that is now in its first `cuInit`, as the copy did).
+        unsafe { std::slice::from_raw_parts(self.at as *const u8, self.end - self.at) }
+    }
+
+    /// [`Block::bytes`] for the life of the process: the initial stack's strings are never
+    /// unmapped, so the slice outlives the `Block` that found it.
+    pub fn into_bytes(self) -> &'static [u8] {
+        // SAFETY: as in `bytes`; the block lies on the main thread's initial stack, which
+        // stays mapped until the process ends (its strings are never freed or moved).
+        unsafe { std::slice::from_raw_parts(self.at as *const u8, self.end - self.at) }
     }
 }
 
@@ -106,7 +114,33 @@ pub fn find(stack_end: *const usize) -> Option<Block> {
     }
     // SAFETY: `stack_end` is the address of ld.so's `__libc_stack_end`, a pointer-sized
     // variable set before any constructor ran and never changed after.
-    let sp = unsafe { stack_end.read() };
+    find_at(unsafe { stack_end.read() })
+}
+
+/// The initial stack pointer as the library's constructor saw it: the word before `argv`
+/// (`argc`'s, where `__libc_stack_end` points), 0 before the constructor ran.
+static SP_AT_LOAD: AtomicUsize = AtomicUsize::new(0);
+
+/// At load (`decide::narrow`'s constructor, which the loader hands `argv`): remember where
+/// the initial stack starts, so that the start block is found with no symbol look-up (an
+/// `exec` hook in a `vfork` child must not take the loader's lock). A store, no call.
+pub fn remember_at_load(argv: *const *const std::ffi::c_char) {
+    SP_AT_LOAD.store((argv as usize).wrapping_sub(8), Ordering::Relaxed);
+}
+
+/// The start block found from the constructor's `argv` ([`remember_at_load`]); None
+/// before it ran or when the stack is not as the kernel wrote it (a program run as
+/// `ld.so PROGRAM` has its `argv` moved past the loader's own arguments: `find_at` then
+/// says so, and the start environment's reader looks `__libc_stack_end` up instead).
+pub fn at_load() -> Option<Block> {
+    match SP_AT_LOAD.load(Ordering::Relaxed) {
+        0 => None,
+        sp => find_at(sp),
+    }
+}
+
+/// [`find`] from the initial stack pointer itself.
+fn find_at(sp: usize) -> Option<Block> {
     // SAFETY: getauxval has no preconditions.
     let end = unsafe { libc::getauxval(libc::AT_EXECFN) } as usize;
     if sp == 0 || !sp.is_multiple_of(8) || end <= sp || end - sp > MAX_SPAN {

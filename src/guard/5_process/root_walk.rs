@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::output::{debug_log, line};
-use crate::guard::process::registry_io;
+use crate::guard::process::{lineage, registry_io};
 use crate::guard::sys::lifecycle::{Latch, PerProcess};
 use crate::guard::sys::signal_safe;
 use crate::policy::Unreadable;
@@ -116,6 +116,9 @@ pub(crate) struct ProcFsView {
     failed: Option<Unreadable>,
     /// The owner of the last `/proc/<pid>/stat` read: (pid, uid).
     owner: Option<(u32, u32)>,
+    /// Where the initial environment of the last process whose stat was read lies in its
+    /// memory (pid, start, end; fields 50 and 51 of the stat line), for [`VmReader`].
+    env_at: Option<(u32, u64, u64)>,
     /// One buffer for every environment read of the walk.
     buf: Vec<u8>,
     /// This process's own stat, read once before the walk.
@@ -170,7 +173,76 @@ impl ProcFsView {
         } else {
             EnvScan::default()
         };
+        let scan = scan.finding_nul_with(signal_safe::first_nul);
+        if let Some((_, at, end)) = self.env_at.filter(|e| e.0 == pid) {
+            let reader = VmReader { pid, at, end };
+            if let Ok(facts) = scan_environ_reads(
+                reader,
+                scan.clone(),
+                &mut self.buf,
+                FIRST_PIECE,
+                ENVIRON_PIECE,
+            ) {
+                return Ok(facts);
+            }
+        }
         scan_environ_file(&format!("/proc/{pid}/environ"), scan, &mut self.buf)
+    }
+}
+
+/// The initial environment of process `pid`, read from its memory by `process_vm_readv`
+/// (the bytes `/proc/<pid>/environ` reads, from the range its stat line gives): one system
+/// call a piece, no file opened and closed, and the kernel copies the pages in one pass
+/// where its `environ` file copies them page by page through a buffer of its own. Any
+/// error (`EPERM`: Yama's `ptrace_scope` or a non-dumpable process, which the file may
+/// still allow; `ESRCH`; `EFAULT`; `ENOSYS`) and any short copy of a piece fails the scan,
+/// and the caller reads the file instead, whose answer decides.
+struct VmReader {
+    pid: u32,
+    at: u64,
+    end: u64,
+}
+
+impl Read for VmReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let want = buf
+            .len()
+            .min(usize::try_from(self.end - self.at).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: want,
+        };
+        let remote = libc::iovec {
+            iov_base: self.at as *mut libc::c_void,
+            iov_len: want,
+        };
+        // SAFETY: `local` describes `want` bytes of `buf`, which this call may write; the
+        // remote range is only read, in process `pid`, by the kernel, which checks it. A
+        // system call through `syscall` (no symbol of its own for the loader to bind).
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_process_vm_readv,
+                self.pid as libc::pid_t,
+                &local as *const libc::iovec,
+                1usize,
+                &remote as *const libc::iovec,
+                1usize,
+                0usize,
+            )
+        };
+        match usize::try_from(n) {
+            Ok(n) if n == want => {
+                self.at += n as u64;
+                Ok(n)
+            }
+            // A short copy: a page of the range is not mapped there (the file would say
+            // what it reads): not an answer.
+            Ok(_) => Err(std::io::Error::from_raw_os_error(libc::EFAULT)),
+            Err(_) => Err(std::io::Error::last_os_error()),
+        }
     }
 }
 
@@ -188,21 +260,6 @@ pub(crate) fn scan_environ_file(
     let f = File::open(path)?;
     scan_environ_reads(f, scan, buf, FIRST_PIECE, ENVIRON_PIECE)
 }
-
-/// [`scan_environ_file`] of the start environment in this process's memory (`start_env`):
-/// copied out in pieces of [`MEMORY_PIECE`], each read a copy, not a system call, so a small
-/// buffer costs nothing more, and needs no fresh heap page (a 4 KiB one faulted one in).
-pub(crate) fn scan_environ_memory(
-    r: impl Read,
-    scan: EnvScan,
-    buf: &mut Vec<u8>,
-) -> std::io::Result<EnvFacts> {
-    scan_environ_reads(r, scan, buf, MEMORY_PIECE, MEMORY_PIECE)
-}
-
-/// The pieces [`scan_environ_memory`] copies (an entry longer than one grows the buffer, as
-/// for a file).
-const MEMORY_PIECE: usize = 512;
 
 /// [`scan_environ_file`]'s reads of an open file `f` (any reader, for the unit tests), the
 /// first of at most `first` bytes, the later ones into a buffer of at least `piece`.
@@ -266,6 +323,7 @@ impl ProcFsView {
             reg: None,
             failed: None,
             owner: None,
+            env_at: None,
             buf: Vec::new(),
             own: None,
             marks: true,
@@ -282,7 +340,9 @@ impl ProcView for ProcFsView {
         let r = Self::stat_line(&format!("/proc/{pid}/stat"), &mut line, true);
         let (n, uid) = self.read(pid, "stat", r)?;
         self.owner = Some((pid, uid));
-        rank_root::parse_stat(std::str::from_utf8(line.get(..n)?).ok()?)
+        let text = std::str::from_utf8(line.get(..n)?).ok()?;
+        self.env_at = rank_root::parse_stat_env(text).map(|(at, end)| (pid, at, end));
+        rank_root::parse_stat(text)
     }
     fn uid(&mut self, pid: u32) -> Option<u32> {
         match self.owner {
@@ -303,6 +363,11 @@ impl ProcView for ProcFsView {
             .reg
             .get_or_insert_with(registry_io::open_registry)
             .as_ref()?;
+        // The start-up sweep of this registry read the whole directory a moment ago: a pid
+        // it saw no rank record of is not looked up (docs/design.md §1, "The walk's cost").
+        if reg.no_rank_record(id.pid) {
+            return None;
+        }
         match reg.lookup(&Key::rank(id.pid), &ProcFs) {
             // lookup checked that pid `id.pid` is alive, ours, and started at rec.start
             Lookup::Found(rec) if rec.start == id.start => Some(RankRecord {
@@ -361,6 +426,7 @@ fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unr
             reg: None,
             failed: None,
             owner: None,
+            env_at: None,
             buf: Vec::new(),
             own: None,
             marks: false,
@@ -373,7 +439,9 @@ fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unr
             return view.failed.map_or(Ok(None), Err);
         };
         view.own = own.and_then(rank_root::parse_stat).map(|st| (me, st));
-        let ancestor = rank_root::find(me, registry_io::euid(), &mut view);
+        // The guarded ancestors the lineage note names are not read (docs/design.md §1).
+        let note = lineage::mine();
+        let ancestor = rank_root::find_with(me, registry_io::euid(), note, &mut view);
         *opened = view.reg.take().flatten();
         say_walk(ancestor.as_ref());
         if let Some(u) = view.failed {
@@ -636,7 +704,7 @@ mod tests {
                 for (first, piece) in [1, 7, 64, FIRST_PIECE, ENVIRON_PIECE]
                     .map(|f| (f, ENVIRON_PIECE))
                     .into_iter()
-                    .chain([(MEMORY_PIECE, MEMORY_PIECE), (7, 7)])
+                    .chain([(7, 7)])
                 {
                     let (facts, _) = scan_in(bytes, kind, first, piece, &mut Vec::new());
                     let at = format!("reads {first} then {piece}, {} bytes", bytes.len());

@@ -25,14 +25,15 @@ use crate::rank_root::EnvScan;
 /// one `getenv` returns), at most 8 MiB (ARG_MAX-sized environments fit): the rest cannot
 /// change it.
 pub fn cvd() -> Result<Option<String>, Unreadable> {
-    let mut buf = Vec::new();
+    let scan = EnvScan::cvd_only().finding_nul_with(signal_safe::first_nul);
     if let Some(block) = in_memory() {
-        // A read of memory cannot fail: the result is the scan's.
-        if let Ok(facts) = root_walk::scan_environ_memory(block, EnvScan::cvd_only(), &mut buf) {
-            return Ok(facts.cvd);
-        }
+        // Scanned in place, whole (the scan stops at the first CVD): a read of memory
+        // cannot fail.
+        let mut scan = scan;
+        scan.feed(block.bytes(), true);
+        return Ok(scan.finish().cvd);
     }
-    match root_walk::scan_environ_file("/proc/self/environ", EnvScan::cvd_only(), &mut buf) {
+    match root_walk::scan_environ_file("/proc/self/environ", scan, &mut Vec::new()) {
         Ok(facts) => Ok(facts.cvd),
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(0);
@@ -51,26 +52,38 @@ pub fn cvd() -> Result<Option<String>, Unreadable> {
 
 /// The start environment in this process's memory, when its initial stack is as the
 /// kernel wrote it (`__libc_stack_end`, glibc's loader's, found with the real `dlsym`).
+/// The start block in this process's memory, when its layout is still the kernel's.
 fn in_memory() -> Option<start_block::Block> {
-    let stack_end = real::lookup(libc::RTLD_DEFAULT, c"__libc_stack_end");
-    start_block::find(stack_end.cast_const().cast())
+    start_block::at_load().or_else(|| {
+        let stack_end = real::lookup(libc::RTLD_DEFAULT, c"__libc_stack_end");
+        start_block::find(stack_end.cast_const().cast())
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
 
     /// The block read from memory is, byte for byte, what the kernel answers for
     /// /proc/self/environ (this test process was started by exec like any other).
     #[test]
     fn the_block_in_memory_is_proc_self_environ() {
-        let mut block = in_memory().expect("the test process's initial stack is as exec wrote it");
-        let mut mine = Vec::new();
-        block.read_to_end(&mut mine).unwrap();
+        let block = in_memory().expect("the test process's initial stack is as exec wrote it");
+        let mine = block.bytes();
         let proc = std::fs::read("/proc/self/environ").unwrap();
         assert!(!proc.is_empty());
         assert_eq!(mine, proc);
+    }
+
+    /// The block found from the constructor's `argv` is the one `__libc_stack_end` finds:
+    /// the constructor ran in this test binary too (the library's `.init_array` entry).
+    #[test]
+    fn the_constructors_argv_finds_the_same_block() {
+        let by_argv = start_block::at_load().expect("the constructor saw the initial argv");
+        let stack_end = real::lookup(libc::RTLD_DEFAULT, c"__libc_stack_end");
+        let by_symbol = start_block::find(stack_end.cast_const().cast()).unwrap();
+        assert_eq!(by_argv.bytes(), by_symbol.bytes());
+        assert!(!by_argv.bytes().is_empty());
     }
 
     /// Setting the variable changes `environ`, not what the process was started with.

@@ -51,7 +51,11 @@ static AT_LOAD: Init = at_load;
 /// Why narrowing at load failed, said at the first `cuInit`.
 static ERROR: ForkSafeCell<String> = ForkSafeCell::new();
 
-extern "C" fn at_load(_argc: c_int, _argv: *const *const c_char, envp: *const *const c_char) {
+extern "C" fn at_load(_argc: c_int, argv: *const *const c_char, envp: *const *const c_char) {
+    // Whose image this is and where its start block lies, for the lineage note of the
+    // `exec` hooks and the start environment (one `getpid`, one store).
+    crate::guard::process::lineage::at_load();
+    crate::guard::sys::start_block::remember_at_load(argv);
     if asked(envp) {
         when_asked();
     }

@@ -1,0 +1,223 @@
+//! The lineage note, guard side (docs/design.md §1, "The lineage note";
+//! [`crate::lineage`] has the format and why it can be trusted).
+//!
+//! Written by the `exec` hooks (`hooks::exec`) and the `posix_spawn` hooks, for the
+//! program they start: its parent's facts (pid, start time, whether its initial environment
+//! preloads the guard, its initial `CUDA_VISIBLE_DEVICES`), then the note that parent was
+//! started with, when it is the parent's own. Everything is on the caller's stack: the
+//! hook may run in a `vfork` child (Python's `subprocess`), which shares its parent's
+//! memory, so nothing is allocated, locked or stored here; `errno` is left as it was.
+//!
+//! Whose facts the start block holds: the process image's, the process that `exec`ed this
+//! program ([`IMAGE_PID`], taken at load). A hook in that process itself (`exec` without a
+//! fork, `posix_spawn`) or in a child it forked and that has not `exec`ed yet (the usual
+//! `fork` + `exec`) knows them; in a grandchild forked twice without an `exec` it does
+//! not, and writes no note (the program's walk then reads `/proc`, as without one).
+//!
+//! Read by the rank root's walk (`root_walk`), from this process's own start block.
+#![allow(unsafe_code)]
+
+use std::ffi::c_char;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::guard::sys::{signal_safe, start_block};
+use crate::lineage::{self, Member, Note, Out, StartDefs};
+use crate::rank_root;
+
+/// The pid of the process that `exec`ed this image (set at load; a forked child keeps its
+/// parent's value: the image is the same).
+static IMAGE_PID: AtomicU32 = AtomicU32::new(0);
+
+/// At load (`decide::narrow`'s constructor): remember whose image this is. One `getpid`,
+/// by the instruction (no C library symbol to bind at every start); x86-64 only, where the
+/// hooks that read it are.
+pub fn at_load() {
+    #[cfg(target_arch = "x86_64")]
+    IMAGE_PID.store(signal_safe::pid_at_load(), Ordering::Relaxed);
+}
+
+/// Bytes of the note's entry on the stack (`RANKGUARD_LINEAGE=` and the value).
+pub const NOTE_BUF: usize = lineage::MAX_VALUE + 32;
+/// Entries of the new environment array on the stack: an environment with more entries
+/// gets no note.
+pub const ENVP_MAX: usize = 2048;
+
+/// Who the new program's parent is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// `exec*`: this process's image is replaced, its pid and parent kept.
+    Exec,
+    /// `posix_spawn*`: the new program is a child of this process.
+    Spawn,
+}
+
+/// The environment array to hand the real `exec`/`posix_spawn`: `envp` without any
+/// `RANKGUARD_LINEAGE` entry, with this process's note for the new program; None when no
+/// note can be written (the caller passes `envp` as it was).
+///
+/// # Safety
+/// `envp` is null or a NULL-terminated array of NUL-terminated strings, unchanged while
+/// this runs; the array returned points into `entry` and `envp`'s strings.
+pub unsafe fn envp_with_note(
+    envp: *const *const c_char,
+    start: Start,
+    entry: &mut [u8; NOTE_BUF],
+    array: &mut [*const c_char; ENVP_MAX],
+) -> Option<*const *const c_char> {
+    if envp.is_null() {
+        return None;
+    }
+    // SAFETY: __errno_location always returns this thread's errno, restored below.
+    let saved = unsafe { *libc::__errno_location() };
+    let note = write_note(start, entry);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+    let note = note?;
+    let mut n = 0;
+    let mut p = envp;
+    loop {
+        // SAFETY: `envp` is NULL-terminated (the caller's contract); we stop at its NULL.
+        let s = unsafe { *p };
+        if s.is_null() {
+            break;
+        }
+        // SAFETY: `s` is a NUL-terminated string; the compare stops at its NUL.
+        if !unsafe { is_note(s) } {
+            *array.get_mut(n)? = s;
+            n += 1;
+        }
+        // SAFETY: `s` was not the terminating NULL, so the next element exists.
+        p = unsafe { p.add(1) };
+    }
+    *array.get_mut(n)? = note.as_ptr().cast();
+    *array.get_mut(n + 1)? = std::ptr::null();
+    Some(array.as_ptr())
+}
+
+/// Whether the NUL-terminated `s` is a `RANKGUARD_LINEAGE=` entry.
+///
+/// # Safety
+/// `s` is a NUL-terminated string.
+unsafe fn is_note(s: *const c_char) -> bool {
+    for (i, k) in lineage::VAR.bytes().chain([b'=']).enumerate() {
+        // SAFETY: bytes 0..i matched, none of them NUL, so byte i is inside the string or
+        // is its NUL.
+        if unsafe { *s.add(i) } as u8 != k {
+            return false;
+        }
+    }
+    true
+}
+
+/// The note's entry in `buf`, NUL-terminated, or None.
+fn write_note(start: Start, buf: &mut [u8; NOTE_BUF]) -> Option<&[u8]> {
+    let me = signal_safe::pid();
+    let image = IMAGE_PID.load(Ordering::Relaxed);
+    // The new program's parent, when its facts are this image's (None: `exec` in the image
+    // owner itself, whose ancestors the program keeps).
+    let parent = match start {
+        Start::Spawn if me == image => Some(me),
+        Start::Exec if me == image => None,
+        Start::Exec if signal_safe::ppid() == image => Some(image),
+        _ => return None,
+    };
+    let block = start_block::at_load()?;
+    let defs = lineage::start_defs(block.bytes(), signal_safe::first_nul);
+    let uid = crate::guard::process::registry_io::euid();
+    let own = defs.note.and_then(lineage::parse).filter(|n| n.uid == uid);
+    let mut out = Out::new(buf, uid);
+    match parent {
+        None => {
+            let ppid = signal_safe::ppid();
+            let own = own.filter(|n| n.first().is_some_and(|m| m.pid == ppid))?;
+            out.chain(&own);
+        }
+        Some(pid) => parent_member(&mut out, pid, me, uid, &defs, own)?,
+    }
+    out.finish()
+}
+
+/// The parent's member, then the rest: its own note when it is the parent's, else `^` its
+/// parent. None when its stat cannot be read, is another user's, or it is gone.
+fn parent_member(
+    out: &mut Out<'_>,
+    pid: u32,
+    me: u32,
+    uid: u32,
+    defs: &StartDefs<'_>,
+    own: Option<Note<'_>>,
+) -> Option<()> {
+    let mut line = [0u8; 1024];
+    let (n, owner) = read_stat(pid, &mut line)?;
+    let st = rank_root::parse_stat(std::str::from_utf8(line.get(..n)?).ok()?)?;
+    if owner != uid || (pid != me && signal_safe::ppid() != pid) {
+        return None; // another user's, or it ended while its stat was read
+    }
+    let guarded = defs.guarded();
+    out.member(Member::raw(pid, st.start, guarded, defs.cvd));
+    if !guarded {
+        return Some(()); // the walk ends at it
+    }
+    match own.filter(|n| n.first().is_some_and(|m| m.pid == st.ppid)) {
+        Some(note) => out.tail(&note),
+        None if st.ppid > 0 => out.above(st.ppid),
+        None => return None,
+    }
+    Some(())
+}
+
+/// `/proc/<pid>/stat` into `line`, and the file's owner (the process's effective uid), by
+/// plain system calls on a path built on the stack.
+fn read_stat(pid: u32, line: &mut [u8; 1024]) -> Option<(usize, u32)> {
+    let mut path = [0u8; 32];
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| -> Option<()> {
+        path.get_mut(at..at + bytes.len())?.copy_from_slice(bytes);
+        at += bytes.len();
+        Some(())
+    };
+    put(b"/proc/")?;
+    let mut digits = [0u8; 10];
+    let mut i = digits.len();
+    let mut v = pid;
+    loop {
+        i -= 1;
+        *digits.get_mut(i)? = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    put(digits.get(i..)?)?;
+    put(b"/stat\0")?;
+    // SAFETY: `path` is NUL-terminated (above); the flags ask for nothing but a read.
+    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open; `st` and `line` are ours to write, `line` for its length.
+    let (ok, n) = unsafe {
+        (
+            libc::fstat(fd, &mut st) == 0,
+            libc::read(fd, line.as_mut_ptr().cast(), line.len()),
+        )
+    };
+    // SAFETY: `fd` was opened above and is closed once.
+    unsafe { libc::close(fd) };
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|&n| ok && n > 0 && n < line.len())?;
+    Some((n, st.st_uid))
+}
+
+/// The note this process was started with, as the walk reads it (None: none, not of the
+/// form, or the start block is not in memory: the walk then reads `/proc` from the start).
+pub fn mine() -> Option<Note<'static>> {
+    let block = start_block::at_load()?;
+    let bytes: &'static [u8] = block.into_bytes();
+    lineage::start_defs(bytes, signal_safe::first_nul)
+        .note
+        .and_then(lineage::parse)
+}
