@@ -112,6 +112,20 @@ def test_every_way_of_starting_a_process_hands_it_its_guarded_ancestors(tmp_path
     assert above == os.getpid()
 
 
+def test_no_note_where_no_walk_can_use_it(tmp_path):
+    """A launcher's ranks (a rank variable set) never walk, and an unguarded program ends
+    its descendants' walk: a guarded exec into either writes no note (no cost)."""
+    script = tmp_path / "levels.py"
+    script.write_text(LEVELS)
+    for extra in ({"RANK": "0"}, {"SLURM_PROCID": "3"}, {"LD_PRELOAD": "/lib/x86_64-linux-gnu/libm.so.6"}):
+        env = {"subprocess-env": extra}
+        base = clean_env(LD_PRELOAD=str(GUARD))
+        p = run([PYTHON, script, "subprocess-env", "print", json.dumps(env)], env=base, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        note = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("NOTE "))[5:])
+        assert note["note"] == "", (extra, note)
+
+
 def test_the_guards_note_replaces_one_the_program_hands_its_child(tmp_path):
     """A guarded learner on GPU 0 starts a collector on GPU 1 with a note of its own making
     in the collector's environment, saying the learner is not guarded (so that the walk

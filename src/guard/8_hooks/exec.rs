@@ -97,7 +97,7 @@ mod x86 {
         envp: *const *const c_char,
         start: Start,
         entry: &mut [u8; lineage::NOTE_BUF],
-        array: &mut [*const c_char; lineage::ENVP_MAX],
+        array: &mut [std::mem::MaybeUninit<*const c_char>; lineage::ENVP_MAX],
     ) -> Option<*const *const c_char> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // SAFETY: the caller's contract; the array returned points into `entry`,
@@ -112,7 +112,9 @@ mod x86 {
     macro_rules! note_space {
         ($entry:ident, $array:ident) => {
             let mut $entry = [0u8; lineage::NOTE_BUF];
-            let mut $array = [std::ptr::null::<c_char>(); lineage::ENVP_MAX];
+            // Not zeroed: only the entries written are touched (a page of stack each 512).
+            let mut $array =
+                [const { std::mem::MaybeUninit::<*const c_char>::uninit() }; lineage::ENVP_MAX];
         };
     }
 
