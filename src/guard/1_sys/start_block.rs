@@ -23,6 +23,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::guard::sys::signal_safe;
+
 /// Most bytes of a start environment read here (`ARG_MAX`-sized environments fit; the
 /// `/proc` way's bound too).
 pub const MAX: usize = 8 << 20;
@@ -96,12 +98,20 @@ impl Stack {
         Some(unsafe { std::ptr::read_volatile(p as *const u8) })
     }
 
-    /// The end (one past the NUL) of the string at `p`, on the initial stack.
-    fn string_end(&self, mut p: usize) -> Option<usize> {
-        while self.byte(p)? != 0 {
-            p += 1;
+    /// The end (one past the NUL) of the string at `p`, on the initial stack: sixteen bytes
+    /// a step (`signal_safe::first_nul`), as a program's arguments can be hundreds of KiB
+    /// (a launcher handing every rank's environment on its command line), which a byte at a
+    /// time took hundreds of microseconds to pass.
+    fn string_end(&self, p: usize) -> Option<usize> {
+        if !self.inside(p) {
+            return None;
         }
-        Some(p + 1)
+        // SAFETY: [p, end) lies between the initial stack pointer and `AT_EXECFN`, mapped
+        // and initialised stack memory, read as bytes for the scan's length (as `Block::bytes`
+        // reads the environment's; the strings are the kernel's, rewritten, if ever, by the
+        // program before it starts threads: `setproctitle`).
+        let rest = unsafe { std::slice::from_raw_parts(p as *const u8, self.end - p) };
+        signal_safe::first_nul(rest).map(|n| p + n + 1)
     }
 }
 
@@ -133,11 +143,24 @@ pub fn remember_at_load(argv: *const *const std::ffi::c_char) {
 /// `ld.so PROGRAM` has its `argv` moved past the loader's own arguments: `find_at` then
 /// says so, and the start environment's reader looks `__libc_stack_end` up instead).
 pub fn at_load() -> Option<Block> {
-    match SP_AT_LOAD.load(Ordering::Relaxed) {
+    let (at, end) = (FOUND_AT.load(Ordering::Acquire), FOUND_END.load(Ordering::Relaxed));
+    if at != 0 {
+        return Some(Block { at, end });
+    }
+    let block = match SP_AT_LOAD.load(Ordering::Relaxed) {
         0 => None,
         sp => find_at(sp),
-    }
+    }?;
+    FOUND_END.store(block.end, Ordering::Relaxed);
+    FOUND_AT.store(block.at, Ordering::Release);
+    Some(block)
 }
+
+/// The block [`at_load`] found, kept: it lies where the kernel wrote it for the life of
+/// the image (a forked child, or a `vfork` child that stores it into its parent's memory,
+/// shares the same one). 0: not found yet.
+static FOUND_AT: AtomicUsize = AtomicUsize::new(0);
+static FOUND_END: AtomicUsize = AtomicUsize::new(0);
 
 /// [`find`] from the initial stack pointer itself.
 fn find_at(sp: usize) -> Option<Block> {
