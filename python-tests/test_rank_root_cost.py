@@ -1,12 +1,14 @@
 """The rank root at bounded cost, and rank records that go with their process (issue 33).
 
-- The first cuInit without rank variables reads two files of each guarded ancestor
-  (`/proc/<pid>/stat` and `/proc/<pid>/environ`) and two of the first unguarded one, where
-  the walk ends, and looks up each one's rank record once (docs/design.md §1, "The walk's cost"): counted with strace at ancestor
-  depths 1 and 8, whatever the tree above the test. Of its own it opens its stat once and
-  the registry directory once (the start-up sweep), reads its start environment from its
-  memory (no file: test_start_env.py), and writes its rank record without looking it up
-  first.
+- The first cuInit without rank variables reads no /proc file of a guarded ancestor: the
+  lineage note each guarded exec hands down names them (docs/design.md §1, "The walk's cost",
+  "The lineage note"). Of other processes it reads the stat and environment of the one
+  unguarded process above them, where the walk ends, and looks up no rank record the
+  registry's start-up sweep did not see: counted with strace at depths 1 and 8, the same.
+  Of its own it opens its stat once and the registry directory once (the start-up sweep),
+  reads its start environment from its memory (no file: test_start_env.py), and writes its
+  rank record without looking it up first. Where no note could be written, it reads each
+  guarded ancestor's stat and environment, as before the note.
 - A guarded process's rank record (`rank-<pid>`) is removed when it exits or execs, and
   the registry of a run of 1,000 short processes holds only the live ones.
 """
