@@ -44,7 +44,7 @@ pub fn at_load() {
 pub const NOTE_BUF: usize = lineage::MAX_VALUE + 32;
 /// Entries of the new environment array on the stack: an environment with more entries
 /// gets no note.
-pub const ENVP_MAX: usize = 2048;
+pub const ENVP_MAX: usize = 1024;
 
 /// Who the new program's parent is.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -320,7 +320,9 @@ mod x86 {
     }
 
     /// The address of the C library's `environ`, looked up on first use (a data symbol
-    /// the loader would otherwise bind at every process start).
+    /// the loader would otherwise bind at every process start). The first use is an
+    /// `execv`/`execvp`, which looks up the real function at the same moment (`exec_real`:
+    /// the same lock, taken once more), or a `posix_spawn`.
     static ENVIRON: AtomicUsize = AtomicUsize::new(0);
 
     /// The process's environment array now, as `execv` and `execvp` take it (null when
