@@ -143,7 +143,10 @@ pub fn remember_at_load(argv: *const *const std::ffi::c_char) {
 /// `ld.so PROGRAM` has its `argv` moved past the loader's own arguments: `find_at` then
 /// says so, and the start environment's reader looks `__libc_stack_end` up instead).
 pub fn at_load() -> Option<Block> {
-    let (at, end) = (FOUND_AT.load(Ordering::Acquire), FOUND_END.load(Ordering::Relaxed));
+    let (at, end) = (
+        FOUND_AT.load(Ordering::Acquire),
+        FOUND_END.load(Ordering::Relaxed),
+    );
     if at != 0 {
         return Some(Block { at, end });
     }

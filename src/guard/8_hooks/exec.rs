@@ -85,7 +85,6 @@ mod x86 {
     type Execve =
         unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
     type Execv = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
-    type Fexecve = unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
 
     /// The array `envp` with this process's note for the program it starts (None: none
     /// to give), built in `entry` and `array`: the caller's locals, alive until its real
@@ -123,106 +122,104 @@ mod x86 {
         missing()
     }
 
+    /// An `exec` that takes an environment array (`execve`, `execvpe`, `fexecve`): real
+    /// function `WHICH` of `table::EXEC_NAMES` (a constant, so that no table of the names
+    /// is kept), called with `envp` or with the array built
+    /// from it with the note. `first` is its first argument (a path, or a descriptor).
+    ///
     /// # Safety
-    /// Same contract as glibc's `execve`.
-    #[cfg_attr(not(test), no_mangle)]
-    pub unsafe extern "C" fn execve(
-        path: *const c_char,
+    /// The contract of glibc's function `WHICH`.
+    unsafe fn exec_with_envp<const WHICH: usize, T>(
+        first: T,
         argv: *const *const c_char,
         envp: *const *const c_char,
     ) -> c_int {
         before_exec();
-        let real = exec_real::get(EXECVE);
+        let real = exec_real::get(WHICH);
         if real == 0 {
             return enosys();
         }
         note_space!(entry, array);
         // SAFETY: `envp` is the caller's environment array (the function's contract).
         let new = unsafe { with_note(envp, Start::Exec, &mut entry, &mut array) };
-        // SAFETY: `real` is glibc's execve (resolved by name); the arguments are the
-        // caller's, the environment array theirs or built above from theirs.
-        unsafe { std::mem::transmute::<usize, Execve>(real)(path, argv, new.unwrap_or(envp)) }
+        // SAFETY: `real` is glibc's function `WHICH` (resolved by name), whose arguments are
+        // (T, argv, envp); the caller's, the environment array theirs or built above.
+        unsafe {
+            std::mem::transmute::<usize, unsafe extern "C" fn(T, Argv, Argv) -> c_int>(real)(
+                first,
+                argv,
+                new.unwrap_or(envp),
+            )
+        }
+    }
+
+    /// An `exec` of the current `environ` (`execv`, `execvp`): with a note, the same call
+    /// of `WITH_ENVP` (`execve`, `execvpe`) on the array built from `environ`, else of
+    /// `PLAIN` itself.
+    ///
+    /// # Safety
+    /// The contract of glibc's function `PLAIN`.
+    unsafe fn exec_with_environ<const WITH_ENVP: usize, const PLAIN: usize>(
+        file: *const c_char,
+        argv: *const *const c_char,
+    ) -> c_int {
+        before_exec();
+        let env = environ();
+        note_space!(entry, array);
+        // SAFETY: `env` is the process's environment array, as `PLAIN` would read it.
+        let new = unsafe { with_note(env, Start::Exec, &mut entry, &mut array) };
+        match (new, exec_real::get(WITH_ENVP), exec_real::get(PLAIN)) {
+            // SAFETY: glibc's `WITH_ENVP` with `environ` and the note: what `PLAIN` would
+            // do (an `execvp`'s search path is this process's PATH either way).
+            (Some(new), ve, _) if ve != 0 => unsafe {
+                std::mem::transmute::<usize, Execve>(ve)(file, argv, new)
+            },
+            (_, _, 0) => enosys(),
+            // SAFETY: glibc's `PLAIN` with the caller's arguments.
+            (_, _, v) => unsafe { std::mem::transmute::<usize, Execv>(v)(file, argv) },
+        }
+    }
+
+    type Argv = *const *const c_char;
+
+    /// # Safety
+    /// Same contract as glibc's `execve`.
+    #[cfg_attr(not(test), no_mangle)]
+    pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
+        // SAFETY: the caller's contract is execve's.
+        unsafe { exec_with_envp::<EXECVE, _>(path, argv, envp) }
     }
 
     /// # Safety
     /// Same contract as glibc's `execv`.
     #[cfg_attr(not(test), no_mangle)]
-    pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-        before_exec();
-        let env = environ();
-        note_space!(entry, array);
-        // SAFETY: `env` is the caller's environment array (the function's contract).
-        let new = unsafe { with_note(env, Start::Exec, &mut entry, &mut array) };
-        match (new, exec_real::get(EXECVE), exec_real::get(EXECV)) {
-            // SAFETY: glibc's execve with `environ` and the note: what execv would do.
-            (Some(new), ve, _) if ve != 0 => unsafe {
-                std::mem::transmute::<usize, Execve>(ve)(path, argv, new)
-            },
-            (_, _, 0) => enosys(),
-            // SAFETY: glibc's execv with the caller's arguments.
-            (_, _, v) => unsafe { std::mem::transmute::<usize, Execv>(v)(path, argv) },
-        }
+    pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
+        // SAFETY: the caller's contract is execv's.
+        unsafe { exec_with_environ::<EXECVE, EXECV>(path, argv) }
     }
 
     /// # Safety
     /// Same contract as glibc's `execvp`.
     #[cfg_attr(not(test), no_mangle)]
-    pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-        before_exec();
-        let env = environ();
-        note_space!(entry, array);
-        // SAFETY: `env` is the caller's environment array (the function's contract).
-        let new = unsafe { with_note(env, Start::Exec, &mut entry, &mut array) };
-        match (new, exec_real::get(EXECVPE), exec_real::get(EXECVP)) {
-            // SAFETY: glibc's execvpe with `environ` and the note: what execvp would do
-            // (the search path is this process's PATH either way).
-            (Some(new), vpe, _) if vpe != 0 => unsafe {
-                std::mem::transmute::<usize, Execve>(vpe)(file, argv, new)
-            },
-            (_, _, 0) => enosys(),
-            // SAFETY: glibc's execvp with the caller's arguments.
-            (_, _, vp) => unsafe { std::mem::transmute::<usize, Execv>(vp)(file, argv) },
-        }
+    pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
+        // SAFETY: the caller's contract is execvp's.
+        unsafe { exec_with_environ::<EXECVPE, EXECVP>(file, argv) }
     }
 
     /// # Safety
     /// Same contract as glibc's `execvpe`.
     #[cfg_attr(not(test), no_mangle)]
-    pub unsafe extern "C" fn execvpe(
-        file: *const c_char,
-        argv: *const *const c_char,
-        envp: *const *const c_char,
-    ) -> c_int {
-        before_exec();
-        let real = exec_real::get(EXECVPE);
-        if real == 0 {
-            return enosys();
-        }
-        note_space!(entry, array);
-        // SAFETY: `envp` is the caller's environment array (the function's contract).
-        let new = unsafe { with_note(envp, Start::Exec, &mut entry, &mut array) };
-        // SAFETY: glibc's execvpe; the caller's arguments, the array theirs or built above.
-        unsafe { std::mem::transmute::<usize, Execve>(real)(file, argv, new.unwrap_or(envp)) }
+    pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
+        // SAFETY: the caller's contract is execvpe's.
+        unsafe { exec_with_envp::<EXECVPE, _>(file, argv, envp) }
     }
 
     /// # Safety
     /// Same contract as glibc's `fexecve`.
     #[cfg_attr(not(test), no_mangle)]
-    pub unsafe extern "C" fn fexecve(
-        fd: c_int,
-        argv: *const *const c_char,
-        envp: *const *const c_char,
-    ) -> c_int {
-        before_exec();
-        let real = exec_real::get(FEXECVE);
-        if real == 0 {
-            return enosys();
-        }
-        note_space!(entry, array);
-        // SAFETY: `envp` is the caller's environment array (the function's contract).
-        let new = unsafe { with_note(envp, Start::Exec, &mut entry, &mut array) };
-        // SAFETY: glibc's fexecve; the caller's arguments, the array theirs or built above.
-        unsafe { std::mem::transmute::<usize, Fexecve>(real)(fd, argv, new.unwrap_or(envp)) }
+    pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
+        // SAFETY: the caller's contract is fexecve's.
+        unsafe { exec_with_envp::<FEXECVE, _>(fd, argv, envp) }
     }
 
     type Spawn = unsafe extern "C" fn(
