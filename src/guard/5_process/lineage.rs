@@ -225,8 +225,8 @@ fn parent_member(
 /// commands so) keeps them for the owner's next start, which then reads no file; a forked
 /// child's copy goes with it. The facts stay true of the owner: its start never changes, a
 /// parent kept after it exited only makes the reader's walk stop there (the parent's pid,
-/// if reused, started later), and an owner that changed its uid forks children of that uid,
-/// whose own uid no longer matches and read again.
+/// if reused, started later), and an owner that changed its uid since forks children of the
+/// new one, which then match no kept owner and write no note (their programs read `/proc`).
 static OWNER_START: AtomicU64 = AtomicU64::new(0);
 static OWNER_PPID: AtomicU32 = AtomicU32::new(0);
 static OWNER_UID: AtomicU32 = AtomicU32::new(0);
