@@ -5,9 +5,12 @@
 //! Cold path only: the walk runs once, inside the R1 check at the first `cuInit` or at the
 //! first violation reported before it (`decision_record::record_decision`); afterwards a
 //! set value is read.
-//! A process that never initialises CUDA (and breaks no rule) never walks. The walk opens
-//! two files per guarded ancestor and two of the first unguarded one, where it ends, or
-//! ends at the first rank record (docs/design.md §1, "The walk's cost").
+//! A process that never initialises CUDA (and breaks no rule) never walks. The guarded
+//! ancestors its lineage note names (`process::lineage`) are not read, only looked up in the
+//! registry where its start-up sweep saw their records; above the note (or without one)
+//! it reads each guarded ancestor's stat and environment and those of the first unguarded
+//! one, where it ends, or ends at the first rank record (docs/design.md §1, "The walk's
+//! cost", "The lineage note").
 //!
 //! The record it leaves goes with the process: at `exit` and before `exec`
 //! ([`drop_record`]), from a path kept in a static buffer (no allocation where a signal,
@@ -106,9 +109,10 @@ pub fn applies(cfg: &Config) -> bool {
 }
 
 /// The real `/proc`, and the registry for rank records (opened once per walk). Per
-/// ancestor it opens two files, `/proc/<pid>/stat` (whose owner is the process's, so no
-/// second look-up for [`ProcView::uid`]) and `/proc/<pid>/environ` (read in pieces, up to
-/// the variables the decision needs), and looks one name up in the registry.
+/// ancestor it reads `/proc/<pid>/stat` (whose owner is the process's, so no second look-up
+/// for [`ProcView::uid`]) and the environment (by [`VmReader`], else `/proc/<pid>/environ`,
+/// in pieces, up to the variables the decision needs), and looks its rank record up in the
+/// registry unless the start-up sweep saw none.
 pub(crate) struct ProcFsView {
     reg: Option<Option<Registry>>,
     /// The first read that failed for a reason other than the process being gone or not
