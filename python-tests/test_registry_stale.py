@@ -17,7 +17,11 @@ from conftest import GUARD, PYTHON, clean_env, run
 # (the issue's case was 30,000 dead records against the old bound of 4,096).
 DEAD = 66_000
 # Prints whether its own rank record exists while it runs (it is removed at exit), and its pid.
-CUINIT = ("import os; from cuda.bindings import driver as d; d.cuInit(0); "
+# It is given its GPU in-process (Ray's worker does so), so its start environment does not
+# say its rank and its record is written at its first cuInit, through the registry's bounds
+# (a process started on its GPU owes its record until it starts a child: test_rank_root_cost.py).
+CUINIT = ("import os; os.environ['CUDA_VISIBLE_DEVICES'] = '0'; "
+          "from cuda.bindings import driver as d; d.cuInit(0); "
           "print(os.path.isfile(os.path.join(os.environ['RANKGUARD_REGISTRY'], f'rank-{os.getpid()}')), "
           "os.getpid())")
 
@@ -45,7 +49,7 @@ def test_more_dead_records_than_the_bound_are_not_a_full_registry(tmp_path):
     reg = tmp_path / "registry"
     reg.mkdir(mode=0o700)
     _dead_records(reg, DEAD)
-    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="0",
+    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES=None,
                     RANKGUARD_MODE="enforce", RANKGUARD_REGISTRY=str(reg))
     sizes = [DEAD]
     for _ in range(2):

@@ -163,14 +163,16 @@ def bindings(lib: pathlib.Path, argv: list, **env: str) -> list[tuple[str, str]]
 @pytest.mark.parametrize("lib", BUILDS)
 def test_stds_libc_calls_bind_on_first_use_to_the_c_library(lib):
     # The loader's own account: /bin/true under the guard binds nothing of the library's
-    # but what LOAD_TIME_* names; a refused call, which reads the configuration, allocates,
-    # opens the registry's directory and writes, binds the C library's functions then,
-    # to libc (the stubs reach the same functions the GOT held).
+    # but what LOAD_TIME_* names; a refused call, which reads the configuration, allocates
+    # and writes, and a first cuInit that records its rank (its GPU given in-process), which
+    # opens the registry's directory for its start-up sweep, bind the C library's functions
+    # then, to libc (the stubs reach the same functions the GOT held).
     at_start = {name for name, _ in bindings(lib, ["/bin/true"])}
     assert at_start, "LD_DEBUG=bindings printed nothing for the library: the parse is wrong"
     assert at_start <= LOAD_TIME_WEAK | LOAD_TIME_DATA, sorted(at_start - LOAD_TIME_WEAK - LOAD_TIME_DATA)
     used = dict(bindings(lib, [prog("guard_call"), "link", "cuDeviceGet", "1"],
                          CUDA_VISIBLE_DEVICES="3", RANKGUARD_MODE="enforce"))
+    used.update(bindings(lib, [prog("guard_repoint"), "0"], CUDA_VISIBLE_DEVICES=None))
     for f in ("malloc", "free", "memcpy", "getenv", "opendir", "write"):
         assert used.get(f, "").startswith("libc.so"), (f, used.get(f), sorted(used))
 

@@ -467,6 +467,60 @@ impl ProvenanceRecord {
         s
     }
 
+    /// The text [`render`](Self::render) gives the rank record of process `pid` (started at
+    /// `start`, its own rank root, on `gpu`, in job `job`, a token of [`job_token`]), written
+    /// to `w` with nothing allocated: for a writer that may not allocate (the `vfork` child
+    /// that writes its parent's record before its `exec`, `root_walk`).
+    pub fn write_rank(
+        w: &mut impl fmt::Write,
+        pid: u32,
+        start: u64,
+        job: Option<&str>,
+        gpu: &str,
+        time: u64,
+    ) -> fmt::Result {
+        // Pieces and digits, no `format_args!`: its table of pieces would be one more
+        // relocation at every process start of the guard (test_startup_cost.py).
+        let dec = |w: &mut dyn fmt::Write, mut v: u64| {
+            let mut digits = [0u8; 20];
+            let mut at = digits.len();
+            loop {
+                at -= 1;
+                if let Some(d) = digits.get_mut(at) {
+                    *d = b'0' + (v % 10) as u8;
+                }
+                v /= 10;
+                if v == 0 || at == 0 {
+                    break;
+                }
+            }
+            w.write_str(std::str::from_utf8(digits.get(at..).unwrap_or_default()).unwrap_or("0"))
+        };
+        let pid = u64::from(pid);
+        w.write_str(MAGIC)?;
+        w.write_str("\nkey ")?;
+        w.write_str(Kind::Rank.tag())?;
+        w.write_str("-")?;
+        dec(w, pid)?;
+        w.write_str("\njob ")?;
+        w.write_str(job.unwrap_or("-"))?;
+        w.write_str("\nrank -\npid ")?;
+        dec(w, pid)?;
+        w.write_str("\nstart ")?;
+        dec(w, start)?;
+        w.write_str("\ngpu ")?;
+        w.write_str(gpu)?;
+        w.write_str("\nlocation ")?;
+        w.write_str(Location::Device.as_str())?;
+        w.write_str("\ntime ")?;
+        dec(w, time)?;
+        w.write_str("\nroot ")?;
+        dec(w, pid)?;
+        w.write_str(".")?;
+        dec(w, start)?;
+        w.write_str("\nend\n")
+    }
+
     /// Parse a record's text; every field must be present once and well-formed, the key
     /// must be `expect` (a record renamed to another key is not trusted), and the text must
     /// end with the `end` line (a truncated record is rejected).
@@ -2881,6 +2935,31 @@ mod tests {
             decide(&me_root(Some(a), G1), Some(&ranked), None, s),
             UnknownStrict
         );
+    }
+
+    #[test]
+    fn a_rank_record_written_without_allocating_is_the_rendered_one() {
+        let gpu = "GPU-0c0ffee0-0000-4000-8000-000000000000";
+        for (job, pid, start, time) in [
+            (None, 4242, 987_654, 1_700_000_000),
+            (Some("slurm:12.0"), 4_194_303, 18_446_744_073_709, 0),
+        ] {
+            let rec = ProvenanceRecord {
+                key: Key::rank(pid),
+                job: job.map(str::to_string),
+                rank: None,
+                pid,
+                start,
+                gpu: Some(gpu.into()),
+                location: Location::Device,
+                time,
+                root: Some(RootId { pid, start }),
+            };
+            let mut out = String::new();
+            ProvenanceRecord::write_rank(&mut out, pid, start, job, gpu, time).unwrap();
+            assert_eq!(out, rec.render());
+            assert_eq!(ProvenanceRecord::parse(&out, &Key::rank(pid)).unwrap(), rec);
+        }
     }
 
     #[test]

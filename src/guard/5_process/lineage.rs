@@ -254,7 +254,7 @@ fn owner_stat(pid: u32) -> Option<(rank_root::Stat, u32)> {
 
 /// `/proc/<pid>/stat` into `line`, and the file's owner (the process's effective uid), by
 /// plain system calls on a path built on the stack.
-fn read_stat(pid: u32, line: &mut [u8; 1024]) -> Option<(usize, u32)> {
+pub(crate) fn read_stat(pid: u32, line: &mut [u8; 1024]) -> Option<(usize, u32)> {
     let mut path = [0u8; 32];
     let mut at = 0;
     let mut put = |bytes: &[u8]| -> Option<()> {
@@ -298,14 +298,13 @@ fn read_stat(pid: u32, line: &mut [u8; 1024]) -> Option<(usize, u32)> {
     Some((n, st.st_uid))
 }
 
-/// The note this process was started with, as the walk reads it (None: none, not of the
-/// form, or the start block is not in memory: the walk then reads `/proc` from the start).
-pub fn mine() -> Option<Note<'static>> {
+/// What this process's start environment defines first: its lineage note (the walk
+/// parses it: None when it is not of the form), `CUDA_VISIBLE_DEVICES` and `LD_PRELOAD`.
+/// None when the start block is not in memory: the walk then reads `/proc` from the start.
+pub fn start_facts() -> Option<StartDefs<'static>> {
     let block = start_block::at_load()?;
     let bytes: &'static [u8] = block.into_bytes();
-    lineage::start_defs(bytes, signal_safe::first_nul)
-        .note
-        .and_then(lineage::parse)
+    Some(lineage::start_defs(bytes, signal_safe::first_nul))
 }
 
 #[cfg(test)]

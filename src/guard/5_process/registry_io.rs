@@ -59,6 +59,20 @@ pub(crate) fn open_registry_or_why() -> Result<Registry, Untrusted> {
 
 /// [`open_registry_or_why`] in process `pid` (this one: asked once by the caller).
 pub(crate) fn open_registry_or_why_in(pid: u32) -> Result<Registry, Untrusted> {
+    verified(pid).map(|r| swept_at_start(r, pid))
+}
+
+/// The verified registry for one look-up by name, not swept: the rank root's walk asks one
+/// rank record this way before any other (`root_walk`: a process that writes nothing and
+/// asks once leaves the sweep to the next that writes; docs/design.md §1, "The walk's
+/// cost").
+pub(crate) fn open_registry_unswept() -> Option<Registry> {
+    verified(signal_safe::pid()).ok()
+}
+
+/// The registry this process trusts (the configured one, the default, or the default's
+/// private fallback), verified; problems said once.
+fn verified(pid: u32) -> Result<Registry, Untrusted> {
     let uid = euid();
     let (dir, var) = match &state::get().config.registry {
         Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
@@ -71,11 +85,9 @@ pub(crate) fn open_registry_or_why_in(pid: u32) -> Result<Registry, Untrusted> {
         us: signal_safe::monotonic_us(),
     };
     match Registry::open_recent(&dir, uid, true, now) {
-        Ok(r) => Ok(swept_at_start(r, pid)),
+        Ok(r) => Ok(r),
         Err(problem) if state::get().config.registry.is_none() => {
-            open_fallback(uid, &dir, &problem.to_string())
-                .map(|r| swept_at_start(r, pid))
-                .ok_or(Untrusted::DefaultTaken)
+            open_fallback(uid, &dir, &problem.to_string()).ok_or(Untrusted::DefaultTaken)
         }
         Err(problem) => {
             say_once(

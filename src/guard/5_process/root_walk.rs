@@ -14,7 +14,9 @@
 //!
 //! The record it leaves goes with the process: at `exit` and before `exec`
 //! ([`drop_record`]), from a path kept in a static buffer (no allocation where a signal,
-//! fork or `vfork` child can be).
+//! fork or `vfork` child can be). Where the process's start environment already names its
+//! rank, the record is owed until a child can start ([`pay_owed`]; docs/design.md §1, "The
+//! rank record").
 //! Explicit rank variables win: with `RANK`/`SLURM_PROCID`/`OMPI_COMM_WORLD_RANK`/
 //! `PMI_RANK` or `RANKGUARD_RANK_GPU` set, nothing here runs and the root stays unset.
 //!
@@ -30,7 +32,7 @@ use std::os::unix::fs::MetadataExt;
 
 use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::Config;
 use crate::cvd::Visibility;
@@ -53,16 +55,86 @@ const MAX_ENVIRON: u64 = 8 << 20;
 /// This process's rank root.
 #[derive(Debug)]
 pub struct Root {
-    pub id: RootId,
+    pid: u32,
+    /// The root's start time when it is an ancestor; 0 when it is the process that found
+    /// it, whose own start time is read only when something asks ([`Root::id`]): the walk
+    /// itself never needs it (docs/design.md §1, "The walk's cost").
+    start: u64,
     /// The node's host name (the walk never leaves the node).
     pub host: String,
     /// The rank GPU as the root's evidence names it; None when this process is the root
     /// (its own GPU is the rank's).
     pub gpu: Option<RootGpu>,
-    /// The process that found it, and its start time.
+    /// The process that found it.
     by: u32,
-    by_start: u64,
+    /// Whether the finder's start environment preloads the guard (`lineage::start_facts`):
+    /// a descendant's walk reads it then, rather than ending at it.
+    started_guarded: bool,
 }
+
+impl Root {
+    /// The root by pid and start time; None when the root is the process that found it and
+    /// its stat cannot be read now (the fd table full), or is the parent this process was
+    /// forked from and was not read before the fork (never: [`before_fork`] reads it).
+    pub fn id(&self) -> Option<RootId> {
+        let start = match self.start {
+            0 => start_of(self.by)?,
+            s => s,
+        };
+        Some(RootId {
+            pid: self.pid,
+            start,
+        })
+    }
+}
+
+/// The start time of process [`OWN_START_PID`], read from its stat when first asked; a
+/// fork child inherits its parent's (the root it keeps naming until its own walk).
+static OWN_START: AtomicU64 = AtomicU64::new(0);
+static OWN_START_PID: AtomicU32 = AtomicU32::new(0);
+
+/// The start time of process `pid` when it is this process or its parent (a fork child
+/// naming the root its parent found, the `vfork` child writing its parent's record), read
+/// once and kept (a fork child inherits the value its parent kept); None for another
+/// process or when unreadable. Plain system calls, no allocation: [`before_fork`] and a
+/// `vfork` child call it.
+fn start_of(pid: u32) -> Option<u64> {
+    if OWN_START_PID.load(Ordering::Acquire) == pid {
+        return Some(OWN_START.load(Ordering::Relaxed));
+    }
+    let own = pid == signal_safe::pid();
+    if !own && pid != signal_safe::ppid() {
+        return None;
+    }
+    let mut line = [0u8; 1024];
+    let (n, _) = lineage::read_stat(pid, &mut line)?;
+    // The parent ended while its stat was read: the pid may be another process's now.
+    if !own && signal_safe::ppid() != pid {
+        return None;
+    }
+    let start = rank_root::parse_stat(std::str::from_utf8(line.get(..n)?).ok()?)?.start;
+    OWN_START.store(start, Ordering::Relaxed);
+    OWN_START_PID.store(pid, Ordering::Release);
+    Some(start)
+}
+
+/// `pthread_atfork`'s prepare handler (registered once per image by the first walk that
+/// found its own process the root): the rank record owed is written before the child can
+/// walk ([`pay_owed`]), and the child inherits the root's start time already read, since
+/// it cannot read its parent's stat once the parent has exited.
+extern "C" fn before_fork() {
+    let _ = std::panic::catch_unwind(|| {
+        pay_owed(false);
+        if let Some(r) = mine() {
+            if r.start == 0 {
+                let _ = start_of(r.by);
+            }
+        }
+    });
+}
+
+/// [`before_fork`] is registered (once per image: a fork child inherits the registration).
+static FORK_HOOK: Latch = Latch::new();
 
 /// A `Box<Root>` leaked on purpose (once per process that walks), or null.
 static ROOT: AtomicPtr<Root> = AtomicPtr::new(ptr::null_mut());
@@ -99,7 +171,7 @@ fn mine() -> Option<&'static Root> {
 }
 
 pub fn id() -> Option<RootId> {
-    current().map(|r| r.id)
+    current().and_then(Root::id)
 }
 
 /// Whether the rank is for this module to find: no rank variable and no launcher's rank GPU
@@ -114,7 +186,11 @@ pub fn applies(cfg: &Config) -> bool {
 /// in pieces, up to the variables the decision needs), and looks its rank record up in the
 /// registry unless the start-up sweep saw none.
 pub(crate) struct ProcFsView {
+    /// The registry, verified and swept at its opening: its sweep's listing answers every
+    /// look-up after the first.
     reg: Option<Option<Registry>>,
+    /// The walk's first rank-record look-up went by name (one `open`), without the sweep.
+    named: bool,
     /// The first read that failed for a reason other than the process being gone or not
     /// ours to read (EMFILE with the fd table full, ENOMEM, EIO): the walk is incomplete.
     failed: Option<Unreadable>,
@@ -125,8 +201,12 @@ pub(crate) struct ProcFsView {
     env_at: Option<(u32, u64, u64)>,
     /// One buffer for every environment read of the walk.
     buf: Vec<u8>,
-    /// This process's own stat, read once before the walk.
+    /// This process's own stat as the walk takes it: its parent from `getppid`, its start
+    /// time bounded by the time now ([`rank_root::start_bound`]; its stat is not read).
     own: Option<(u32, Stat)>,
+    /// That parent (0: none): its stat read is kept only when `getppid` still names it
+    /// afterwards, which stands for the start-time check the walk cannot make.
+    parent: u32,
     /// Environments are scanned for the rank's marks too (the rank's top, `end_rank`):
     /// read whole, not up to the walk's two variables.
     marks: bool,
@@ -141,7 +221,7 @@ const FIRST_PIECE: usize = 4 << 10;
 
 /// Bytes asked of `/proc/<pid>/environ` by each read after the first (at most: an entry
 /// cut by the last read is kept at the buffer's front): a large environment in a few reads.
-const ENVIRON_PIECE: usize = 32 << 10;
+const ENVIRON_PIECE: usize = 8 << 10;
 
 impl ProcFsView {
     /// `r`'s value; on an error, None, remembering one that leaves the walk incomplete.
@@ -274,8 +354,10 @@ fn scan_environ_reads(
     first: usize,
     piece: usize,
 ) -> std::io::Result<EnvFacts> {
-    if buf.len() < first {
-        *buf = vec![0; first];
+    // Sized once for every piece: a buffer grown after its first read is copied and its
+    // new part zeroed (memset and page faults); a fresh one from `calloc` is neither.
+    if buf.len() < first.max(piece) {
+        *buf = vec![0; first.max(piece)];
     }
     let mut kept = 0;
     let mut total = 0u64;
@@ -325,11 +407,13 @@ impl ProcFsView {
     pub(crate) fn new() -> ProcFsView {
         ProcFsView {
             reg: None,
+            named: false,
             failed: None,
             owner: None,
             env_at: None,
             buf: Vec::new(),
             own: None,
+            parent: 0,
             marks: true,
         }
     }
@@ -343,6 +427,11 @@ impl ProcView for ProcFsView {
         let mut line = [0u8; 1024];
         let r = Self::stat_line(&format!("/proc/{pid}/stat"), &mut line, true);
         let (n, uid) = self.read(pid, "stat", r)?;
+        // The parent ended while its stat was read (this process was re-parented, and the
+        // pid may be another process's now): as gone (rank_root::start_bound).
+        if pid == self.parent && signal_safe::ppid() != pid {
+            return None;
+        }
         self.owner = Some((pid, uid));
         let text = std::str::from_utf8(line.get(..n)?).ok()?;
         self.env_at = rank_root::parse_stat_env(text).map(|(at, end)| (pid, at, end));
@@ -363,26 +452,53 @@ impl ProcView for ProcFsView {
         self.read(pid, "environ", r)
     }
     fn record(&mut self, id: RootId) -> Option<RankRecord> {
-        let reg = self
-            .reg
-            .get_or_insert_with(registry_io::open_registry)
-            .as_ref()?;
+        // The first look-up by name alone: a walk that asks one (its parent's, the usual
+        // case under plain LD_PRELOAD) costs one `open`, not the directory's whole read.
+        if self.reg.is_none() && !self.named {
+            self.named = true;
+            return trusted_record(&registry_io::open_registry_unswept()?, id);
+        }
+        let reg = self.swept()?;
         // The start-up sweep of this registry read the whole directory a moment ago: a pid
         // it saw no rank record of is not looked up (docs/design.md §1, "The walk's cost").
         if reg.no_rank_record(id.pid) {
             return None;
         }
-        match reg.lookup(&Key::rank(id.pid), &ProcFs) {
-            // lookup checked that pid `id.pid` is alive, ours, and started at rec.start
-            Lookup::Found(rec) if rec.start == id.start => Some(RankRecord {
-                root: rec.root?,
-                gpu: rec.gpu?,
-            }),
-            Lookup::Found(_) | Lookup::Missing => None,
-            Lookup::Skipped(skip) => {
-                debug_log::log!(Debug, "rank record not trusted: {skip} pid={}", id.pid);
-                None
-            }
+        trusted_record(reg, id)
+    }
+    fn may_have_record(&mut self, pid: u32) -> bool {
+        // As `record` asks: the first by name, the rest from the sweep's listing. A record
+        // found here is read again, whole and checked, by `record`.
+        if self.reg.is_none() && !self.named {
+            self.named = true;
+            return registry_io::open_registry_unswept()
+                .is_some_and(|r| !matches!(r.lookup(&Key::rank(pid), &ProcFs), Lookup::Missing));
+        }
+        self.swept().is_some_and(|r| !r.no_rank_record(pid))
+    }
+}
+
+impl ProcFsView {
+    /// The registry opened, verified and swept once for the rest of the walk.
+    fn swept(&mut self) -> Option<&Registry> {
+        self.reg
+            .get_or_insert_with(registry_io::open_registry)
+            .as_ref()
+    }
+}
+
+/// The rank record of the live process `id` in `reg`, when it is one to trust.
+fn trusted_record(reg: &Registry, id: RootId) -> Option<RankRecord> {
+    match reg.lookup(&Key::rank(id.pid), &ProcFs) {
+        // lookup checked that pid `id.pid` is alive, ours, and started at rec.start
+        Lookup::Found(rec) if rec.start == id.start => Some(RankRecord {
+            root: rec.root?,
+            gpu: rec.gpu?,
+        }),
+        Lookup::Found(_) | Lookup::Missing => None,
+        Lookup::Skipped(skip) => {
+            debug_log::log!(Debug, "rank record not trusted: {skip} pid={}", id.pid);
+            None
         }
     }
 }
@@ -426,25 +542,37 @@ pub fn ensure_at_init(cfg: &Config) -> (Result<Option<&'static Root>, Unreadable
 fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unreadable> {
     let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let me = signal_safe::pid();
+        // Not its own stat (docs/design.md §1, "The walk's cost"): its parent by `getppid`,
+        // checked again after the parent's stat is read, and its start time bounded by the
+        // time now (rank_root::start_bound).
+        let ppid = signal_safe::ppid();
         let mut view = ProcFsView {
             reg: None,
+            named: false,
             failed: None,
             owner: None,
             env_at: None,
             buf: Vec::new(),
-            own: None,
+            own: Some((
+                me,
+                Stat {
+                    ppid,
+                    start: rank_root::start_bound(
+                        signal_safe::boot_ns(),
+                        // SAFETY: getauxval has no preconditions.
+                        unsafe { libc::getauxval(libc::AT_CLKTCK) },
+                    ),
+                },
+            )),
+            parent: ppid,
             marks: false,
         };
-        let mut line = [0u8; 1024];
-        let own = ProcFsView::stat_line("/proc/self/stat", &mut line, false);
-        let own = view.read(me, "stat", own);
-        let own = own.and_then(|(n, _)| std::str::from_utf8(line.get(..n)?).ok());
-        let Some(start) = own.and_then(registry::stat_start_time) else {
-            return view.failed.map_or(Ok(None), Err);
-        };
-        view.own = own.and_then(rank_root::parse_stat).map(|st| (me, st));
         // The guarded ancestors the lineage note names are not read (docs/design.md §1).
-        let note = lineage::mine();
+        let defs = lineage::start_facts();
+        let note = defs
+            .as_ref()
+            .and_then(|d| d.note)
+            .and_then(crate::lineage::parse);
         let ancestor = rank_root::find_with(me, registry_io::euid(), note, &mut view);
         *opened = view.reg.take().flatten();
         say_walk(ancestor.as_ref());
@@ -453,20 +581,23 @@ fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unr
         }
         let mut host = [0u8; 64];
         let host = signal_safe::hostname(&mut host).to_string();
+        let started_guarded = defs.is_some_and(|d| d.guarded());
         Ok(Some(match ancestor {
             Some(Ancestor { root, gpu, .. }) => Root {
-                id: root,
+                pid: root.pid,
+                start: root.start,
                 host,
                 gpu: Some(gpu),
                 by: me,
-                by_start: start,
+                started_guarded,
             },
             None => Root {
-                id: RootId { pid: me, start },
+                pid: me,
+                start: 0,
                 host,
                 gpu: None,
                 by: me,
-                by_start: start,
+                started_guarded,
             },
         }))
     }));
@@ -482,7 +613,13 @@ fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unr
     let new: &'static mut Root = Box::leak(Box::new(r));
     match ROOT.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
-            line::set_root_pid(new.id.pid);
+            line::set_root_pid(new.pid);
+            if new.start == 0 && FORK_HOOK.first() {
+                // SAFETY: `before_fork` is a plain extern "C" function of this library, which
+                // is never unloaded once CUDA was initialised through it; it makes system
+                // calls only (no lock, no allocation), as a prepare handler may.
+                unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+            }
             Ok(Some(new))
         }
         // Lost a race with another thread of this process (its value is kept; this box
@@ -512,34 +649,62 @@ pub fn rank_gpu() -> Option<&'static str> {
 /// Leave this process's rank record for its descendants: its root and the rank GPU's UUID
 /// (`own_uuid` when this process sees the rank's GPU, else the root's recorded one).
 /// Problems with the registry are said once (`registry_io`); never fails the caller.
-pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool, opened: Opened) {
+///
+/// Where the start environment already tells a descendant's walk the same root, the record
+/// is owed instead, written only when a descendant can start ([`pay_owed`];
+/// docs/design.md §1, "The rank record"): a process that preloads the guard from its start
+/// and is its own root by the single-entry CVD it was started with (`started_on_it`: the GPU
+/// it sees) is what a walk that reaches it finds in its environment. The record still ends
+/// such a walk, with the GPU's UUID (a child that names the GPU another way, a record-only
+/// rank above that initialised CUDA later), so it is written before any child of this
+/// process can walk; a process that starts none (most CUDA processes) writes none.
+pub fn publish(
+    cfg: &Config,
+    own_uuid: &str,
+    sees_rank_gpu: bool,
+    started_on_it: bool,
+    opened: Opened,
+) {
     let Some(root) = mine() else { return };
+    let mut opened = opened.0;
+    if root.gpu.is_none() && root.started_guarded && started_on_it && !own_uuid.is_empty() {
+        let reg = opened.take().or_else(registry_io::open_registry_unswept);
+        if let Some(reg) = reg.filter(|reg| owe(cfg, own_uuid, reg.dir())) {
+            debug_log::log!(
+                Debug,
+                "rank record owed: written before this process starts a child ({})",
+                reg.dir().display()
+            );
+            return;
+        }
+    }
     let gpu = match (&root.gpu, sees_rank_gpu) {
         (_, true) if !own_uuid.is_empty() => own_uuid.to_string(),
         (Some(RootGpu::Uuid(u)), _) => u.clone(),
         _ => return,
     };
     let _ = std::panic::catch_unwind(|| {
-        let reg = match opened.0 {
+        let reg = match opened {
             Some(reg) => reg,
             None => registry_io::open_registry()?,
         };
+        let id = root.id()?;
         let rec = ProvenanceRecord {
-            key: Key::rank(signal_safe::pid()),
+            key: Key::rank(root.by),
             job: cfg.job.as_deref().map(registry::job_token),
             rank: None,
-            pid: signal_safe::pid(),
-            start: root.by_start,
+            pid: root.by,
+            start: start_of(root.by)?,
             gpu: Some(gpu),
             location: Location::Device,
             time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            root: Some(root.id),
+            root: Some(id),
         };
         match reg.write(&rec, &ProcFs) {
             Ok(()) => {
-                debug_log::log!(Debug, "recorded this process's rank root={}", root.id);
+                debug_log::log!(Debug, "recorded this process's rank root={id}");
                 drop_at_end(&reg.dir().join(rec.key.file_name()));
             }
             Err(problem) => registry_io::said_write_problem(
@@ -553,12 +718,13 @@ pub fn publish(cfg: &Config, own_uuid: &str, sees_rank_gpu: bool, opened: Opened
 }
 
 /// A root as a record names it.
-pub fn as_ref(r: &Root) -> RootRef<'_> {
-    RootRef {
-        pid: r.id.pid,
-        start: r.id.start,
+pub fn as_ref(r: &Root) -> Option<RootRef<'_>> {
+    let id = r.id()?;
+    Some(RootRef {
+        pid: id.pid,
+        start: id.start,
         host: Some(Cow::Borrowed(&r.host)),
-    }
+    })
 }
 
 // This process's rank record, removed when the process ends
@@ -617,6 +783,174 @@ pub fn drop_record() {
         // SAFETY: the buffer holds a NUL-terminated path, published with RECORD_OWNER.
         unsafe { libc::unlink(RECORD_PATH.0.get().cast()) };
     }
+}
+
+// The rank record owed (docs/design.md §1, "The rank record")
+
+/// The process that owes its rank record (0: none), written before it starts a child.
+static OWED_BY: AtomicU32 = AtomicU32::new(0);
+
+/// Bytes of the owed record's GPU UUID and job token (a MIG UUID and `registry::job_token`'s
+/// longest fit).
+const OWED_GPU_MAX: usize = 96;
+const OWED_JOB_MAX: usize = 192;
+
+/// What the owed record says beyond its writer's pid and start time. Written by [`owe`]
+/// before OWED_BY is marked (Release), read by [`pay_owed`] after it saw the mark (Acquire)
+/// and claimed it, so never while being written.
+struct OwedParts {
+    gpu: [u8; OWED_GPU_MAX],
+    gpu_len: usize,
+    job: [u8; OWED_JOB_MAX],
+    job_len: usize,
+    /// Whether a job names the rank (all-zero statics stay out of the file's data).
+    has_job: bool,
+}
+
+struct Owed(UnsafeCell<OwedParts>);
+
+// SAFETY: see OwedParts: one writer while OWED_BY is clear, readers after the claim.
+unsafe impl Sync for Owed {}
+
+static OWED: Owed = Owed(UnsafeCell::new(OwedParts {
+    gpu: [0; OWED_GPU_MAX],
+    gpu_len: 0,
+    job: [0; OWED_JOB_MAX],
+    job_len: 0,
+    has_job: false,
+}));
+
+/// Owe this process's rank record (its own root, on `own_uuid`) in registry `dir`: keep
+/// what it will say and where it goes, and register the exit handler that removes it once
+/// written. False when it does not fit (the caller writes it now).
+fn owe(cfg: &Config, own_uuid: &str, dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let me = signal_safe::pid();
+    let job = cfg.job.as_deref().map(registry::job_token);
+    let path = dir.join(Key::rank(me).file_name());
+    let path = path.as_os_str().as_bytes();
+    if own_uuid.len() > OWED_GPU_MAX
+        || job.as_ref().is_some_and(|j| j.len() > OWED_JOB_MAX)
+        || path.len() >= RECORD_PATH_MAX
+        || path.contains(&0)
+        || !FORK_HOOK.done()
+    {
+        return false;
+    }
+    OWED_BY.store(0, Ordering::Release);
+    RECORD_OWNER.clear();
+    // `get_mut`, not indexing (the lengths were checked above): an index keeps a panic
+    // location, a relocation at every process start (test_startup_cost.py).
+    let put = |to: &mut [u8], from: &[u8]| {
+        if let Some(to) = to.get_mut(..from.len()) {
+            to.copy_from_slice(from);
+        }
+    };
+    let job = job.as_deref().unwrap_or("");
+    // SAFETY: OWED_BY and RECORD_OWNER are clear, so no payer or remover reads these now;
+    // this is the R1 check's thread, the only writer (once per process, under INIT_CHECK).
+    unsafe {
+        let parts = &mut *OWED.0.get();
+        put(&mut parts.gpu, own_uuid.as_bytes());
+        parts.gpu_len = own_uuid.len();
+        put(&mut parts.job, job.as_bytes());
+        parts.job_len = job.len();
+        parts.has_job = cfg.job.is_some();
+        let buf = &mut *RECORD_PATH.0.get();
+        put(buf, path);
+        put(buf.get_mut(path.len()..).unwrap_or_default(), &[0]);
+    }
+    if EXIT_HOOK.first() {
+        // SAFETY: as in `drop_at_end`.
+        unsafe { libc::atexit(at_exit) };
+    }
+    OWED_BY.store(me, Ordering::Release);
+    true
+}
+
+/// Write the rank record this process owes, before a descendant can walk: at a `fork`
+/// (`before_fork`), a `posix_spawn` and an `exec` (`hooks::exec`). An `exec` in the owing
+/// process itself (`exec`: true) replaces it, so nothing is owed any more; one in its
+/// `vfork` child (Python's `subprocess`, dash), which shares its memory, writes the record
+/// for it, by system calls alone (nothing allocated or locked), and leaves its removal to it.
+/// A child forked without the prepare handler (a raw `clone`) writes it too, but its parent
+/// never learns so and leaves it to the sweeps. One atomic load where nothing is owed.
+pub fn pay_owed(exec: bool) {
+    let owner = OWED_BY.load(Ordering::Acquire);
+    if owner == 0 {
+        return;
+    }
+    let me = signal_safe::pid();
+    if (me == owner && exec) || (me != owner && signal_safe::ppid() != owner) {
+        return;
+    }
+    if OWED_BY
+        .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        return; // another thread pays it
+    }
+    if write_owed(owner, me).is_some() {
+        RECORD_OWNER.mark(owner);
+    }
+}
+
+/// The owed record of process `owner` at RECORD_PATH, through a temporary file named by
+/// `me` (the registry's `.tmp.<pid>.<seq>.<secs>`, which its sweeps read), renamed over it.
+fn write_owed(owner: u32, me: u32) -> Option<()> {
+    use rankguard_core::record::FixedWriter;
+    let start = start_of(owner)?;
+    // SAFETY: the caller claimed OWED_BY, after owe wrote the parts (OwedParts).
+    let parts = unsafe { &*OWED.0.get() };
+    let gpu = std::str::from_utf8(parts.gpu.get(..parts.gpu_len)?).ok()?;
+    let job = match parts.has_job {
+        false => None,
+        true => Some(std::str::from_utf8(parts.job.get(..parts.job_len)?).ok()?),
+    };
+    let secs = signal_safe::now_us() / 1_000_000;
+    let mut text = [0u8; 1024];
+    let mut w = FixedWriter::new(&mut text);
+    ProvenanceRecord::write_rank(&mut w, owner, start, job, gpu, secs).ok()?;
+    if w.overflowed() {
+        return None;
+    }
+    // SAFETY: `owe` wrote a NUL-terminated path there before marking OWED_BY.
+    let path = unsafe { &*RECORD_PATH.0.get() };
+    let end = path.iter().position(|&b| b == 0)?;
+    let dir = path.get(..end)?.iter().rposition(|&b| b == b'/')?;
+    let mut tmp = [0u8; RECORD_PATH_MAX + 48];
+    let mut tw = FixedWriter::new(&mut tmp);
+    let dir_text = std::str::from_utf8(path.get(..dir)?).ok()?;
+    std::fmt::Write::write_fmt(&mut tw, format_args!("{dir_text}/.tmp.{me}.0.{secs}\0")).ok()?;
+    if tw.overflowed() {
+        return None;
+    }
+    let bytes = w.as_bytes();
+    // SAFETY: `tmp` and `path` are NUL-terminated paths on our stack and in RECORD_PATH;
+    // `bytes` is ours to read for its length. System calls through `syscall`, a function
+    // the library already calls (nothing for the loader to bind in a `vfork` child).
+    unsafe {
+        let tmp = tw.as_bytes().as_ptr().cast::<libc::c_char>();
+        let fd = libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            tmp,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600,
+        );
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::syscall(libc::SYS_write, fd, bytes.as_ptr(), bytes.len());
+        libc::syscall(libc::SYS_close, fd);
+        if usize::try_from(n).ok() != Some(bytes.len())
+            || libc::syscall(libc::SYS_rename, tmp, path.as_ptr()) != 0
+        {
+            libc::syscall(libc::SYS_unlink, tmp);
+            return None;
+        }
+    }
+    Some(())
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub fn write(f: &MapFacts<'_>) {
         rank: cfg.rank,
         local_rank: cfg.local_rank,
         job: cfg.job.as_deref().map(Cow::Borrowed),
-        rank_root: root_walk::current().map(root_walk::as_ref),
+        rank_root: root_walk::current().and_then(root_walk::as_ref),
         mode: Some(f.mode),
         cvd: cvd.map(Cow::Borrowed),
         cvd_start: f.cvd_start.map(Cow::Borrowed),

@@ -63,7 +63,7 @@ fn end(mode: Mode, rule: Rule, why: &str) {
     // Without rank marks: the rank root, when it is an ancestor (not this process).
     let root = root_walk::ensure(cfg)
         .filter(|r| r.gpu.is_some())
-        .map(|r| r.id);
+        .and_then(|r| r.id());
     let top = rank_top(me, uid, &marks, root, &mut ProcFsView::new());
     let cap = site::capture(site::python_thread());
     let site = cap.site.as_deref().unwrap_or("<unknown site>");

@@ -155,7 +155,13 @@ fn check_init(rc: CuResult) {
     if by_root && (verdict.is_allow() || mode == Mode::Warn) {
         // A process that sees exactly one GPU records its rank for its descendants.
         let sees_rank_gpu = entries == 1 && devices == 1 && is_rank_gpu != Some(false);
-        root_walk::publish(cfg, own_uuid, sees_rank_gpu, opened);
+        root_walk::publish(
+            cfg,
+            own_uuid,
+            sees_rank_gpu,
+            kept_start_gpu == Some(true),
+            opened,
+        );
     }
     let Verdict::Violation(v) = verdict else {
         if mode == Mode::Enforce {

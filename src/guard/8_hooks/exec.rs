@@ -40,10 +40,12 @@ mod x86 {
         -1
     }
 
-    /// What every `exec` does first: flush the counts, remove the rank record and the
-    /// export records. Never unwinds.
+    /// What every `exec` does first: flush the counts, write the rank record a `vfork`
+    /// parent owes (`root_walk::pay_owed`: its child is about to start), remove this
+    /// process's rank record and export records. Never unwinds.
     fn before_exec() {
         let _ = std::panic::catch_unwind(tally::before_exec);
+        let _ = std::panic::catch_unwind(|| root_walk::pay_owed(true));
         root_walk::drop_record();
         own_records::drop_all();
     }
@@ -269,6 +271,8 @@ mod x86 {
         if real == 0 {
             return libc::ENOSYS;
         }
+        // The child may walk: the rank record this process owes is written first.
+        let _ = std::panic::catch_unwind(|| root_walk::pay_owed(false));
         note_space!(entry, array);
         // SAFETY: `envp` is the caller's environment array (the function's contract).
         let new = unsafe { with_note(envp, Start::Spawn, &mut entry, &mut array) };
