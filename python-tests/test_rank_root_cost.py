@@ -194,6 +194,45 @@ def test_a_rank_record_is_gone_when_its_process_ends(tmp_path, how):
     assert list(reg.glob("rank-*")) == [], list(reg.iterdir())
 
 
+OWED = """
+import os, subprocess, sys
+from cuda.bindings import driver as d
+assert int(d.cuInit(0)[0]) == 0
+reg, how = sys.argv[1], sys.argv[2]
+rec = os.path.join(reg, f"rank-{os.getpid()}")
+print("owed", not os.path.exists(rec), flush=True)
+# the child looks for its parent's record itself, as its walk would
+check = ["/bin/sh", "-c", f'test -e "{rec}" && echo child-sees written || echo child-sees missing']
+if how == "subprocess":
+    subprocess.run(check, check=True)
+elif how == "posix_spawn":
+    os.waitpid(os.posix_spawn(check[0], check, dict(os.environ)), 0)
+elif how == "fork":
+    c = os.fork()
+    if c == 0:
+        print("child-sees", "written" if os.path.exists(rec) else "missing", flush=True)
+        os._exit(0)
+    os.waitpid(c, 0)
+print("parent-sees", os.path.exists(rec), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["subprocess", "posix_spawn", "fork"])
+def test_an_owed_record_is_written_before_a_child_can_walk(tmp_path, how):
+    """A guarded process started on its GPU (its start environment names its rank) owes its
+    rank record: none after its first cuInit, and it is there when a child started any way
+    the guard sees runs: Python's subprocess (a vfork child's exec writes it for its
+    parent), posix_spawn (the hook, in the parent), fork (the prepare handler). The parent
+    keeps it and removes it at exit (docs/design.md §1, "The rank record")."""
+    reg = registry(tmp_path)
+    env = clean_env(LD_PRELOAD=str(GUARD), FAKECUDA_GPUS="8", CUDA_VISIBLE_DEVICES="0",
+                    RANKGUARD_REGISTRY=str(reg))
+    p = run([PYTHON, "-c", OWED, reg, how], env=env, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.split("\n")[:3] == ["owed True", "child-sees written", "parent-sees True"], p.stdout
+    assert list(reg.iterdir()) == [], list(reg.iterdir())
+
+
 def test_a_forked_child_leaves_its_parents_record(tmp_path):
     """The exit handler is inherited across fork: a child that exits must not remove the
     record of the parent that wrote it."""
