@@ -89,7 +89,15 @@ fn rt_sigaction(
     // SAFETY: rt_sigaction reads a KernelSigaction at `new` and writes one at `old` when
     // they are not null; both are references the caller holds across the call, with the
     // kernel's layout for this architecture (above) and MASK_BYTES as its mask's size.
-    unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, new, old, MASK_BYTES) == 0 }
+    unsafe {
+        signal_safe::raw_syscall(
+            libc::SYS_rt_sigaction,
+            sig as usize,
+            new as usize,
+            old as usize,
+            MASK_BYTES,
+        ) == 0
+    }
 }
 
 /// The handler `sig` has now: `SIG_DFL` (0), `SIG_IGN` (1) or a function's address; `None`
@@ -139,7 +147,15 @@ pub fn default_action(sig: c_int) -> bool {
 pub fn raise(sig: c_int) -> bool {
     let (pid, tid) = (signal_safe::pid(), signal_safe::tid());
     // SAFETY: tgkill takes three integers; the thread named is this one, of this process.
-    unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) == 0 }
+    unsafe {
+        signal_safe::raw_syscall(
+            libc::SYS_tgkill,
+            pid as usize,
+            tid as usize,
+            sig as usize,
+            0,
+        ) == 0
+    }
 }
 
 #[cfg(test)]

@@ -186,14 +186,53 @@ pub fn hostname(out: &mut [u8; 64]) -> &str {
     std::str::from_utf8(&out[..end]).unwrap_or("?")
 }
 
+/// A system call by the `syscall` instruction itself (x86-64; elsewhere the C library's
+/// `syscall`): the kernel's return value, `-errno` on failure (errno is not set). The C
+/// library's `getpid` and `syscall` would be two more symbols the loader binds lazily at a
+/// first `cuInit` (about a microsecond each: docs/benchmarks.md, "The first cuInit's
+/// bindings"); the instruction costs what their bodies cost.
+///
+/// # Safety
+/// As for the system call `nr` with these arguments (pointers valid for what it reads and
+/// writes).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn raw_syscall(nr: libc::c_long, a: usize, b: usize, c: usize, d: usize) -> isize {
+    let ret: isize;
+    // SAFETY: the caller's contract; the kernel clobbers rcx and r11 only and reads or
+    // writes memory only as the call's arguments say.
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") nr as isize => ret,
+            in("rdi") a, in("rsi") b, in("rdx") c, in("r10") d,
+            out("rcx") _, out("r11") _, options(nostack, preserves_flags));
+    }
+    ret
+}
+
+/// [`raw_syscall`] where there is no `syscall` instruction to use: the C library's.
+///
+/// # Safety
+/// As for the system call `nr` with these arguments.
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn raw_syscall(nr: libc::c_long, a: usize, b: usize, c: usize, d: usize) -> isize {
+    // SAFETY: the caller's contract.
+    match unsafe { libc::syscall(nr, a, b, c, d) } {
+        -1 => {
+            -(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL) as isize)
+        }
+        r => r as isize,
+    }
+}
+
 pub fn pid() -> u32 {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u32 }
+    // SAFETY: getpid takes no arguments and cannot fail.
+    unsafe { raw_syscall(libc::SYS_getpid, 0, 0, 0, 0) as u32 }
 }
 
 pub fn tid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { raw_syscall(libc::SYS_gettid, 0, 0, 0, 0) as u32 }
 }
 
 /// The index of the first NUL in `s` (None: there is none), sixty-four bytes a step with the
@@ -242,24 +281,10 @@ pub fn first_nul(s: &[u8]) -> Option<usize> {
 #[cfg(not(target_arch = "x86_64"))]
 pub use crate::rank_root::first_nul;
 
-/// This process's parent (a system call through `syscall`, a slot the library already has).
+/// This process's parent.
 pub fn ppid() -> u32 {
-    // SAFETY: getppid has no arguments and cannot fail.
-    unsafe { libc::syscall(libc::SYS_getppid) as u32 }
-}
-
-/// This process's pid by the `syscall` instruction itself: at load (the constructor), where
-/// a C library call would be one more symbol bound at every process start.
-#[cfg(target_arch = "x86_64")]
-pub fn pid_at_load() -> u32 {
-    let pid: u64;
-    // SAFETY: getpid (39) takes no arguments and cannot fail; the kernel clobbers rcx and
-    // r11 only, and touches no memory of ours.
-    unsafe {
-        std::arch::asm!("syscall", inlateout("rax") libc::SYS_getpid as u64 => pid,
-            out("rcx") _, out("r11") _, options(nostack, preserves_flags, readonly));
-    }
-    pid as u32
+    // SAFETY: getppid takes no arguments and cannot fail.
+    unsafe { raw_syscall(libc::SYS_getppid, 0, 0, 0, 0) as u32 }
 }
 
 /// The current value of an environment variable, without allocating or taking std's

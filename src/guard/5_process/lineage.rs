@@ -37,7 +37,7 @@ static IMAGE_PID: AtomicU32 = AtomicU32::new(0);
 /// hooks that read it are.
 pub fn at_load() {
     #[cfg(target_arch = "x86_64")]
-    IMAGE_PID.store(signal_safe::pid_at_load(), Ordering::Relaxed);
+    IMAGE_PID.store(signal_safe::pid(), Ordering::Relaxed);
 }
 
 /// Bytes of the note's entry on the stack (`RANKGUARD_LINEAGE=` and the value).
