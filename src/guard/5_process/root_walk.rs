@@ -30,7 +30,6 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 
-use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -729,16 +728,16 @@ pub fn as_ref(r: &Root) -> Option<RootRef<'_>> {
 
 // This process's rank record, removed when the process ends
 
-/// The path of this process's rank record, NUL-terminated, for a removal that must not
-/// allocate (an exit handler, an `exec` shim in a `vfork` child or a signal handler).
-struct RecordPath(UnsafeCell<[u8; RECORD_PATH_MAX]>);
+/// The path of this process's rank record, NUL-terminated, in an allocation made where
+/// allocating is allowed (the R1 check) and kept for the life of the image, for a removal
+/// that must not allocate (an exit handler, an `exec` shim in a `vfork` child or a signal
+/// handler). In the heap, not a static: a first `cuInit` then touches no page of the
+/// library's `.bss` for it (each a page fault of its own). Null: none yet.
+static RECORD_PATH: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
 
-// SAFETY: written only by `drop_at_end` while RECORD_OWNER is clear (no reader looks at it
-// then), read only after an Acquire load saw it marked by the writer's Release store.
-unsafe impl Sync for RecordPath {}
-
+/// Longest record path kept (a registry path is far shorter).
 const RECORD_PATH_MAX: usize = 4096;
-static RECORD_PATH: RecordPath = RecordPath(UnsafeCell::new([0; RECORD_PATH_MAX]));
+
 /// The process that wrote the record at RECORD_PATH (none: no record). A forked child
 /// finds it marked by another pid and so never removes the parent's record; its own
 /// `cuInit` records its own.
@@ -746,25 +745,51 @@ static RECORD_OWNER: PerProcess = PerProcess::new();
 /// The `atexit` handler is registered (once per image: a fork child inherits it).
 static EXIT_HOOK: Latch = Latch::new();
 
+/// Keep `path` as RECORD_PATH (NUL-terminated); false when it cannot be one. Called while
+/// RECORD_OWNER is clear (no remover reads it), by the R1 check's thread (once per process,
+/// under INIT_CHECK); the allocation before it, if any, stays (a fork child's, whose parent
+/// may still remove its own record through it).
+fn keep_path(path: &[u8]) -> bool {
+    if path.len() >= RECORD_PATH_MAX || path.contains(&0) {
+        return false;
+    }
+    let mut kept = Vec::with_capacity(path.len() + 1);
+    kept.extend_from_slice(path);
+    kept.push(0);
+    RECORD_PATH.store(
+        Box::leak(kept.into_boxed_slice()).as_mut_ptr(),
+        Ordering::Release,
+    );
+    true
+}
+
+/// RECORD_PATH's bytes, without the NUL.
+fn kept_path() -> Option<&'static [u8]> {
+    let p = RECORD_PATH.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null RECORD_PATH is a leaked NUL-terminated allocation (keep_path),
+    // never freed.
+    Some(unsafe { std::ffi::CStr::from_ptr(p.cast()) }.to_bytes())
+}
+
 /// Remember the record just written so that it goes when this process ends: at `exit`
 /// (an `atexit` handler, registered once per image) or before an `exec` (`hooks::exec`
 /// calls [`drop_record`]). A process that dies by a signal or `_exit` leaves
 /// it to the bounded sweeps (`registry_io`, the record's liveness check at every look-up).
 fn drop_at_end(path: &std::path::Path) {
     use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= RECORD_PATH_MAX || bytes.contains(&0) {
+    RECORD_OWNER.clear();
+    if !keep_path(path.as_os_str().as_bytes()) {
         return;
     }
-    RECORD_OWNER.clear();
-    // SAFETY: RECORD_OWNER is clear, so no remover reads the buffer now (see RecordPath); this is
-    // the R1 check's thread, the only writer (once per process, under INIT_CHECK).
-    unsafe {
-        let buf = &mut *RECORD_PATH.0.get();
-        buf[..bytes.len()].copy_from_slice(bytes);
-        buf[bytes.len()] = 0;
-    }
     RECORD_OWNER.mark(signal_safe::pid());
+    exit_hook();
+}
+
+/// Register the exit handler that removes the record (once per image).
+fn exit_hook() {
     if EXIT_HOOK.first() {
         // SAFETY: `at_exit` is a plain extern "C" function of this library, which stays
         // loaded (it interposes the process's CUDA calls); it only calls unlink(2).
@@ -780,8 +805,11 @@ extern "C" fn at_exit() {
 /// two atomic operations, `getpid` and `unlink`, nothing allocated or locked.
 pub fn drop_record() {
     if RECORD_OWNER.take_in(signal_safe::pid()) {
-        // SAFETY: the buffer holds a NUL-terminated path, published with RECORD_OWNER.
-        unsafe { libc::unlink(RECORD_PATH.0.get().cast()) };
+        let p = RECORD_PATH.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: a non-null RECORD_PATH is a NUL-terminated path (keep_path).
+            unsafe { libc::unlink(p.cast()) };
+        }
     }
 }
 
@@ -790,80 +818,37 @@ pub fn drop_record() {
 /// The process that owes its rank record (0: none), written before it starts a child.
 static OWED_BY: AtomicU32 = AtomicU32::new(0);
 
-/// Bytes of the owed record's GPU UUID and job token (a MIG UUID and `registry::job_token`'s
-/// longest fit).
-const OWED_GPU_MAX: usize = 96;
-const OWED_JOB_MAX: usize = 192;
-
-/// What the owed record says beyond its writer's pid and start time. Written by [`owe`]
-/// before OWED_BY is marked (Release), read by [`pay_owed`] after it saw the mark (Acquire)
-/// and claimed it, so never while being written.
+/// What the owed record says beyond its writer's pid and start time.
 struct OwedParts {
-    gpu: [u8; OWED_GPU_MAX],
-    gpu_len: usize,
-    job: [u8; OWED_JOB_MAX],
-    job_len: usize,
-    /// Whether a job names the rank (all-zero statics stay out of the file's data).
-    has_job: bool,
+    gpu: String,
+    job: Option<String>,
 }
 
-struct Owed(UnsafeCell<OwedParts>);
-
-// SAFETY: see OwedParts: one writer while OWED_BY is clear, readers after the claim.
-unsafe impl Sync for Owed {}
-
-static OWED: Owed = Owed(UnsafeCell::new(OwedParts {
-    gpu: [0; OWED_GPU_MAX],
-    gpu_len: 0,
-    job: [0; OWED_JOB_MAX],
-    job_len: 0,
-    has_job: false,
-}));
+/// The owed record's parts, a leaked allocation made by [`owe`] before OWED_BY is marked
+/// (Release) and read by [`pay_owed`] after it saw the mark (Acquire) and claimed it, so
+/// never while being written; in the heap for the reason RECORD_PATH is. Null: none.
+static OWED: AtomicPtr<OwedParts> = AtomicPtr::new(ptr::null_mut());
 
 /// Owe this process's rank record (its own root, on `own_uuid`) in registry `dir`: keep
 /// what it will say and where it goes, and register the exit handler that removes it once
-/// written. False when it does not fit (the caller writes it now).
+/// written. False when it cannot be kept (the caller writes it now).
 fn owe(cfg: &Config, own_uuid: &str, dir: &std::path::Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let me = signal_safe::pid();
-    let job = cfg.job.as_deref().map(registry::job_token);
-    let path = dir.join(Key::rank(me).file_name());
-    let path = path.as_os_str().as_bytes();
-    if own_uuid.len() > OWED_GPU_MAX
-        || job.as_ref().is_some_and(|j| j.len() > OWED_JOB_MAX)
-        || path.len() >= RECORD_PATH_MAX
-        || path.contains(&0)
-        || !FORK_HOOK.done()
-    {
+    if !FORK_HOOK.done() {
         return false;
     }
     OWED_BY.store(0, Ordering::Release);
     RECORD_OWNER.clear();
-    // `get_mut`, not indexing (the lengths were checked above): an index keeps a panic
-    // location, a relocation at every process start (test_startup_cost.py).
-    let put = |to: &mut [u8], from: &[u8]| {
-        if let Some(to) = to.get_mut(..from.len()) {
-            to.copy_from_slice(from);
-        }
-    };
-    let job = job.as_deref().unwrap_or("");
-    // SAFETY: OWED_BY and RECORD_OWNER are clear, so no payer or remover reads these now;
-    // this is the R1 check's thread, the only writer (once per process, under INIT_CHECK).
-    unsafe {
-        let parts = &mut *OWED.0.get();
-        put(&mut parts.gpu, own_uuid.as_bytes());
-        parts.gpu_len = own_uuid.len();
-        put(&mut parts.job, job.as_bytes());
-        parts.job_len = job.len();
-        parts.has_job = cfg.job.is_some();
-        let buf = &mut *RECORD_PATH.0.get();
-        put(buf, path);
-        put(buf.get_mut(path.len()..).unwrap_or_default(), &[0]);
+    if !keep_path(dir.join(Key::rank(me).file_name()).as_os_str().as_bytes()) {
+        return false;
     }
-    if EXIT_HOOK.first() {
-        // SAFETY: as in `drop_at_end`.
-        unsafe { libc::atexit(at_exit) };
-    }
+    let parts = Box::new(OwedParts {
+        gpu: own_uuid.to_string(),
+        job: cfg.job.as_deref().map(registry::job_token),
+    });
+    OWED.store(Box::leak(parts), Ordering::Release);
+    exit_hook();
     OWED_BY.store(me, Ordering::Release);
     true
 }
@@ -900,24 +885,19 @@ pub fn pay_owed(exec: bool) {
 fn write_owed(owner: u32, me: u32) -> Option<()> {
     use rankguard_core::record::FixedWriter;
     let start = start_of(owner)?;
-    // SAFETY: the caller claimed OWED_BY, after owe wrote the parts (OwedParts).
-    let parts = unsafe { &*OWED.0.get() };
-    let gpu = std::str::from_utf8(parts.gpu.get(..parts.gpu_len)?).ok()?;
-    let job = match parts.has_job {
-        false => None,
-        true => Some(std::str::from_utf8(parts.job.get(..parts.job_len)?).ok()?),
-    };
+    // SAFETY: the caller claimed OWED_BY, after owe stored the parts (a leaked Box, never
+    // freed or written again).
+    let parts = unsafe { OWED.load(Ordering::Acquire).as_ref() }?;
     let secs = signal_safe::now_us() / 1_000_000;
     let mut text = [0u8; 1024];
     let mut w = FixedWriter::new(&mut text);
-    ProvenanceRecord::write_rank(&mut w, owner, start, job, gpu, secs).ok()?;
+    ProvenanceRecord::write_rank(&mut w, owner, start, parts.job.as_deref(), &parts.gpu, secs)
+        .ok()?;
     if w.overflowed() {
         return None;
     }
-    // SAFETY: `owe` wrote a NUL-terminated path there before marking OWED_BY.
-    let path = unsafe { &*RECORD_PATH.0.get() };
-    let end = path.iter().position(|&b| b == 0)?;
-    let dir = path.get(..end)?.iter().rposition(|&b| b == b'/')?;
+    let path = kept_path()?;
+    let dir = path.iter().rposition(|&b| b == b'/')?;
     let mut tmp = [0u8; RECORD_PATH_MAX + 48];
     let mut tw = FixedWriter::new(&mut tmp);
     let dir_text = std::str::from_utf8(path.get(..dir)?).ok()?;
@@ -926,27 +906,31 @@ fn write_owed(owner: u32, me: u32) -> Option<()> {
         return None;
     }
     let bytes = w.as_bytes();
-    // SAFETY: `tmp` and `path` are NUL-terminated paths on our stack and in RECORD_PATH;
-    // `bytes` is ours to read for its length. System calls through `syscall`, a function
-    // the library already calls (nothing for the loader to bind in a `vfork` child).
+    // SAFETY: `tmp` is a NUL-terminated path on our stack, RECORD_PATH's a NUL-terminated
+    // allocation (keep_path); `bytes` is ours to read for its length. System calls by the
+    // instruction (nothing for the loader to bind in a `vfork` child).
     unsafe {
-        let tmp = tw.as_bytes().as_ptr().cast::<libc::c_char>();
-        let fd = libc::syscall(
+        let tmp = tw.as_bytes().as_ptr() as usize;
+        let fd = signal_safe::raw_syscall(
             libc::SYS_openat,
-            libc::AT_FDCWD,
+            libc::AT_FDCWD as usize,
             tmp,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                as usize,
             0o600,
         );
         if fd < 0 {
             return None;
         }
-        let n = libc::syscall(libc::SYS_write, fd, bytes.as_ptr(), bytes.len());
-        libc::syscall(libc::SYS_close, fd);
+        let fd = fd as usize;
+        let n =
+            signal_safe::raw_syscall(libc::SYS_write, fd, bytes.as_ptr() as usize, bytes.len(), 0);
+        signal_safe::raw_syscall(libc::SYS_close, fd, 0, 0, 0);
+        let target = RECORD_PATH.load(Ordering::Acquire) as usize;
         if usize::try_from(n).ok() != Some(bytes.len())
-            || libc::syscall(libc::SYS_rename, tmp, path.as_ptr()) != 0
+            || signal_safe::raw_syscall(libc::SYS_rename, tmp, target, 0, 0) != 0
         {
-            libc::syscall(libc::SYS_unlink, tmp);
+            signal_safe::raw_syscall(libc::SYS_unlink, tmp, 0, 0, 0);
             return None;
         }
     }
