@@ -163,7 +163,6 @@ HOT_STATICS = [
     "_ZN9rankguard5guard7process9root_walk4OWED17h*",
     "_ZN9rankguard5guard7process9root_walk9FORK_HOOK17h*",
     "_ZN9rankguard5guard7process9root_walk9OWN_START17h*",
-    "_ZN9rankguard5guard7process9root_walk13OWN_START_PID17h*",
     "_ZN9rankguard5guard7process9root_walk11RECORD_PATH17h*",
 ]
 

@@ -31,13 +31,13 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use crate::config::Config;
 use crate::cvd::Visibility;
 use crate::guard::output::{debug_log, line};
 use crate::guard::process::{lineage, registry_io};
-use crate::guard::sys::lifecycle::{Latch, PerProcess};
+use crate::guard::sys::lifecycle::{Latch, PerProcess, PidValue};
 use crate::guard::sys::signal_safe;
 use crate::policy::Unreadable;
 use crate::rank_root::{
@@ -87,19 +87,19 @@ impl Root {
     }
 }
 
-/// The start time of process [`OWN_START_PID`], read from its stat when first asked; a
-/// fork child inherits its parent's (the root it keeps naming until its own walk).
-static OWN_START: AtomicU64 = AtomicU64::new(0);
-static OWN_START_PID: AtomicU32 = AtomicU32::new(0);
+/// The start time of the process it names, read from its stat when first asked: this
+/// process's (its records', `decide::ipc`'s too), or in a fork child its parent's, inherited
+/// (the root it keeps naming until its own walk).
+static OWN_START: PidValue = PidValue::new();
 
 /// The start time of process `pid` when it is this process or its parent (a fork child
 /// naming the root its parent found, the `vfork` child writing its parent's record), read
 /// once and kept (a fork child inherits the value its parent kept); None for another
 /// process or when unreadable. Plain system calls, no allocation: [`before_fork`] and a
 /// `vfork` child call it.
-fn start_of(pid: u32) -> Option<u64> {
-    if OWN_START_PID.load(Ordering::Acquire) == pid {
-        return Some(OWN_START.load(Ordering::Relaxed));
+pub(crate) fn start_of(pid: u32) -> Option<u64> {
+    if let Some(start) = OWN_START.get(pid) {
+        return Some(start);
     }
     let own = pid == signal_safe::pid();
     if !own && pid != signal_safe::ppid() {
@@ -112,8 +112,7 @@ fn start_of(pid: u32) -> Option<u64> {
         return None;
     }
     let start = rank_root::parse_stat(std::str::from_utf8(line.get(..n)?).ok()?)?.start;
-    OWN_START.store(start, Ordering::Relaxed);
-    OWN_START_PID.store(pid, Ordering::Release);
+    OWN_START.set(pid, start);
     Some(start)
 }
 

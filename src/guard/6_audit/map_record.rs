@@ -46,7 +46,7 @@ pub fn write(f: &MapFacts<'_>) {
         ts_us: Some(signal_safe::now_us()),
         host: Some(Cow::Borrowed(host)),
         pid: signal_safe::pid(),
-        start: rankguard_core::registry::own_start_time(),
+        start: root_walk::start_of(signal_safe::pid()),
         rank: cfg.rank,
         local_rank: cfg.local_rank,
         job: cfg.job.as_deref().map(Cow::Borrowed),

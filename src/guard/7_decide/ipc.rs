@@ -46,7 +46,7 @@ use crate::guard::sys::ffi::{
     CUdevice, CUevent, CUmemAllocationPropHead, CUmemLocation, CuResult,
     ExternalMemoryHandleDescHead, EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
 };
-use crate::guard::sys::lifecycle::{PerProcess, PidValue};
+use crate::guard::sys::lifecycle::PerProcess;
 use crate::guard::sys::signal_safe;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
@@ -297,16 +297,10 @@ fn shielded<T>(what: &str, f: impl FnOnce() -> Option<T>) -> Option<T> {
 }
 
 /// This process's start time, read once per process (PyTorch exports at every share of a
-/// tensor), for this pid only: a forked child reads its own.
-static OWN_START: PidValue = PidValue::new();
-
+/// tensor), for this pid only: a forked child reads its own. The rank root's cache, which
+/// the walk and the rank record read too.
 fn own_start(pid: u32) -> Option<u64> {
-    if let Some(start) = OWN_START.get(pid) {
-        return Some(start);
-    }
-    let start = registry::own_start_time()?;
-    OWN_START.set(pid, start);
-    Some(start)
+    root_walk::start_of(pid)
 }
 
 /// The real `/proc`, as process `me` sees it now: a look-up reuses a liveness verdict this
