@@ -189,8 +189,8 @@ pub fn hostname(out: &mut [u8; 64]) -> &str {
 /// A system call by the `syscall` instruction itself (x86-64; elsewhere the C library's
 /// `syscall`): the kernel's return value, `-errno` on failure (errno is not set). The C
 /// library's `getpid` and `syscall` would be two more symbols the loader binds lazily at a
-/// first `cuInit` (about a microsecond each: docs/benchmarks.md, "The first cuInit's
-/// bindings"); the instruction costs what their bodies cost.
+/// first `cuInit`, each a look-up through every object of the process (docs/benchmarks.md,
+/// "The twelfth session's run"); the instruction costs what their bodies cost.
 ///
 /// # Safety
 /// As for the system call `nr` with these arguments (pointers valid for what it reads and
