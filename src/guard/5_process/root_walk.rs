@@ -503,7 +503,7 @@ fn trusted_record(reg: &Registry, id: RootId) -> Option<RankRecord> {
 
 /// This process's rank root, found on first use: at the first `cuInit`, or at a violation
 /// reported before it (a `cudaSetDevice(2)` denied before the runtime initialised). None
-/// when rank variables name the rank ([`applies`]) or the identity could not be read.
+/// when rank variables name the rank ([`applies`]) or the walk could not finish.
 /// Never called from [`crate::guard::audit::decision_record::prefix`]: the walk may say a registry problem, whose
 /// line calls `prefix`, which reads [`current`] only.
 pub fn ensure(cfg: &Config) -> Option<&'static Root> {
