@@ -8,6 +8,7 @@
 //! - [`policy`]: the contract's rules (names, fixes) and the verdict of each guarded call;
 //! - [`rankgpu`]: whether a process sees its rank's GPU (R1), for the guard and `check`;
 //! - [`uuid`]: the text of a GPU or MIG UUID;
+//! - [`envbytes`]: an environment block's entries and the guard's `LD_PRELOAD`;
 //! - [`rank_root`]: the rank root's identity (the pure part; the guard finds it);
 //! - [`registry`]: the IPC provenance registry's records and files;
 //! - [`record`]: the one typed audit record, rendered as the stderr line and as JSON;
@@ -20,6 +21,7 @@
 pub mod audit;
 pub mod config;
 pub mod cvd;
+pub mod envbytes;
 pub mod jobid;
 pub mod json;
 pub mod lineage;

@@ -319,12 +319,12 @@ impl StartDefs<'_> {
     /// The environment preloads the guard (the walk's rule, [`crate::rank_root`]).
     pub fn guarded(&self) -> bool {
         self.preload
-            .is_some_and(|v| std::str::from_utf8(v).is_ok_and(crate::rank_root::preloads_guard))
+            .is_some_and(|v| std::str::from_utf8(v).is_ok_and(crate::envbytes::preloads_guard))
     }
 }
 
 /// Scan `env` for its [`StartDefs`], stopping once all three are seen.
-pub fn start_defs(env: &[u8], nul: crate::rank_root::NulFinder) -> StartDefs<'_> {
+pub fn start_defs(env: &[u8], nul: crate::envbytes::NulFinder) -> StartDefs<'_> {
     let mut d = StartDefs::default();
     let mut rest = env;
     while !rest.is_empty() && (d.cvd.is_none() || d.preload.is_none() || d.note.is_none()) {
@@ -441,7 +441,7 @@ mod tests {
     fn the_first_definitions_are_the_ones_getenv_returns() {
         let env = b"A=1\0CUDA_VISIBLE_DEVICES=3\0LD_PRELOAD=/x/librankguard.so\0\
                     CUDA_VISIBLE_DEVICES=4\0RANKGUARD_LINEAGE=0/9.1.u\0LD_PRELOAD=\0RANKGUARD_LINEAGE=x";
-        let d = start_defs(env, crate::rank_root::first_nul);
+        let d = start_defs(env, crate::envbytes::first_nul);
         assert_eq!(d.cvd, Some(&b"3"[..]));
         assert_eq!(d.preload, Some(&b"/x/librankguard.so"[..]));
         assert_eq!(d.note, Some(&b"0/9.1.u"[..]));
@@ -449,13 +449,13 @@ mod tests {
         // The last entry has no NUL after it (a block's end), names are whole.
         let d = start_defs(
             b"CUDA_VISIBLE_DEVICES_X=1\0LD_PRELOAD=libother.so",
-            crate::rank_root::first_nul,
+            crate::envbytes::first_nul,
         );
         assert_eq!((d.cvd, d.note), (None, None));
         assert_eq!(d.preload, Some(&b"libother.so"[..]));
         assert!(!d.guarded());
         assert_eq!(
-            start_defs(b"", crate::rank_root::first_nul),
+            start_defs(b"", crate::envbytes::first_nul),
             StartDefs::default()
         );
     }
