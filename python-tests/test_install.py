@@ -21,7 +21,9 @@ from conftest import PYTHON, ROOT, clean_env, run
 from _cli import child_cmd, children, sysroot
 from _guard import assert_is_the_guard, prog
 
-# Both builds reuse target/release (already built by scripts/test), so they are quick.
+# Both builds reuse target/release (already built by scripts/test), so they are quick. maturin's
+# `cargo rustc` removes target/release/rankguard and links it again even when nothing changed,
+# so scripts/test runs this file alone, before the suites that run that binary.
 BUILD_TIMEOUT = 1800
 
 
