@@ -133,13 +133,21 @@ def test_ranks_get_sigpipe_back_at_its_default():
     assert not ignored & (1 << (13 - 1)), p.stdout  # SIGPIPE is 13
 
 
+def _ignore_sigusr1_only():
+    # A shell runs a background job with SIGINT and SIGQUIT ignored, and pytest may be one:
+    # the launcher's parent here ignores exactly SIGUSR1.
+    for s in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def test_ranks_start_with_no_signal_blocked_and_keep_what_the_launchers_parent_ignored():
     # A rank's child is cloned with every signal blocked (src/cli/rank_start.rs) and clears
     # the mask right before its exec; a signal ignored by whoever started the launcher
     # (SIGUSR1 here, as `nohup` does with SIGHUP) stays ignored, as across a fork and exec.
     p = subprocess.run([str(CLI), "launch", "--nproc-per-node", "2", "--prefix-output", "--", "cat",
                         "/proc/self/status"], capture_output=True, text=True, env=clean_env(), timeout=30,
-                       preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+                       preexec_fn=_ignore_sigusr1_only)
     assert p.returncode == 0, p.stderr
     for rank in (0, 1):
         fields = dict(l.split(":", 1) for l in p.stdout.splitlines() if l.startswith(f"[rank {rank}] Sig"))

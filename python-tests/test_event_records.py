@@ -14,19 +14,23 @@ import json
 
 import pytest
 
-from conftest import FAKE, GUARD, PYTHON, clean_env, run
+from conftest import FAKE, GUARD, PYTHON, ROOT, clean_env, run
+
+TESTS = str(ROOT / "python-tests")
 
 STEPS = 300
 
 DRIVER = f"""
-import json, os
+import json, os, sys
 from cuda.bindings import driver as cu
 def ok(r):
     err = r[0] if isinstance(r, tuple) else r
     assert err == cu.CUresult.CUDA_SUCCESS, r
     return r[1:] if isinstance(r, tuple) else None
 reg = os.environ["RANKGUARD_REGISTRY"]
-events = lambda: sorted(n for n in os.listdir(reg) if n.startswith("event-"))
+sys.path.insert(0, {TESTS!r})
+from _event_table import names
+events = lambda: names(reg, "event-")
 ok(cu.cuInit(0))
 (dev,) = ok(cu.cuDeviceGet(0))
 (ctx,) = ok(cu.cuDevicePrimaryCtxRetain(dev))
@@ -55,7 +59,9 @@ import ctypes, json, os, sys
 lib, create, export, destroy = sys.argv[1:5]
 so = ctypes.CDLL(lib)
 reg = os.environ["RANKGUARD_REGISTRY"]
-events = lambda: sorted(n for n in os.listdir(reg) if n.startswith("event-"))
+sys.path.insert(0, {TESTS!r})
+from _event_table import names
+events = lambda: names(reg, "event-")
 INTERPROCESS_NO_TIMING = 0x4 | 0x2  # CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING (runtime: the same bits)
 out = {{"while": [], "after": [], "rc": []}}
 if lib.startswith("libcuda."):

@@ -16,16 +16,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from _event_table import names
 from _ipc import PEER, exporter, guard_env
-from conftest import PYTHON, run
+from conftest import PYTHON, ROOT, run
 
 
 def records(tmp) -> list[str]:
-    """The registry's handle records (not rank records, not the overflow mark)."""
+    """The registry's handle records (not rank records, not the overflow mark), by name:
+    the files and the event table's records."""
     reg = tmp / "registry"
     if not reg.exists():
         return []
-    return sorted(p.name for p in reg.iterdir() if not p.name.startswith(("rank-", "overflow", ".tmp")))
+    return sorted(names(reg))
 
 
 # Each kind ipc_peer exports, and the tag of the record it writes (a pool writes two: the
@@ -56,8 +58,10 @@ def ok(r):
     err = r[0] if isinstance(r, tuple) else r
     assert err == cu.CUresult.CUDA_SUCCESS, r
     return r[1:] if isinstance(r, tuple) else None
-reg, how = sys.argv[1], sys.argv[2]
-names = lambda: sorted(n for n in os.listdir(reg) if not n.startswith("rank-"))
+reg, how, tests = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, tests)
+from _event_table import names as listed
+names = lambda: listed(reg)
 ok(cu.cuInit(0))
 (dev,) = ok(cu.cuDeviceGet(0))
 (ctx,) = ok(cu.cuDevicePrimaryCtxRetain(dev))
@@ -76,7 +80,8 @@ if child == 0:
 os.waitpid(child, 0)
 print("after-child", len(names()), flush=True)
 if how == "exec":
-    os.execv("/bin/sh", ["sh", "-c", f'ls "{reg}" | grep -v "^rank-" | wc -l | sed "s/^/after-exec /"'])
+    code = f"import sys; sys.path.insert(0, {tests!r}); from _event_table import names; print('after-exec', len(names({reg!r})))"
+    os.execv(sys.executable, [sys.executable, "-c", code])
 """
 
 
@@ -86,7 +91,8 @@ def test_records_go_at_exit_and_exec_and_a_forked_child_takes_only_its_own(tmp_p
     exits, removing its own only; the parent's go at its exit, or before its exec (the new
     program cannot know it has them)."""
     env = guard_env(tmp_path, "0", 0)
-    p = run([PYTHON, "-c", BINDINGS, str(tmp_path / "registry"), how], env=env, timeout=120)
+    p = run([PYTHON, "-c", BINDINGS, str(tmp_path / "registry"), how, ROOT / "python-tests"], env=env,
+            timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.split("\n")
     assert "parent 2" in lines and "child 3" in lines and "after-child 2" in lines, p.stdout

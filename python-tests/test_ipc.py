@@ -19,6 +19,7 @@ import subprocess
 
 import pytest
 
+import _event_table as event_table
 from _ipc import PEER, JOB, audit, exporter, gpu_uuid, guard_env
 from conftest import FAKE, GUARD, run
 
@@ -302,6 +303,48 @@ def test_symlinked_record_is_skipped(tmp_path):
 
 def test_record_writable_by_others_is_skipped(tmp_path):
     _tamper(tmp_path, lambda rec, ex: rec.chmod(0o666), "writable by others")
+
+
+def _tamper_event_table(tmp_path, change, expect_in_warning):
+    """An event's record is a slot of the registry's event table, not a file; tampered with
+    there, it is not trusted either (provenance unknown: denied under strict), said once
+    with the table's path, and its slot is emptied."""
+    reg = tmp_path / "registry"
+    with exporter(tmp_path, "event", guard_env(tmp_path, "0", 0)) as ex:
+        assert [n for n in os.listdir(reg) if n.startswith("event-")] == [], "a slot, not a file"
+        ((owner, _),) = event_table.records(reg)
+        assert owner == ex.pid
+        assert event_table.rewrite(reg, lambda text: change(text, ex)) == 1
+        p = importer(tmp_path, "event", ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny", times=2)
+        assert event_table.records(reg) == [], "the untrusted slot was emptied"
+    line = _say_once(p.stderr, "not trusted")
+    assert expect_in_warning in line and "events.table" in line, line
+    assert all(r["verdict"] == "deny" and r["exporter_pid"] is None for r in r3_records(tmp_path))
+
+
+def test_a_forged_event_table_record_is_skipped(tmp_path):
+    """A slot whose record names another live process (pid 1) than the slot's owner."""
+    _tamper_event_table(tmp_path, lambda text, ex: text.replace(f"pid {ex.pid}\n".encode(), b"pid 1\n"),
+                        "forged")
+
+
+def test_a_garbage_event_table_record_is_skipped(tmp_path):
+    _tamper_event_table(tmp_path, lambda text, ex: b"\x00\xffnot a record\n" * 4, "corrupt")
+
+
+def test_an_untrusted_event_table_leaves_event_records_to_files(tmp_path):
+    """An event table writable by others (or not this user's) is not used: the event's
+    record is a file, as before the table, and the import finds it there."""
+    reg = tmp_path / "registry"
+    reg.mkdir(mode=0o700)
+    table = reg / "events.table"
+    table.write_bytes(b"")
+    table.chmod(0o666)
+    with exporter(tmp_path, "event", guard_env(tmp_path, "0", 0)) as ex:
+        assert len([n for n in os.listdir(reg) if n.startswith("event-")]) == 1
+        assert table.stat().st_size == 0, "the untrusted table was not written"
+        p = importer(tmp_path, "event", ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "allow")
+    assert "not trusted" not in p.stderr and r3_records(tmp_path) == []
 
 
 def test_a_record_of_a_dead_exporter_is_not_trusted(tmp_path):

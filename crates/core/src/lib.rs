@@ -22,6 +22,7 @@ pub mod audit;
 pub mod config;
 pub mod cvd;
 pub mod envbytes;
+pub mod event_table;
 pub mod jobid;
 pub mod json;
 pub mod lineage;

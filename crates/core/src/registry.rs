@@ -1519,6 +1519,27 @@ impl Registry {
         }
     }
 
+    /// A record read from elsewhere than its file (the event table,
+    /// [`crate::event_table`]) trusted as [`lookup`](Self::lookup) trusts a file's: its
+    /// text parses as the record of `key`, and its exporter, the slot's `owner`, is the live
+    /// process it names.
+    pub fn trust_text(&self, text: &[u8], key: &Key, owner: u32, procs: &dyn Procs) -> Lookup {
+        let rec = match std::str::from_utf8(text)
+            .map_err(|_| Corrupt("not UTF-8"))
+            .and_then(|t| ProvenanceRecord::parse(t, key))
+        {
+            Ok(rec) => rec,
+            Err(c) => return Lookup::Skipped(Skip::Corrupt(c)),
+        };
+        if rec.pid != owner {
+            return Lookup::Skipped(Skip::Forged { pid: rec.pid });
+        }
+        match self.alive(&rec, procs) {
+            Ok(()) => Lookup::Found(rec),
+            Err(skip) => Lookup::Skipped(skip),
+        }
+    }
+
     /// Whether the record's exporter is the live process it names: the same pid, start
     /// time and owner this process saw alive in the last [`RECENTLY_ALIVE_US`], or now.
     fn alive(&self, rec: &ProvenanceRecord, procs: &dyn Procs) -> Result<(), Skip> {

@@ -5,7 +5,9 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
+use crate::event_table::{self, EventTable};
 use crate::guard::output::debug_log;
 use crate::guard::output::line::say;
 use crate::guard::process::state;
@@ -227,4 +229,154 @@ fn full_hostname(out: &mut [u8; 256]) -> &str {
     out[255] = 0;
     let end = out.iter().position(|&b| b == 0).unwrap_or(255);
     std::str::from_utf8(&out[..end]).unwrap_or("unknown-host")
+}
+
+/// The event table's mapping in this process image (`event_table`; a fork child shares its
+/// parent's, MAP_SHARED), or null: not tried yet, or [`TABLE_UNUSABLE`] after a failure.
+static TABLE: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+/// Set when the table could not be used in this process image: its records go to files.
+static TABLE_UNUSABLE: AtomicBool = AtomicBool::new(false);
+
+/// The event table of `reg`'s directory (`rankguard_core::event_table`), mapped at the first
+/// call of this process image; None when it cannot be used (the records go to files, as
+/// before the table: said in the debug log).
+pub(crate) fn event_table(reg: &Registry) -> Option<EventTable<'static>> {
+    if let Some(t) = mapped_event_table() {
+        return Some(t);
+    }
+    if TABLE_UNUSABLE.load(Ordering::Relaxed) {
+        return None;
+    }
+    let path = reg.dir().join(event_table::FILE_NAME);
+    match map_table(&path) {
+        Ok(ptr) => {
+            if let Err(ours) = TABLE.compare_exchange(
+                std::ptr::null_mut(),
+                ptr,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                // Another thread mapped it first: one mapping is kept.
+                // SAFETY: `ours` is the mapping of BYTES this call made, referenced nowhere.
+                unsafe { libc::munmap(ours.cast(), event_table::BYTES) };
+            }
+            mapped_event_table()
+        }
+        Err(why) => {
+            TABLE_UNUSABLE.store(true, Ordering::Relaxed);
+            debug_log::log!(
+                Info,
+                "the IPC event table {:?} is not used ({why}): event records are files",
+                path.display().to_string()
+            );
+            None
+        }
+    }
+}
+
+/// The event table if this process image mapped it already (the exit's removal asks this:
+/// no mapping is made there).
+pub(crate) fn mapped_event_table() -> Option<EventTable<'static>> {
+    let p = TABLE.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null TABLE is a MAP_SHARED, PROT_READ|PROT_WRITE mapping of
+    // event_table::BYTES (WORDS aligned u64 words) that is never unmapped, of a file
+    // allocated to that size (fallocate); AtomicU64 has the layout of u64, and every access
+    // to the words is atomic.
+    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), event_table::WORDS) };
+    EventTable::new(words)
+}
+
+/// Open (create) and map the table: a regular file of this user, not writable by others,
+/// of [`event_table::BYTES`] allocated up front, so that no store into the mapping ever
+/// needs a page the file system cannot give (a full tmpfs would raise SIGBUS there).
+fn map_table(path: &std::path::Path) -> Result<*mut AtomicU64, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "a NUL in its path")?;
+    let last = || std::io::Error::last_os_error().to_string();
+    // SAFETY: `c` is a NUL-terminated path; the flags create at most a regular file.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(format!("open: {}", last()));
+    }
+    let result = (|| {
+        // SAFETY: an all-zero stat is a valid value, filled by fstat on the open fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open; st is a valid out-pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(format!("fstat: {}", last()));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err("not a regular file".to_string());
+        }
+        if st.st_uid != euid() || st.st_mode & 0o022 != 0 {
+            return Err(format!(
+                "owned by uid {} with mode {:04o}: not trusted",
+                st.st_uid,
+                st.st_mode & 0o7777
+            ));
+        }
+        let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
+        if size != event_table::BYTES {
+            if size != 0 {
+                return Err(format!("{size} bytes, not {}", event_table::BYTES));
+            }
+            // By the instruction, not posix_fallocate: one lazy binding fewer in the library
+            // (python-tests/test_startup_cost.py holds their number).
+            // SAFETY: fallocate(fd, 0, 0, BYTES) reads no memory; fd is open for writing.
+            let rc = unsafe {
+                signal_safe::raw_syscall(libc::SYS_fallocate, fd as usize, 0, 0, event_table::BYTES)
+            };
+            if rc != 0 {
+                return Err(format!(
+                    "fallocate: {}",
+                    std::io::Error::from_raw_os_error(i32::try_from(-rc).unwrap_or(libc::EIO))
+                ));
+            }
+        }
+        // SAFETY: a new shared mapping of fd's first BYTES, which the file now has.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                event_table::BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!("mmap: {}", last()));
+        }
+        let words = p.cast::<AtomicU64>();
+        // SAFETY: the mapping just made, of WORDS aligned words (see mapped_event_table).
+        let slice = unsafe { std::slice::from_raw_parts(words.cast_const(), event_table::WORDS) };
+        if EventTable::new(slice).is_none() {
+            // SAFETY: the mapping just made, referenced nowhere else.
+            unsafe { libc::munmap(p, event_table::BYTES) };
+            return Err("its header is not this version's".to_string());
+        }
+        Ok(words)
+    })();
+    // SAFETY: fd is open and owned here; the mapping stays valid after its close.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// Whether process `pid` exists (the event table takes back the slots of owners that do
+/// not: `kill(pid, 0)`).
+pub(crate) fn process_exists(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+    unsafe { libc::kill(p, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }

@@ -31,13 +31,14 @@ use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::config::Mode;
+use crate::event_table;
 use crate::guard::audit::decision_record::Extra;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::decide::{event_records, own_records};
 use crate::guard::output::debug_log;
 use crate::guard::process::registry_io::{
-    open_registry, open_registry_in, open_registry_or_why, said_write_problem, say_once, Untrusted,
-    SAID_WRITE,
+    self, open_registry, open_registry_in, open_registry_or_why, said_write_problem, say_once,
+    Untrusted, SAID_WRITE,
 };
 use crate::guard::process::root_walk;
 use crate::guard::process::state;
@@ -325,7 +326,13 @@ impl Procs for ProcNow {
 /// Register an export in the provenance registry (its record). Never fails the export: a
 /// problem is said once. `fresh`: this process has not recorded this key before (its name
 /// is not probed first, `Registry::write_fresh`).
-fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: bool) {
+fn register_export(
+    key: Key,
+    gpu: Option<String>,
+    location: Location,
+    fresh: bool,
+    event: Option<&[u8; 64]>,
+) {
     let _ = shielded("writing", || {
         // Asked once, passed down (the open's start-up sweep, this export's sweep, the
         // record, its temporary file).
@@ -364,6 +371,30 @@ fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: boo
                 .map_or(0, |d| d.as_secs()),
             root: root_walk::id(),
         };
+        // An event's record goes to the event table when it has room (PyTorch exports one
+        // per share: a slot filled in place, not a file created and renamed).
+        if let Some(handle) = event {
+            if let Some(table) = registry_io::event_table(&reg) {
+                if !fresh && table.own(handle, pid).is_some() {
+                    return Some(());
+                }
+                if let Some(at) = table.insert(
+                    handle,
+                    rec.render().as_bytes(),
+                    pid,
+                    &registry_io::process_exists,
+                ) {
+                    own_records::remember_slot(at);
+                    debug_log::log!(
+                        Debug,
+                        "recorded IPC export {} on {} in the event table (slot {at})",
+                        rec.key.short(),
+                        rec.gpu.as_deref().unwrap_or("an unknown GPU")
+                    );
+                    return Some(());
+                }
+            }
+        }
         let procs = ProcNow { me: pid };
         let written = if fresh {
             reg.write_fresh(&rec, &procs)
@@ -406,21 +437,66 @@ fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: boo
     });
 }
 
-/// The trusted record of `key`, if any (problems said once).
+/// The 64 bytes of an event handle's key (its identity is their hex), for the event table.
+fn event_handle(key: &Key) -> Option<[u8; 64]> {
+    if key.kind() != Kind::Event {
+        return None;
+    }
+    let hex = key.ident().as_bytes();
+    let mut out = [0u8; 64];
+    if hex.len() != 128 {
+        return None;
+    }
+    for (b, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        let digit = |c: u8| char::from(c).to_digit(16);
+        *b = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+    }
+    Some(out)
+}
+
+/// The trusted record of `key`, if any (problems said once). An event's is looked for in
+/// the event table first, then as a file.
 fn lookup(key: &Key) -> Option<ProvenanceRecord> {
     shielded("reading", || {
         let pid = signal_safe::pid();
         let reg = open_registry_in(pid)?;
-        match reg.lookup(key, &ProcNow { me: pid }) {
+        let procs = ProcNow { me: pid };
+        let in_table = event_handle(key).and_then(|h| {
+            let table = registry_io::event_table(&reg)?;
+            let found = table.find(&h)?;
+            let verdict = reg.trust_text(found.text(), key, found.owner, &procs);
+            if matches!(verdict, Lookup::Skipped(_)) {
+                // Not trusted (its exporter gone, or not the process it names): its slot
+                // is emptied, as a file's record is removed.
+                table.discard(&found);
+            }
+            Some(verdict)
+        });
+        let (verdict, place) = match in_table {
+            Some(v) => (v, event_table::FILE_NAME),
+            None => (reg.lookup(key, &procs), ""),
+        };
+        match verdict {
             Lookup::Found(r) => Some(r),
             Lookup::Missing => None,
             Lookup::Skipped(skip) => {
                 if skip.is_suspicious() {
+                    let path = if place.is_empty() {
+                        format!(
+                            "{:?}",
+                            reg.dir().join(key.file_name()).display().to_string()
+                        )
+                    } else {
+                        format!(
+                            "{} in {:?}",
+                            key.file_name(),
+                            reg.dir().join(place).display().to_string()
+                        )
+                    };
                     say_once(
                         &SAID_SKIP,
                         format_args!(
-                            "IPC provenance record {:?} {skip}; not trusted (removed): this import has unknown provenance",
-                            reg.dir().join(key.file_name()).display().to_string()
+                            "IPC provenance record {path} {skip}; not trusted (removed): this import has unknown provenance"
                         ),
                     );
                 } else {
@@ -451,6 +527,7 @@ pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
         gpu,
         Location::Device,
         false,
+        None,
     );
 }
 
@@ -478,6 +555,7 @@ pub unsafe fn exported_event(handle: *const IpcHandle, event: CUevent) {
         gpu,
         Location::Device,
         fresh,
+        Some(&h.reserved),
     );
     // No room: the record stays until its exporter has exited.
     let _ = event_records::remember(event as usize, pid, &h.reserved);
@@ -494,6 +572,14 @@ pub fn destroyed_event(event: CUevent) {
     let Some(handle) = event_records::take(event as usize, pid) else {
         return;
     };
+    if let Some(table) = registry_io::mapped_event_table() {
+        if let Some(at) = table.own(&handle, pid) {
+            if table.remove(at, &handle, pid) {
+                own_records::forget_slot(at);
+                return;
+            }
+        }
+    }
     let _ = shielded("removing", || {
         let reg = open_registry_in(pid)?;
         let key = Key::from_bytes(Kind::Event, &handle);
@@ -541,7 +627,7 @@ pub unsafe fn exported_allocation(shareable: *const c_void, alloc: u64, htype: u
         }
         None => (Location::Unknown, own_gpu()),
     };
-    register_export(key, gpu, location, false);
+    register_export(key, gpu, location, false, None);
 }
 
 /// After a successful `cuMemPoolExportToShareableHandle`.
@@ -563,6 +649,7 @@ pub unsafe fn exported_pool(shareable: *const c_void, htype: u32) {
         current_device().and_then(device_uuid).or_else(own_gpu),
         Location::Unknown,
         false,
+        None,
     );
 }
 
@@ -582,6 +669,7 @@ pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
         gpu,
         Location::Device,
         false,
+        None,
     );
 }
 
@@ -604,7 +692,7 @@ pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
         return;
     };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    register_export(key, gpu, Location::Device, false);
+    register_export(key, gpu, Location::Device, false, None);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use crate::event_table;
+use crate::guard::process::registry_io;
 use crate::guard::sys::lifecycle::Latch;
 use crate::guard::sys::signal_safe;
 use crate::registry::{Key, Kind};
@@ -60,6 +62,11 @@ const EMPTY: Slot = Slot {
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 /// Which slots are USED (or about to be), so the removal at exit reads only those.
 static MARKED: [AtomicU64; SLOTS / 64] = [const { AtomicU64::new(0) }; SLOTS / 64];
+/// Which slots of the event table (`rankguard_core::event_table`) this process image
+/// filled: emptied at exit and before exec, where the slot's owner is still this pid (a
+/// fork child inherits the bits and empties none of its parent's).
+static TABLE_MARKED: [AtomicU64; event_table::SLOTS / 64] =
+    [const { AtomicU64::new(0) }; event_table::SLOTS / 64];
 
 /// The registry directory of this process's records: the pid whose directory the buffer
 /// holds (0: none; `u32::MAX`: being written), its length.
@@ -183,16 +190,60 @@ pub fn remember(dir: &std::path::Path, pid: u32, key: &Key) -> bool {
             }
             s.state.store(USED, Ordering::Release);
             mark(at, true);
-            if EXIT_HOOK.first() {
-                // SAFETY: `at_exit` is a plain extern "C" function of this library, which
-                // stays loaded (it interposes the process's CUDA calls); it calls only
-                // atomics and unlink(2).
-                unsafe { libc::atexit(at_exit) };
-            }
+            hook_exit();
             return true;
         }
     }
     false
+}
+
+/// Register the removal at exit, once per image.
+fn hook_exit() {
+    if EXIT_HOOK.first() {
+        // SAFETY: `at_exit` is a plain extern "C" function of this library, which stays
+        // loaded (it interposes the process's CUDA calls); it calls only atomics, getpid
+        // and unlink(2).
+        unsafe { libc::atexit(at_exit) };
+    }
+}
+
+/// Remember that this process filled slot `at` of the event table, so that the slot is
+/// emptied when it ends.
+pub fn remember_slot(at: usize) {
+    if let Some(w) = TABLE_MARKED.get(at / 64) {
+        w.fetch_or(1 << (at % 64), Ordering::Release);
+        hook_exit();
+    }
+}
+
+/// Forget slot `at` of the event table, emptied by this process (a destroyed event).
+pub fn forget_slot(at: usize) {
+    if let Some(w) = TABLE_MARKED.get(at / 64) {
+        w.fetch_and(!(1 << (at % 64)), Ordering::Release);
+    }
+}
+
+/// Empty the event table's slots this process filled (at exit, before exec): atomics
+/// only, on a mapping made before. Returns how many it emptied.
+fn drop_table_slots(pid: u32) -> usize {
+    if TABLE_MARKED.iter().all(|w| w.load(Ordering::Relaxed) == 0) {
+        return 0;
+    }
+    let Some(table) = registry_io::mapped_event_table() else {
+        return 0;
+    };
+    let mut emptied = 0;
+    for (w, word) in TABLE_MARKED.iter().enumerate() {
+        let mut bits = word.swap(0, Ordering::AcqRel);
+        while bits != 0 {
+            let at = w * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if table.remove_own(at, pid) {
+                emptied += 1;
+            }
+        }
+    }
+    emptied
 }
 
 /// Forget the record of `key` that process `pid` removed itself (a destroyed event).
@@ -256,12 +307,15 @@ extern "C" fn at_exit() {
 /// allocated or locked, and no panicking path (no index unchecked). Returns how many it
 /// removed.
 pub fn drop_all() -> usize {
-    if !EXIT_HOOK.done() || MARKED.iter().all(|w| w.load(Ordering::Relaxed) == 0) {
+    if !EXIT_HOOK.done() {
         return 0;
     }
     let pid = signal_safe::pid();
-    if DIR_PID.load(Ordering::Acquire) != pid {
-        return 0;
+    let emptied = drop_table_slots(pid);
+    if MARKED.iter().all(|w| w.load(Ordering::Relaxed) == 0)
+        || DIR_PID.load(Ordering::Acquire) != pid
+    {
+        return emptied;
     }
     let mut path = Path {
         buf: [0u8; DIR_MAX + 16 + 2 * IDENT_MAX],
@@ -271,13 +325,13 @@ pub fn drop_all() -> usize {
     // with that Release store; nothing writes it while it does (see DirBuf).
     let dir = unsafe { &*DIR.0.get() };
     let Some(dir) = dir.get(..DIR_LEN.load(Ordering::Relaxed)) else {
-        return 0;
+        return emptied;
     };
     if path.push(dir).and_then(|()| path.push(b"/")).is_none() {
-        return 0;
+        return emptied;
     }
     let dir_len = path.len;
-    let mut removed = 0;
+    let mut removed = emptied;
     for (w, word) in MARKED.iter().enumerate() {
         let mut bits = word.load(Ordering::Acquire);
         while bits != 0 {

@@ -1,0 +1,455 @@
+//! The event table: the provenance records of exported IPC events, in fixed slots of one
+//! shared file of the registry directory ([`FILE_NAME`]), written and read in place
+//! (docs/design.md, "The event table").
+//!
+//! PyTorch exports a new interprocess event at every share of a CUDA tensor, so a record
+//! file per event cost each share a file created, written and renamed by the exporter and
+//! one opened and read by the importer: on the round trip's critical path, the most of the
+//! guard's cost in it (docs/benchmarks.md). Here an event's record is the same text
+//! ([`crate::registry::ProvenanceRecord::render`]) stored in a slot found from its handle's
+//! hash: the exporter claims a slot and fills it with stores, the importer copies it with
+//! loads. The file is mapped once per process; a record that finds no slot (the table
+//! full around its hash, a text too long, no usable file) is written as a file, as before,
+//! and the look-up reads the table first, then the file.
+//!
+//! The trust is the record file's: the table is a regular file of this user, mode 0600, in
+//! the verified registry directory, and a record read from it is parsed and its exporter
+//! checked alive exactly as a file's ([`crate::registry::Registry::trust_text`]). Another
+//! process of the same user can write any slot, as it can write any record file.
+//!
+//! Concurrency: each slot's first word is its state (owner pid, generation, tag). A writer
+//! moves it from empty to WRITING by compare-and-swap, fills the slot, then publishes FULL
+//! with a new generation (Release); a reader loads the state (Acquire), copies the slot,
+//! and keeps the copy only if the state is unchanged after (a sequence lock: a slot removed
+//! and filled again in between has another generation). Every access is an atomic load or
+//! store of a word, so a torn copy is detected, never undefined. A writer that died
+//! between claim and publish leaves WRITING under its pid: a later writer reclaims the
+//! slot of an owner that is no longer alive, as it does a FULL slot left by one.
+//!
+//! Pure logic over a slice of words; the guard maps the file (`registry_io`), the unit
+//! tests use a vector.
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+/// The table's file in the registry directory (not a record name, so the sweeps and
+/// `rankguard doctor` leave it alone).
+pub const FILE_NAME: &str = "events.table";
+/// Slots in the table (events exported and not destroyed, on the node, of this user).
+pub const SLOTS: usize = 4096;
+/// Words of a slot: 512 bytes.
+pub const SLOT_WORDS: usize = 64;
+/// Words of the header (a page: the magic, the layout).
+pub const HEADER_WORDS: usize = 512;
+/// Words of the whole file.
+pub const WORDS: usize = HEADER_WORDS + SLOTS * SLOT_WORDS;
+/// The file's size in bytes (4 KiB + 2 MiB; a tmpfs allocates the pages written).
+pub const BYTES: usize = WORDS * 8;
+/// Slots looked at from a handle's hash.
+pub const PROBES: usize = 16;
+/// A slot's words: state, text length, the handle's 8 words, then the text.
+const HANDLE_AT: usize = 2;
+const TEXT_AT: usize = HANDLE_AT + 8;
+/// The longest record text a slot holds (432 bytes; a record is about 290).
+pub const TEXT_MAX: usize = (SLOT_WORDS - TEXT_AT) * 8;
+/// The header: "rankguard-events", then version 1 and the layout.
+const MAGIC: [u64; 4] = [
+    u64::from_le_bytes(*b"rankguar"),
+    u64::from_le_bytes(*b"d-events"),
+    1,
+    ((SLOTS as u64) << 16) | SLOT_WORDS as u64,
+];
+/// Attempts at a consistent copy of a slot being written.
+const READ_TRIES: usize = 4;
+
+const TAG: u64 = 0b11;
+const EMPTY: u64 = 0;
+const WRITING: u64 = 1;
+const FULL: u64 = 2;
+const GEN_ONE: u64 = 1 << 2;
+const GEN_MASK: u64 = ((1 << 30) - 1) << 2;
+
+fn state(pid: u32, gen_of: u64, tag: u64) -> u64 {
+    (u64::from(pid) << 32) | (gen_of.wrapping_add(GEN_ONE) & GEN_MASK) | tag
+}
+
+fn owner(s: u64) -> u32 {
+    (s >> 32) as u32
+}
+
+/// The table over the file's words.
+#[derive(Clone, Copy)]
+pub struct EventTable<'a> {
+    words: &'a [AtomicU64],
+}
+
+/// A record read from the table: where, the state it was read under, and its text.
+pub struct Found {
+    pub slot: usize,
+    state: u64,
+    /// The exporter that wrote it (the slot's owner).
+    pub owner: u32,
+    len: usize,
+    text: [u8; TEXT_MAX],
+}
+
+impl Found {
+    pub fn text(&self) -> &[u8] {
+        self.text.get(..self.len).unwrap_or(&[])
+    }
+}
+
+impl<'a> EventTable<'a> {
+    /// The table over `words`, its header written if the file is new (all zero) and checked
+    /// otherwise; None for a file of another size or layout.
+    pub fn new(words: &'a [AtomicU64]) -> Option<EventTable<'a>> {
+        if words.len() != WORDS {
+            return None;
+        }
+        for (w, &m) in words.iter().zip(MAGIC.iter()) {
+            // Two processes creating the table race to write the same words.
+            match w.compare_exchange(0, m, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {}
+                Err(now) if now == m => {}
+                Err(_) => return None,
+            }
+        }
+        Some(EventTable { words })
+    }
+
+    /// Slot `i` (modulo [`SLOTS`]). No panicking index: the guard's loader work counts
+    /// the panic locations' relocations (python-tests/test_startup_cost.py); `new` checked
+    /// the length, so the stand-in (a slot that is never empty) is never returned.
+    fn slot(&self, i: usize) -> &'a [AtomicU64; SLOT_WORDS] {
+        static NONE: [AtomicU64; SLOT_WORDS] = [const { AtomicU64::new(FULL) }; SLOT_WORDS];
+        let at = HEADER_WORDS + (i % SLOTS) * SLOT_WORDS;
+        self.words
+            .get(at..at + SLOT_WORDS)
+            .and_then(|s| s.try_into().ok())
+            .unwrap_or(&NONE)
+    }
+
+    /// The first slot of a handle's probe sequence.
+    pub fn start(handle: &[u8; 64]) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for c in handle.chunks_exact(8) {
+            let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+            h = (h ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+        }
+        (h % SLOTS as u64) as usize
+    }
+
+    fn same_handle(slot: &[AtomicU64; SLOT_WORDS], handle: &[u8; 64]) -> bool {
+        slot[HANDLE_AT..TEXT_AT]
+            .iter()
+            .zip(handle.chunks_exact(8))
+            .all(|(w, c)| {
+                w.load(Ordering::Relaxed) == u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))
+            })
+    }
+
+    /// Store `text` as the record of `handle` exported by `pid`; the slot's index, or None
+    /// when `text` is too long or the slots from the handle's hash are all taken by live
+    /// owners (`alive`; asked only when no slot is empty).
+    pub fn insert(
+        &self,
+        handle: &[u8; 64],
+        text: &[u8],
+        pid: u32,
+        alive: &dyn Fn(u32) -> bool,
+    ) -> Option<usize> {
+        if text.len() > TEXT_MAX || pid == 0 {
+            return None;
+        }
+        let first = Self::start(handle);
+        for reclaim in [false, true] {
+            for i in 0..PROBES {
+                let at = (first + i) % SLOTS;
+                let s = self.slot(at);
+                let cur = s[0].load(Ordering::Acquire);
+                let free = match cur & TAG {
+                    EMPTY => true,
+                    _ => reclaim && owner(cur) != pid && !alive(owner(cur)),
+                };
+                if free
+                    && s[0]
+                        .compare_exchange(
+                            cur,
+                            state(pid, cur, WRITING),
+                            Ordering::Acquire,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                {
+                    self.fill(s, handle, text);
+                    let writing = s[0].load(Ordering::Relaxed);
+                    s[0].store(state(pid, writing, FULL), Ordering::Release);
+                    return Some(at);
+                }
+            }
+        }
+        None
+    }
+
+    fn fill(&self, s: &[AtomicU64; SLOT_WORDS], handle: &[u8; 64], text: &[u8]) {
+        s[1].store(text.len() as u64, Ordering::Relaxed);
+        for (w, c) in s[HANDLE_AT..TEXT_AT].iter().zip(handle.chunks_exact(8)) {
+            w.store(
+                u64::from_le_bytes(c.try_into().unwrap_or([0; 8])),
+                Ordering::Relaxed,
+            );
+        }
+        for (w, c) in s[TEXT_AT..].iter().zip(text.chunks(8)) {
+            let mut word = [0u8; 8];
+            for (b, &x) in word.iter_mut().zip(c) {
+                *b = x;
+            }
+            w.store(u64::from_le_bytes(word), Ordering::Relaxed);
+        }
+    }
+
+    /// The record of `handle`: a consistent copy of the first FULL slot holding it.
+    pub fn find(&self, handle: &[u8; 64]) -> Option<Found> {
+        let first = Self::start(handle);
+        for i in 0..PROBES {
+            let at = (first + i) % SLOTS;
+            let s = self.slot(at);
+            for _ in 0..READ_TRIES {
+                let before = s[0].load(Ordering::Acquire);
+                if before & TAG != FULL || !Self::same_handle(s, handle) {
+                    // Looked at again only if it changed while being compared.
+                    if s[0].load(Ordering::Acquire) == before {
+                        break;
+                    }
+                    continue;
+                }
+                let len = s[1].load(Ordering::Relaxed) as usize;
+                let mut text = [0u8; TEXT_MAX];
+                for (c, w) in text.chunks_exact_mut(8).zip(&s[TEXT_AT..]) {
+                    for (b, x) in c.iter_mut().zip(w.load(Ordering::Relaxed).to_le_bytes()) {
+                        *b = x;
+                    }
+                }
+                fence(Ordering::Acquire);
+                if s[0].load(Ordering::Relaxed) == before && len <= TEXT_MAX {
+                    return Some(Found {
+                        slot: at,
+                        state: before,
+                        owner: owner(before),
+                        len,
+                        text,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// The slot of `pid`'s own record of `handle`, if any.
+    pub fn own(&self, handle: &[u8; 64], pid: u32) -> Option<usize> {
+        let first = Self::start(handle);
+        (0..PROBES).map(|i| (first + i) % SLOTS).find(|&at| {
+            let s = self.slot(at);
+            let cur = s[0].load(Ordering::Acquire);
+            cur & TAG == FULL && owner(cur) == pid && Self::same_handle(s, handle)
+        })
+    }
+
+    /// Empty slot `at` if `pid` owns it and it holds `handle` (an event destroyed, or its
+    /// exporter ending: atomics only, async-signal-safe). True when it was emptied.
+    pub fn remove(&self, at: usize, handle: &[u8; 64], pid: u32) -> bool {
+        let s = self.slot(at);
+        let cur = s[0].load(Ordering::Acquire);
+        cur & TAG == FULL
+            && owner(cur) == pid
+            && Self::same_handle(s, handle)
+            && s[0]
+                .compare_exchange(
+                    cur,
+                    state(0, cur, EMPTY),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Empty slot `at` if `pid` owns a record there (its exporter ending: the slots it
+    /// filled, whatever their handles). True when it was emptied.
+    pub fn remove_own(&self, at: usize, pid: u32) -> bool {
+        let s = self.slot(at);
+        let cur = s[0].load(Ordering::Acquire);
+        cur & TAG == FULL
+            && owner(cur) == pid
+            && s[0]
+                .compare_exchange(
+                    cur,
+                    state(0, cur, EMPTY),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Empty the slot a record was found in, unless it changed since (a record not trusted:
+    /// its exporter dead or not the process it names).
+    pub fn discard(&self, found: &Found) -> bool {
+        self.slot(found.slot)[0]
+            .compare_exchange(
+                found.state,
+                state(0, found.state, EMPTY),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// The records in the table: (slot, owner) of each FULL slot (reports and tests).
+    pub fn occupied(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        (0..SLOTS).filter_map(move |at| {
+            let cur = self.slot(at)[0].load(Ordering::Acquire);
+            (cur & TAG == FULL).then_some((at, owner(cur)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words() -> Vec<AtomicU64> {
+        (0..WORDS).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    fn handle(n: u64) -> [u8; 64] {
+        let mut h = [0u8; 64];
+        h[..8].copy_from_slice(b"VECF\x2c\x0c\0\0");
+        h[8..16].copy_from_slice(&n.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn a_record_is_found_by_its_handle_and_gone_when_removed() {
+        let w = words();
+        let t = EventTable::new(&w).unwrap();
+        let text = b"rankguard-ipc-record 1\nkey event-00\nend\n";
+        let at = t.insert(&handle(1), text, 42, &|_| true).unwrap();
+        let f = t.find(&handle(1)).unwrap();
+        assert_eq!((f.slot, f.owner, f.text()), (at, 42, &text[..]));
+        assert!(t.find(&handle(2)).is_none());
+        assert_eq!(t.own(&handle(1), 42), Some(at));
+        assert_eq!(t.own(&handle(1), 43), None);
+        assert!(
+            !t.remove(at, &handle(1), 43),
+            "another pid's record is not removed"
+        );
+        assert!(!t.remove(at, &handle(2), 42), "nor another handle's");
+        assert!(t.remove(at, &handle(1), 42));
+        assert!(t.find(&handle(1)).is_none());
+        assert_eq!(t.occupied().count(), 0);
+        // At its exit an exporter empties the slots it filled, and no other's.
+        let a = t.insert(&handle(3), text, 42, &|_| true).unwrap();
+        let b = t.insert(&handle(4), text, 43, &|_| true).unwrap();
+        assert!(!t.remove_own(b, 42) && t.remove_own(a, 42) && !t.remove_own(a, 42));
+        assert_eq!(t.occupied().collect::<Vec<_>>(), vec![(b, 43)]);
+    }
+
+    #[test]
+    fn the_header_is_written_once_and_a_foreign_file_is_refused() {
+        let w = words();
+        assert!(EventTable::new(&w).is_some());
+        assert!(
+            EventTable::new(&w).is_some(),
+            "a second opener accepts the same header"
+        );
+        w[2].store(2, Ordering::Relaxed);
+        assert!(EventTable::new(&w).is_none(), "another version");
+        let short: Vec<AtomicU64> = (0..WORDS - 1).map(|_| AtomicU64::new(0)).collect();
+        assert!(EventTable::new(&short).is_none(), "another size");
+    }
+
+    #[test]
+    fn a_text_too_long_or_a_full_neighbourhood_goes_to_a_file() {
+        let w = words();
+        let t = EventTable::new(&w).unwrap();
+        assert!(t
+            .insert(&handle(1), &[b'x'; TEXT_MAX + 1], 42, &|_| true)
+            .is_none());
+        assert!(t
+            .insert(&handle(1), &[b'x'; TEXT_MAX], 42, &|_| true)
+            .is_some());
+        // Fill every slot of one handle's probe sequence with live owners' records.
+        let first = EventTable::start(&handle(7));
+        let mut n = 100;
+        let mut filled = 0;
+        while filled < PROBES {
+            n += 1;
+            let s = EventTable::start(&handle(n));
+            if (s + SLOTS - first) % SLOTS < PROBES
+                && t.insert(&handle(n), b"t", 50, &|_| true).is_some()
+            {
+                filled = (0..PROBES)
+                    .filter(|i| {
+                        w[HEADER_WORDS + ((first + i) % SLOTS) * SLOT_WORDS].load(Ordering::Relaxed)
+                            & TAG
+                            == FULL
+                    })
+                    .count();
+            }
+        }
+        assert!(
+            t.insert(&handle(7), b"t", 42, &|_| true).is_none(),
+            "no room among live owners"
+        );
+        // One of them is a writer that died before it published (WRITING), the rest FULL.
+        let w0 = HEADER_WORDS + first * SLOT_WORDS;
+        let cur = w[w0].load(Ordering::Relaxed);
+        w[w0].store(state(50, cur, WRITING), Ordering::Relaxed);
+        // A dead owner's slots are taken back.
+        let at = t.insert(&handle(7), b"t", 42, &|pid| pid != 50).unwrap();
+        assert_eq!(at, first, "the dead writer's slot first, in probe order");
+        assert_eq!(t.find(&handle(7)).unwrap().slot, at);
+    }
+
+    #[test]
+    fn a_slot_being_written_is_not_read() {
+        let w = words();
+        let t = EventTable::new(&w).unwrap();
+        let at = t.insert(&handle(1), b"first", 42, &|_| true).unwrap();
+        let s = HEADER_WORDS + at * SLOT_WORDS;
+        // Another writer holds it (claimed, never published).
+        let full = w[s].load(Ordering::Relaxed);
+        w[s].store(state(9, full, WRITING), Ordering::Relaxed);
+        assert!(
+            t.find(&handle(1)).is_none(),
+            "a slot being written is no record"
+        );
+        assert!(t.occupied().next().is_none());
+        assert!(
+            !t.remove(at, &handle(1), 42),
+            "nor removed by the pid that had it"
+        );
+        w[s].store(full, Ordering::Relaxed);
+        assert_eq!(t.find(&handle(1)).unwrap().text(), b"first");
+    }
+
+    #[test]
+    fn a_record_changed_after_it_was_read_is_not_discarded() {
+        let w = words();
+        let t = EventTable::new(&w).unwrap();
+        let at = t.insert(&handle(1), b"old", 42, &|_| true).unwrap();
+        let f = t.find(&handle(1)).unwrap();
+        assert!(t.remove(at, &handle(1), 42));
+        let at2 = t.insert(&handle(1), b"new", 43, &|_| true).unwrap();
+        assert_eq!(at, at2, "the same slot, a new generation");
+        assert!(!t.discard(&f), "the stale copy's state no longer matches");
+        assert_eq!(t.find(&handle(1)).unwrap().text(), b"new");
+        let f2 = t.find(&handle(1)).unwrap();
+        assert!(t.discard(&f2));
+        assert!(t.find(&handle(1)).is_none());
+    }
+
+    #[test]
+    fn generations_wrap_without_touching_the_owner_or_tag() {
+        let top = GEN_MASK | FULL | (7u64 << 32);
+        let next = state(7, top, FULL);
+        assert_eq!((owner(next), next & TAG, next & GEN_MASK), (7, FULL, 0));
+    }
+}
