@@ -115,16 +115,14 @@ impl<'a> EventTable<'a> {
         Some(EventTable { words })
     }
 
-    /// Slot `i` (modulo [`SLOTS`]). No panicking index: the guard's loader work counts
-    /// the panic locations' relocations (python-tests/test_startup_cost.py); `new` checked
-    /// the length, so the stand-in (a slot that is never empty) is never returned.
-    fn slot(&self, i: usize) -> &'a [AtomicU64; SLOT_WORDS] {
-        static NONE: [AtomicU64; SLOT_WORDS] = [const { AtomicU64::new(FULL) }; SLOT_WORDS];
+    /// Slot `i` (modulo [`SLOTS`]); None never happens (`new` checked the length), but an
+    /// index that cannot panic keeps a panic location's relocation out of the guard's
+    /// loader work (python-tests/test_startup_cost.py).
+    fn slot(&self, i: usize) -> Option<&'a [AtomicU64; SLOT_WORDS]> {
         let at = HEADER_WORDS + (i % SLOTS) * SLOT_WORDS;
         self.words
             .get(at..at + SLOT_WORDS)
             .and_then(|s| s.try_into().ok())
-            .unwrap_or(&NONE)
     }
 
     /// The first slot of a handle's probe sequence.
@@ -163,7 +161,7 @@ impl<'a> EventTable<'a> {
         for reclaim in [false, true] {
             for i in 0..PROBES {
                 let at = (first + i) % SLOTS;
-                let s = self.slot(at);
+                let Some(s) = self.slot(at) else { continue };
                 let cur = s[0].load(Ordering::Acquire);
                 let free = match cur & TAG {
                     EMPTY => true,
@@ -211,7 +209,7 @@ impl<'a> EventTable<'a> {
         let first = Self::start(handle);
         for i in 0..PROBES {
             let at = (first + i) % SLOTS;
-            let s = self.slot(at);
+            let Some(s) = self.slot(at) else { continue };
             for _ in 0..READ_TRIES {
                 let before = s[0].load(Ordering::Acquire);
                 if before & TAG != FULL || !Self::same_handle(s, handle) {
@@ -247,16 +245,19 @@ impl<'a> EventTable<'a> {
     pub fn own(&self, handle: &[u8; 64], pid: u32) -> Option<usize> {
         let first = Self::start(handle);
         (0..PROBES).map(|i| (first + i) % SLOTS).find(|&at| {
-            let s = self.slot(at);
-            let cur = s[0].load(Ordering::Acquire);
-            cur & TAG == FULL && owner(cur) == pid && Self::same_handle(s, handle)
+            self.slot(at).is_some_and(|s| {
+                let cur = s[0].load(Ordering::Acquire);
+                cur & TAG == FULL && owner(cur) == pid && Self::same_handle(s, handle)
+            })
         })
     }
 
     /// Empty slot `at` if `pid` owns it and it holds `handle` (an event destroyed, or its
     /// exporter ending: atomics only, async-signal-safe). True when it was emptied.
     pub fn remove(&self, at: usize, handle: &[u8; 64], pid: u32) -> bool {
-        let s = self.slot(at);
+        let Some(s) = self.slot(at) else {
+            return false;
+        };
         let cur = s[0].load(Ordering::Acquire);
         cur & TAG == FULL
             && owner(cur) == pid
@@ -274,7 +275,9 @@ impl<'a> EventTable<'a> {
     /// Empty slot `at` if `pid` owns a record there (its exporter ending: the slots it
     /// filled, whatever their handles). True when it was emptied.
     pub fn remove_own(&self, at: usize, pid: u32) -> bool {
-        let s = self.slot(at);
+        let Some(s) = self.slot(at) else {
+            return false;
+        };
         let cur = s[0].load(Ordering::Acquire);
         cur & TAG == FULL
             && owner(cur) == pid
@@ -291,20 +294,21 @@ impl<'a> EventTable<'a> {
     /// Empty the slot a record was found in, unless it changed since (a record not trusted:
     /// its exporter dead or not the process it names).
     pub fn discard(&self, found: &Found) -> bool {
-        self.slot(found.slot)[0]
-            .compare_exchange(
+        self.slot(found.slot).is_some_and(|s| {
+            s[0].compare_exchange(
                 found.state,
                 state(0, found.state, EMPTY),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             )
             .is_ok()
+        })
     }
 
     /// The records in the table: (slot, owner) of each FULL slot (reports and tests).
     pub fn occupied(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
         (0..SLOTS).filter_map(move |at| {
-            let cur = self.slot(at)[0].load(Ordering::Acquire);
+            let cur = self.slot(at)?[0].load(Ordering::Acquire);
             (cur & TAG == FULL).then_some((at, owner(cur)))
         })
     }
