@@ -342,13 +342,15 @@ fn map_table(path: &std::path::Path) -> Result<*mut AtomicU64, String> {
                 ));
             }
         }
+        // MAP_POPULATE: the table's pages mapped now, once, not one fault at a time on the
+        // shares' round trips (a new event's slot is on a page of its hash's choosing).
         // SAFETY: a new shared mapping of fd's first BYTES, which the file now has.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 event_table::BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
                 fd,
                 0,
             )
