@@ -255,32 +255,25 @@ impl<'a> EventTable<'a> {
     /// Empty slot `at` if `pid` owns it and it holds `handle` (an event destroyed, or its
     /// exporter ending: atomics only, async-signal-safe). True when it was emptied.
     pub fn remove(&self, at: usize, handle: &[u8; 64], pid: u32) -> bool {
-        let Some(s) = self.slot(at) else {
-            return false;
-        };
-        let cur = s[0].load(Ordering::Acquire);
-        cur & TAG == FULL
-            && owner(cur) == pid
-            && Self::same_handle(s, handle)
-            && s[0]
-                .compare_exchange(
-                    cur,
-                    state(0, cur, EMPTY),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+        self.empty_owned(at, pid, Some(handle))
     }
 
     /// Empty slot `at` if `pid` owns a record there (its exporter ending: the slots it
     /// filled, whatever their handles). True when it was emptied.
     pub fn remove_own(&self, at: usize, pid: u32) -> bool {
+        self.empty_owned(at, pid, None)
+    }
+
+    /// Empty slot `at` if it is a FULL record of `pid` (of `handle`, where given), by a
+    /// compare-and-swap from the state those checks read.
+    fn empty_owned(&self, at: usize, pid: u32, handle: Option<&[u8; 64]>) -> bool {
         let Some(s) = self.slot(at) else {
             return false;
         };
         let cur = s[0].load(Ordering::Acquire);
         cur & TAG == FULL
             && owner(cur) == pid
+            && handle.is_none_or(|h| Self::same_handle(s, h))
             && s[0]
                 .compare_exchange(
                     cur,
