@@ -38,7 +38,8 @@ ok(cu.cuCtxSetCurrent(ctx))
 flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
 (kept,) = ok(cu.cuEventCreate(flags))
 ok(cu.cuIpcGetEventHandle(kept))
-out = {{"kept": events(), "while": [], "after": []}}
+out = {{"kept": events(), "while": [], "after": [],
+       "files": [n for n in os.listdir(reg) if n.startswith("event-")]}}
 for i in range({STEPS}):
     (ev,) = ok(cu.cuEventCreate(flags))
     ok(cu.cuIpcGetEventHandle(ev))
@@ -95,6 +96,7 @@ def _run(tmp_path, prog: str, *args: str, mode: str = "enforce", **extra: str) -
 def test_driver_an_exported_events_record_goes_with_the_event(tmp_path):
     out = _run(tmp_path, DRIVER)
     assert len(out["kept"]) == 1, "an exported event has its record"
+    assert out["files"] == [], "a slot of the registry's event table, not a file"
     assert out["while"] == [2] * STEPS, "each step's event is recorded once while it lives"
     assert out["after"] == [1] * STEPS, "and its record goes with it: only the kept event's stays"
     assert out["end"] == out["kept"]
