@@ -254,6 +254,26 @@ impl Key {
         &self.ident
     }
 
+    /// The bytes a handle's identity is the lowercase hex of (at most 64) and how many there
+    /// are; None for an identity that is text (a file's `<dev>.<ino>`, a rank record's pid
+    /// with an odd number of digits). Allocation-free.
+    pub fn bytes(&self) -> Option<([u8; 64], usize)> {
+        let hex = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let b = self.ident.as_bytes();
+        if !b.len().is_multiple_of(2) || b.len() > 128 {
+            return None;
+        }
+        let mut out = [0u8; 64];
+        for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+            *o = (hex(pair[0])? << 4) | hex(pair[1])?;
+        }
+        Some((out, b.len() / 2))
+    }
+
     /// A short form for reports: the kind and the identity's first 16 hex digits.
     pub fn short(&self) -> String {
         let n = self.ident.len().min(16);
@@ -2069,6 +2089,25 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handles_key_gives_its_bytes_back_and_a_files_none() {
+        let h: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
+        let (bytes, n) = Key::from_bytes(Kind::Event, &h).bytes().unwrap();
+        assert_eq!((&bytes[..n], n), (&h[..], 64));
+        let f = FileIdent {
+            dev: 0x803,
+            ino: 0x1f,
+            regular: true,
+            fs_magic: 0,
+        };
+        assert_eq!(
+            Key::from_file(Kind::VmmFd, f).unwrap().bytes(),
+            None,
+            "dev.ino is text"
+        );
+        assert_eq!(Key::rank(123).bytes(), None, "an odd number of digits");
+    }
     use std::cell::RefCell;
     use std::collections::HashMap;
 

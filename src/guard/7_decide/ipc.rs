@@ -439,19 +439,10 @@ fn register_export(
 
 /// The 64 bytes of an event handle's key (its identity is their hex), for the event table.
 fn event_handle(key: &Key) -> Option<[u8; 64]> {
-    if key.kind() != Kind::Event {
-        return None;
+    match key.bytes() {
+        Some((bytes, 64)) if key.kind() == Kind::Event => Some(bytes),
+        _ => None,
     }
-    let hex = key.ident().as_bytes();
-    let mut out = [0u8; 64];
-    if hex.len() != 128 {
-        return None;
-    }
-    for (b, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
-        let digit = |c: u8| char::from(c).to_digit(16);
-        *b = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
-    }
-    Some(out)
 }
 
 /// The trusted record of `key`, if any (problems said once). An event's is looked for in

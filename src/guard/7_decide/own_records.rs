@@ -99,24 +99,14 @@ fn pack(key: &Key) -> Option<Packed> {
         return None;
     }
     let kind = u32::from(key.kind().index()) + 1;
-    let ident = key.ident();
-    let mut out = [0u8; IDENT_MAX];
-    let hex = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    let b = ident.as_bytes();
-    if b.len().is_multiple_of(2) && b.len() <= 2 * IDENT_MAX && b.iter().all(|&c| hex(c).is_some())
-    {
-        for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
-            *o = (hex(pair[0])? << 4) | hex(pair[1])?;
-        }
+    if let Some((bytes, n)) = key.bytes() {
         return Some(Packed {
-            meta: kind | ((b.len() as u32 / 2) << 8) | HEX,
-            ident: out,
+            meta: kind | ((n as u32) << 8) | HEX,
+            ident: bytes,
         });
     }
+    let b = key.ident().as_bytes();
+    let mut out = [0u8; IDENT_MAX];
     out.get_mut(..b.len())?.copy_from_slice(b);
     Some(Packed {
         meta: kind | ((b.len() as u32) << 8),
