@@ -29,7 +29,7 @@ def ok(r):
     return r[1:] if isinstance(r, tuple) else None
 reg = os.environ["RANKGUARD_REGISTRY"]
 sys.path.insert(0, {TESTS!r})
-from _event_table import names
+from _handle_table import names
 events = lambda: names(reg, "event-")
 ok(cu.cuInit(0))
 (dev,) = ok(cu.cuDeviceGet(0))
@@ -61,7 +61,7 @@ lib, create, export, destroy = sys.argv[1:5]
 so = ctypes.CDLL(lib)
 reg = os.environ["RANKGUARD_REGISTRY"]
 sys.path.insert(0, {TESTS!r})
-from _event_table import names
+from _handle_table import names
 events = lambda: names(reg, "event-")
 INTERPROCESS_NO_TIMING = 0x4 | 0x2  # CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING (runtime: the same bits)
 out = {{"while": [], "after": [], "rc": []}}
@@ -96,7 +96,7 @@ def _run(tmp_path, prog: str, *args: str, mode: str = "enforce", **extra: str) -
 def test_driver_an_exported_events_record_goes_with_the_event(tmp_path):
     out = _run(tmp_path, DRIVER)
     assert len(out["kept"]) == 1, "an exported event has its record"
-    assert out["files"] == [], "a slot of the registry's event table, not a file"
+    assert out["files"] == [], "a slot of the registry's handle table, not a file"
     assert out["while"] == [2] * STEPS, "each step's event is recorded once while it lives"
     assert out["after"] == [1] * STEPS, "and its record goes with it: only the kept event's stays"
     assert out["end"] == out["kept"]

@@ -16,14 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from _event_table import names
+from _handle_table import names
 from _ipc import PEER, exporter, guard_env
 from conftest import PYTHON, ROOT, run
 
 
 def records(tmp) -> list[str]:
     """The registry's handle records (not rank records, not the overflow mark), by name:
-    the files and the event table's records."""
+    the files and the handle table's records."""
     reg = tmp / "registry"
     if not reg.exists():
         return []
@@ -60,7 +60,7 @@ def ok(r):
     return r[1:] if isinstance(r, tuple) else None
 reg, how, tests = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, tests)
-from _event_table import names as listed
+from _handle_table import names as listed
 names = lambda: listed(reg)
 ok(cu.cuInit(0))
 (dev,) = ok(cu.cuDeviceGet(0))
@@ -80,7 +80,7 @@ if child == 0:
 os.waitpid(child, 0)
 print("after-child", len(names()), flush=True)
 if how == "exec":
-    code = f"import sys; sys.path.insert(0, {tests!r}); from _event_table import names; print('after-exec', len(names({reg!r})))"
+    code = f"import sys; sys.path.insert(0, {tests!r}); from _handle_table import names; print('after-exec', len(names({reg!r})))"
     os.execv(sys.executable, [sys.executable, "-c", code])
 """
 

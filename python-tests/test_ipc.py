@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-import _event_table as event_table
+import _handle_table as handle_table
 from _ipc import PEER, JOB, audit, exporter, gpu_uuid, guard_env
 from conftest import FAKE, GUARD, run
 
@@ -187,10 +187,11 @@ def test_records_of_dead_exporters_are_cleaned_up(tmp_path):
     assert a.stdout.readline().strip() == "ready"
     a.kill()
     a.wait(timeout=30)
-    stale = [f.name for f in reg.iterdir()]
-    assert len(stale) == 1
+    # Its memory record is a slot of the handle table.
+    stale = handle_table.names(reg)
+    assert len(stale) == 1 and handle_table.records(reg)[0][0] == a.pid, stale
     with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0), name="b"):
-        names = [f.name for f in reg.iterdir()]
+        names = handle_table.names(reg)
     assert stale[0] not in names and len(names) == 1   # ...until the next exporter sweeps
 
 
@@ -257,13 +258,14 @@ def test_relative_registry_path_is_ignored(tmp_path):
 
 
 def _tamper(tmp_path, change, expect_in_warning):
-    """Export, tamper with the one record, then import on the SAME GPU under strict: a
-    trusted record would allow it; an untrusted one makes provenance unknown (denied)."""
+    """Export, tamper with the one record file, then import on the SAME GPU under strict: a
+    trusted record would allow it; an untrusted one makes provenance unknown (denied). A
+    VMM fd's record is a file (a 64-byte handle's is a slot of the handle table: below)."""
     reg = tmp_path / "registry"
-    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0)) as ex:
+    with exporter(tmp_path, "vmm", guard_env(tmp_path, "0", 0)) as ex:
         (rec,) = list(reg.iterdir())
         change(rec, ex)
-        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny", times=2)
+        p = importer(tmp_path, "vmm", ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny", times=2)
     line = _say_once(p.stderr, "not trusted")
     assert expect_in_warning in line
     assert all(r["verdict"] == "deny" and r["exporter_pid"] is None for r in r3_records(tmp_path))
@@ -305,39 +307,49 @@ def test_record_writable_by_others_is_skipped(tmp_path):
     _tamper(tmp_path, lambda rec, ex: rec.chmod(0o666), "writable by others")
 
 
-def _tamper_event_table(tmp_path, change, expect_in_warning):
-    """An event's record is a slot of the registry's event table, not a file; tampered with
-    there, it is not trusted either (provenance unknown: denied under strict), said once
-    with the table's path, and its slot is emptied."""
+def _tamper_handle_table(tmp_path, kind, change, expect_in_warning):
+    """A memory handle's or an event's record is a slot of the registry's handle table, not a
+    file; tampered with there, it is not trusted either (provenance unknown: denied under
+    strict), said once with the table's path, and its slot is emptied."""
     reg = tmp_path / "registry"
-    with exporter(tmp_path, "event", guard_env(tmp_path, "0", 0)) as ex:
-        assert [n for n in os.listdir(reg) if n.startswith("event-")] == [], "a slot, not a file"
-        ((owner, _),) = event_table.records(reg)
+    with exporter(tmp_path, kind, guard_env(tmp_path, "0", 0)) as ex:
+        assert os.listdir(reg) == ["handles.table"], "a slot, not a file"
+        ((owner, _),) = handle_table.records(reg)
         assert owner == ex.pid
-        assert event_table.rewrite(reg, lambda text: change(text, ex)) == 1
-        p = importer(tmp_path, "event", ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny", times=2)
-        assert event_table.records(reg) == [], "the untrusted slot was emptied"
+        assert handle_table.rewrite(reg, lambda text: change(text, ex)) == 1
+        p = importer(tmp_path, kind, ex, guard_env(tmp_path, "0", 0, RANKGUARD_IPC="strict"), "deny", times=2)
+        assert handle_table.records(reg) == [], "the untrusted slot was emptied"
     line = _say_once(p.stderr, "not trusted")
-    assert expect_in_warning in line and "events.table" in line, line
+    assert expect_in_warning in line and "handles.table" in line, line
     assert all(r["verdict"] == "deny" and r["exporter_pid"] is None for r in r3_records(tmp_path))
 
 
-def test_a_forged_event_table_record_is_skipped(tmp_path):
+@pytest.mark.parametrize("kind", ["mem", "event"])
+def test_a_forged_handle_table_record_is_skipped(tmp_path, kind):
     """A slot whose record names another live process (pid 1) than the slot's owner."""
-    _tamper_event_table(tmp_path, lambda text, ex: text.replace(f"pid {ex.pid}\n".encode(), b"pid 1\n"),
-                        "forged")
+    _tamper_handle_table(tmp_path, kind,
+                         lambda text, ex: text.replace(f"pid {ex.pid}\n".encode(), b"pid 1\n"), "forged")
 
 
-def test_a_garbage_event_table_record_is_skipped(tmp_path):
-    _tamper_event_table(tmp_path, lambda text, ex: b"\x00\xffnot a record\n" * 4, "corrupt")
+@pytest.mark.parametrize("kind", ["mem", "event"])
+def test_a_garbage_handle_table_record_is_skipped(tmp_path, kind):
+    _tamper_handle_table(tmp_path, kind, lambda text, ex: b"\x00\xffnot a record\n" * 4, "corrupt")
 
 
-def test_an_untrusted_event_table_leaves_event_records_to_files(tmp_path):
-    """An event table writable by others (or not this user's) is not used: the event's
+def test_a_memory_record_does_not_answer_for_an_event_of_the_same_bytes(tmp_path):
+    """The table keys a record by its handle's kind and bytes: a memory record rewritten to
+    claim the key of an event with the same bytes is no event record, and the memory's
+    own look-up finds it corrupt (its text names another key)."""
+    _tamper_handle_table(tmp_path, "mem", lambda text, ex: text.replace(b"\nkey mem-", b"\nkey event-"),
+                         "corrupt")
+
+
+def test_an_untrusted_handle_table_leaves_event_records_to_files(tmp_path):
+    """A handle table writable by others (or not this user's) is not used: the event's
     record is a file, as before the table, and the import finds it there."""
     reg = tmp_path / "registry"
     reg.mkdir(mode=0o700)
-    table = reg / "events.table"
+    table = reg / "handles.table"
     table.write_bytes(b"")
     table.chmod(0o666)
     with exporter(tmp_path, "event", guard_env(tmp_path, "0", 0)) as ex:
@@ -350,12 +362,12 @@ def test_an_untrusted_event_table_leaves_event_records_to_files(tmp_path):
 def test_a_record_of_a_dead_exporter_is_not_trusted(tmp_path):
     """The exporter's record names a pid that has exited: provenance unknown, quietly."""
     reg = tmp_path / "registry"
-    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0)) as ex:
+    with exporter(tmp_path, "vmm", guard_env(tmp_path, "0", 0)) as ex:
         (rec,) = list(reg.iterdir())
         dead = subprocess.Popen(["true"])
         dead.wait()
         rec.write_text(rec.read_text().replace(f"pid {ex.pid}\n", f"pid {dead.pid}\n"))
-        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0), "allow")
+        p = importer(tmp_path, "vmm", ex, guard_env(tmp_path, "1", 0), "allow")
     assert "not trusted" not in p.stderr
     assert not any(reg.iterdir()), "the stale record was removed"
 
@@ -484,7 +496,8 @@ def test_an_exporter_of_4200_live_handles_is_still_recorded(tmp_path):
     in enforce mode with no line at the importer. The registry holds 65,536 records: the
     4,200th export is recorded and its cross-GPU import denied."""
     env = guard_env(tmp_path, "0", 0)
-    mems = lambda: sum(1 for f in (tmp_path / "registry").iterdir() if f.name.startswith("mem-"))
+    # Records in the handle table's slots, and files once their slots are taken.
+    mems = lambda: len(handle_table.names(tmp_path / "registry", "mem-"))
     with exporter(tmp_path, "mem", env, cmd=[PEER, "many", "4200", tmp_path / "x"]) as ex:
         p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0), "deny")
         assert mems() == 4200
@@ -505,14 +518,16 @@ def test_an_export_lost_to_a_full_registry_makes_unknown_provenance_inside_a_ran
     The exporter now writes the registry's overflow mark; while it names a live exporter, an
     import of unknown provenance by a process that knows its rank and GPU is refused in
     enforce mode and recorded in warn mode, with a line naming the capacity and the fix.
-    Once every exporter the mark names has exited, unknown provenance is allowed again."""
+    Once every exporter the mark names has exited, unknown provenance is allowed again.
+    (A VMM fd: its record is a file; a 64-byte handle's goes to the handle table, which the
+    files do not fill.)"""
     reg = tmp_path / "registry"
     reg.mkdir(mode=0o700)
     for i in range(MAX_RECORDS):
         os.close(os.open(reg / f"filler-{i}", os.O_CREAT | os.O_WRONLY, 0o600))
-    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0)) as ex:
-        p = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0), "deny")
-        w = importer(tmp_path, "mem", ex, guard_env(tmp_path, "1", 0, RANKGUARD_MODE="warn"), "allow")
+    with exporter(tmp_path, "vmm", guard_env(tmp_path, "0", 0)) as ex:
+        p = importer(tmp_path, "vmm", ex, guard_env(tmp_path, "1", 0), "deny")
+        w = importer(tmp_path, "vmm", ex, guard_env(tmp_path, "1", 0, RANKGUARD_MODE="warn"), "allow")
         mark = (reg / "overflow").read_text()
     assert f"exporter {ex.pid} " in mark, mark
     assert "import-rc 800" in p.stdout
@@ -525,8 +540,8 @@ def test_an_export_lost_to_a_full_registry_makes_unknown_provenance_inside_a_ran
     assert str(MAX_RECORDS) in deny["detail"] and "fix:" in deny["detail"]
     assert warn["verdict"] == "warn" and warn["mode"] == "warn"
     # The exporter has exited: its handles died with it, and the mark with them.
-    with exporter(tmp_path, "mem", guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex2:
-        q = importer(tmp_path, "mem", ex2, guard_env(tmp_path, "1", 0), "allow")
+    with exporter(tmp_path, "vmm", guard_env(tmp_path, "0", 0, LD_PRELOAD=None)) as ex2:
+        q = importer(tmp_path, "vmm", ex2, guard_env(tmp_path, "1", 0), "allow")
     assert "RANKGUARD WARN" not in q.stderr and len(r3_records(tmp_path)) == 2
     assert not (reg / "overflow").exists()
     shutil.rmtree(reg)

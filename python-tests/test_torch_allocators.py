@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-import _event_table as event_table
+import _handle_table as handle_table
 from conftest import FAKE_NODE, GUARD, ROOT, clean_env, fake_node
 
 PROG = r"""
@@ -183,9 +183,9 @@ def _pair(tmp_path, mode: str, allocator: str):
                for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "map"]
     calls = (tmp_path / "calls.log").read_text().splitlines()
     # Both have exited: what they recorded for their exports went with them (issue 33),
-    # the event table's slots too (the table file stays, for the next exporter).
-    left = sorted(f.name for f in reg.iterdir() if f.name != event_table.FILE_NAME)
-    assert left == [] and event_table.records(reg) == [], (left, event_table.records(reg))
+    # the handle table's slots too (the table file stays, for the next exporter).
+    left = sorted(f.name for f in reg.iterdir() if f.name != handle_table.FILE_NAME)
+    assert left == [] and handle_table.records(reg) == [], (left, handle_table.records(reg))
     return json.loads(out.splitlines()[-1]), coll.stderr, records, calls
 
 

@@ -10,6 +10,6 @@
 // sits in its own `unsafe {}` block, and every block says why it is sound (`// SAFETY:`).
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-use rankguard_core::{config, cvd, event_table, lineage, policy, rank_root, rankgpu, registry};
+use rankguard_core::{config, cvd, handle_table, lineage, policy, rank_root, rankgpu, registry};
 
 mod guard;

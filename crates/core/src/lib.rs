@@ -22,7 +22,7 @@ pub mod audit;
 pub mod config;
 pub mod cvd;
 pub mod envbytes;
-pub mod event_table;
+pub mod handle_table;
 pub mod jobid;
 pub mod json;
 pub mod lineage;

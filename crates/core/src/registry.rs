@@ -50,6 +50,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::config::IpcPolicy;
+use crate::handle_table::Handle;
 use crate::policy::{self, DenyCode, Detail, Rule, Verdict, Violation};
 use crate::rank_root::RootId;
 
@@ -128,6 +129,14 @@ pub enum Kind {
     /// rank, so its descendants find the rank root. Its `gpu` is the rank GPU, its `root`
     /// the root it belongs to.
     Rank,
+}
+
+/// The handle table's key of a 64-byte handle of `kind` (its kind is the slot's tag).
+pub fn table_handle(kind: Kind, bytes: [u8; 64]) -> Handle {
+    Handle {
+        kind: kind as u8,
+        bytes,
+    }
 }
 
 impl Kind {
@@ -272,6 +281,16 @@ impl Key {
             *o = (hex(pair[0])? << 4) | hex(pair[1])?;
         }
         Some((out, b.len() / 2))
+    }
+
+    /// This handle's key in the handle table ([`crate::handle_table`]): a handle whose
+    /// identity is 64 bytes (legacy memory and event handles, fabric handles, a pool
+    /// allocation's export data); None for a file's identity or a rank record.
+    pub fn table_handle(&self) -> Option<Handle> {
+        match self.bytes() {
+            Some((bytes, 64)) if self.kind != Kind::Rank => Some(table_handle(self.kind, bytes)),
+            _ => None,
+        }
     }
 
     /// A short form for reports: the kind and the identity's first 16 hex digits.
@@ -1539,8 +1558,8 @@ impl Registry {
         }
     }
 
-    /// A record read from elsewhere than its file (the event table,
-    /// [`crate::event_table`]) trusted as [`lookup`](Self::lookup) trusts a file's: its
+    /// A record read from elsewhere than its file (the handle table,
+    /// [`crate::handle_table`]) trusted as [`lookup`](Self::lookup) trusts a file's: its
     /// text parses as the record of `key`, and its exporter, the slot's `owner`, is the live
     /// process it names.
     pub fn trust_text(&self, text: &[u8], key: &Key, owner: u32, procs: &dyn Procs) -> Lookup {

@@ -7,12 +7,12 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
-use crate::event_table::{self, EventTable};
 use crate::guard::output::debug_log;
 use crate::guard::output::line::say;
 use crate::guard::process::state;
 use crate::guard::sys::lifecycle::PerProcess;
 use crate::guard::sys::signal_safe;
+use crate::handle_table::{self, HandleTable};
 use crate::registry::{self, ProcFs, Registry};
 
 static SAID_DIR: PerProcess = PerProcess::new();
@@ -231,25 +231,28 @@ fn full_hostname(out: &mut [u8; 256]) -> &str {
     std::str::from_utf8(&out[..end]).unwrap_or("unknown-host")
 }
 
-/// The event table's mapping in this process image (`event_table`; a fork child shares its
+/// The handle table's mapping in this process image (`handle_table`; a fork child shares its
 /// parent's, MAP_SHARED), or null: not tried yet, or [`TABLE_UNUSABLE`] after a failure.
 static TABLE: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
 /// Set when the table could not be used in this process image: its records go to files.
 static TABLE_UNUSABLE: AtomicBool = AtomicBool::new(false);
 
-/// The event table of `reg`'s directory (`rankguard_core::event_table`), mapped at the first
-/// call of this process image; None when it cannot be used (the records go to files, as
+/// The handle table of `reg`'s directory (`rankguard_core::handle_table`), mapped at the first
+/// call of this process image that finds it (`create`: an exporter's, which creates it);
+/// None when there is none yet to read, or it cannot be used (the records go to files, as
 /// before the table: said in the debug log).
-pub(crate) fn event_table(reg: &Registry) -> Option<EventTable<'static>> {
-    if let Some(t) = mapped_event_table() {
+pub(crate) fn handle_table(reg: &Registry, create: bool) -> Option<HandleTable<'static>> {
+    if let Some(t) = mapped_handle_table() {
         return Some(t);
     }
     if TABLE_UNUSABLE.load(Ordering::Relaxed) {
         return None;
     }
-    let path = reg.dir().join(event_table::FILE_NAME);
-    match map_table(&path) {
-        Ok(ptr) => {
+    let path = reg.dir().join(handle_table::FILE_NAME);
+    match map_table(&path, create) {
+        // No table yet: nothing was recorded in one (an importer creates none).
+        Ok(None) => None,
+        Ok(Some(ptr)) => {
             if let Err(ours) = TABLE.compare_exchange(
                 std::ptr::null_mut(),
                 ptr,
@@ -258,15 +261,26 @@ pub(crate) fn event_table(reg: &Registry) -> Option<EventTable<'static>> {
             ) {
                 // Another thread mapped it first: one mapping is kept.
                 // SAFETY: `ours` is the mapping of BYTES this call made, referenced nowhere.
-                unsafe { libc::munmap(ours.cast(), event_table::BYTES) };
+                unsafe { libc::munmap(ours.cast(), handle_table::BYTES) };
+                return mapped_handle_table();
             }
-            mapped_event_table()
+            let table = mapped_handle_table()?;
+            // The slots of exporters killed before they emptied theirs go now, as the
+            // start-up sweep removes their record files (once per process image).
+            let swept = table.sweep(signal_safe::pid(), &process_exists);
+            debug_log::log!(
+                Debug,
+                "mapped the handle table {:?}; {swept} slot{} of ended processes emptied",
+                path.display().to_string(),
+                if swept == 1 { "" } else { "s" }
+            );
+            Some(table)
         }
         Err(why) => {
             TABLE_UNUSABLE.store(true, Ordering::Relaxed);
             debug_log::log!(
                 Info,
-                "the IPC event table {:?} is not used ({why}): event records are files",
+                "the IPC handle table {:?} is not used ({why}): event records are files",
                 path.display().to_string()
             );
             None
@@ -274,25 +288,26 @@ pub(crate) fn event_table(reg: &Registry) -> Option<EventTable<'static>> {
     }
 }
 
-/// The event table if this process image mapped it already (the exit's removal asks this:
+/// The handle table if this process image mapped it already (the exit's removal asks this:
 /// no mapping is made there).
-pub(crate) fn mapped_event_table() -> Option<EventTable<'static>> {
+pub(crate) fn mapped_handle_table() -> Option<HandleTable<'static>> {
     let p = TABLE.load(Ordering::Acquire);
     if p.is_null() {
         return None;
     }
     // SAFETY: a non-null TABLE is a MAP_SHARED, PROT_READ|PROT_WRITE mapping of
-    // event_table::BYTES (WORDS aligned u64 words) that is never unmapped, of a file
+    // handle_table::BYTES (WORDS aligned u64 words) that is never unmapped, of a file
     // allocated to that size (fallocate); AtomicU64 has the layout of u64, and every access
     // to the words is atomic.
-    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), event_table::WORDS) };
-    EventTable::new(words)
+    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), handle_table::WORDS) };
+    HandleTable::new(words)
 }
 
-/// Open (create) and map the table: a regular file of this user, not writable by others,
-/// of [`event_table::BYTES`] allocated up front, so that no store into the mapping ever
-/// needs a page the file system cannot give (a full tmpfs would raise SIGBUS there).
-fn map_table(path: &std::path::Path) -> Result<*mut AtomicU64, String> {
+/// Open (`create`: or create) and map the table: a regular file of this user, not writable
+/// by others, of [`handle_table::BYTES`] allocated up front, so that no store into the
+/// mapping ever needs a page the file system cannot give (a full tmpfs would raise SIGBUS
+/// there). `Ok(None)`: no table and not `create`.
+fn map_table(path: &std::path::Path, create: bool) -> Result<Option<*mut AtomicU64>, String> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "a NUL in its path")?;
     let last = || std::io::Error::last_os_error().to_string();
@@ -300,12 +315,20 @@ fn map_table(path: &std::path::Path) -> Result<*mut AtomicU64, String> {
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            libc::O_RDWR
+                | if create { libc::O_CREAT } else { 0 }
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK
+                | libc::O_CLOEXEC,
             0o600 as libc::c_uint,
         )
     };
     if fd < 0 {
-        return Err(format!("open: {}", last()));
+        let e = std::io::Error::last_os_error();
+        if !create && e.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(None);
+        }
+        return Err(format!("open: {e}"));
     }
     let result = (|| {
         // SAFETY: an all-zero stat is a valid value, filled by fstat on the open fd.
@@ -325,15 +348,21 @@ fn map_table(path: &std::path::Path) -> Result<*mut AtomicU64, String> {
             ));
         }
         let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
-        if size != event_table::BYTES {
+        if size != handle_table::BYTES {
             if size != 0 {
-                return Err(format!("{size} bytes, not {}", event_table::BYTES));
+                return Err(format!("{size} bytes, not {}", handle_table::BYTES));
             }
             // By the instruction, not posix_fallocate: one lazy binding fewer in the library
             // (python-tests/test_startup_cost.py holds their number).
             // SAFETY: fallocate(fd, 0, 0, BYTES) reads no memory; fd is open for writing.
             let rc = unsafe {
-                signal_safe::raw_syscall(libc::SYS_fallocate, fd as usize, 0, 0, event_table::BYTES)
+                signal_safe::raw_syscall(
+                    libc::SYS_fallocate,
+                    fd as usize,
+                    0,
+                    0,
+                    handle_table::BYTES,
+                )
             };
             if rc != 0 {
                 return Err(format!(
@@ -348,7 +377,7 @@ fn map_table(path: &std::path::Path) -> Result<*mut AtomicU64, String> {
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                event_table::BYTES,
+                handle_table::BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 fd,
@@ -359,21 +388,21 @@ fn map_table(path: &std::path::Path) -> Result<*mut AtomicU64, String> {
             return Err(format!("mmap: {}", last()));
         }
         let words = p.cast::<AtomicU64>();
-        // SAFETY: the mapping just made, of WORDS aligned words (see mapped_event_table).
-        let slice = unsafe { std::slice::from_raw_parts(words.cast_const(), event_table::WORDS) };
-        if EventTable::new(slice).is_none() {
+        // SAFETY: the mapping just made, of WORDS aligned words (see mapped_handle_table).
+        let slice = unsafe { std::slice::from_raw_parts(words.cast_const(), handle_table::WORDS) };
+        if HandleTable::new(slice).is_none() {
             // SAFETY: the mapping just made, referenced nowhere else.
-            unsafe { libc::munmap(p, event_table::BYTES) };
+            unsafe { libc::munmap(p, handle_table::BYTES) };
             return Err("its header is not this version's".to_string());
         }
-        Ok(words)
+        Ok(Some(words))
     })();
     // SAFETY: fd is open and owned here; the mapping stays valid after its close.
     unsafe { libc::close(fd) };
     result
 }
 
-/// Whether process `pid` exists (the event table takes back the slots of owners that do
+/// Whether process `pid` exists (the handle table takes back the slots of owners that do
 /// not: `kill(pid, 0)`).
 pub(crate) fn process_exists(pid: u32) -> bool {
     let Ok(p) = libc::pid_t::try_from(pid) else {

@@ -31,7 +31,6 @@ use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::config::Mode;
-use crate::event_table;
 use crate::guard::audit::decision_record::Extra;
 use crate::guard::decide::verdict::{self, Code};
 use crate::guard::decide::{event_records, own_records};
@@ -49,10 +48,12 @@ use crate::guard::sys::ffi::{
 };
 use crate::guard::sys::lifecycle::PerProcess;
 use crate::guard::sys::signal_safe;
+use crate::handle_table;
+use crate::handle_table::Handle;
 use crate::policy::{DenyCode, Detail, Rule, Verdict, Violation};
 use crate::registry::{
-    self, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, Now, ProcFs, ProcInfo, Procs,
-    ProvenanceRecord, WriteProblem,
+    self, table_handle, Decision, FileIdent, Importer, Key, Kind, Location, Lookup, Now, ProcFs,
+    ProcInfo, Procs, ProvenanceRecord, WriteProblem,
 };
 use rankguard_core::record::{Exporter, RootRef, RuleFields};
 use std::borrow::Cow;
@@ -323,16 +324,19 @@ impl Procs for ProcNow {
     }
 }
 
+/// Whether process `pid` has its record of `handle` in the handle table already, as this
+/// process image mapped it (no system call). PyTorch exports a segment's memory handle at
+/// every share of a tensor in it: the same bytes, the same record but for its time, which
+/// says when it was first written, so it stays as it is.
+fn recorded_already(handle: &Handle, pid: u32) -> bool {
+    registry_io::mapped_handle_table().is_some_and(|t| t.own(handle, pid).is_some())
+}
+
 /// Register an export in the provenance registry (its record). Never fails the export: a
 /// problem is said once. `fresh`: this process has not recorded this key before (its name
-/// is not probed first, `Registry::write_fresh`).
-fn register_export(
-    key: Key,
-    gpu: Option<String>,
-    location: Location,
-    fresh: bool,
-    event: Option<&[u8; 64]>,
-) {
+/// is not probed first, `Registry::write_fresh`). A 64-byte handle's record goes to the
+/// handle table when it has room, else to a file.
+fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: bool) {
     let _ = shielded("writing", || {
         // Asked once, passed down (the open's start-up sweep, this export's sweep, the
         // record, its temporary file).
@@ -371,15 +375,16 @@ fn register_export(
                 .map_or(0, |d| d.as_secs()),
             root: root_walk::id(),
         };
-        // An event's record goes to the event table when it has room (PyTorch exports one
-        // per share: a slot filled in place, not a file created and renamed).
-        if let Some(handle) = event {
-            if let Some(table) = registry_io::event_table(&reg) {
-                if !fresh && table.own(handle, pid).is_some() {
+        // A 64-byte handle's record goes to the handle table when it has room (PyTorch
+        // exports a new event and its segment's memory handle per share: a slot filled in
+        // place, not a file created and renamed).
+        if let Some(handle) = rec.key.table_handle() {
+            if let Some(table) = registry_io::handle_table(&reg, true) {
+                if !fresh && table.own(&handle, pid).is_some() {
                     return Some(());
                 }
                 if let Some(at) = table.insert(
-                    handle,
+                    &handle,
                     rec.render().as_bytes(),
                     pid,
                     &registry_io::process_exists,
@@ -387,7 +392,7 @@ fn register_export(
                     own_records::remember_slot(at);
                     debug_log::log!(
                         Debug,
-                        "recorded IPC export {} on {} in the event table (slot {at})",
+                        "recorded IPC export {} on {} in the handle table (slot {at})",
                         rec.key.short(),
                         rec.gpu.as_deref().unwrap_or("an unknown GPU")
                     );
@@ -437,23 +442,15 @@ fn register_export(
     });
 }
 
-/// The 64 bytes of an event handle's key (its identity is their hex), for the event table.
-fn event_handle(key: &Key) -> Option<[u8; 64]> {
-    match key.bytes() {
-        Some((bytes, 64)) if key.kind() == Kind::Event => Some(bytes),
-        _ => None,
-    }
-}
-
-/// The trusted record of `key`, if any (problems said once). An event's is looked for in
-/// the event table first, then as a file.
+/// The trusted record of `key`, if any (problems said once). A 64-byte handle's is looked
+/// for in the handle table first, then as a file.
 fn lookup(key: &Key) -> Option<ProvenanceRecord> {
     shielded("reading", || {
         let pid = signal_safe::pid();
         let reg = open_registry_in(pid)?;
         let procs = ProcNow { me: pid };
-        let in_table = event_handle(key).and_then(|h| {
-            let table = registry_io::event_table(&reg)?;
+        let in_table = key.table_handle().and_then(|h| {
+            let table = registry_io::handle_table(&reg, false)?;
             let found = table.find(&h)?;
             let verdict = reg.trust_text(found.text(), key, found.owner, &procs);
             if matches!(verdict, Lookup::Skipped(_)) {
@@ -464,7 +461,7 @@ fn lookup(key: &Key) -> Option<ProvenanceRecord> {
             Some(verdict)
         });
         let (verdict, place) = match in_table {
-            Some(v) => (v, event_table::FILE_NAME),
+            Some(v) => (v, handle_table::FILE_NAME),
             None => (reg.lookup(key, &procs), ""),
         };
         match verdict {
@@ -512,13 +509,15 @@ pub unsafe fn exported_mem(handle: *const IpcHandle, dptr: u64) {
     }
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
+    if recorded_already(&table_handle(Kind::Mem, h.reserved), signal_safe::pid()) {
+        return;
+    }
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
     register_export(
         Key::from_bytes(Kind::Mem, &h.reserved),
         gpu,
         Location::Device,
         false,
-        None,
     );
 }
 
@@ -536,17 +535,19 @@ pub unsafe fn exported_event(handle: *const IpcHandle, event: CUevent) {
     }
     // SAFETY: caller guarantees readability.
     let h = unsafe { *handle };
-    let gpu = current_device().and_then(device_uuid).or_else(own_gpu);
     let pid = signal_safe::pid();
     // An event this process exports for the first time (PyTorch: one per share) has no
     // record of its to look for.
     let fresh = !event_records::holds(event as usize, pid, &h.reserved);
+    if !fresh && recorded_already(&table_handle(Kind::Event, h.reserved), pid) {
+        return;
+    }
+    let gpu = current_device().and_then(device_uuid).or_else(own_gpu);
     register_export(
         Key::from_bytes(Kind::Event, &h.reserved),
         gpu,
         Location::Device,
         fresh,
-        Some(&h.reserved),
     );
     // No room: the record stays until its exporter has exited.
     let _ = event_records::remember(event as usize, pid, &h.reserved);
@@ -563,9 +564,10 @@ pub fn destroyed_event(event: CUevent) {
     let Some(handle) = event_records::take(event as usize, pid) else {
         return;
     };
-    if let Some(table) = registry_io::mapped_event_table() {
-        if let Some(at) = table.own(&handle, pid) {
-            if table.remove(at, &handle, pid) {
+    if let Some(table) = registry_io::mapped_handle_table() {
+        let key = table_handle(Kind::Event, handle);
+        if let Some(at) = table.own(&key, pid) {
+            if table.remove(at, &key, pid) {
                 own_records::forget_slot(at);
                 return;
             }
@@ -618,7 +620,7 @@ pub unsafe fn exported_allocation(shareable: *const c_void, alloc: u64, htype: u
         }
         None => (Location::Unknown, own_gpu()),
     };
-    register_export(key, gpu, location, false, None);
+    register_export(key, gpu, location, false);
 }
 
 /// After a successful `cuMemPoolExportToShareableHandle`.
@@ -640,7 +642,6 @@ pub unsafe fn exported_pool(shareable: *const c_void, htype: u32) {
         current_device().and_then(device_uuid).or_else(own_gpu),
         Location::Unknown,
         false,
-        None,
     );
 }
 
@@ -660,7 +661,6 @@ pub unsafe fn exported_pool_pointer(data: *const IpcHandle, ptr: u64) {
         gpu,
         Location::Device,
         false,
-        None,
     );
 }
 
@@ -683,7 +683,7 @@ pub unsafe fn exported_dmabuf(handle: *const c_void, dptr: u64) {
         return;
     };
     let gpu = pointer_device(dptr).and_then(device_uuid).or_else(own_gpu);
-    register_export(key, gpu, Location::Device, false, None);
+    register_export(key, gpu, Location::Device, false);
 }
 
 // ---------------------------------------------------------------------------------------

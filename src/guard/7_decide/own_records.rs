@@ -18,10 +18,10 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use crate::event_table;
 use crate::guard::process::registry_io;
 use crate::guard::sys::lifecycle::Latch;
 use crate::guard::sys::signal_safe;
+use crate::handle_table;
 use crate::registry::{Key, Kind};
 
 /// Slots in the table: this process's records (more than the 4,200 live exports of
@@ -62,11 +62,11 @@ const EMPTY: Slot = Slot {
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 /// Which slots are USED (or about to be), so the removal at exit reads only those.
 static MARKED: [AtomicU64; SLOTS / 64] = [const { AtomicU64::new(0) }; SLOTS / 64];
-/// Which slots of the event table (`rankguard_core::event_table`) this process image
+/// Which slots of the handle table (`rankguard_core::handle_table`) this process image
 /// filled: emptied at exit and before exec, where the slot's owner is still this pid (a
 /// fork child inherits the bits and empties none of its parent's).
-static TABLE_MARKED: [AtomicU64; event_table::SLOTS / 64] =
-    [const { AtomicU64::new(0) }; event_table::SLOTS / 64];
+static TABLE_MARKED: [AtomicU64; handle_table::SLOTS / 64] =
+    [const { AtomicU64::new(0) }; handle_table::SLOTS / 64];
 
 /// The registry directory of this process's records: the pid whose directory the buffer
 /// holds (0: none; `u32::MAX`: being written), its length.
@@ -197,7 +197,7 @@ fn hook_exit() {
     }
 }
 
-/// Remember that this process filled slot `at` of the event table, so that the slot is
+/// Remember that this process filled slot `at` of the handle table, so that the slot is
 /// emptied when it ends.
 pub fn remember_slot(at: usize) {
     if let Some(w) = TABLE_MARKED.get(at / 64) {
@@ -206,20 +206,20 @@ pub fn remember_slot(at: usize) {
     }
 }
 
-/// Forget slot `at` of the event table, emptied by this process (a destroyed event).
+/// Forget slot `at` of the handle table, emptied by this process (a destroyed event).
 pub fn forget_slot(at: usize) {
     if let Some(w) = TABLE_MARKED.get(at / 64) {
         w.fetch_and(!(1 << (at % 64)), Ordering::Release);
     }
 }
 
-/// Empty the event table's slots this process filled (at exit, before exec): atomics
+/// Empty the handle table's slots this process filled (at exit, before exec): atomics
 /// only, on a mapping made before. Returns how many it emptied.
 fn drop_table_slots(pid: u32) -> usize {
     if TABLE_MARKED.iter().all(|w| w.load(Ordering::Relaxed) == 0) {
         return 0;
     }
-    let Some(table) = registry_io::mapped_event_table() else {
+    let Some(table) = registry_io::mapped_handle_table() else {
         return 0;
     };
     let mut emptied = 0;

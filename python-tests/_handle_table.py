@@ -1,29 +1,32 @@
-"""Reading the registry's event table (crates/core/src/event_table.rs) from a test: the
-records of exported IPC events, in fixed slots of one shared file, not a file each."""
+"""Reading the registry's handle table (crates/core/src/handle_table.rs) from a test: the
+records of exported 64-byte IPC handles (memory, events), in fixed slots of one shared
+file, not a file each."""
 from __future__ import annotations
 
 import os
 import struct
 
-FILE_NAME = "events.table"
+FILE_NAME = "handles.table"
 SLOTS, SLOT_WORDS, HEADER_WORDS = 4096, 64, 512
 FULL = 2
 
 
 def records(registry) -> list[tuple[int, str]]:
-    """(owner pid, record text) of each record in REGISTRY's event table (none: no table)."""
+    """(owner pid, record text) of each record in REGISTRY's handle table (none: no table)."""
     path = os.path.join(registry, FILE_NAME)
     try:
         data = open(path, "rb").read()
     except FileNotFoundError:
         return []
     assert len(data) == (HEADER_WORDS + SLOTS * SLOT_WORDS) * 8, len(data)
-    assert data[:16] == b"rankguard-events", data[:16]
+    assert data[:16] == b"rankguard-handle", data[:16]
     out = []
     for i in range(SLOTS):
         at = (HEADER_WORDS + i * SLOT_WORDS) * 8
         state, length = struct.unpack_from("<QQ", data, at)
         if state & 3 == FULL:
+            # The second word: the text's length, the handle's kind in bits 32-39.
+            length &= 0xFFFFFFFF
             text = data[at + 80: at + 80 + length].decode()
             out.append((state >> 32, text))
     return out
@@ -31,7 +34,7 @@ def records(registry) -> list[tuple[int, str]]:
 
 def names(registry, prefix: str = "") -> list[str]:
     """The handle records in REGISTRY whose names start with PREFIX (`event-`, `mem-`, ...):
-    the event table's, by the name their file would have, and the record files (an event
+    the handle table's, by the name their file would have, and the record files (a handle
     whose slots were all taken is written as a file). Not rank records, the overflow mark,
     a writer's temporary file or the table itself."""
     out = [t.split("\nkey ", 1)[1].split("\n", 1)[0] for _, t in records(registry)]
@@ -41,19 +44,19 @@ def names(registry, prefix: str = "") -> list[str]:
 
 
 def rewrite(registry, change) -> int:
-    """Replace the text of each record in REGISTRY's event table by CHANGE(text), its length
+    """Replace the text of each record in REGISTRY's handle table by CHANGE(text), its length
     word with it (a tampering test); returns how many were changed."""
     path = os.path.join(registry, FILE_NAME)
     data = bytearray(open(path, "rb").read())
     n = 0
     for i in range(SLOTS):
         at = (HEADER_WORDS + i * SLOT_WORDS) * 8
-        state, length = struct.unpack_from("<QQ", data, at)
+        state, word = struct.unpack_from("<QQ", data, at)
         if state & 3 != FULL:
             continue
-        new = change(bytes(data[at + 80: at + 80 + length]))
+        new = change(bytes(data[at + 80: at + 80 + (word & 0xFFFFFFFF)]))
         assert len(new) <= (SLOT_WORDS - 10) * 8
-        struct.pack_into("<Q", data, at + 8, len(new))
+        struct.pack_into("<Q", data, at + 8, (word & ~0xFFFFFFFF) | len(new))
         data[at + 80: at + 80 + len(new)] = new
         n += 1
     with open(path, "r+b") as f:

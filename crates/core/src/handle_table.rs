@@ -1,16 +1,18 @@
-//! The event table: the provenance records of exported IPC events, in fixed slots of one
-//! shared file of the registry directory ([`FILE_NAME`]), written and read in place
-//! (docs/design.md, "The event table").
+//! The handle table: the provenance records of exported 64-byte IPC handles (legacy memory
+//! handles and interprocess events), in fixed slots of one shared file of the registry
+//! directory ([`FILE_NAME`]), written and read in place (docs/design.md, "The handle
+//! table").
 //!
-//! PyTorch exports a new interprocess event at every share of a CUDA tensor, so a record
-//! file per event cost each share a file created, written and renamed by the exporter and
-//! one opened and read by the importer: on the round trip's critical path, the most of the
-//! guard's cost in it (docs/benchmarks.md). Here an event's record is the same text
-//! ([`crate::registry::ProvenanceRecord::render`]) stored in a slot found from its handle's
-//! hash: the exporter claims a slot and fills it with stores, the importer copies it with
-//! loads. The file is mapped once per process; a record that finds no slot (the table
-//! full around its hash, a text too long, no usable file) is written as a file, as before,
-//! and the look-up reads the table first, then the file.
+//! PyTorch exports a new interprocess event and the segment's memory handle at every share
+//! of a CUDA tensor, and its importer opens both, so a record file per handle cost each
+//! share a file created, written and renamed (or `lstat`ed again) by the exporter and two
+//! opened and read by the importer: on the round trip's critical path, most of the guard's
+//! cost in it (docs/benchmarks.md). Here a handle's record is the same text
+//! ([`crate::registry::ProvenanceRecord::render`]) stored in a slot found from the hash of
+//! its kind and bytes: the exporter claims a slot and fills it with stores, the importer
+//! copies it with loads. The file is mapped once per process; a record that finds no slot
+//! (the table full around its hash, a text too long, no usable file) is written as a file,
+//! as before, and the look-up reads the table first, then the file.
 //!
 //! The trust is the record file's: the table is a regular file of this user, mode 0600, in
 //! the verified registry directory, and a record read from it is parsed and its exporter
@@ -32,8 +34,8 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// The table's file in the registry directory (not a record name, so the sweeps and
 /// `rankguard doctor` leave it alone).
-pub const FILE_NAME: &str = "events.table";
-/// Slots in the table (events exported and not destroyed, on the node, of this user).
+pub const FILE_NAME: &str = "handles.table";
+/// Slots in the table (handles exported and not yet gone, on the node, of this user).
 pub const SLOTS: usize = 4096;
 /// Words of a slot: 512 bytes.
 pub const SLOT_WORDS: usize = 64;
@@ -45,15 +47,16 @@ pub const WORDS: usize = HEADER_WORDS + SLOTS * SLOT_WORDS;
 pub const BYTES: usize = WORDS * 8;
 /// Slots looked at from a handle's hash.
 pub const PROBES: usize = 16;
-/// A slot's words: state, text length, the handle's 8 words, then the text.
+/// A slot's words: state, the text's length and the handle's kind (bits 32-39), the
+/// handle's 8 words, then the text.
 const HANDLE_AT: usize = 2;
 const TEXT_AT: usize = HANDLE_AT + 8;
 /// The longest record text a slot holds (432 bytes; a record is about 290).
 pub const TEXT_MAX: usize = (SLOT_WORDS - TEXT_AT) * 8;
-/// The header: "rankguard-events", then version 1 and the layout.
+/// The header: "rankguard-handle", then version 1 and the layout.
 const MAGIC: [u64; 4] = [
     u64::from_le_bytes(*b"rankguar"),
-    u64::from_le_bytes(*b"d-events"),
+    u64::from_le_bytes(*b"d-handle"),
     1,
     ((SLOTS as u64) << 16) | SLOT_WORDS as u64,
 ];
@@ -75,9 +78,22 @@ fn owner(s: u64) -> u32 {
     (s >> 32) as u32
 }
 
+/// What a record is keyed by: the handle's 64 bytes and its kind, a tag the caller chooses
+/// (a memory handle and an event handle of the same bytes are two handles).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Handle {
+    pub kind: u8,
+    pub bytes: [u8; 64],
+}
+
+/// A slot's second word: the text's length and the handle's kind.
+fn len_word(kind: u8, len: usize) -> u64 {
+    (u64::from(kind) << 32) | len as u64
+}
+
 /// The table over the file's words.
 #[derive(Clone, Copy)]
-pub struct EventTable<'a> {
+pub struct HandleTable<'a> {
     words: &'a [AtomicU64],
 }
 
@@ -97,10 +113,10 @@ impl Found {
     }
 }
 
-impl<'a> EventTable<'a> {
+impl<'a> HandleTable<'a> {
     /// The table over `words`, its header written if the file is new (all zero) and checked
     /// otherwise; None for a file of another size or layout.
-    pub fn new(words: &'a [AtomicU64]) -> Option<EventTable<'a>> {
+    pub fn new(words: &'a [AtomicU64]) -> Option<HandleTable<'a>> {
         if words.len() != WORDS {
             return None;
         }
@@ -112,7 +128,7 @@ impl<'a> EventTable<'a> {
                 Err(_) => return None,
             }
         }
-        Some(EventTable { words })
+        Some(HandleTable { words })
     }
 
     /// Slot `i` (modulo [`SLOTS`]); None never happens (`new` checked the length), but an
@@ -126,22 +142,23 @@ impl<'a> EventTable<'a> {
     }
 
     /// The first slot of a handle's probe sequence.
-    pub fn start(handle: &[u8; 64]) -> usize {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for c in handle.chunks_exact(8) {
+    pub fn start(handle: &Handle) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ u64::from(handle.kind);
+        for c in handle.bytes.chunks_exact(8) {
             let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
             h = (h ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
         }
         (h % SLOTS as u64) as usize
     }
 
-    fn same_handle(slot: &[AtomicU64; SLOT_WORDS], handle: &[u8; 64]) -> bool {
-        slot[HANDLE_AT..TEXT_AT]
-            .iter()
-            .zip(handle.chunks_exact(8))
-            .all(|(w, c)| {
-                w.load(Ordering::Relaxed) == u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))
-            })
+    fn same_handle(slot: &[AtomicU64; SLOT_WORDS], handle: &Handle) -> bool {
+        (slot[1].load(Ordering::Relaxed) >> 32) as u8 == handle.kind
+            && slot[HANDLE_AT..TEXT_AT]
+                .iter()
+                .zip(handle.bytes.chunks_exact(8))
+                .all(|(w, c)| {
+                    w.load(Ordering::Relaxed) == u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))
+                })
     }
 
     /// Store `text` as the record of `handle` exported by `pid`; the slot's index, or None
@@ -149,7 +166,7 @@ impl<'a> EventTable<'a> {
     /// owners (`alive`; asked only when no slot is empty).
     pub fn insert(
         &self,
-        handle: &[u8; 64],
+        handle: &Handle,
         text: &[u8],
         pid: u32,
         alive: &dyn Fn(u32) -> bool,
@@ -187,9 +204,12 @@ impl<'a> EventTable<'a> {
         None
     }
 
-    fn fill(&self, s: &[AtomicU64; SLOT_WORDS], handle: &[u8; 64], text: &[u8]) {
-        s[1].store(text.len() as u64, Ordering::Relaxed);
-        for (w, c) in s[HANDLE_AT..TEXT_AT].iter().zip(handle.chunks_exact(8)) {
+    fn fill(&self, s: &[AtomicU64; SLOT_WORDS], handle: &Handle, text: &[u8]) {
+        s[1].store(len_word(handle.kind, text.len()), Ordering::Relaxed);
+        for (w, c) in s[HANDLE_AT..TEXT_AT]
+            .iter()
+            .zip(handle.bytes.chunks_exact(8))
+        {
             w.store(
                 u64::from_le_bytes(c.try_into().unwrap_or([0; 8])),
                 Ordering::Relaxed,
@@ -205,7 +225,7 @@ impl<'a> EventTable<'a> {
     }
 
     /// The record of `handle`: a consistent copy of the first FULL slot holding it.
-    pub fn find(&self, handle: &[u8; 64]) -> Option<Found> {
+    pub fn find(&self, handle: &Handle) -> Option<Found> {
         let first = Self::start(handle);
         for i in 0..PROBES {
             let at = (first + i) % SLOTS;
@@ -219,7 +239,7 @@ impl<'a> EventTable<'a> {
                     }
                     continue;
                 }
-                let len = s[1].load(Ordering::Relaxed) as usize;
+                let len = (s[1].load(Ordering::Relaxed) & u64::from(u32::MAX)) as usize;
                 let mut text = [0u8; TEXT_MAX];
                 for (c, w) in text.chunks_exact_mut(8).zip(&s[TEXT_AT..]) {
                     for (b, x) in c.iter_mut().zip(w.load(Ordering::Relaxed).to_le_bytes()) {
@@ -242,7 +262,7 @@ impl<'a> EventTable<'a> {
     }
 
     /// The slot of `pid`'s own record of `handle`, if any.
-    pub fn own(&self, handle: &[u8; 64], pid: u32) -> Option<usize> {
+    pub fn own(&self, handle: &Handle, pid: u32) -> Option<usize> {
         let first = Self::start(handle);
         (0..PROBES).map(|i| (first + i) % SLOTS).find(|&at| {
             self.slot(at).is_some_and(|s| {
@@ -252,9 +272,9 @@ impl<'a> EventTable<'a> {
         })
     }
 
-    /// Empty slot `at` if `pid` owns it and it holds `handle` (an event destroyed, or its
-    /// exporter ending: atomics only, async-signal-safe). True when it was emptied.
-    pub fn remove(&self, at: usize, handle: &[u8; 64], pid: u32) -> bool {
+    /// Empty slot `at` if `pid` owns it and it holds `handle` (an event destroyed: atomics
+    /// only, async-signal-safe). True when it was emptied.
+    pub fn remove(&self, at: usize, handle: &Handle, pid: u32) -> bool {
         self.empty_owned(at, pid, Some(handle))
     }
 
@@ -266,7 +286,7 @@ impl<'a> EventTable<'a> {
 
     /// Empty slot `at` if it is a FULL record of `pid` (of `handle`, where given), by a
     /// compare-and-swap from the state those checks read.
-    fn empty_owned(&self, at: usize, pid: u32, handle: Option<&[u8; 64]>) -> bool {
+    fn empty_owned(&self, at: usize, pid: u32, handle: Option<&Handle>) -> bool {
         let Some(s) = self.slot(at) else {
             return false;
         };
@@ -298,6 +318,44 @@ impl<'a> EventTable<'a> {
         })
     }
 
+    /// Empty every slot whose owner is not alive (`alive`, asked once per run of slots of
+    /// one owner), except `me`'s: the records of exporters killed before they could empty
+    /// theirs, and the slots of writers that died while writing. A slot that changed since
+    /// it was looked at is left. Returns how many were emptied.
+    pub fn sweep(&self, me: u32, alive: &dyn Fn(u32) -> bool) -> usize {
+        let mut last: Option<(u32, bool)> = None;
+        let mut emptied = 0;
+        for at in 0..SLOTS {
+            let Some(s) = self.slot(at) else { continue };
+            let cur = s[0].load(Ordering::Acquire);
+            let pid = owner(cur);
+            if cur & TAG == EMPTY || pid == me {
+                continue;
+            }
+            let lives = match last {
+                Some((p, v)) if p == pid => v,
+                _ => {
+                    let v = alive(pid);
+                    last = Some((pid, v));
+                    v
+                }
+            };
+            if !lives
+                && s[0]
+                    .compare_exchange(
+                        cur,
+                        state(0, cur, EMPTY),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                emptied += 1;
+            }
+        }
+        emptied
+    }
+
     /// The records in the table: (slot, owner) of each FULL slot (reports and tests).
     pub fn occupied(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
         (0..SLOTS).filter_map(move |at| {
@@ -315,17 +373,17 @@ mod tests {
         (0..WORDS).map(|_| AtomicU64::new(0)).collect()
     }
 
-    fn handle(n: u64) -> [u8; 64] {
-        let mut h = [0u8; 64];
-        h[..8].copy_from_slice(b"VECF\x2c\x0c\0\0");
-        h[8..16].copy_from_slice(&n.to_le_bytes());
-        h
+    fn handle(n: u64) -> Handle {
+        let mut bytes = [0u8; 64];
+        bytes[..8].copy_from_slice(b"VECF\x2c\x0c\0\0");
+        bytes[8..16].copy_from_slice(&n.to_le_bytes());
+        Handle { kind: 2, bytes }
     }
 
     #[test]
     fn a_record_is_found_by_its_handle_and_gone_when_removed() {
         let w = words();
-        let t = EventTable::new(&w).unwrap();
+        let t = HandleTable::new(&w).unwrap();
         let text = b"rankguard-ipc-record 1\nkey event-00\nend\n";
         let at = t.insert(&handle(1), text, 42, &|_| true).unwrap();
         let f = t.find(&handle(1)).unwrap();
@@ -349,23 +407,75 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_handle_and_an_event_handle_of_the_same_bytes_are_two_records() {
+        let w = words();
+        let t = HandleTable::new(&w).unwrap();
+        let event = handle(1);
+        let mem = Handle { kind: 1, ..event };
+        let e = t.insert(&event, b"the event's", 42, &|_| true).unwrap();
+        assert!(t.find(&mem).is_none(), "no memory record yet");
+        assert_eq!(t.own(&mem, 42), None);
+        let m = t.insert(&mem, b"the memory's", 42, &|_| true).unwrap();
+        assert_ne!(e, m);
+        assert_eq!(t.find(&mem).unwrap().text(), b"the memory's");
+        assert_eq!(t.find(&event).unwrap().text(), b"the event's");
+        assert!(
+            !t.remove(m, &event, 42),
+            "the event's removal leaves the memory's record"
+        );
+        assert!(t.remove(e, &event, 42));
+        assert_eq!(t.find(&mem).unwrap().slot, m);
+    }
+
+    #[test]
+    fn a_sweep_empties_the_slots_of_dead_owners_only() {
+        let w = words();
+        let t = HandleTable::new(&w).unwrap();
+        let dead = t.insert(&handle(1), b"dead's", 50, &|_| true).unwrap();
+        let live = t.insert(&handle(2), b"live's", 51, &|_| true).unwrap();
+        let mine = t.insert(&handle(3), b"mine", 52, &|_| true).unwrap();
+        // A writer that died while writing.
+        let torn = t.insert(&handle(4), b"torn", 53, &|_| true).unwrap();
+        let s = HEADER_WORDS + torn * SLOT_WORDS;
+        let cur = w[s].load(Ordering::Relaxed);
+        w[s].store(state(53, cur, WRITING), Ordering::Relaxed);
+        let asked = std::cell::RefCell::new(Vec::new());
+        let alive = |pid| {
+            asked.borrow_mut().push(pid);
+            pid == 51
+        };
+        assert_eq!(t.sweep(52, &alive), 2);
+        let mut left: Vec<_> = t.occupied().collect();
+        left.sort();
+        let mut want = vec![(live, 51), (mine, 52)];
+        want.sort();
+        assert_eq!(left, want);
+        assert!(t.find(&handle(1)).is_none() && dead != live);
+        assert!(
+            !asked.borrow().contains(&52),
+            "its own slots are not asked about"
+        );
+        assert_eq!(t.sweep(52, &alive), 0);
+    }
+
+    #[test]
     fn the_header_is_written_once_and_a_foreign_file_is_refused() {
         let w = words();
-        assert!(EventTable::new(&w).is_some());
+        assert!(HandleTable::new(&w).is_some());
         assert!(
-            EventTable::new(&w).is_some(),
+            HandleTable::new(&w).is_some(),
             "a second opener accepts the same header"
         );
         w[2].store(2, Ordering::Relaxed);
-        assert!(EventTable::new(&w).is_none(), "another version");
+        assert!(HandleTable::new(&w).is_none(), "another version");
         let short: Vec<AtomicU64> = (0..WORDS - 1).map(|_| AtomicU64::new(0)).collect();
-        assert!(EventTable::new(&short).is_none(), "another size");
+        assert!(HandleTable::new(&short).is_none(), "another size");
     }
 
     #[test]
     fn a_text_too_long_or_a_full_neighbourhood_goes_to_a_file() {
         let w = words();
-        let t = EventTable::new(&w).unwrap();
+        let t = HandleTable::new(&w).unwrap();
         assert!(t
             .insert(&handle(1), &[b'x'; TEXT_MAX + 1], 42, &|_| true)
             .is_none());
@@ -373,12 +483,12 @@ mod tests {
             .insert(&handle(1), &[b'x'; TEXT_MAX], 42, &|_| true)
             .is_some());
         // Fill every slot of one handle's probe sequence with live owners' records.
-        let first = EventTable::start(&handle(7));
+        let first = HandleTable::start(&handle(7));
         let mut n = 100;
         let mut filled = 0;
         while filled < PROBES {
             n += 1;
-            let s = EventTable::start(&handle(n));
+            let s = HandleTable::start(&handle(n));
             if (s + SLOTS - first) % SLOTS < PROBES
                 && t.insert(&handle(n), b"t", 50, &|_| true).is_some()
             {
@@ -408,7 +518,7 @@ mod tests {
     #[test]
     fn a_slot_being_written_is_not_read() {
         let w = words();
-        let t = EventTable::new(&w).unwrap();
+        let t = HandleTable::new(&w).unwrap();
         let at = t.insert(&handle(1), b"first", 42, &|_| true).unwrap();
         let s = HEADER_WORDS + at * SLOT_WORDS;
         // Another writer holds it (claimed, never published).
@@ -430,7 +540,7 @@ mod tests {
     #[test]
     fn a_record_changed_after_it_was_read_is_not_discarded() {
         let w = words();
-        let t = EventTable::new(&w).unwrap();
+        let t = HandleTable::new(&w).unwrap();
         let at = t.insert(&handle(1), b"old", 42, &|_| true).unwrap();
         let f = t.find(&handle(1)).unwrap();
         assert!(t.remove(at, &handle(1), 42));
