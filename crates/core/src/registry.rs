@@ -1097,6 +1097,65 @@ static KNOWN: Known = Known::new();
 static RECENTLY_ALIVE: RecentlyAlive = RecentlyAlive::new();
 static RECENT_DIR: RecentDir = RecentDir::new();
 
+/// A record read from the handle table ([`crate::handle_table`]) by a process of `uid`,
+/// trusted as [`Registry::lookup`] trusts a file's: its text parses as the record of `key`,
+/// and its exporter, the slot's `owner`, is the live process it names. No directory is
+/// looked at: the table's slots are reached through a mapping of the file that was
+/// checked when it was opened (this user's, not writable by others, in the verified
+/// directory), never through its path again.
+pub fn trust_table_text(text: &[u8], key: &Key, owner: u32, uid: u32, procs: &dyn Procs) -> Lookup {
+    trust_text_with(text, key, owner, uid, &RECENTLY_ALIVE, procs)
+}
+
+fn trust_text_with(
+    text: &[u8],
+    key: &Key,
+    owner: u32,
+    uid: u32,
+    recently_alive: &RecentlyAlive,
+    procs: &dyn Procs,
+) -> Lookup {
+    let rec = match std::str::from_utf8(text)
+        .map_err(|_| Corrupt("not UTF-8"))
+        .and_then(|t| ProvenanceRecord::parse(t, key))
+    {
+        Ok(rec) => rec,
+        Err(c) => return Lookup::Skipped(Skip::Corrupt(c)),
+    };
+    if rec.pid != owner {
+        return Lookup::Skipped(Skip::Forged { pid: rec.pid });
+    }
+    match alive_with(&rec, uid, recently_alive, procs) {
+        Ok(()) => Lookup::Found(rec),
+        Err(skip) => Lookup::Skipped(skip),
+    }
+}
+
+/// Whether the record's exporter is the live process it names: the same pid, start time
+/// and owner `uid` this process saw alive in the last [`RECENTLY_ALIVE_US`], or now.
+fn alive_with(
+    rec: &ProvenanceRecord,
+    uid: u32,
+    recently_alive: &RecentlyAlive,
+    procs: &dyn Procs,
+) -> Result<(), Skip> {
+    let now = procs.now();
+    if now.is_some_and(|n| recently_alive.holds(n, rec.pid, rec.start, uid)) {
+        return Ok(());
+    }
+    let verdict = match procs.info(rec.pid) {
+        None => Err(Skip::Dead { pid: rec.pid }),
+        Some(p) if p.start != rec.start || p.uid != uid => Err(Skip::Forged { pid: rec.pid }),
+        Some(_) => Ok(()),
+    };
+    match (now, &verdict) {
+        (Some(n), Ok(())) => recently_alive.keep(n, rec.pid, rec.start, uid),
+        (_, Err(_)) => recently_alive.forget(rec.pid),
+        (None, Ok(())) => {}
+    }
+    verdict
+}
+
 // ---------------------------------------------------------------------------------------
 // The directory
 
@@ -1559,46 +1618,15 @@ impl Registry {
     }
 
     /// A record read from elsewhere than its file (the handle table,
-    /// [`crate::handle_table`]) trusted as [`lookup`](Self::lookup) trusts a file's: its
-    /// text parses as the record of `key`, and its exporter, the slot's `owner`, is the live
-    /// process it names.
+    /// [`crate::handle_table`]) trusted as [`lookup`](Self::lookup) trusts a file's
+    /// ([`trust_table_text`], for this registry's user).
     pub fn trust_text(&self, text: &[u8], key: &Key, owner: u32, procs: &dyn Procs) -> Lookup {
-        let rec = match std::str::from_utf8(text)
-            .map_err(|_| Corrupt("not UTF-8"))
-            .and_then(|t| ProvenanceRecord::parse(t, key))
-        {
-            Ok(rec) => rec,
-            Err(c) => return Lookup::Skipped(Skip::Corrupt(c)),
-        };
-        if rec.pid != owner {
-            return Lookup::Skipped(Skip::Forged { pid: rec.pid });
-        }
-        match self.alive(&rec, procs) {
-            Ok(()) => Lookup::Found(rec),
-            Err(skip) => Lookup::Skipped(skip),
-        }
+        trust_text_with(text, key, owner, self.uid, self.recently_alive, procs)
     }
 
-    /// Whether the record's exporter is the live process it names: the same pid, start
-    /// time and owner this process saw alive in the last [`RECENTLY_ALIVE_US`], or now.
+    /// Whether the record's exporter is the live process it names (see [`alive_with`]).
     fn alive(&self, rec: &ProvenanceRecord, procs: &dyn Procs) -> Result<(), Skip> {
-        let now = procs.now();
-        if now.is_some_and(|n| self.recently_alive.holds(n, rec.pid, rec.start, self.uid)) {
-            return Ok(());
-        }
-        let verdict = match procs.info(rec.pid) {
-            None => Err(Skip::Dead { pid: rec.pid }),
-            Some(p) if p.start != rec.start || p.uid != self.uid => {
-                Err(Skip::Forged { pid: rec.pid })
-            }
-            Some(_) => Ok(()),
-        };
-        match (now, &verdict) {
-            (Some(n), Ok(())) => self.recently_alive.keep(n, rec.pid, rec.start, self.uid),
-            (_, Err(_)) => self.recently_alive.forget(rec.pid),
-            (None, Ok(())) => {}
-        }
-        verdict
+        alive_with(rec, self.uid, self.recently_alive, procs)
     }
 
     /// Read and parse one record file. `Ok(None)`: no such file. On a bad file, the

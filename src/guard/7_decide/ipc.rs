@@ -36,8 +36,8 @@ use crate::guard::decide::verdict::{self, Code};
 use crate::guard::decide::{event_records, own_records};
 use crate::guard::output::debug_log;
 use crate::guard::process::registry_io::{
-    self, open_registry, open_registry_in, open_registry_or_why, said_write_problem, say_once,
-    Untrusted, SAID_WRITE,
+    self, euid, open_registry, open_registry_in, open_registry_or_why, said_write_problem,
+    say_once, Untrusted, SAID_WRITE,
 };
 use crate::guard::process::root_walk;
 use crate::guard::process::state;
@@ -341,8 +341,18 @@ fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: boo
         // Asked once, passed down (the open's start-up sweep, this export's sweep, the
         // record, its temporary file).
         let pid = signal_safe::pid();
-        let reg = open_registry_in(pid)?;
-        if SWEPT.first_in(pid) {
+        let handle = key.table_handle();
+        // A 64-byte handle's record, in a process that mapped the handle table and swept
+        // the registry already, goes into the table with no look at the directory: its
+        // slots are reached through the mapping, not the directory's path.
+        let mapped = handle
+            .and_then(|_| registry_io::mapped_handle_table())
+            .filter(|_| SWEPT.done_in(pid));
+        let reg = match mapped {
+            Some(_) => None,
+            None => Some(open_registry_in(pid)?),
+        };
+        if let Some(reg) = reg.as_ref().filter(|_| SWEPT.first_in(pid)) {
             let swept = reg.sweep(&ProcFs, registry::SWEEP_BUDGET);
             debug_log::log!(
                 Debug,
@@ -378,8 +388,12 @@ fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: boo
         // A 64-byte handle's record goes to the handle table when it has room (PyTorch
         // exports a new event and its segment's memory handle per share: a slot filled in
         // place, not a file created and renamed).
-        if let Some(handle) = rec.key.table_handle() {
-            if let Some(table) = registry_io::handle_table(&reg, true) {
+        if let Some(handle) = handle {
+            let table = mapped.or_else(|| {
+                reg.as_ref()
+                    .and_then(|r| registry_io::handle_table(r, true))
+            });
+            if let Some(table) = table {
                 if !fresh && table.own(&handle, pid).is_some() {
                     return Some(());
                 }
@@ -400,6 +414,10 @@ fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: boo
                 }
             }
         }
+        let reg = match reg {
+            Some(r) => r,
+            None => open_registry_in(pid)?,
+        };
         let procs = ProcNow { me: pid };
         let written = if fresh {
             reg.write_fresh(&rec, &procs)
@@ -447,12 +465,19 @@ fn register_export(key: Key, gpu: Option<String>, location: Location, fresh: boo
 fn lookup(key: &Key) -> Option<ProvenanceRecord> {
     shielded("reading", || {
         let pid = signal_safe::pid();
-        let reg = open_registry_in(pid)?;
         let procs = ProcNow { me: pid };
+        // The handle table as this process image mapped it is read with no look at the
+        // directory (its slots are reached through the mapping, not the directory's path);
+        // the first look-up maps it from the verified directory, if an exporter created it.
+        let mut reg = None;
         let in_table = key.table_handle().and_then(|h| {
-            let table = registry_io::handle_table(&reg, false)?;
+            let table = match registry_io::mapped_handle_table() {
+                Some(t) => t,
+                None => registry_io::handle_table(reg.insert(open_registry_in(pid)?), false)?,
+            };
             let found = table.find(&h)?;
-            let verdict = reg.trust_text(found.text(), key, found.owner, &procs);
+            let verdict =
+                registry::trust_table_text(found.text(), key, found.owner, euid(), &procs);
             if matches!(verdict, Lookup::Skipped(_)) {
                 // Not trusted (its exporter gone, or not the process it names): its slot
                 // is emptied, as a file's record is removed.
@@ -462,23 +487,32 @@ fn lookup(key: &Key) -> Option<ProvenanceRecord> {
         });
         let (verdict, place) = match in_table {
             Some(v) => (v, handle_table::FILE_NAME),
-            None => (reg.lookup(key, &procs), ""),
+            None => {
+                if reg.is_none() {
+                    reg = Some(open_registry_in(pid)?);
+                }
+                (reg.as_ref()?.lookup(key, &procs), "")
+            }
         };
         match verdict {
             Lookup::Found(r) => Some(r),
             Lookup::Missing => None,
             Lookup::Skipped(skip) => {
                 if skip.is_suspicious() {
+                    if reg.is_none() {
+                        reg = open_registry_in(pid);
+                    }
+                    let dir = reg
+                        .as_ref()
+                        .map(|r| r.dir().to_path_buf())
+                        .unwrap_or_default();
                     let path = if place.is_empty() {
-                        format!(
-                            "{:?}",
-                            reg.dir().join(key.file_name()).display().to_string()
-                        )
+                        format!("{:?}", dir.join(key.file_name()).display().to_string())
                     } else {
                         format!(
                             "{} in {:?}",
                             key.file_name(),
-                            reg.dir().join(place).display().to_string()
+                            dir.join(place).display().to_string()
                         )
                     };
                     say_once(
