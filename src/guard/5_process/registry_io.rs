@@ -280,7 +280,7 @@ pub(crate) fn handle_table(reg: &Registry, create: bool) -> Option<HandleTable<'
             TABLE_UNUSABLE.store(true, Ordering::Relaxed);
             debug_log::log!(
                 Info,
-                "the IPC handle table {:?} is not used ({why}): event records are files",
+                "the IPC handle table {:?} is not used ({why}): its records are files",
                 path.display().to_string()
             );
             None
