@@ -214,12 +214,15 @@ impl Key {
     pub fn from_bytes(kind: Kind, bytes: &[u8]) -> Key {
         // By table, not `write!` per byte: PyTorch makes two or three keys per share of a
         // tensor, and 64 formatter calls a key were most of the guard's own time in it.
+        // Into a buffer of its final size, two digits a step, not a `push` (and its capacity
+        // check) per digit.
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut ident = String::with_capacity(bytes.len() * 2);
-        for &b in bytes {
-            ident.push(char::from(DIGITS[usize::from(b >> 4)]));
-            ident.push(char::from(DIGITS[usize::from(b & 0xf)]));
+        let mut hex = vec![0u8; bytes.len() * 2];
+        for (pair, &b) in hex.chunks_exact_mut(2).zip(bytes) {
+            pair.copy_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
         }
+        // Hex digits are ASCII: the check cannot fail (an empty identity if it did).
+        let ident = String::from_utf8(hex).unwrap_or_default();
         Key { kind, ident }
     }
 
@@ -2142,6 +2145,10 @@ mod tests {
         let h: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
         let (bytes, n) = Key::from_bytes(Kind::Event, &h).bytes().unwrap();
         assert_eq!((&bytes[..n], n), (&h[..], 64));
+        assert_eq!(
+            Key::from_bytes(Kind::Mem, &[0x0f, 0xa0, 0]).file_name(),
+            "mem-0fa000"
+        );
         let f = FileIdent {
             dev: 0x803,
             ino: 0x1f,
