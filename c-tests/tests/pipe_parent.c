@@ -4,7 +4,8 @@
  * read never ends by itself, as a learner's queue.get() on a pipe it holds open. With
  * SECS it gives up after SECS seconds ("parent gave up") and reaps the child.
  * With PIPE_PARENT_INIT=1 in its environment the parent initialises CUDA itself first, as
- * a learner does, and only then lets the child go (the child waits for it).
+ * a learner does, and only then lets the child go. The child always waits for the parent's
+ * go: a refused child ends its parent (SIGTERM), which must have printed its line by then.
  * Prints "parent PID child PID" first, then "child status N" when it gives up. */
 #include <cuda.h>
 #include <poll.h>
@@ -21,7 +22,7 @@ int main(int argc, char **argv) {
     pid_t c = fork();
     if (c == 0) {
         char g;
-        if (parent_init && read(go[0], &g, 1) != 1) _exit(4);
+        if (read(go[0], &g, 1) != 1) _exit(4);
         if (strcmp(argv[1], "unset")) setenv("CUDA_VISIBLE_DEVICES", argv[1], 1);
         else unsetenv("CUDA_VISIBLE_DEVICES");
         int rc = cuInit(0);
@@ -34,8 +35,8 @@ int main(int argc, char **argv) {
     if (parent_init) {
         printf("parent cuInit=%d\n", (int)cuInit(0));
         fflush(stdout);
-        if (write(go[1], "g", 1) != 1) return 2;
     }
+    if (write(go[1], "g", 1) != 1) return 2;
     struct pollfd p = {.fd = fds[0], .events = POLLIN};
     int ms = argc > 2 ? atoi(argv[2]) * 1000 : -1;
     int r = poll(&p, 1, ms);
