@@ -294,28 +294,26 @@ impl<'a> HandleTable<'a> {
         cur & TAG == FULL
             && owner(cur) == pid
             && handle.is_none_or(|h| Self::same_handle(s, h))
-            && s[0]
-                .compare_exchange(
-                    cur,
-                    state(0, cur, EMPTY),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+            && Self::empty_if(s, cur)
+    }
+
+    /// Empty slot `s` if its state is still `seen` (a new generation: a reader that copied
+    /// it before sees the change). True when it was emptied.
+    fn empty_if(s: &[AtomicU64; SLOT_WORDS], seen: u64) -> bool {
+        s[0].compare_exchange(
+            seen,
+            state(0, seen, EMPTY),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_ok()
     }
 
     /// Empty the slot a record was found in, unless it changed since (a record not trusted:
     /// its exporter dead or not the process it names).
     pub fn discard(&self, found: &Found) -> bool {
-        self.slot(found.slot).is_some_and(|s| {
-            s[0].compare_exchange(
-                found.state,
-                state(0, found.state, EMPTY),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        })
+        self.slot(found.slot)
+            .is_some_and(|s| Self::empty_if(s, found.state))
     }
 
     /// Empty every slot whose owner is not alive (`alive`, asked once per run of slots of
@@ -340,16 +338,7 @@ impl<'a> HandleTable<'a> {
                     v
                 }
             };
-            if !lives
-                && s[0]
-                    .compare_exchange(
-                        cur,
-                        state(0, cur, EMPTY),
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-            {
+            if !lives && Self::empty_if(s, cur) {
                 emptied += 1;
             }
         }
