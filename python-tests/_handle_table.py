@@ -43,6 +43,20 @@ def names(registry, prefix: str = "") -> list[str]:
     return sorted(n for n in out if n.startswith(prefix))
 
 
+def create(registry, full=()) -> None:
+    """Write REGISTRY's handle table as the guard creates it (its header, mode 0600), with
+    the slots numbered in FULL holding a record each (a doctor test counts them)."""
+    data = bytearray((HEADER_WORDS + SLOTS * SLOT_WORDS) * 8)
+    data[:16] = b"rankguard-handle"
+    struct.pack_into("<QQ", data, 16, 1, (SLOTS << 16) | SLOT_WORDS)
+    for i in full:
+        struct.pack_into("<Q", data, (HEADER_WORDS + i * SLOT_WORDS) * 8, (os.getpid() << 32) | (1 << 2) | FULL)
+    path = os.path.join(registry, FILE_NAME)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def rewrite(registry, change) -> int:
     """Replace the text of each record in REGISTRY's handle table by CHANGE(text), its length
     word with it (a tampering test); returns how many were changed."""

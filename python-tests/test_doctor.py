@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import _handle_table as handle_table
 from conftest import CLI, LIB_GUARD, clean_env, run
 from test_schema import valid, validator
 
@@ -119,7 +120,8 @@ def test_json_on_a_healthy_setup_matches_its_schema_and_the_text(tmp_path):
                           "directory": f"{tmp_path}/audit"}
     assert c["registry"] == {"status": "ok", "message": f"RANKGUARD_REGISTRY {tmp_path}/registry: yours, mode 0700; "
                              "0 of 65536 entries (0% full)", "directory": f"{tmp_path}/registry",
-                             "configured": True, "entries": 0, "capacity": 65536}
+                             "configured": True, "entries": 0, "capacity": 65536,
+                             "handle_table_used": None, "handle_table_slots": 4096}
     # The same checks as the text form, the same words: each line is NAME STATUS: MESSAGE.
     t, lines = doctor(**env)
     for k, v in c.items():
@@ -173,3 +175,27 @@ def test_the_schema_refuses_what_doctor_never_prints(tmp_path):
     assert not v.is_valid({**d, "version": 2})
     assert not v.is_valid({**d, "checks": {k: x for k, x in d["checks"].items() if k != "audit"}})
     assert not v.is_valid({**d, "checks": {**d["checks"], "guard": {"status": "fine", "message": ""}}})
+
+
+def test_the_registry_line_counts_the_handle_tables_slots(tmp_path):
+    """The records of exported memory handles and events are slots of the registry's handle
+    table (crates/core/src/handle_table.rs): doctor says how many are taken, warns when it
+    is nearly full (records then go to files, slower shares), and warns of a table the guard
+    would not use (writable by others), as the guard checks it."""
+    env = healthy(tmp_path)
+    table = tmp_path / "registry" / handle_table.FILE_NAME
+    handle_table.create(tmp_path / "registry", full=[3, 70, 4000])
+    p, lines = doctor(**env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines["registry"] == (f"registry   ok: RANKGUARD_REGISTRY {tmp_path}/registry: yours, mode 0700; "
+                                 "1 of 65536 entries (0% full); handle table 3 of 4096 slots"), p.stdout
+    handle_table.create(tmp_path / "registry", full=range(3700))
+    p, lines = doctor(**env)
+    assert lines["registry"].startswith("registry   warning: ") and "handle table 3700 of 4096 slots" in lines["registry"]
+    assert "nearly full: a record that finds no slot is written as a file" in lines["registry"], p.stdout
+    table.chmod(0o666)
+    p, d = doctor_json(**env)
+    valid("doctor.v1.json", d)
+    c = d["checks"]["registry"]
+    assert c["status"] == "warning" and c["handle_table_used"] is None, c
+    assert "handles.table is not used (owned by uid" in c["message"] and "with mode 0666)" in c["message"], c

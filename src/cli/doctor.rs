@@ -21,6 +21,7 @@ use super::exit::{emit, Error, ExitCode, Result, EXIT_VIOLATION};
 use super::job_summary::{self, AUDIT_VAR};
 use super::json_out::Value;
 use super::{check, env, lib_path, sys};
+use rankguard_core::handle_table::{self, HandleTable};
 use rankguard_core::registry::{self, DirProblem, Registry, MAX_RECORDS};
 
 /// The hidden subcommand the probe child runs.
@@ -464,23 +465,26 @@ fn registry_check(f: &mut Findings) {
         Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
         None => (registry::default_dir(uid), "the default registry"),
     };
-    let entries = registry_state(f, &dir, uid, configured.is_some(), name);
+    let (entries, used) = registry_state(f, &dir, uid, configured.is_some(), name);
     f.detail("directory", Value::str(dir.display().to_string()));
     f.detail("configured", Value::Bool(configured.is_some()));
     f.detail("entries", Value::opt_num(entries.map(|n| n as i64)));
     f.detail("capacity", Value::Num(MAX_RECORDS as i64));
+    f.detail("handle_table_used", Value::opt_num(used.map(|n| n as i64)));
+    f.detail("handle_table_slots", Value::Num(handle_table::SLOTS as i64));
 }
 
-/// The registry's line; its entry count when it is trusted and could be listed.
+/// The registry's line; its entry count when it is trusted and could be listed, and how
+/// many slots of its handle table hold a record (when it has a usable one).
 fn registry_state(
     f: &mut Findings,
     dir: &Path,
     uid: u32,
     configured: bool,
     name: &str,
-) -> Option<usize> {
-    match Registry::open(dir, uid, false) {
-        Ok(r) => fullness(f, r.dir(), name),
+) -> (Option<usize>, Option<usize>) {
+    let entries = match Registry::open(dir, uid, false) {
+        Ok(r) => return fullness(f, r.dir(), uid, name),
         Err(DirProblem::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             f.ok(
                 "registry",
@@ -533,11 +537,13 @@ fn registry_state(
             }
             None
         }
-    }
+    };
+    (entries, None)
 }
 
-/// How full a trusted registry is: its entries against [`MAX_RECORDS`].
-fn fullness(f: &mut Findings, dir: &Path, name: &str) -> Option<usize> {
+/// How full a trusted registry is: its entries against [`MAX_RECORDS`], and its handle
+/// table's slots in use (none when it has no table yet).
+fn fullness(f: &mut Findings, dir: &Path, uid: u32, name: &str) -> (Option<usize>, Option<usize>) {
     let n = match std::fs::read_dir(dir) {
         Ok(rd) => rd.count(),
         Err(e) => {
@@ -545,26 +551,100 @@ fn fullness(f: &mut Findings, dir: &Path, name: &str) -> Option<usize> {
                 "registry",
                 format!("{name} {} cannot be listed ({e})", dir.display()),
             );
-            return None;
+            return (None, None);
         }
     };
     let pct = n * 100 / MAX_RECORDS;
-    let text = format!(
+    let mut text = format!(
         "{name} {}: yours, mode 0700; {n} of {MAX_RECORDS} entries ({pct}% full)",
         dir.display()
     );
-    if pct >= 90 {
-        f.warn(
-            "registry",
-            format!(
-                "{text}: nearly full; past the bound provenance is unknown (the guard sweeps stale records on \
-                 writes; remove records of jobs that are over)"
-            ),
-        );
-    } else {
-        f.ok("registry", text);
+    let mut worry = (pct >= 90).then(|| {
+        "nearly full; past the bound provenance is unknown (the guard sweeps stale records on \
+         writes; remove records of jobs that are over)"
+            .to_string()
+    });
+    let used = match handle_table_slots(&dir.join(handle_table::FILE_NAME), uid) {
+        None => None,
+        Some(Ok(used)) => {
+            text = format!(
+                "{text}; handle table {used} of {} slots",
+                handle_table::SLOTS
+            );
+            if used * 10 >= handle_table::SLOTS * 9 {
+                worry.get_or_insert_with(|| {
+                    "the handle table is nearly full: a record that finds no slot is written as a \
+                     file (slower shares of PyTorch tensors); the slots of ended processes are \
+                     taken back as needed"
+                        .to_string()
+                });
+            }
+            Some(used)
+        }
+        Some(Err(why)) => {
+            worry.get_or_insert_with(|| {
+                format!(
+                    "its handle table {} is not used ({why}): every handle's record is written as a \
+                     file, several system calls per PyTorch share of a tensor; remove it (the next \
+                     exporter creates a new one)",
+                    handle_table::FILE_NAME
+                )
+            });
+            None
+        }
+    };
+    match worry {
+        Some(w) => f.warn("registry", format!("{text}: {w}")),
+        None => f.ok("registry", text),
     }
-    Some(n)
+    (Some(n), used)
+}
+
+/// How many slots of the registry's handle table hold a record (`None`: no table yet), or
+/// why the guard would not use it: the checks the guard makes before it maps the table
+/// (a regular file of this user, not writable by group or others, of the table's size and
+/// header: src/guard/5_process/registry_io.rs).
+fn handle_table_slots(path: &Path, uid: u32) -> Option<std::result::Result<usize, String>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::sync::atomic::AtomicU64;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(Err(format!("cannot open it: {e}"))),
+        Ok(f) => f,
+    };
+    let checked = (|| {
+        let md = file
+            .metadata()
+            .map_err(|e| format!("cannot stat it: {e}"))?;
+        if !md.file_type().is_file() {
+            return Err("not a regular file".to_string());
+        }
+        if md.uid() != uid || md.mode() & 0o022 != 0 {
+            return Err(format!(
+                "owned by uid {} with mode {:04o}",
+                md.uid(),
+                md.mode() & 0o7777
+            ));
+        }
+        if md.len() != handle_table::BYTES as u64 {
+            return Err(format!("{} bytes, not {}", md.len(), handle_table::BYTES));
+        }
+        let mut bytes = Vec::with_capacity(handle_table::BYTES);
+        (&file)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read it: {e}"))?;
+        let words: Vec<AtomicU64> = bytes
+            .chunks_exact(8)
+            .map(|c| AtomicU64::new(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
+            .collect();
+        let table = HandleTable::new(&words).ok_or("its header is not this version's")?;
+        Ok(table.occupied().count())
+    })();
+    Some(checked)
 }
 
 /// A private temporary directory, removed when dropped.
