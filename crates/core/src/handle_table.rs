@@ -1,7 +1,7 @@
 //! The handle table: the provenance records of exported 64-byte IPC handles (legacy memory
-//! handles and interprocess events), in fixed slots of one shared file of the registry
-//! directory ([`FILE_NAME`]), written and read in place (docs/design.md, "The handle
-//! table").
+//! handles, interprocess events, fabric handles, a pool allocation's export data), in fixed
+//! slots of one shared file of the registry directory ([`FILE_NAME`]), written and read in
+//! place (docs/design.md, "The handle table").
 //!
 //! PyTorch exports a new interprocess event and the segment's memory handle at every share
 //! of a CUDA tensor, and its importer opens both, so a record file per handle cost each
@@ -16,7 +16,7 @@
 //!
 //! The trust is the record file's: the table is a regular file of this user, mode 0600, in
 //! the verified registry directory, and a record read from it is parsed and its exporter
-//! checked alive exactly as a file's ([`crate::registry::Registry::trust_text`]). Another
+//! checked alive exactly as a file's ([`crate::registry::trust_table_text`]). Another
 //! process of the same user can write any slot, as it can write any record file.
 //!
 //! Concurrency: each slot's first word is its state (owner pid, generation, tag). A writer
@@ -32,8 +32,8 @@
 //! tests use a vector.
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-/// The table's file in the registry directory (not a record name, so the sweeps and
-/// `rankguard doctor` leave it alone).
+/// The table's file in the registry directory (not a record name, so the sweeps leave it
+/// alone; `rankguard doctor` counts its slots).
 pub const FILE_NAME: &str = "handles.table";
 /// Slots in the table (handles exported and not yet gone, on the node, of this user).
 pub const SLOTS: usize = 4096;
@@ -76,6 +76,23 @@ fn state(pid: u32, gen_of: u64, tag: u64) -> u64 {
 
 fn owner(s: u64) -> u32 {
     (s >> 32) as u32
+}
+
+/// Why a file is not a table the guard uses, from its type, owner, mode and size (`me`:
+/// this user), or None: a regular file of this user, not writable by group or others, of
+/// [`BYTES`] or of none yet (a table being created, which its opener allocates). The guard
+/// checks the file it opens with this, and `rankguard doctor` the file it reads.
+pub fn file_problem(regular: bool, uid: u32, mode: u32, size: u64, me: u32) -> Option<String> {
+    if !regular {
+        return Some("not a regular file".to_string());
+    }
+    if uid != me || mode & 0o022 != 0 {
+        return Some(format!(
+            "owned by uid {uid} with mode {:04o}",
+            mode & 0o7777
+        ));
+    }
+    (size != 0 && size != BYTES as u64).then(|| format!("{size} bytes, not {BYTES}"))
 }
 
 /// What a record is keyed by: the handle's 64 bytes and its kind, a tag the caller chooses
@@ -129,6 +146,13 @@ impl<'a> HandleTable<'a> {
             }
         }
         Some(HandleTable { words })
+    }
+
+    /// The table over `words` whose header [`new`](Self::new) wrote or checked before (the
+    /// guard's mapping, checked once when it was made): no store to the header, which every
+    /// process maps, at each use. None for another length.
+    pub fn mapped(words: &'a [AtomicU64]) -> Option<HandleTable<'a>> {
+        (words.len() == WORDS).then_some(HandleTable { words })
     }
 
     /// Slot `i` (modulo [`SLOTS`]); None never happens (`new` checked the length), but an
@@ -448,6 +472,29 @@ mod tests {
     }
 
     #[test]
+    fn a_file_is_a_usable_table_only_when_regular_ours_private_and_its_size() {
+        let b = BYTES as u64;
+        assert_eq!(file_problem(true, 7, 0o100600, b, 7), None);
+        assert_eq!(file_problem(true, 7, 0o100644, 0, 7), None, "being created");
+        assert_eq!(
+            file_problem(false, 7, 0o600, b, 7).as_deref(),
+            Some("not a regular file")
+        );
+        assert_eq!(
+            file_problem(true, 8, 0o100600, b, 7).as_deref(),
+            Some("owned by uid 8 with mode 0600")
+        );
+        assert_eq!(
+            file_problem(true, 7, 0o100666, b, 7).as_deref(),
+            Some("owned by uid 7 with mode 0666")
+        );
+        assert_eq!(
+            file_problem(true, 7, 0o100600, 5, 7),
+            Some(format!("5 bytes, not {BYTES}"))
+        );
+    }
+
+    #[test]
     fn the_header_is_written_once_and_a_foreign_file_is_refused() {
         let w = words();
         assert!(HandleTable::new(&w).is_some());
@@ -457,6 +504,12 @@ mod tests {
         );
         w[2].store(2, Ordering::Relaxed);
         assert!(HandleTable::new(&w).is_none(), "another version");
+        // A mapping checked before is taken as it is, with no store to its header.
+        let fresh = words();
+        assert!(HandleTable::mapped(&fresh).is_some());
+        assert!(fresh[..HEADER_WORDS]
+            .iter()
+            .all(|x| x.load(Ordering::Relaxed) == 0));
         let short: Vec<AtomicU64> = (0..WORDS - 1).map(|_| AtomicU64::new(0)).collect();
         assert!(HandleTable::new(&short).is_none(), "another size");
     }

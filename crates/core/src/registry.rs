@@ -1107,17 +1107,6 @@ static RECENT_DIR: RecentDir = RecentDir::new();
 /// checked when it was opened (this user's, not writable by others, in the verified
 /// directory), never through its path again.
 pub fn trust_table_text(text: &[u8], key: &Key, owner: u32, uid: u32, procs: &dyn Procs) -> Lookup {
-    trust_text_with(text, key, owner, uid, &RECENTLY_ALIVE, procs)
-}
-
-fn trust_text_with(
-    text: &[u8],
-    key: &Key,
-    owner: u32,
-    uid: u32,
-    recently_alive: &RecentlyAlive,
-    procs: &dyn Procs,
-) -> Lookup {
     let rec = match std::str::from_utf8(text)
         .map_err(|_| Corrupt("not UTF-8"))
         .and_then(|t| ProvenanceRecord::parse(t, key))
@@ -1128,7 +1117,7 @@ fn trust_text_with(
     if rec.pid != owner {
         return Lookup::Skipped(Skip::Forged { pid: rec.pid });
     }
-    match alive_with(&rec, uid, recently_alive, procs) {
+    match alive_with(&rec, uid, &RECENTLY_ALIVE, procs) {
         Ok(()) => Lookup::Found(rec),
         Err(skip) => Lookup::Skipped(skip),
     }
@@ -1618,13 +1607,6 @@ impl Registry {
                 Lookup::Skipped(skip)
             }
         }
-    }
-
-    /// A record read from elsewhere than its file (the handle table,
-    /// [`crate::handle_table`]) trusted as [`lookup`](Self::lookup) trusts a file's
-    /// ([`trust_table_text`], for this registry's user).
-    pub fn trust_text(&self, text: &[u8], key: &Key, owner: u32, procs: &dyn Procs) -> Lookup {
-        trust_text_with(text, key, owner, self.uid, self.recently_alive, procs)
     }
 
     /// Whether the record's exporter is the live process it names (see [`alive_with`]).
@@ -2139,6 +2121,45 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_record_is_trusted_as_a_files_is() {
+        let k = mem_key(9);
+        let r = rec(
+            k.clone(),
+            Some(0),
+            Some("GPU-aaaaaaaa-0000-0000-0000-000000000000"),
+        );
+        let text = r.render();
+        let u = uid();
+        let live = FakeProcs::with(4242, 777, u);
+        let trusted = |t: &[u8], owner, procs: &FakeProcs| trust_table_text(t, &k, owner, u, procs);
+        assert!(
+            matches!(trusted(text.as_bytes(), 4242, &live), Lookup::Found(ref got) if *got == r)
+        );
+        // Not the slot's owner's record, another key's, garbage, a dead or reused pid.
+        assert!(matches!(
+            trusted(text.as_bytes(), 4243, &live),
+            Lookup::Skipped(Skip::Forged { pid: 4242 })
+        ));
+        let other = rec(mem_key(8), Some(0), None).render();
+        assert!(matches!(
+            trusted(other.as_bytes(), 4242, &live),
+            Lookup::Skipped(Skip::Corrupt(_))
+        ));
+        assert!(matches!(
+            trusted(b"\xff\xfe", 4242, &live),
+            Lookup::Skipped(Skip::Corrupt(_))
+        ));
+        assert!(matches!(
+            trusted(text.as_bytes(), 4242, &FakeProcs::default()),
+            Lookup::Skipped(Skip::Dead { pid: 4242 })
+        ));
+        assert!(matches!(
+            trusted(text.as_bytes(), 4242, &FakeProcs::with(4242, 778, u)),
+            Lookup::Skipped(Skip::Forged { pid: 4242 })
+        ));
+    }
 
     #[test]
     fn a_handles_key_gives_its_bytes_back_and_a_files_none() {

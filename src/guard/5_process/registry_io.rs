@@ -300,7 +300,9 @@ pub(crate) fn mapped_handle_table() -> Option<HandleTable<'static>> {
     // allocated to that size (fallocate); AtomicU64 has the layout of u64, and every access
     // to the words is atomic.
     let words = unsafe { std::slice::from_raw_parts(p.cast_const(), handle_table::WORDS) };
-    HandleTable::new(words)
+    // Its header was checked when it was mapped (`map_table`): not again at every use, each
+    // a compare-and-swap on a line every process of the user shares.
+    HandleTable::mapped(words)
 }
 
 /// Open (`create`: or create) and map the table: a regular file of this user, not writable
@@ -337,21 +339,16 @@ fn map_table(path: &std::path::Path, create: bool) -> Result<Option<*mut AtomicU
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return Err(format!("fstat: {}", last()));
         }
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err("not a regular file".to_string());
+        if let Some(why) = handle_table::file_problem(
+            st.st_mode & libc::S_IFMT == libc::S_IFREG,
+            st.st_uid,
+            st.st_mode,
+            u64::try_from(st.st_size).unwrap_or(u64::MAX),
+            euid(),
+        ) {
+            return Err(why);
         }
-        if st.st_uid != euid() || st.st_mode & 0o022 != 0 {
-            return Err(format!(
-                "owned by uid {} with mode {:04o}: not trusted",
-                st.st_uid,
-                st.st_mode & 0o7777
-            ));
-        }
-        let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
-        if size != handle_table::BYTES {
-            if size != 0 {
-                return Err(format!("{size} bytes, not {}", handle_table::BYTES));
-            }
+        if st.st_size == 0 {
             // By the instruction, not posix_fallocate: one lazy binding fewer in the library
             // (python-tests/test_startup_cost.py holds their number).
             // SAFETY: fallocate(fd, 0, 0, BYTES) reads no memory; fd is open for writing.
