@@ -42,13 +42,15 @@ Checks that the guard works here, beyond what `rankguard check` reads from the e
              line and write its audit record
   audit      RANKGUARD_AUDIT's directory exists and a file can be created in it
   registry   the IPC provenance registry (RANKGUARD_REGISTRY or the default) is a directory
-             the guard trusts (yours, mode 0700, not a symlink), and how full it is
+             the guard trusts (yours, mode 0700, not a symlink), how full it is, and how
+             many of its handle table's slots (handles.table) hold a record
   check      the verdict of `rankguard check` for this environment
 Each line is `ok`, `warning` (worth knowing, breaks nothing) or `PROBLEM` (with its fix).
 --json  the same checks as one JSON object (format \"rankguard-doctor\", version 1): ok,
         problems, warnings, summary, and checks.NAME.{status, message} for each check
         above (status ok, warning, problem or info), with library.{path, why},
-        audit.{template, directory}, registry.{directory, configured, entries, capacity}
+        audit.{template, directory}, registry.{directory, configured, entries, capacity,
+        handle_table_used, handle_table_slots}
 Exit 0: no problem; 1: a problem found (each line says the fix); 2: usage error.
 ";
 
@@ -620,18 +622,14 @@ fn handle_table_slots(path: &Path, uid: u32) -> Option<std::result::Result<usize
         let md = file
             .metadata()
             .map_err(|e| format!("cannot stat it: {e}"))?;
-        if !md.file_type().is_file() {
-            return Err("not a regular file".to_string());
+        if let Some(why) =
+            handle_table::file_problem(md.file_type().is_file(), md.uid(), md.mode(), md.len(), uid)
+        {
+            return Err(why);
         }
-        if md.uid() != uid || md.mode() & 0o022 != 0 {
-            return Err(format!(
-                "owned by uid {} with mode {:04o}",
-                md.uid(),
-                md.mode() & 0o7777
-            ));
-        }
-        if md.len() != handle_table::BYTES as u64 {
-            return Err(format!("{} bytes, not {}", md.len(), handle_table::BYTES));
+        if md.len() == 0 {
+            // Being created: its opener allocates it and writes its header.
+            return Ok(0);
         }
         let mut bytes = Vec::with_capacity(handle_table::BYTES);
         (&file)
