@@ -3,7 +3,8 @@ bytes that went through the GPU (copies only: the fake node runs no kernels).
 
 LEGACY=1: the pre-contract `torch.cuda.set_device(LOCAL_RANK)`, falling back to cuda:0
 when CUDA refuses it. FAIL_FIRST=1: rank 1 of the first attempt exits 3 before the
-process group forms, so that torchrun --max-restarts restarts the workers.
+process group forms, once every rank has called set_device, so that torchrun
+--max-restarts restarts the workers.
 REPOINT_CHILD=R: rank R starts a child re-pointed to another GPU (the guard stops it at
 cuInit, R1) and then waits, with no timeout, on a pipe it holds open itself, as a learner
 on its queue: only the end of the rank by the guard (issue 28) stops it."""
@@ -28,13 +29,21 @@ if os.environ.get("REPOINT_CHILD") == os.environ["RANK"]:
     r, w = os.pipe()
     os.read(r, 1)
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-if os.environ.get("FAIL_FIRST") and attempt == 0 and os.environ["RANK"] == "1":
-    sys.exit(3)
 # The agent's store, prefixed per attempt: after a restart on this machine, gloo's default
 # env:// rendezvous met the first attempt's addresses in the store (connection refused).
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                       is_master=False)
+if os.environ.get("FAIL_FIRST") and attempt == 0:
+    # Rank 1 fails the attempt only once every rank has made its set_device call (torchrun
+    # stops the others when it fails: a slow rank would otherwise never make it).
+    store.add("attempt-0/set", 1)
+    if rank == 1:
+        import time
+        deadline = time.monotonic() + 120
+        while store.add("attempt-0/set", 0) < world and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sys.exit(3)
 dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{attempt}", store),
                         rank=rank, world_size=world)
 x = torch.tensor([float(rank + 1)] * 4).cuda()
