@@ -50,16 +50,23 @@ def cuda_view():
     return {"init": 0, "count": n, "devices": devices}
 
 
+def record(pid_dir: str, name: str, pid: int):
+    """D/name holds pid, whole when it appears (a test polls the directory and reads
+    what it finds; an empty file it read between open and write failed test_slurm)."""
+    tmp = os.path.join(pid_dir, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(pid))
+    os.rename(tmp, os.path.join(pid_dir, name))
+
+
 def main():
     rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", "0")))
     pid_dir = opt("--pid-dir")
     if pid_dir:
-        with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:
-            f.write(str(os.getpid()))
+        record(pid_dir, f"{rank}.pid", os.getpid())
         if "--spawn" in sys.argv:
             g = subprocess.Popen(["sleep", "600"])
-            with open(os.path.join(pid_dir, f"{rank}.grand"), "w") as f:
-                f.write(str(g.pid))
+            record(pid_dir, f"{rank}.grand", g.pid)
     status = {}
     with open("/proc/self/status") as f:
         for line in f:

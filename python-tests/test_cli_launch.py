@@ -228,11 +228,8 @@ def _start(tmp_path, *extra):
                              *child_cmd("--no-cuda", "--pid-dir", str(tmp_path), "--spawn", "--sleep", "600", *extra)],
                             env=clean_env(FAKECUDA_GPUS="8"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
-    # Each pid file written whole, not only created (under load a read can fall between the
-    # two and find it empty).
-    def written(pattern):
-        files = list(tmp_path.glob(pattern))
-        return len(files) == 2 and all(f.read_text().strip() for f in files)
+    # The child renames each pid file into place whole (_cli_child.record).
+    written = lambda pattern: len(list(tmp_path.glob(pattern))) == 2
     assert wait_for(lambda: written("*.grand") and written("*.pid")), "ranks did not start"
     return proc, _pids(tmp_path), _pids(tmp_path, "*.grand")
 

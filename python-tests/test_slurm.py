@@ -393,8 +393,10 @@ def test_scancel_leaves_nothing_running(slurm):
                             env=slurm.env(), cwd=slurm.tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        assert wait_for(lambda: len(list(pids.iterdir())) == 4, 30), list(pids.iterdir())
-        recorded = [int(f.read_text()) for f in pids.iterdir()]
+        # The child writes each file whole under a dot name and renames it into place.
+        written = lambda: [f for f in pids.iterdir() if not f.name.startswith(".")]
+        assert wait_for(lambda: len(written()) == 4, 30), list(pids.iterdir())
+        recorded = [int(f.read_text()) for f in written()]
         assert all(alive(p) for p in recorded)
         (job,) = slurm.cmd("squeue", "-h", "-o", "%i").stdout.split()
         assert slurm.cmd("scancel", job).returncode == 0
@@ -403,6 +405,9 @@ def test_scancel_leaves_nothing_running(slurm):
         if srun.poll() is None:
             os.killpg(srun.pid, signal.SIGKILL)
             srun.wait()
+            # A failure above must not leave the job holding GPUs for the next test.
+            slurm.cmd("scancel", "--quiet", f"--user={os.getuid()}")
+            wait_for(lambda: slurm.cmd("squeue", "-h").stdout.strip() == "", 20, 0.1)
     assert wait_for(lambda: not any(alive(p) for p in recorded), 20), [p for p in recorded if alive(p)]
     assert wait_for(lambda: slurm.cmd("squeue", "-h").stdout.strip() == "", 20, 0.1)
     # Nothing of the job is left: no slurmstepd, no task, no grandchild; only the daemons.
