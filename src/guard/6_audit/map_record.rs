@@ -31,9 +31,17 @@ pub struct MapFacts<'a> {
 /// Write the map record (when `RANKGUARD_AUDIT` is set) and say it at INFO.
 pub fn write(f: &MapFacts<'_>) {
     let audit = state::audit_on();
-    if !audit && !debug_log::enabled(Level::Info) {
-        return;
+    if audit || debug_log::enabled(Level::Info) {
+        write_now(f, audit);
     }
+}
+
+/// [`write`]'s work, a frame of its own: its buffers (~10 KB) would otherwise be inlined
+/// into the R1 check's frame, whose stack probes then fault a page of stack at every first
+/// `cuInit`, audit or not (docs/benchmarks.md, "The R1 check's frame").
+#[cold]
+#[inline(never)]
+fn write_now(f: &MapFacts<'_>, audit: bool) {
     let cfg = &state::get().config;
     let mut cvd_buf = StackBuf::<512>::new();
     let cvd = f.cvd.map(|b| {
