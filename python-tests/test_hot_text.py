@@ -132,3 +132,35 @@ def test_the_first_cuinits_statics_share_the_plt_slots_page(lib):
             addrs = names.get(want, [])
             assert addrs and all(hot <= a < hot + hot_size for a in addrs), (want, [hex(a) for a in addrs])
 
+
+
+def frames(lib, section: str) -> dict[str, int]:
+    """Each function of `section` and the bytes its prologue takes off the stack pointer
+    (its `sub $N,%rsp` instructions, summed: a frame past 4 KiB is taken a page at a time,
+    each page probed)."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-j", section, str(lib)],
+                         capture_output=True, text=True, check=True).stdout
+    sizes: dict[str, int] = {}
+    fn = None
+    for line in out.splitlines():
+        m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+        if m:
+            fn = m.group(1)
+            sizes[fn] = 0
+            continue
+        m = re.search(r"\bsub\s+\$0x([0-9a-f]+),%rsp", line)
+        if m and fn:
+            sizes[fn] += int(m.group(1), 16)
+    return sizes
+
+
+def test_no_first_cuinit_function_probes_the_stack():
+    """No function of the hot section (what a load and a first cuInit run) takes 4 KiB or
+    more of stack: its probes touch every page of the frame, and the pages below what the
+    program had used fault at every first cuInit (docs/benchmarks.md, "The R1 check's
+    frame": the R1 check's frame was 10,008 bytes, the map record's buffers inlined into it,
+    one more stack fault than the unguarded program takes)."""
+    sizes = frames(GUARD, ".text.rankguard_hot")
+    assert len(sizes) > 100, f"{len(sizes)} functions in {GUARD}'s hot section"
+    big = {f: n for f, n in sizes.items() if n >= 4096}
+    assert not big, big
