@@ -139,6 +139,7 @@ HOT_STATICS = [
     "_ZN9rankguard5guard7process5state9OWNED_GPU17h*",
     "_ZN9rankguard5guard7process5state9START_GPU17h*",
     "_ZN9rankguard5guard7resolve2dl*",
+    "_ZN9rankguard5guard3sys7libcsym*",
     "_ZN9rankguard5guard7resolve4real*",
     "_ZN9rankguard5guard7resolve6majors*",
     "_ZN9rankguard5guard7resolve8internal*",

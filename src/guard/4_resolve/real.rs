@@ -4,8 +4,11 @@
 //!   this library exports `dlvsym` too, so calling it by name would call ourselves. The
 //!   real `dlsym` comes from the real `dlvsym(RTLD_NEXT, "dlsym", <version>)`: our own
 //!   `dlsym` export would otherwise answer.
-//! - Driver functions come from `libcuda.so.1` opened by name (never linked), looked up
-//!   with the real `dlsym`, or are recorded when a program's own `dlsym` found them.
+//! - Driver functions come from the driver's own symbol table when the program was linked
+//!   with it (`sys::libcsym::linked_driver`: loaded before `main`, never unloaded), else
+//!   from `libcuda.so.1` opened by name (never linked) and looked up with the real `dlsym`,
+//!   or are recorded when a program's own `dlsym` found them (docs/design.md §2, "Real
+//!   functions").
 //! - Runtime functions are those of the wrapper's own major (`guard/majors.rs`): the next
 //!   definition after this library with that major's version node, else one in a runtime
 //!   loaded privately.
@@ -113,6 +116,10 @@ pub fn find(id: usize) -> *mut c_void {
 #[cold]
 pub fn resolve_slot(lib: Lib, name: &CStr, slot: &AtomicPtr<c_void>) -> *mut c_void {
     let mut p = match lib {
+        // The driver the program was linked with: its own table, no `dlopen` (libcsym.rs).
+        Lib::Driver if let Some(a) = crate::guard::sys::libcsym::linked_driver(name) => {
+            a as *mut c_void
+        }
         Lib::Driver => {
             let h = driver_handle();
             if h.is_null() {

@@ -105,6 +105,11 @@ fn init() -> &'static State {
 /// the driver). Any other answer is an interposer preloaded in front of us (HAMi-core and
 /// the like), whose calls reach us through RTLD_NEXT: still interposing.
 fn interposing() -> bool {
+    // A program linked with the driver, this library's `cuInit` the first one loaded: the
+    // lookup below would find it (sys::libcsym), known without opening a handle.
+    if crate::guard::sys::libcsym::ours_first_in_global_scope() {
+        return true;
+    }
     let ours = TABLE[Id::cuInit as usize].wrapper();
     // SAFETY: dlopen(NULL) returns the main program's handle, whose lookups search the
     // global scope only (RTLD_DEFAULT from here would also search our own local scope).
