@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use crate::guard::sys::lifecycle::{keep_first, ForkSafeOnce};
 use crate::guard::sys::signal_safe;
 use crate::guard::table::SLOTS;
-use crate::guard::table::{Lib, TABLE};
+use crate::guard::table::{Id, Lib, TABLE};
 
 // The C library's lookup (dl.rs) and the any-major runtime lookup (majors.rs), under the
 // names their callers know them by.
@@ -58,8 +58,21 @@ pub fn verdict_gate() -> bool {
 /// takes the cold path, which waits there while another thread of the process is in the
 /// check, so no guarded driver call of any thread proceeds before the verdict, at no cost
 /// to the allowed path (issue 29, item 1).
+///
+/// A process's first `cuInit` is usually its first touch of the slots' page: `cuInit`'s
+/// own wrapper takes it with a write (a compare-and-swap of null for null, which x86
+/// performs as a locked write whatever it compares), which maps a page of its own at once,
+/// where a first read maps the shared zero page and the write that follows (the resolved
+/// function) copies it: one page fault instead of two. A constant test: compiled away in
+/// every other wrapper.
 #[inline]
 pub fn get(id: usize) -> *mut c_void {
+    if id == Id::cuInit as usize {
+        let null = std::ptr::null_mut();
+        let _ = SLOTS[id]
+            .real
+            .compare_exchange(null, null, Ordering::Relaxed, Ordering::Relaxed);
+    }
     let p = SLOTS[id].real.load(Ordering::Acquire);
     if !p.is_null() {
         return p;
