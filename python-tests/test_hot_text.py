@@ -128,10 +128,30 @@ def test_the_first_cuinits_statics_share_the_plt_slots_page(lib):
         f".bss.rankguard_hot [{hot:#x}, {hot + hot_size:#x}) is not on .got.plt's page {got:#x}"
     if lib == GUARD:  # the unstripped build names them
         names = functions(lib, demangle=True, kinds="bBdD")
-        for want in ("rankguard::guard::process::state::STATE", "rankguard::guard::resolve::dl::DRIVER"):
+        for want in ("rankguard::guard::process::state::STATE", "rankguard::guard::resolve::dl::DRIVER",
+                     "rankguard::guard::sys::libcsym::LINKED_STATE"):
             addrs = names.get(want, [])
             assert addrs and all(hot <= a < hot + hot_size for a in addrs), (want, [hex(a) for a in addrs])
 
+
+
+def test_what_a_load_runs_lies_on_one_page():
+    """The library's two `.init_array` entries (its constructor and std's), which every
+    process runs at its load, lie together on one page of the hot section, next to the
+    first cuInit's code: by name they lay 39 KiB apart, and a process that never touches
+    CUDA faulted two windows of the text in as often as not."""
+    lo, size = sections(GUARD)[".text.rankguard_hot"]
+    names = functions(GUARD, demangle=True)
+    at = {}
+    for want in ("rankguard::guard::decide::narrow::at_load",
+                 "std::sys::args::unix::imp::ARGV_INIT_ARRAY::init_wrapper"):
+        addrs = [a for n, v in names.items() if n == want for a in v]
+        assert len(addrs) == 1 and lo <= addrs[0] < lo + size, (want, [hex(a) for a in addrs])
+        at[want] = addrs[0]
+    a, b = sorted(at.values())
+    # at_load, the second, is under 256 bytes: the page of its end is that of b + 0xff
+    assert a >> 12 == (b + 0xff) >> 12, \
+        f"the load's functions at {a:#x} and {b:#x}: not on one page; rerun scripts/gen_hot_text.py"
 
 
 def frames(lib, section: str) -> dict[str, int]:
