@@ -1,4 +1,5 @@
-//! The real `dlvsym`, read from the C library's own dynamic symbol table.
+//! The real `dlvsym`, read from the C library's own dynamic symbol table; the driver's
+//! functions, from the driver's, when the program links it ([`linked_driver`]).
 //!
 //! The guard exports `dlvsym` (`dlvsym.rs`), so this library cannot call `dlvsym` by name:
 //! the reference binds to its own export (it is linked `-Bsymbolic`, and a preload comes

@@ -1,5 +1,5 @@
 //! The objects loaded in this process, as the loader lists them: one `dl_iterate_phdr`
-//! walk for every caller (the C library's symbol table, `libcsym`; the loaded CUDA
+//! walk for every caller (the C library's and a linked driver's symbol tables, `libcsym`; the loaded CUDA
 //! runtimes, `resolve::majors`), and the file name of an object's path. No allocation and
 //! no lock of ours (the walk takes the loader's recursive lock, as `dlsym` does).
 #![allow(unsafe_code)]

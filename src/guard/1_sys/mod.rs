@@ -1,7 +1,7 @@
 //! Primitives: the C and CUDA ABI types, signal-safe buffers and writes, the thread's
 //! signal mask and a signal's action by system call, the lifecycle map of process-lifetime
 //! state (`lifecycle`), the loaded objects (`loaded`), the start environment in memory
-//! (`start_block`), symbol lookup in ELF files and the C library, and the two
+//! (`start_block`), symbol lookup in ELF files, the C library and a driver the program links, and the two
 //! linker-level pieces (lazy libc binding, page-aligned data).
 
 pub mod elfsym;
