@@ -154,6 +154,27 @@ def test_what_a_load_runs_lies_on_one_page():
         f"the load's functions at {a:#x} and {b:#x}: not on one page; rerun scripts/gen_hot_text.py"
 
 
+@pytest.mark.parametrize("lib", [pytest.param(GUARD, id="glibc-2.28-build"),
+                                 pytest.param(NATIVE_GUARD, id="glibc-2.34-build")])
+def test_the_c_librarys_static_part_lies_in_the_section(lib):
+    """`atexit` and `pthread_atfork` are linked into the library from `libc_nonshared.a`
+    (each a jump to libc's `__cxa_atexit` / `__register_atfork` with the library's
+    `__dso_handle`), whose members the system's compiler left in plain `.text`: no function
+    pattern names them, and the walk without rank variables, which registers its exit and
+    fork handlers through them, faulted a 64 KiB window of `.text` for `pthread_atfork`
+    alone. gen_hot_text.py places the archive's members in the walk's group (`NONSHARED`)."""
+    lo, size = sections(lib)[".text.rankguard_hot"]
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)],
+                         capture_output=True, text=True, check=True).stdout
+    stubs = [int(a, 16) for a in re.findall(
+        r"^\s*([0-9a-f]+):\s+jmp\s+[0-9a-f]+ <(?:__cxa_atexit|__register_atfork)@plt>$", out, re.M)]
+    # atexit's in both builds (zig's glibc 2.28 takes pthread_atfork from libpthread.so.0)
+    assert stubs, f"no jump to __cxa_atexit@plt or __register_atfork@plt in {lib}"
+    outside = [hex(a) for a in stubs if not lo <= a < lo + size]
+    assert not outside, (f"libc_nonshared.a's stubs at {outside}, outside .text.rankguard_hot "
+                         f"[{lo:#x}, {lo + size:#x}): rerun scripts/gen_hot_text.py")
+
+
 def frames(lib, section: str) -> dict[str, int]:
     """Each function of `section` and the bytes its prologue takes off the stack pointer
     (its `sub $N,%rsp` instructions, summed: a frame past 4 KiB is taken a page at a time,

@@ -180,6 +180,15 @@ AT_LOAD = [f".text.{n} .text.unlikely.{n}" for n in (
 )]
 
 
+# The C library's static part (`libc_nonshared.a`: `atexit`, `pthread_atfork`, ...), linked
+# into the library from an archive whose members the system's compiler put in plain `.text`
+# (zig's, in `.text.<name>`), so no function pattern names them: the walk without rank
+# variables registers its exit and fork handlers through two of them, and before they
+# joined its group the call to `pthread_atfork`, at the end of `.text`, faulted a window
+# of its own. Matched by archive and member, in that group.
+NONSHARED = ["*libc_nonshared.a:*(.text .text.*)"]
+
+
 GENERATED = ROOT / "src" / "guard" / "8_hooks" / "generated.rs"
 HOT_ENTRY = re.compile(r'^    (?:Driver|Runtime) \d+ "[^"]*" "[^"]*" same \w+ (?:symver "[^"]*" )?'
                        r'(?:fallback "([^"]*)" )?fn (\w+)\(.*?\|real\| hot ', re.M)
@@ -240,6 +249,9 @@ def render(groups: list[tuple[str, list[str]]]) -> str:
             if p in aligned:
                 lines.append("    . = ALIGN(64);")
             lines.append(f"    *({p})")
+        if name == "no-rank":
+            lines += ["    /* the C library's static part (NONSHARED) */"]
+            lines += [f"    {p}" for p in NONSHARED]
     # 256-byte aligned: the two (under 256 bytes together) never straddle two pages.
     lines += ["    . = ALIGN(0x100);", "    /* at load */"]
     lines += [f"    *({p})" for p in AT_LOAD]
