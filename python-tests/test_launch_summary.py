@@ -88,3 +88,24 @@ def test_an_audit_directory_no_rank_could_write_is_refused_before_any_rank_start
         assert len(lines) == 1 and lines[0].startswith("rankguard launch: error: RANKGUARD_AUDIT="), p.stderr
         assert why in lines[0] and lines[0].endswith("; no rank was started"), p.stderr
         assert list(pids.iterdir()) == [], "a rank started"
+
+
+def test_without_tmpdir_the_private_directories_are_made_in_dev_shm_and_go_at_exit(tmp_path):
+    """The notes and the private audit directory go under `$TMPDIR` when it is set (the tests
+    above), else under /dev/shm, memory (src/cli/scratch.rs: on a node whose /tmp is a
+    journaling disk file system, creating and removing them was a measured share of an
+    8-rank launch's own time, docs/benchmarks.md, "The launcher's directories"); mode 0700,
+    gone when the launch ends, whatever the base."""
+    import os
+    import pathlib
+    seen = tmp_path / "seen"
+    script = f'for d in "$RANKGUARD_LAUNCH_DIR" "$(dirname "$RANKGUARD_AUDIT")"; do ' \
+             f'stat -c "%n %a" "$d"; done > {seen}'
+    p = launch("--nproc-per-node", "1", "--", "sh", "-c", script, TMPDIR=None)
+    assert p.returncode == 0, p.stderr
+    dirs = [ln.rsplit(" ", 1) for ln in seen.read_text().splitlines()]
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else "/tmp"
+    assert [pathlib.Path(d).parent for d, _ in dirs] == [pathlib.Path(base)] * 2, dirs
+    assert [pathlib.Path(d).name.split("-")[1] for d, _ in dirs] == ["launch", "audit"], dirs
+    assert [mode for _, mode in dirs] == ["700", "700"], dirs
+    assert not any(os.path.exists(d) for d, _ in dirs), "removed when the launch ended"

@@ -33,34 +33,22 @@ pub struct Notes {
 }
 
 impl Notes {
-    /// A new private directory under `$TMPDIR` (or /tmp). None, with a warning, when it
-    /// cannot be made: then refusals end their rank as under `run`, without the box.
+    /// A new private directory (`scratch`: under `$TMPDIR` when set, else `/dev/shm` or
+    /// /tmp). None, with a warning, when it cannot be made: then refusals end their rank as
+    /// under `run`, without the box.
     pub fn create() -> Option<Notes> {
-        use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::temp_dir();
-        let pid = std::process::id();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let mut last = None;
-        for i in 0..8u32 {
-            let dir = base.join(format!(
-                "rankguard-launch-{pid}-{:08x}",
-                nanos.wrapping_add(i)
-            ));
-            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => return Some(Notes { dir }),
-                Err(e) => last = Some(e),
+        match super::scratch::private_dir("rankguard-launch") {
+            Ok(dir) => Some(Notes { dir }),
+            Err((base, e)) => {
+                eprintln!(
+                    "rankguard launch: warning: cannot create a notes directory under {} ({e}); a \
+                     refused rank still ends, but without the failure summary (set TMPDIR to a \
+                     writable directory)",
+                    base.display()
+                );
+                None
             }
         }
-        eprintln!(
-            "rankguard launch: warning: cannot create a notes directory under {} ({}); a refused \
-             rank still ends, but without the failure summary (set TMPDIR to a writable directory)",
-            base.display(),
-            last.map(|e| e.to_string()).unwrap_or_default()
-        );
-        None
     }
 
     /// The (name, value) the ranks get.

@@ -7,7 +7,7 @@
 //!   each, that it cannot open its file, and the job would run unaudited). The records stay
 //!   where the user put them; the summary reads this job's (its `job` id, files written
 //!   since the launch began).
-//! - unset: the ranks get a private audit directory (0700 under `$TMPDIR`, removed at exit)
+//! - unset: the ranks get a private audit directory (0700, removed at exit; where: `scratch`)
 //!   so that the summary can still count what the guard recorded; it says that the records
 //!   were not kept and how to keep them.
 //!
@@ -23,7 +23,7 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use super::exit::{Error, Result};
 use crate::audit::{self, Aggregate, Aggregator, RankKey};
@@ -147,29 +147,18 @@ pub fn prepare() -> Result<Audit> {
 }
 
 fn private_dir() -> Audit {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::temp_dir();
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    for i in 0..8u32 {
-        let dir = base.join(format!(
-            "rankguard-audit-{}-{:08x}",
-            std::process::id(),
-            nanos.wrapping_add(i)
-        ));
-        if std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok() {
-            return Audit::Private(dir);
+    match super::scratch::private_dir("rankguard-audit") {
+        Ok(dir) => Audit::Private(dir),
+        Err((base, e)) => {
+            eprintln!(
+                "rankguard launch: warning: cannot create a private audit directory under {} \
+                 ({e}); the summary will not count violations (set \
+                 {AUDIT_VAR}=DIR/audit.%h.%p.jsonl, or TMPDIR to a writable directory)",
+                base.display()
+            );
+            Audit::None
         }
     }
-    eprintln!(
-        "rankguard launch: warning: cannot create a private audit directory under {}; the \
-         summary will not count violations (set {AUDIT_VAR}=DIR/audit.%h.%p.jsonl, or TMPDIR \
-         to a writable directory)",
-        base.display()
-    );
-    Audit::None
 }
 
 impl Audit {

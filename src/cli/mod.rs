@@ -18,7 +18,8 @@
 //! 1. **base**: `exit` (the error type, the exit statuses, output to stdout), `args` (the
 //!    argument lexer), `driver_api` (the driver functions' types, generated), `json_out` (a
 //!    JSON writer), `env` (the variables a rank is given), `lib_build` (which build of
-//!    the guard fits this C library), `tree` (the process tree from /proc);
+//!    the guard fits this C library), `tree` (the process tree from /proc), `scratch`
+//!    (where launch's private directories go);
 //! 2. **os**: `sys` (the FFI: affinity, signals, the driver query), `forked` (helper
 //!    processes without an exec), `spawn` (a rank's exec, prepared), `rank_start` (a
 //!    rank's clone and exec);
@@ -40,6 +41,7 @@ mod env;
 mod exit;
 mod json_out;
 mod lib_build;
+mod scratch;
 mod tree;
 
 // 2. os
