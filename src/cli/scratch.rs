@@ -3,10 +3,10 @@
 //! audit the summary counts (`job_summary`). Each is created mode 0700 under a name no
 //! other process chose first (`mkdir` fails on one that exists, and the next name is
 //! tried), in the first of these bases that takes it:
-//! - `$TMPDIR` alone when it is set: the user's or the batch system's choice (Slurm sites
+//! - `$TMPDIR` alone when it is set: the user's or the batch system's choice (sites often
 //!   point it at a per-job directory), as every tool honours it;
 //! - else `/dev/shm`, the node's memory-backed file system (where the guard's registry lives
-//!   too), then `std::env::temp_dir()` (`/tmp`).
+//!   too), then `/tmp`.
 //!
 //! Why not `/tmp` first: the two directories hold a few small files for the life of one
 //! launch, and where `/tmp` is a journaling disk file system (ext4, xfs: the common node) creating
