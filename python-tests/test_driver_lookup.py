@@ -73,3 +73,21 @@ def test_a_dlopened_guard_stays_inert_in_a_program_linked_with_the_driver():
         p = run([prog(name), str(GUARD)],
                 env=clean_env(LD_PRELOAD=str(GUARD), CUDA_VISIBLE_DEVICES="0,1"), timeout=20)
         assert p.returncode == 78, (name, p.stdout + p.stderr)
+
+
+def test_the_walk_reads_proc_by_system_calls_alone(tmp_path):
+    """Without rank variables the first cuInit walks to its rank root: the parent's
+    environment (`/proc/<pid>/environ`), the user id, the host name. Those reads are
+    system calls made by the guard itself (`signal_safe::RawFile`, `euid`, `nodename`):
+    the loader binds none of the C library's `read`, `close`, `geteuid` or `gethostname`
+    for the guard, each a look-up through every object of the process at a first `cuInit`
+    (docs/benchmarks.md, "The parent's environment"). The walk did run: the guard bound
+    `__register_atfork`, which only the walk's root registers."""
+    reg = tmp_path / "reg"
+    reg.mkdir(mode=0o700)
+    for lib in libraries():
+        bound, p = bindings(lib, [prog("guard_call"), "link", "cuDeviceGet", "0"],
+                            CUDA_VISIBLE_DEVICES="0", RANK=None, RANKGUARD_REGISTRY=str(reg))
+        assert p.returncode == 0 and "rc=0" in p.stdout, p.stdout + p.stderr[-2000:]
+        assert "__register_atfork" in bound or "pthread_atfork" in bound, (lib, sorted(bound))
+        assert not bound & {"read", "close", "geteuid", "gethostname"}, (lib, sorted(bound))

@@ -176,14 +176,120 @@ pub const WRITE_WAIT_MS: i32 = 2000;
 
 /// The host name, into a stack buffer (as NCCL prints it: up to the first dot).
 pub fn hostname(out: &mut [u8; 64]) -> &str {
-    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
-    let rc = unsafe { libc::gethostname(out.as_mut_ptr().cast(), out.len() - 1) };
-    if rc != 0 {
+    if !nodename(out) {
         return "?";
     }
-    out[63] = 0;
     let end = out.iter().position(|&b| b == 0 || b == b'.').unwrap_or(63);
     std::str::from_utf8(&out[..end]).unwrap_or("?")
+}
+
+/// The kernel's node name (what `gethostname` returns), NUL-terminated into `out`, by the
+/// `uname` system call itself ([`raw_syscall`]: no C library function to bind at a first
+/// `cuInit`). False, as `gethostname` fails, when it does not fit with its NUL.
+pub fn nodename(out: &mut [u8]) -> bool {
+    // Not zeroed first (a `memset` call of 390 bytes, one more symbol to bind): the kernel
+    // writes every field.
+    let mut uts = std::mem::MaybeUninit::<libc::utsname>::uninit();
+    // SAFETY: uname writes one whole `utsname` into the memory `uts` provides, reads nothing.
+    if unsafe { raw_syscall(libc::SYS_uname, uts.as_mut_ptr() as usize, 0, 0, 0) } != 0 {
+        return false;
+    }
+    // SAFETY: a successful uname wrote every byte of the struct.
+    let name = unsafe { uts.assume_init() }.nodename.map(|c| c as u8);
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    // `get`, not indexing: no panic location, no relocation (test_startup_cost.py).
+    let (Some(dst), Some(src)) = (out.get_mut(..=len), name.get(..len)) else {
+        return false;
+    };
+    for (d, s) in dst.iter_mut().zip(src.iter().chain(std::iter::once(&0))) {
+        *d = *s;
+    }
+    true
+}
+
+/// The effective user id, by the system call itself ([`raw_syscall`]).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    unsafe { raw_syscall(libc::SYS_geteuid, 0, 0, 0, 0) as u32 }
+}
+
+/// A file opened, read and closed by system calls alone ([`raw_syscall`]: `openat`, `read`,
+/// `close`), for the walk's `/proc` reads at a first `cuInit`: std's `File` would bind the C
+/// library's `open64`, `read` and `close` there, each a look-up through every object of the
+/// process, and map the C library's pages that hold them.
+pub struct RawFile(i32);
+
+impl RawFile {
+    /// `path` opened read-only, close-on-exec; a path of 127 bytes or more is refused
+    /// (ENAMETOOLONG: the `/proc` paths it is for are short).
+    pub fn open(path: &str) -> std::io::Result<RawFile> {
+        let mut c = [0u8; 128];
+        let Some(dst) = c.get_mut(..path.len()).filter(|_| path.len() < 127) else {
+            return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+        };
+        dst.copy_from_slice(path.as_bytes());
+        if path.as_bytes().contains(&0) {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `c` is NUL-terminated (zero-filled past the path) and outlives the call.
+        let fd = unsafe {
+            raw_syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD as usize,
+                c.as_ptr() as usize,
+                (libc::O_RDONLY | libc::O_CLOEXEC) as usize,
+                0,
+            )
+        };
+        match i32::try_from(fd) {
+            Ok(fd) if fd >= 0 => Ok(RawFile(fd)),
+            _ => Err(std::io::Error::from_raw_os_error(-fd as i32)),
+        }
+    }
+
+    /// The owner of the open file (`fstat`).
+    pub fn owner(&self) -> std::io::Result<u32> {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat writes one whole `stat` into the memory `st` provides, for the
+        // descriptor this value owns.
+        let rc = unsafe {
+            raw_syscall(
+                libc::SYS_fstat,
+                self.0 as usize,
+                st.as_mut_ptr() as usize,
+                0,
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::from_raw_os_error(-rc as i32));
+        }
+        // SAFETY: a successful fstat wrote every field.
+        Ok(unsafe { st.assume_init() }.st_uid)
+    }
+}
+
+impl std::io::Read for RawFile {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // SAFETY: read writes at most `buf.len()` bytes into `buf`, which is ours to write.
+        let n = unsafe {
+            raw_syscall(
+                libc::SYS_read,
+                self.0 as usize,
+                buf.as_mut_ptr() as usize,
+                buf.len(),
+                0,
+            )
+        };
+        usize::try_from(n).map_err(|_| std::io::Error::from_raw_os_error(-n as i32))
+    }
+}
+
+impl Drop for RawFile {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor `open` returned, owned by this value and closed once.
+        unsafe { raw_syscall(libc::SYS_close, self.0 as usize, 0, 0, 0) };
+    }
 }
 
 /// A system call by the `syscall` instruction itself (x86-64; elsewhere the C library's
@@ -463,6 +569,38 @@ fn stat_threads(stat: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_walks_system_calls_answer_as_the_c_library_does() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(euid(), unsafe { libc::geteuid() });
+        let (mut ours, mut theirs) = ([0u8; 256], [0u8; 256]);
+        assert!(nodename(&mut ours));
+        // SAFETY: gethostname writes at most 255 bytes into the buffer.
+        let rc = unsafe { libc::gethostname(theirs.as_mut_ptr().cast(), 255) };
+        assert_eq!(rc, 0);
+        let end = |b: &[u8]| b.iter().position(|&c| c == 0).unwrap();
+        assert_eq!(&ours[..end(&ours)], &theirs[..end(&theirs)]);
+        let mut short = [0xffu8; 64];
+        assert_eq!(hostname(&mut short), {
+            let full = std::str::from_utf8(&theirs[..end(&theirs)]).unwrap();
+            full.split('.').next().unwrap().to_string()
+        });
+        // No room for the name and its NUL: refused, as gethostname refuses.
+        assert!(!nodename(&mut [0u8; 1]));
+
+        use std::io::Read;
+        let me = pid();
+        let mut f = RawFile::open(&format!("/proc/{me}/stat")).unwrap();
+        let mut line = String::new();
+        f.read_to_string(&mut line).unwrap();
+        assert!(line.starts_with(&format!("{me} (")), "{line}");
+        assert_eq!(f.owner().unwrap(), euid());
+        let e = |path: &str| RawFile::open(path).err().and_then(|e| e.raw_os_error());
+        assert_eq!(e("/proc/self/no-such-file"), Some(libc::ENOENT));
+        assert_eq!(e(&"/x".repeat(100)), Some(libc::ENAMETOOLONG));
+        assert_eq!(e("/proc/self\0/stat"), Some(libc::EINVAL));
+    }
 
     /// `first_nul` answers exactly as the core crate's safe scan, which
     /// `EnvScan::finding_nul_with` requires: at every length and alignment, with the NUL

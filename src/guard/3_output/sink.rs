@@ -324,8 +324,7 @@ fn errno() -> i32 {
 }
 
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+    crate::guard::sys::signal_safe::euid()
 }
 
 /// Open `path` for appending, privately: no symlink, close-on-exec, never blocking, created

@@ -28,8 +28,7 @@ pub(crate) fn say_once(flag: &PerProcess, args: fmt::Arguments<'_>) {
 }
 
 pub(crate) fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+    signal_safe::euid()
 }
 
 /// The verified registry, or None (said once).
@@ -222,11 +221,9 @@ fn home_dir(uid: u32) -> Option<PathBuf> {
 
 /// The full host name (not cut at the first dot: hosts sharing a home must differ).
 fn full_hostname(out: &mut [u8; 256]) -> &str {
-    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
-    if unsafe { libc::gethostname(out.as_mut_ptr().cast(), out.len() - 1) } != 0 {
+    if !signal_safe::nodename(out) {
         return "unknown-host";
     }
-    out[255] = 0;
     let end = out.iter().position(|&b| b == 0).unwrap_or(255);
     std::str::from_utf8(&out[..end]).unwrap_or("unknown-host")
 }

@@ -26,7 +26,7 @@
 //! the child's. No lock is involved: the value is a leaked box behind an atomic pointer.
 #![allow(unsafe_code)]
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 
@@ -38,7 +38,7 @@ use crate::cvd::Visibility;
 use crate::guard::output::{debug_log, line};
 use crate::guard::process::{lineage, registry_io};
 use crate::guard::sys::lifecycle::{Latch, PerProcess, PidValue};
-use crate::guard::sys::signal_safe;
+use crate::guard::sys::signal_safe::{self, RawFile};
 use crate::policy::Unreadable;
 use crate::rank_root::{
     self, Ancestor, EnvFacts, EnvScan, ProcView, RankRecord, RootGpu, RootId, Stat,
@@ -242,8 +242,8 @@ impl ProcFsView {
     /// the file's owner when `owner` (0 when not asked: this process's own stat, whose
     /// owner the walk never asks).
     fn stat_line(path: &str, out: &mut [u8; 1024], owner: bool) -> std::io::Result<(usize, u32)> {
-        let mut f = File::open(path)?;
-        let uid = if owner { f.metadata()?.uid() } else { 0 };
+        let mut f = RawFile::open(path)?;
+        let uid = if owner { f.owner()? } else { 0 };
         let n = f.read(out)?;
         Ok((n, uid))
     }
@@ -339,7 +339,7 @@ pub(crate) fn scan_environ_file(
     scan: EnvScan,
     buf: &mut Vec<u8>,
 ) -> std::io::Result<EnvFacts> {
-    let f = File::open(path)?;
+    let f = RawFile::open(path)?;
     scan_environ_reads(f, scan, buf, FIRST_PIECE, ENVIRON_PIECE)
 }
 
