@@ -1,7 +1,8 @@
 //! Primitives the guard can use where fork or signals bite: stack buffers, one-`write`
 //! output to a descriptor that never blocks the program for long, `getenv` without std's
-//! environment lock, pid/tid/host name, the time, and a scratch mapping that is not taken
-//! from the allocator. Nothing here allocates or locks.
+//! environment lock, pid/tid/user id/host name, the time, a file read by system calls alone
+//! (`RawFile`), and a scratch mapping that is not taken from the allocator. Nothing here
+//! allocates or locks.
 //!
 //! One `write` on an `O_APPEND` descriptor is one record, so many processes appending to
 //! one audit file never interleave a line (the record itself: rankguard-core `record`).
