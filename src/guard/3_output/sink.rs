@@ -254,7 +254,7 @@ impl Sink {
             OpenProblem::Errno(e) => format!("cannot be opened ({})", std::io::Error::from_raw_os_error(e)),
             OpenProblem::Owner(uid) => format!(
                 "exists and belongs to uid {uid}, not to you (uid {}): refused (it could be another user's trap for your records); remove it or choose another path",
-                euid()
+                signal_safe::euid()
             ),
         };
         line::say(
@@ -323,10 +323,6 @@ fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
-fn euid() -> u32 {
-    crate::guard::sys::signal_safe::euid()
-}
-
 /// Open `path` for appending, privately: no symlink, close-on-exec, never blocking, created
 /// 0600; an existing regular file or FIFO must be the user's own. Character devices
 /// (`/dev/null`, `/dev/full`, a terminal) are accepted: only root creates them.
@@ -360,7 +356,7 @@ fn open_private(path: &str) -> Result<(i32, u64, u64), OpenProblem> {
         return Err(OpenProblem::Errno(e));
     }
     let kind = st.st_mode & libc::S_IFMT;
-    if (kind == libc::S_IFREG || kind == libc::S_IFIFO) && st.st_uid != euid() {
+    if (kind == libc::S_IFREG || kind == libc::S_IFIFO) && st.st_uid != signal_safe::euid() {
         // SAFETY: `fd` is ours, opened above.
         unsafe { libc::close(fd) };
         return Err(OpenProblem::Owner(st.st_uid));

@@ -24,7 +24,8 @@ use std::ffi::c_char;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::guard::sys::{signal_safe, start_block};
+use crate::guard::sys::signal_safe::{self, RawFile};
+use crate::guard::sys::start_block;
 use crate::lineage::{self, Member, Note, Out, StartDefs};
 use crate::rank_root;
 
@@ -178,7 +179,7 @@ fn write_note(start: Start, buf: &mut [u8; NOTE_BUF]) -> Option<&[u8]> {
     };
     let block = start_block::at_load()?;
     let defs = lineage::start_defs(block.bytes(), signal_safe::first_nul);
-    let uid = crate::guard::process::registry_io::euid();
+    let uid = signal_safe::euid();
     let own = defs.note.and_then(lineage::parse).filter(|n| n.uid == uid);
     let mut out = Out::new(buf, uid);
     match parent {
@@ -253,7 +254,7 @@ fn owner_stat(pid: u32) -> Option<(rank_root::Stat, u32)> {
 }
 
 /// `/proc/<pid>/stat` into `line`, and the file's owner (the process's effective uid), by
-/// plain system calls on a path built on the stack.
+/// system calls alone (`signal_safe::RawFile`) on a path built on the stack.
 pub(crate) fn read_stat(pid: u32, line: &mut [u8; 1024]) -> Option<(usize, u32)> {
     let mut path = [0u8; 32];
     let mut at = 0;
@@ -275,27 +276,13 @@ pub(crate) fn read_stat(pid: u32, line: &mut [u8; 1024]) -> Option<(usize, u32)>
         }
     }
     put(digits.get(i..)?)?;
-    put(b"/stat\0")?;
-    // SAFETY: `path` is NUL-terminated (above); the flags ask for nothing but a read.
-    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open; `st` and `line` are ours to write, `line` for its length.
-    let (ok, n) = unsafe {
-        (
-            libc::fstat(fd, &mut st) == 0,
-            libc::read(fd, line.as_mut_ptr().cast(), line.len()),
-        )
-    };
-    // SAFETY: `fd` was opened above and is closed once.
-    unsafe { libc::close(fd) };
-    let n = usize::try_from(n)
+    put(b"/stat")?;
+    let mut f = RawFile::open(std::str::from_utf8(path.get(..at)?).ok()?).ok()?;
+    let uid = f.owner().ok()?;
+    let n = std::io::Read::read(&mut f, line)
         .ok()
-        .filter(|&n| ok && n > 0 && n < line.len())?;
-    Some((n, st.st_uid))
+        .filter(|&n| n > 0 && n < line.len())?;
+    Some((n, uid))
 }
 
 /// What this process's start environment defines first: its lineage note (the walk

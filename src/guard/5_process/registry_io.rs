@@ -27,10 +27,6 @@ pub(crate) fn say_once(flag: &PerProcess, args: fmt::Arguments<'_>) {
     say("WARN", args);
 }
 
-pub(crate) fn euid() -> u32 {
-    signal_safe::euid()
-}
-
 /// The verified registry, or None (said once).
 pub(crate) fn open_registry() -> Option<Registry> {
     open_registry_or_why().ok()
@@ -74,7 +70,7 @@ pub(crate) fn open_registry_unswept() -> Option<Registry> {
 /// The registry this process trusts (the configured one, the default, or the default's
 /// private fallback), verified; problems said once.
 fn verified(pid: u32) -> Result<Registry, Untrusted> {
-    let uid = euid();
+    let uid = signal_safe::euid();
     let (dir, var) = match &state::get().config.registry {
         Some(d) => (PathBuf::from(d), "RANKGUARD_REGISTRY"),
         None => (registry::default_dir(uid), "the default registry"),
@@ -341,7 +337,7 @@ fn map_table(path: &std::path::Path, create: bool) -> Result<Option<*mut AtomicU
             st.st_uid,
             st.st_mode,
             u64::try_from(st.st_size).unwrap_or(u64::MAX),
-            euid(),
+            signal_safe::euid(),
         ) {
             return Err(why);
         }

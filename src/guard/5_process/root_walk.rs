@@ -571,7 +571,7 @@ fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unr
             .as_ref()
             .and_then(|d| d.note)
             .and_then(crate::lineage::parse);
-        let ancestor = rank_root::find_with(me, registry_io::euid(), note, &mut view);
+        let ancestor = rank_root::find_with(me, signal_safe::euid(), note, &mut view);
         *opened = view.reg.take().flatten();
         say_walk(ancestor.as_ref());
         if let Some(u) = view.failed {

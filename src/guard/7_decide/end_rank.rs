@@ -22,7 +22,6 @@ use std::fmt::Write;
 use crate::config::Mode;
 use crate::guard::audit::decision_record::prefix;
 use crate::guard::audit::site;
-use crate::guard::process::registry_io;
 use crate::guard::process::root_walk::{self, ProcFsView};
 use crate::guard::process::state;
 use crate::guard::sys::signal_safe::{self, StackBuf};
@@ -57,7 +56,7 @@ pub fn end_rank(mode: Mode, rule: Rule, why: &str) {
 fn end(mode: Mode, rule: Rule, why: &str) {
     let cfg = &state::get().config;
     let me = signal_safe::pid();
-    let uid = registry_io::euid();
+    let uid = crate::guard::sys::signal_safe::euid();
     let marks =
         marks_of(|n| signal_safe::getenv_bytes(n).map(|v| String::from_utf8_lossy(v).into_owned()));
     // Without rank marks: the rank root, when it is an ancestor (not this process).

@@ -36,8 +36,8 @@ use crate::guard::decide::verdict::{self, Code};
 use crate::guard::decide::{event_records, own_records};
 use crate::guard::output::debug_log;
 use crate::guard::process::registry_io::{
-    self, euid, open_registry, open_registry_in, open_registry_or_why, said_write_problem,
-    say_once, Untrusted, SAID_WRITE,
+    self, open_registry, open_registry_in, open_registry_or_why, said_write_problem, say_once,
+    Untrusted, SAID_WRITE,
 };
 use crate::guard::process::root_walk;
 use crate::guard::process::state;
@@ -476,8 +476,13 @@ fn lookup(key: &Key) -> Option<ProvenanceRecord> {
                 None => registry_io::handle_table(reg.insert(open_registry_in(pid)?), false)?,
             };
             let found = table.find(&h)?;
-            let verdict =
-                registry::trust_table_text(found.text(), key, found.owner, euid(), &procs);
+            let verdict = registry::trust_table_text(
+                found.text(),
+                key,
+                found.owner,
+                crate::guard::sys::signal_safe::euid(),
+                &procs,
+            );
             if matches!(verdict, Lookup::Skipped(_)) {
                 // Not trusted (its exporter gone, or not the process it names): its slot
                 // is emptied, as a file's record is removed.
