@@ -60,14 +60,16 @@ def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> dict:
     it), below one unguarded process (the chain's top). Returns what its first cuInit read
     of other processes (`procs`: the /proc files it opened, `vm`: the pids whose memory it
     read with process_vm_readv), the rank records it looked up by name and did not find
-    (`probes`), the number of files it opened and of opens that failed, and the lines that
-    open its own /proc files or the registry directory itself (`own`)."""
+    (`probes`), the number of files it opened and of opens that failed, the lines that
+    open its own /proc files or the registry directory itself (`own`), and its `uname`
+    calls (`uname`: the host name, which only a record or a line that names the root
+    needs)."""
     strace = shutil.which("strace")
     assert strace, "this test counts open(2) calls with strace: install it (apt-get install strace)"
     tmp = tmp / f"depth-{depth}"
     env = guarded_env(tmp)
     trace = tmp / "strace.txt"
-    leaf = [strace, "-qq", "-e", "trace=open,openat,process_vm_readv", "-o", trace,
+    leaf = [strace, "-qq", "-e", "trace=open,openat,process_vm_readv,uname", "-o", trace,
             "-E", "CUDA_VISIBLE_DEVICES=0", prog("guard_init")]
     top = clean_env(LD_PRELOAD=None)        # the unguarded top of the tree
     chain = tmp / "chain.py"
@@ -87,6 +89,7 @@ def opens_at_first_cuinit(tmp: pathlib.Path, depth: int) -> dict:
         "opened": len(opened),
         "failed": len(opens) - len(opened),
         "own": [l for l in opens if '"/proc/self/' in l or f'"{reg}"' in l],
+        "uname": [l for l in lines if l.startswith("uname(")],
     }
 
 
@@ -99,7 +102,8 @@ def test_the_first_cuinit_reads_a_constant_of_the_tree_above_it(tmp_path):
     note: its stat and its environment, 64 KiB each here). One rank record is looked up by
     name (the note's first member's: one open that fails), the rest from the registry's
     start-up sweep (the directory read once). Of its own it opens no /proc file (before:
-    /proc/self/stat), and it writes no rank record (it owes it: it starts no child)."""
+    /proc/self/stat), and it writes no rank record (it owes it: it starts no child) and
+    asks no host name (before: one `uname` for the root it found, named by no line)."""
     seen = {}
     for depth in (1, 8):
         r = opens_at_first_cuinit(tmp_path, depth)
@@ -113,6 +117,7 @@ def test_the_first_cuinit_reads_a_constant_of_the_tree_above_it(tmp_path):
         assert files == [str(registry(tmp_path / f"depth-{depth}"))], r["own"]
         assert all(re.search(r"\) = \d+$", l) for l in r["own"]), r["own"]
         assert list(registry(tmp_path / f"depth-{depth}").glob("rank-*")) == []
+        assert r["uname"] == [], r["uname"]
         seen[depth] = (r["opened"], r["failed"], len(r["vm"]))
     # everything the first cuInit opens, or tries to, is the same at both depths: a constant
     assert seen[8] == seen[1], seen

@@ -59,8 +59,6 @@ pub struct Root {
     /// it, whose own start time is read only when something asks ([`Root::id`]): the walk
     /// itself never needs it (docs/design.md §1, "The walk's cost").
     start: u64,
-    /// The node's host name (the walk never leaves the node).
-    pub host: String,
     /// The rank GPU as the root's evidence names it; None when this process is the root
     /// (its own GPU is the rank's).
     pub gpu: Option<RootGpu>,
@@ -577,14 +575,11 @@ fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unr
         if let Some(u) = view.failed {
             return Err(u);
         }
-        let mut host = [0u8; 64];
-        let host = signal_safe::hostname(&mut host).to_string();
         let started_guarded = defs.is_some_and(|d| d.guarded());
         Ok(Some(match ancestor {
             Some(Ancestor { root, gpu, .. }) => Root {
                 pid: root.pid,
                 start: root.start,
-                host,
                 gpu: Some(gpu),
                 by: me,
                 started_guarded,
@@ -592,7 +587,6 @@ fn establish(opened: &mut Option<Registry>) -> Result<Option<&'static Root>, Unr
             None => Root {
                 pid: me,
                 start: 0,
-                host,
                 gpu: None,
                 by: me,
                 started_guarded,
@@ -715,13 +709,15 @@ pub fn publish(
     });
 }
 
-/// A root as a record names it.
-pub fn as_ref(r: &Root) -> Option<RootRef<'_>> {
+/// A root as a record names it, on `host`: the node's host name, which the caller (a record
+/// of this process) has already (the walk never leaves the node, and asks no `uname` of
+/// its own: a first `cuInit` that writes no record and no line makes none).
+pub fn as_ref<'a>(r: &Root, host: &'a str) -> Option<RootRef<'a>> {
     let id = r.id()?;
     Some(RootRef {
         pid: id.pid,
         start: id.start,
-        host: Some(Cow::Borrowed(&r.host)),
+        host: Some(Cow::Borrowed(host)),
     })
 }
 

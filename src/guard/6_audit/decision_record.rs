@@ -154,7 +154,7 @@ pub fn process_record<'a>(
         rank: cfg.rank,
         local_rank: cfg.local_rank,
         job: cfg.job.as_deref().map(b),
-        rank_root: root_walk::current().and_then(root_walk::as_ref),
+        rank_root: root_walk::current().and_then(|r| root_walk::as_ref(r, host)),
         ..AuditRecord::default()
     }
 }

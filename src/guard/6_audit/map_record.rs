@@ -58,7 +58,7 @@ fn write_now(f: &MapFacts<'_>, audit: bool) {
         rank: cfg.rank,
         local_rank: cfg.local_rank,
         job: cfg.job.as_deref().map(Cow::Borrowed),
-        rank_root: root_walk::current().and_then(root_walk::as_ref),
+        rank_root: root_walk::current().and_then(|r| root_walk::as_ref(r, host)),
         mode: Some(f.mode),
         cvd: cvd.map(Cow::Borrowed),
         cvd_start: f.cvd_start.map(Cow::Borrowed),
