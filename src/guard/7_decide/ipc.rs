@@ -480,7 +480,7 @@ fn lookup(key: &Key) -> Option<ProvenanceRecord> {
                 found.text(),
                 key,
                 found.owner,
-                crate::guard::sys::signal_safe::euid(),
+                signal_safe::euid(),
                 &procs,
             );
             if matches!(verdict, Lookup::Skipped(_)) {
